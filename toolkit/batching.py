@@ -1,0 +1,50 @@
+"""Length-sorted batched translation that restores input order; backend-agnostic, torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from toolkit.decoding import Hypothesis, StepBackend, translate_ids
+
+
+@dataclass
+class DecodeOptions:
+    beam: int = 1
+    alpha: float = 0.6  # length penalty exponent for beam search
+    n_best: int = 1
+    max_len: int = 64  # longest output, in subword tokens
+    batch_size: int = 64  # sentences per batch
+    max_tokens: int | None = None  # or a budget of padded source tokens per batch
+
+
+def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int | None) -> Iterator[list[int]]:
+    """Indices in batches of similar source length, so padding stays small."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batch: list[int] = []
+    for i in order:
+        longest = max([lengths[j] for j in batch] + [lengths[i]])
+        if batch and (len(batch) >= batch_size or (max_tokens and longest * (len(batch) + 1) > max_tokens)):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
+    """Hypotheses for every source sentence, in input order. Empty sources get no decoding."""
+    out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
+    todo = [i for i, s in enumerate(src) if s]
+    for batch in length_sorted_batches([len(src[i]) for i in todo], opts.batch_size, opts.max_tokens):
+        idx = [todo[b] for b in batch]
+        results = translate_ids(backend, [src[i] for i in idx], opts.max_len, opts.beam, opts.alpha, opts.n_best)
+        for i, hyps in zip(idx, results):
+            out[i] = hyps
+    return out
+
+
+def translate_texts(backend: StepBackend, tokenizer, texts: list[str], opts: DecodeOptions) -> list[str]:
+    """Best translation of each text, in input order."""
+    hyps = decode_ids(backend, tokenizer.encode(texts), opts)
+    return tokenizer.decode([h[0].tokens for h in hyps])

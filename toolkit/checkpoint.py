@@ -1,0 +1,66 @@
+"""Checkpoints: everything needed to rebuild a model, written atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from toolkit.errors import UsageError
+
+FORMAT = "tk-checkpoint/1"
+
+
+def save(payload: dict, path: Path) -> None:
+    """Writes to a temporary file in the same directory, then renames over the target,
+    so an interrupted write never leaves a truncated checkpoint behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoint.pt"
+    if not path.is_file():
+        raise UsageError(f"checkpoint {path} does not exist; train one with `tk train MODEL --out DIR`")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises several unrelated types for a corrupt file
+        raise UsageError(f"checkpoint {path} is corrupt or not a tk checkpoint ({type(e).__name__}); retrain or restore it") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise UsageError(f"{path} is not a tk checkpoint (expected format {FORMAT})")
+    ckpt["path"] = str(path)
+    return ckpt
+
+
+def sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_model(ckpt: dict):
+    """(registry entry, config, model with the checkpoint's weights, in eval mode)."""
+    from toolkit import registry
+
+    entry = registry.get(ckpt["model"])
+    cfg = entry.config(**ckpt["config"])
+    model = entry.build(cfg)
+    model.load_state_dict(ckpt["state_dict"])
+    return entry, cfg, model.eval()

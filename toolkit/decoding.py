@@ -1,0 +1,134 @@
+"""Greedy and beam search, written once over a step backend (ONNX Runtime or PyTorch).
+
+A backend encodes a padded batch into an opaque decoder state, advances it by
+one token per row, and keeps a subset of rows (finished rows leave the batch;
+beams are reordered). Everything here is numpy; no torch is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from toolkit.graphs import GraphSpec, NP_DTYPES
+from toolkit.tokenizer import BOS, EOS, PAD
+
+
+class StepBackend(Protocol):
+    def encode(self, src: np.ndarray, src_len: np.ndarray) -> Any: ...
+
+    def step(self, token: np.ndarray, state: Any) -> tuple[np.ndarray, Any]:
+        """token (rows,) -> log-probabilities (rows, vocab) as float32 numpy, new state."""
+
+    def select(self, state: Any, rows: np.ndarray) -> Any:
+        """The state of the given rows, in that order (rows may repeat)."""
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]
+    score: float  # sum of token log-probabilities, EOS included when finished
+
+    def normalized(self, alpha: float) -> float:
+        """GNMT length penalty ((5 + n) / 6)^alpha: beam search otherwise favours short output."""
+        return self.score / (((5 + len(self.tokens) + 1) / 6) ** alpha)
+
+
+def pad_batch(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> (batch, longest) int64 ids padded with PAD, and lengths (batch,)."""
+    lens = np.array([max(len(s), 1) for s in seqs], dtype=np.int64)
+    src = np.full((len(seqs), int(lens.max())), PAD, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        src[i, : len(s)] = s
+    return src, lens
+
+
+def empty_cache(decoder: GraphSpec, encoder_outputs: dict, batch: int) -> dict[str, np.ndarray]:
+    """Zero-length caches for decoder inputs the encoder does not provide (declared with fill 'empty')."""
+    sizes = {"batch": batch, "past_len": 0}
+    return {t.name: np.zeros(t.shape(sizes), NP_DTYPES[t.dtype]) for t in decoder.inputs
+            if t.fill == "empty" and t.name not in encoder_outputs}
+
+
+def greedy(backend: StepBackend, src: list[list[int]], max_len: int) -> list[Hypothesis]:
+    """Most probable next token at every step. Rows that emit EOS leave the batch."""
+    ids, lens = pad_batch(src)
+    state = backend.encode(ids, lens)
+    hyps = [Hypothesis([], 0.0) for _ in src]
+    alive = np.arange(len(src))
+    token = np.full(len(src), BOS, dtype=np.int64)
+    for _ in range(max_len):
+        log_probs, state = backend.step(token, state)
+        token = log_probs.argmax(-1)
+        for row, sent in enumerate(alive):
+            hyps[sent].score += float(log_probs[row, token[row]])
+            if token[row] != EOS:
+                hyps[sent].tokens.append(int(token[row]))
+        keep = np.flatnonzero(token != EOS)
+        if len(keep) == 0:
+            break
+        if len(keep) < len(alive):
+            alive, token = alive[keep], token[keep]
+            state = backend.select(state, keep)
+    return hyps
+
+
+def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 4,
+                alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
+    """Beam search per sentence, batched over sentences; returns the n_best per sentence.
+
+    Live hypotheses are ranked by raw log-probability; finished ones by the
+    length-normalised score. A sentence stops when it has `beam` finished
+    hypotheses and leaves the batch; with beam=1 this is exactly greedy search.
+    """
+    ids, lens = pad_batch(src)
+    state = backend.encode(ids, lens)
+    n = len(src)
+    live: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in range(n)]
+    done: list[list[Hypothesis]] = [[] for _ in range(n)]
+    active = list(range(n))  # sentences still searching, in state row order
+    token = np.full(n, BOS, dtype=np.int64)
+    for step in range(max_len):
+        log_probs, state = backend.step(token, state)
+        rows, tokens, next_active = [], [], []
+        row = 0
+        for sent in active:
+            k = len(live[sent])
+            scores = np.array([h.score for h in live[sent]])[:, None] + log_probs[row : row + k]
+            flat = np.argsort(-scores, axis=None, kind="stable")[: 2 * beam]
+            new_live = []
+            for idx in flat:
+                parent, tok = divmod(int(idx), scores.shape[1])
+                hyp = Hypothesis(live[sent][parent].tokens + ([] if tok == EOS else [tok]), float(scores[parent, tok]))
+                if tok == EOS or step == max_len - 1:
+                    done[sent].append(hyp)
+                else:
+                    new_live.append((row + parent, tok, hyp))
+                if len(done[sent]) >= beam or len(new_live) == beam:
+                    break
+            row += k
+            if len(done[sent]) >= beam or not new_live:
+                continue
+            live[sent] = [h for _, _, h in new_live]
+            rows += [r for r, _, _ in new_live]
+            tokens += [t for _, t, _ in new_live]
+            next_active.append(sent)
+        if not next_active:
+            break
+        active = next_active
+        state = backend.select(state, np.array(rows, dtype=np.int64))
+        token = np.array(tokens, dtype=np.int64)
+    for sent in range(n):
+        if not done[sent]:
+            done[sent] = live[sent]
+    return [sorted(d, key=lambda h: -h.normalized(alpha))[:n_best] for d in done]
+
+
+def translate_ids(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 1,
+                  alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
+    """Greedy when beam == 1 and one hypothesis is wanted, else beam search."""
+    if beam == 1 and n_best == 1:
+        return [[h] for h in greedy(backend, src, max_len)]
+    return beam_search(backend, src, max_len, beam, alpha, n_best)

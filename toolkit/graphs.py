@@ -1,0 +1,92 @@
+"""Declarations of exported graphs: names, dtypes and named dimensions of every input and output.
+
+This module imports neither torch nor onnxruntime. The registry builds these
+declarations once per model; export writes them into manifest.json; verify and
+translate read them back from there. Nothing else describes a graph's interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+Dim = str | int  # a named (dynamic) axis, or a fixed size such as a head count
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output.
+
+    fill says how to generate a valid example value: "normal" floats, "tokens"
+    ids below the vocabulary size, "lengths:<dim>" lengths in 1..size of <dim>,
+    or "empty" for a cache that starts with zero positions.
+    """
+
+    name: str
+    dtype: str  # "float32" or "int64"
+    dims: tuple[Dim, ...]
+    fill: str = "normal"
+
+    def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(d if isinstance(d, int) else eval_dim(d, sizes) for d in self.dims)
+
+
+def eval_dim(dim: str, sizes: dict[str, int]) -> int:
+    """Size of a named dim; "past_len+1" style names add a constant to a named size."""
+    base, _, plus = dim.partition("+")
+    return sizes[base] + (int(plus) if plus else 0)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One ONNX graph: its file stem and its inputs and outputs in order."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    # Output name -> the input it replaces on the next decoding step (the cache).
+    updates: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def symbolic_dims(self) -> set[str]:
+        return {d for t in self.inputs + self.outputs for d in t.dims if isinstance(d, str)}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GraphSpec:
+        tensors = lambda items: tuple(TensorSpec(t["name"], t["dtype"], tuple(t["dims"]), t["fill"]) for t in items)  # noqa: E731
+        return cls(d["name"], tensors(d["inputs"]), tensors(d["outputs"]), dict(d.get("updates", {})))
+
+
+def make_inputs(spec: GraphSpec, sizes: dict[str, int], rng: np.random.Generator, vocab_size: int = 2) -> dict[str, np.ndarray]:
+    """Random inputs that are valid for the graph at the given dim sizes.
+
+    Lengths are drawn in 1..n per row, with the first row at full length, so a
+    sweep always covers both the unpadded and the ragged case.
+    """
+    feeds = {}
+    for t in spec.inputs:
+        shape = t.shape(sizes)
+        if t.fill == "tokens":
+            feeds[t.name] = rng.integers(4 if vocab_size > 4 else 0, vocab_size, size=shape, dtype=np.int64)
+        elif t.fill.startswith("lengths:"):
+            n = sizes[t.fill.split(":", 1)[1]]
+            lens = rng.integers(1, n + 1, size=shape, dtype=np.int64)
+            lens.reshape(-1)[: max(1, lens.size // max(shape[0], 1))] = n
+            feeds[t.name] = lens
+        else:
+            feeds[t.name] = rng.standard_normal(shape).astype(t.dtype)
+    return feeds
+
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}

@@ -1,0 +1,216 @@
+"""The one registry of models: config, builder, and exportable graphs of each.
+
+Adding a model means adding a class to models/ and one `@register` entry here;
+`tk train`, `tk export`, `tk verify` and `tk translate` all work from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
+from models.kernel_regression import NWKernelRegression
+from models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
+from models.transformer import Transformer, TransformerConfig
+from toolkit.errors import UsageError
+from toolkit.graphs import GraphSpec, TensorSpec
+
+F, I = "float32", "int64"
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    kind: str  # "seq2seq": encoder + decoder step graphs; "module": one standalone graph
+    config_cls: type
+    build: Callable[[object], nn.Module]
+    graphs: Callable[[object], list[GraphSpec]]
+    # For "module" entries: model, *inputs -> outputs in declared order.
+    run: Callable[..., tuple] | None = None
+    description: str = ""
+
+    def config(self, **overrides) -> object:
+        known = {f.name for f in dataclasses.fields(self.config_cls)}
+        return self.config_cls(**{k: v for k, v in overrides.items() if k in known})
+
+
+REGISTRY: dict[str, ModelEntry] = {}
+
+
+def register(entry: ModelEntry) -> ModelEntry:
+    REGISTRY[entry.name] = entry
+    return entry
+
+
+def get(name: str) -> ModelEntry:
+    if name not in REGISTRY:
+        raise UsageError(f"unknown model '{name}'; choose one of: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+# ---- seq2seq models: an encoder graph and a one-step decoder graph ---------------------------
+
+SRC = (TensorSpec("src", I, ("batch", "src_len"), "tokens"), TensorSpec("src_len", I, ("batch",), "lengths:src_len"))
+
+
+def _decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...], vocab: int) -> GraphSpec:
+    """token + cache + encoder context -> log_probs + the cache one step on."""
+    grown = tuple(TensorSpec(f"new_{t.name}", t.dtype, tuple("past_len+1" if d == "past_len" else d for d in t.dims)) for t in cache)
+    return GraphSpec(
+        "decoder",
+        inputs=(TensorSpec("token", I, ("batch",), "tokens"), *cache, *context, SRC[1]),
+        outputs=(TensorSpec("log_probs", F, ("batch", vocab)), *grown),
+        updates={f"new_{t.name}": t.name for t in cache},
+    )
+
+
+def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
+    L, h, dh = cfg.num_layers, cfg.num_heads, cfg.num_hiddens // cfg.num_heads
+    cross = tuple(TensorSpec(n, F, (L, "batch", h, "src_len", dh)) for n in ("cross_k", "cross_v"))
+    past = tuple(TensorSpec(n, F, (L, "batch", h, "past_len", dh), "empty") for n in ("self_k", "self_v"))
+    encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", F, ("batch", "src_len", cfg.num_hiddens)), *cross))
+    return [encoder, _decoder_graph(past, cross, cfg.vocab_size)]
+
+
+def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
+    memory = TensorSpec("memory", F, ("batch", "src_len", cfg.num_hiddens))
+    state = TensorSpec("state", F, (cfg.num_layers, "batch", cfg.num_hiddens))
+    encoder = GraphSpec("encoder", SRC, (memory, state))
+    decoder = _decoder_graph((state,), (memory,), cfg.vocab_size)
+    return [encoder, decoder]
+
+
+register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, transformer_graphs,
+                    description="encoder-decoder Transformer (post-LN; --pre-ln for pre-LN)"))
+register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs,
+                    description="GRU encoder + Bahdanau-attention GRU decoder"))
+
+
+# ---- standalone attention modules: one graph each --------------------------------------------
+
+@dataclass
+class AttentionConfig:
+    query_size: int = 8
+    key_size: int = 8
+    value_size: int = 6
+    num_hiddens: int = 16
+    num_heads: int = 4
+
+
+@dataclass
+class KernelRegressionConfig:
+    learn_width: bool = True
+
+
+def _qkv(q: int, k: int, v: int) -> tuple[TensorSpec, ...]:
+    return (TensorSpec("queries", F, ("batch", "n_q", q)), TensorSpec("keys", F, ("batch", "n_kv", k)),
+            TensorSpec("values", F, ("batch", "n_kv", v)), TensorSpec("valid_lens", I, ("batch", "n_q"), "lengths:n_kv"))
+
+
+def _attention_outputs(v: int, weight_dims: tuple) -> tuple[TensorSpec, ...]:
+    return (TensorSpec("output", F, ("batch", "n_q", v)), TensorSpec("attention_weights", F, weight_dims))
+
+
+def _module_graph(inputs, outputs) -> list[GraphSpec]:
+    return [GraphSpec("model", tuple(inputs), tuple(outputs))]
+
+
+def _with_weights(model, *inputs):
+    out = model(*inputs)
+    return out, model.attention_weights
+
+
+class _Identity(nn.Module):
+    """masked_softmax has no parameters; a module gives it the same export path as the rest."""
+
+    def forward(self, scores, valid_lens):
+        return masked_softmax(scores, valid_lens)
+
+
+register(ModelEntry(
+    "masked_softmax", "module", AttentionConfig, lambda c: _Identity(),
+    lambda c: _module_graph(
+        (TensorSpec("scores", F, ("batch", "n_q", "n_kv")), TensorSpec("valid_lens", I, ("batch", "n_q"), "lengths:n_kv")),
+        (TensorSpec("weights", F, ("batch", "n_q", "n_kv")),)),
+    run=lambda m, s, v: (m(s, v),), description="softmax over keys with valid lengths"))
+
+register(ModelEntry(
+    "dot_attention", "module", AttentionConfig, lambda c: DotProductAttention(dropout=0.0),
+    lambda c: _module_graph(_qkv(c.query_size, c.query_size, c.value_size),
+                            _attention_outputs(c.value_size, ("batch", "n_q", "n_kv"))),
+    run=_with_weights, description="scaled dot-product attention"))
+
+register(ModelEntry(
+    "additive_attention", "module", AttentionConfig,
+    lambda c: AdditiveAttention(c.query_size, c.key_size, c.num_hiddens, dropout=0.0),
+    lambda c: _module_graph(_qkv(c.query_size, c.key_size, c.value_size),
+                            _attention_outputs(c.value_size, ("batch", "n_q", "n_kv"))),
+    run=_with_weights, description="additive (MLP) attention"))
+
+
+def _mha_run(model: MultiHeadAttention, q, k, v, valid_lens):
+    out = model(q, k, v, valid_lens)
+    w = model.attention.attention_weights
+    return out, w.reshape(q.shape[0], model.num_heads, *w.shape[1:])
+
+
+register(ModelEntry(
+    "multihead_attention", "module", AttentionConfig,
+    lambda c: MultiHeadAttention(c.num_hiddens, c.num_heads, dropout=0.0),
+    lambda c: _module_graph(_qkv(c.num_hiddens, c.num_hiddens, c.num_hiddens),
+                            _attention_outputs(c.num_hiddens, ("batch", c.num_heads, "n_q", "n_kv"))),
+    run=_mha_run, description="multi-head attention"))
+
+register(ModelEntry(
+    "nw", "module", KernelRegressionConfig, lambda c: NWKernelRegression(c.learn_width),
+    lambda c: _module_graph(
+        (TensorSpec("queries", F, ("n_q",)), TensorSpec("keys", F, ("n_q", "n_kv")), TensorSpec("values", F, ("n_q", "n_kv"))),
+        (TensorSpec("output", F, ("n_q",)), TensorSpec("attention_weights", F, ("n_q", "n_kv")))),
+    run=_with_weights, description="Nadaraya-Watson kernel regression"))
+
+
+# ---- graph wrappers: the modules that torch.onnx.export traces ------------------------------
+
+class EncoderGraph(nn.Module):
+    """src, src_len -> the encoder outputs named in the declaration, in order."""
+
+    def __init__(self, model: nn.Module, spec: GraphSpec):
+        super().__init__()
+        self.model, self.names = model, spec.output_names
+
+    def forward(self, src, src_len):
+        out = self.model.encode(src, src_len)
+        return tuple(out[n] for n in self.names)
+
+
+class DecoderGraph(nn.Module):
+    """token, *cache and context -> log_probs, *updated cache, as declared."""
+
+    def __init__(self, model: nn.Module, spec: GraphSpec):
+        super().__init__()
+        self.model, self.state_names, self.updates = model, spec.input_names[1:], spec.updates
+
+    def forward(self, token, *state):
+        log_probs, cache = self.model.decode_step(token, dict(zip(self.state_names, state)))
+        return (log_probs, *(cache[src] for src in self.updates.values()))
+
+
+class ModuleGraph(nn.Module):
+    def __init__(self, model: nn.Module, run: Callable[..., tuple]):
+        super().__init__()
+        self.model, self.run = model, run
+
+    def forward(self, *inputs):
+        return tuple(self.run(self.model, *inputs))
+
+
+def graph_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Module:
+    """The nn.Module whose forward is exactly the graph `spec` declares."""
+    if entry.kind == "module":
+        return ModuleGraph(model, entry.run)
+    return EncoderGraph(model, spec) if spec.name == "encoder" else DecoderGraph(model, spec)

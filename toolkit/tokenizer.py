@@ -1,0 +1,71 @@
+"""Subword tokenizer: one SentencePiece unigram model shared by English and French.
+
+SentencePiece rather than lower-cased words with <unk>: it keeps case and
+punctuation, detokenises exactly (so `tk translate` prints natural French),
+and with byte fallback no input character is ever unknown.
+"""
+
+from __future__ import annotations
+
+import io
+import unicodedata
+from pathlib import Path
+from typing import Iterable
+
+import sentencepiece as spm
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+def normalize(text: str) -> str:
+    """NFKC, narrow/no-break spaces to plain spaces, single spaces, stripped.
+
+    The corpus writes French '!' and '?' after a narrow no-break space; NFKC
+    folds those to spaces so the same sentence never has two spellings.
+    """
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+class Tokenizer:
+    """Encodes text to ids and decodes ids back to detokenised, cased text."""
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        return cls(Path(path).read_bytes())
+
+    @classmethod
+    def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 0) -> Tokenizer:
+        """Trains a unigram model on the given (training split) sentences."""
+        sentences = list(sentences)
+        # A tiny corpus cannot support a large vocabulary; cap it rather than fail.
+        chars = {c for s in sentences for c in s}
+        required = 256 + 4 + len(chars)  # byte fallback pieces, specials, every character
+        words = {w for s in sentences for w in s.split()}
+        vocab_size = max(required + 16, min(vocab_size, required + 2 * len(words)))
+        out = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=out, vocab_size=vocab_size,
+            model_type="unigram", character_coverage=1.0, byte_fallback=True,
+            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, normalization_rule_name="identity",
+            input_sentence_size=2_000_000, shuffle_input_sentence=False,
+            hard_vocab_limit=False, num_threads=2, minloglevel=2,
+        )
+        return cls(out.getvalue())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self.model_proto)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.sp.encode([normalize(t) for t in texts])
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode([[i for i in seq if i > EOS] for seq in ids])
+

@@ -1,0 +1,34 @@
+"""PyTorch step backend for the shared decoding loop: the reference that the graphs are held to."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from toolkit.decoding import empty_cache
+from toolkit.graphs import GraphSpec
+
+
+class TorchBackend:
+    """Runs a seq2seq model's `encode` / `decode_step` with the cache the graphs declare."""
+
+    def __init__(self, model: torch.nn.Module, encoder: GraphSpec, decoder: GraphSpec):
+        self.model = model.eval()
+        self.encoder, self.decoder = encoder, decoder
+        # Which axis of each state tensor is the batch, read from the declaration.
+        self.batch_axis = {t.name: t.dims.index("batch") for t in decoder.inputs[1:]}
+
+    @torch.no_grad()
+    def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
+        state = self.model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
+        state.update({k: torch.from_numpy(v) for k, v in empty_cache(self.decoder, state, len(src)).items()})
+        return {name: state[name] for name in self.batch_axis}
+
+    @torch.no_grad()
+    def step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
+        log_probs, cache = self.model.decode_step(torch.from_numpy(token), state)
+        return log_probs.numpy(), {name: cache[name] for name in self.batch_axis}
+
+    def select(self, state: dict[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
+        index = torch.from_numpy(rows)
+        return {k: v.index_select(self.batch_axis[k], index) for k, v in state.items()}
