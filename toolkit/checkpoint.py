@@ -64,3 +64,12 @@ def build_model(ckpt: dict):
     model = entry.build(cfg)
     model.load_state_dict(ckpt["state_dict"])
     return entry, cfg, model.eval()
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """Digest of every parameter and persistent buffer, in name order: identifies the weights, not the file."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()

@@ -90,5 +90,68 @@ def _not_yet(name: str):
     return stub
 
 
-for _name in ("export", "verify", "translate", "bench"):
+@main.command()
+@click.argument("source")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Model directory to write, e.g. exported/transformer.")
+@click.option("--random-init", is_flag=True, help="SOURCE is a model name; export small random weights (for tests).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-init.")
+@click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset (18 or newer).")
+@click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
+@click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
+@click.option("--quantize", type=click.Choice(["int8"]), help="Also write a dynamic int8 copy for the CPU provider.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output directory.")
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, force):
+    """Export a checkpoint (or, with --random-init, a model name) to ONNX.
+
+    Example: tk export runs/transformer/checkpoint.pt --out exported/transformer
+    """
+    import time
+
+    from toolkit.export import ExportOptions
+    from toolkit.export import export as run
+
+    opts = ExportOptions(out=out, checkpoint=None if random_init else source, model=source if random_init else None,
+                         random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
+                         quantize=quantize, force=force, command=command_line())
+    start = time.time()
+    path = run(opts, echo=lambda m: click.echo(m, err=True))
+    files = sorted(p for p in path.iterdir())
+    click.echo(f"wrote {path} in {time.time() - start:.1f}s:")
+    for f in files:
+        click.echo(f"  {f.name:<22} {f.stat().st_size / 1024:>10,.1f} KiB")
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
+@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
+              help="Graph variants to check [default: every variant in the directory].")
+@click.option("--atol", type=float, help="Absolute tolerance [default: per variant, see README].")
+@click.option("--rtol", type=float, help="Relative tolerance [default: per variant].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random sweep inputs.")
+@click.option("--sentences", type=int, default=16, show_default=True, help="Test-split sentences to decode.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
+def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path):
+    """Measure parity between PyTorch and ONNX Runtime; exit 1 on any failure.
+
+    Example: tk verify exported/transformer --provider all --json report.json
+    """
+    import time
+
+    from toolkit import verify as v
+
+    start = time.time()
+    report = v.verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
+                      echo=lambda m: click.echo(m, err=True))
+    click.echo(v.render(report))
+    for p, why in report.skipped.items():
+        click.echo(f"skipped provider {p}: {why}", err=True)
+    if json_path:
+        v.write_json(report, json_path)
+    n = len(report.rows)
+    click.echo(f"{n - len(report.failures)}/{n} checks passed in {time.time() - start:.1f}s (seed {seed})", err=True)
+    v.raise_on_failure(report)
+
+
+for _name in ("translate", "bench"):
     _not_yet(_name)

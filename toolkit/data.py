@@ -147,7 +147,7 @@ def load_corpus(path: str | Path | None = None, exclude: Path | None = None, dow
         "excluded_challenge_pairs": removed,
         "test_english_sha256": hashlib.sha256("\n".join(test_en).encode()).hexdigest(),
     }
-    return Corpus(splits, str(source), digest, info)
+    return Corpus(splits, str(Path(source).resolve()), digest, info)
 
 
 def references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:

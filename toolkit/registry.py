@@ -175,6 +175,7 @@ register(ModelEntry(
 
 
 # ---- graph wrappers: the modules that torch.onnx.export traces ------------------------------
+# Each takes `*inputs` in declared order, so one dynamic_shapes layout fits them all.
 
 class EncoderGraph(nn.Module):
     """src, src_len -> the encoder outputs named in the declaration, in order."""
@@ -183,8 +184,8 @@ class EncoderGraph(nn.Module):
         super().__init__()
         self.model, self.names = model, spec.output_names
 
-    def forward(self, src, src_len):
-        out = self.model.encode(src, src_len)
+    def forward(self, *inputs):
+        out = self.model.encode(*inputs)
         return tuple(out[n] for n in self.names)
 
 
@@ -195,7 +196,8 @@ class DecoderGraph(nn.Module):
         super().__init__()
         self.model, self.state_names, self.updates = model, spec.input_names[1:], spec.updates
 
-    def forward(self, token, *state):
+    def forward(self, *inputs):
+        token, state = inputs[0], inputs[1:]
         log_probs, cache = self.model.decode_step(token, dict(zip(self.state_names, state)))
         return (log_probs, *(cache[src] for src in self.updates.values()))
 

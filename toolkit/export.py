@@ -1,0 +1,275 @@
+"""`tk export`: checkpoint -> self-contained directory of ONNX graphs, tokenizer and manifest.json.
+
+Exporter: torch.onnx.export with dynamo=True (torch.export + onnxscript). It is
+PyTorch's supported path, and it fails at export time when a dimension declared
+dynamic would be specialised, instead of silently freezing it the way a trace can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import io
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import torch
+
+from toolkit import checkpoint, manifest, registry
+from toolkit.errors import ToolkitError, UsageError
+from toolkit.graphs import GraphSpec, make_inputs
+from toolkit.manifest import VARIANTS
+
+# Sizes of the example inputs traced at export: all distinct and >= 2, so the
+# exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
+EXAMPLE_SIZES = {"batch": 3, "src_len": 7, "past_len": 5, "n_q": 4, "n_kv": 6}
+# Configs for --random-init: small enough that tests export every model in seconds.
+SMALL = {"vocab_size": 97, "num_hiddens": 32, "ffn_num_hiddens": 64, "num_heads": 4, "num_layers": 2,
+         "embed_size": 24, "max_len": 24, "dropout": 0.0}
+
+
+@dataclass
+class ExportOptions:
+    out: Path
+    checkpoint: str | None = None
+    model: str | None = None  # with random_init: a registry name
+    random_init: bool = False
+    seed: int = 0
+    opset: int = 18
+    fp16: bool = False
+    optimize: bool = False
+    quantize: str | None = None  # "int8"
+    force: bool = False
+    command: str = ""
+
+
+def dynamic_shapes(spec: GraphSpec, max_len: int) -> tuple[dict, ...]:
+    """torch.export Dims for every named input axis; one Dim object per name so shared axes stay tied."""
+    bounds = {"src_len": (1, max_len), "past_len": (0, max_len - 1), "batch": (1, 4096)}
+    dims = {name: torch.export.Dim(name, min=bounds.get(name, (1, 4096))[0], max=bounds.get(name, (1, 4096))[1])
+            for name in spec.symbolic_dims() if "+" not in name}
+    # One entry: the wrappers' forward(*inputs) is a single variadic parameter.
+    return (tuple({i: dims[d] for i, d in enumerate(t.dims) if isinstance(d, str)} or None for t in spec.inputs),)
+
+
+def name_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:
+    """Writes the declared dim names into the graph's inputs and outputs.
+
+    Inputs keep a number wherever the exporter froze an axis, so `tk verify`
+    sees and reports it; outputs take the declaration, because the exporter's
+    own output shapes are sometimes stale (its GRU keeps the example length).
+    """
+    for values, tensors, is_input in ((model.graph.input, spec.inputs, True), (model.graph.output, spec.outputs, False)):
+        by_name = {t.name: t for t in tensors}
+        for value in values:
+            declared = by_name[value.name]
+            for dim, want in zip(value.type.tensor_type.shape.dim, declared.dims):
+                if isinstance(want, int):
+                    dim.dim_value = want
+                elif not (is_input and dim.HasField("dim_value")):
+                    dim.dim_param = want
+
+
+def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: int, max_len: int, vocab: int) -> None:
+    rng = np.random.default_rng(0)
+    feeds = make_inputs(spec, EXAMPLE_SIZES, rng, vocab)
+    args = tuple(torch.from_numpy(feeds[n]) for n in spec.input_names)
+    log = io.StringIO()
+    try:
+        # The exporter narrates every stage on stdout; keep it for the error message only.
+        with warnings.catch_warnings(), redirect_stdout(log), redirect_stderr(log):
+            warnings.simplefilter("ignore")
+            logging.getLogger("torch").setLevel(logging.ERROR)
+            program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes(spec, max_len),
+                                        input_names=spec.input_names, output_names=spec.output_names,
+                                        opset_version=opset, optimize=False, verbose=False)
+    except Exception as e:
+        raise ToolkitError(f"torch.onnx.export failed for graph '{spec.name}': {str(e).splitlines()[0]}") from e
+    # Fold only small constants: folding a weight's transpose would store a second,
+    # renamed copy of it, doubling the file and hiding which parameter it came from.
+    import onnxscript.optimizer
+
+    onnxscript.optimizer.optimize_ir(program.model, input_size_limit=1024, output_size_limit=1024,
+                                     should_fold=lambda node: False if node.op_type == "Transpose" else None)
+    model = program.model_proto
+    for node in model.graph.node:
+        # The exporter annotates every node with a Python stack trace; they triple the file size.
+        del node.metadata_props[:]
+        node.doc_string = ""
+    name_dims(model, spec)
+    onnx.save_model(model, path)
+    onnx.checker.check_model(str(path), full_check=True)
+    onnx.shape_inference.infer_shapes_path(str(path), check_type=True, strict_mode=True)
+
+
+def load_model(opts: ExportOptions):
+    """(entry, config, model, checkpoint-or-None) from a checkpoint or a random init."""
+    if opts.random_init:
+        if not opts.model:
+            raise UsageError("--random-init needs a model name, e.g. tk export transformer --random-init --out DIR")
+        entry = registry.get(opts.model)
+        torch.manual_seed(opts.seed)
+        cfg = entry.config(**SMALL)
+        return entry, cfg, entry.build(cfg).eval(), None
+    ckpt = checkpoint.load(opts.checkpoint)
+    entry, cfg, model = checkpoint.build_model(ckpt)
+    return entry, cfg, model, ckpt
+
+
+def export(opts: ExportOptions, echo=print) -> Path:
+    """Writes the model directory; on any failure nothing is left at opts.out."""
+    out = opts.out
+    if out.exists() and not opts.force:
+        raise UsageError(f"output directory {out} already exists; use --force to overwrite")
+    if opts.opset < 18:
+        raise UsageError(f"--opset {opts.opset} is too old; the dynamo exporter needs opset 18 or newer")
+    entry, cfg, model, ckpt = load_model(opts)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise UsageError(f"cannot write to {out.parent} ({e.strerror}); choose another --out") from None
+    try:
+        data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
+        manifest.write(tmp, data)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
+    max_len = getattr(cfg, "max_len", 64)
+    vocab = getattr(cfg, "vocab_size", 2)
+    graphs = {}
+    for spec in entry.graphs(cfg):
+        path = tmp / f"{spec.name}.onnx"
+        echo(f"exporting {spec.name} ...")
+        export_graph(registry.graph_module(entry, model, spec), spec, path, opts.opset, max_len, vocab)
+        graphs[spec.name] = {"file": path.name, "sha256": manifest.file_sha256(path), "spec": spec.to_dict(),
+                             "bytes": path.stat().st_size}
+    share_weights(tmp, graphs)
+    variants = {}
+    for variant, wanted in (("fp16", opts.fp16), ("optimized", opts.optimize), ("int8", opts.quantize == "int8")):
+        if wanted:
+            echo(f"writing the {variant} variant ...")
+            variants[variant] = {"graphs": make_variant(tmp, graphs, variant), **VARIANT_NOTES[variant]}
+    data = {
+        "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
+        "variants": variants, "opset": opts.opset, "versions": versions(),
+        "tokenizer": None, "special_tokens": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+        "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if ckpt is None:
+        # Rebuilt by verify from the seed; the weights digest proves it got the same model.
+        data["checkpoint"] = {"random_init": True, "seed": opts.seed, "weights_sha256": checkpoint.weights_sha256(model)}
+    else:
+        data["checkpoint"] = {"path": str(Path(ckpt["path"]).resolve()), "sha256": checkpoint.sha256(ckpt["path"]),
+                              "weights_sha256": checkpoint.weights_sha256(model)}
+        data["training"] = {**ckpt.get("train", {}), "data": {k: v for k, v in ckpt.get("data", {}).items() if k not in ("x_train", "y_train")}}
+        data["metrics"] = ckpt.get("metrics", {})
+        if ckpt.get("tokenizer"):
+            (tmp / "tokenizer.model").write_bytes(ckpt["tokenizer"])
+            data["tokenizer"] = {"file": "tokenizer.model", "sha256": manifest.file_sha256(tmp / "tokenizer.model"),
+                                 "type": "sentencepiece unigram, shared English/French"}
+        if "x_train" in ckpt.get("data", {}):
+            # The kernel regression's keys and values are its training points.
+            np.savez(tmp / "train_points.npz", x=np.array(ckpt["data"]["x_train"], np.float32),
+                     y=np.array(ckpt["data"]["y_train"], np.float32))
+            data["extra_files"] = [{"file": "train_points.npz", "sha256": manifest.file_sha256(tmp / "train_points.npz")}]
+    return data
+
+
+WEIGHTS = "weights.bin"
+
+
+def share_weights(tmp: Path, graphs: dict) -> None:
+    """Moves every large initializer into one weights.bin that all graphs point into.
+
+    The encoder and decoder hold the same embedding (and, in the decoder, the
+    tied output projection); stored once, a model directory is about a fifth smaller.
+    """
+    offsets: dict[tuple[str, bytes], tuple[int, int]] = {}
+    with open(tmp / WEIGHTS, "wb") as blob:
+        for g in graphs.values():
+            path = tmp / g["file"]
+            model = onnx.load(path)
+            for init in model.graph.initializer:
+                raw = onnx.numpy_helper.to_array(init).tobytes()
+                if len(raw) < 1024:
+                    continue
+                key = (init.name, hashlib.sha256(raw).digest())
+                if key not in offsets:
+                    blob.seek(0, os.SEEK_END)
+                    start = blob.tell() + (-blob.tell() % 64)  # aligned, so the runtime can map it directly
+                    blob.seek(start)
+                    blob.write(raw)
+                    offsets[key] = (start, len(raw))
+                start, length = offsets[key]
+                init.ClearField("raw_data")
+                for field in ("float_data", "int64_data", "int32_data", "double_data"):
+                    init.ClearField(field)
+                init.data_location = onnx.TensorProto.EXTERNAL
+                del init.external_data[:]
+                for k, v in (("location", WEIGHTS), ("offset", str(start)), ("length", str(length))):
+                    init.external_data.add(key=k, value=v)
+            onnx.save_model(model, path)
+            g["sha256"], g["bytes"] = manifest.file_sha256(path), path.stat().st_size
+    for g in graphs.values():
+        onnx.checker.check_model(str(tmp / g["file"]), full_check=True)
+    graphs_extra = {"file": WEIGHTS, "sha256": manifest.file_sha256(tmp / WEIGHTS)}
+    for g in graphs.values():
+        g["weights"] = graphs_extra
+
+
+VARIANT_NOTES = {
+    "fp16": {"provider": "cuda", "note": "float16 weights and compute; inputs and outputs stay int64/float32"},
+    "optimized": {"provider": "cpu", "note": "ONNX Runtime extended graph optimisations applied offline for the CPU provider"},
+    "int8": {"provider": "cpu", "note": "dynamic int8 quantisation of MatMul weights for the CPU provider"},
+}
+
+
+def make_variant(tmp: Path, graphs: dict, variant: str) -> dict:
+    out = {}
+    for name, g in graphs.items():
+        src, dst = tmp / g["file"], tmp / f"{name}{VARIANTS[variant]}.onnx"
+        if variant == "fp16":
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            model = convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False)
+            onnx.save_model(model, dst)
+        elif variant == "optimized":
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            so.optimized_model_filepath = str(dst)
+            ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+        else:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        out[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
+    return out
+
+
+def versions() -> dict:
+    import onnxruntime
+    import onnxscript
+
+    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "onnxscript": onnxscript.__version__, "python": platform.python_version(), "numpy": np.__version__}

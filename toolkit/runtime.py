@@ -1,0 +1,162 @@
+"""ONNX Runtime sessions: providers, visible CUDA fallback detection, and the step backend.
+
+Imports onnxruntime and numpy, never torch: this is the deployment path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from toolkit.decoding import empty_cache
+from toolkit.errors import ProviderError, UsageError
+from toolkit.graphs import GraphSpec
+from toolkit.manifest import Manifest
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+CUDA_FIX = ("ONNX Runtime could not load its CUDA provider and fell back to CPU; install the CUDA 13 and cuDNN 9 "
+            "runtime libraries (or call onnxruntime.preload_dlls() with a CUDA build of torch installed), "
+            "or use --provider cpu")
+
+# ONNX Runtime prints a multi-line warning when CUDA libraries are missing; tk reports it in one line instead.
+ort.set_default_logger_severity(3)
+
+
+def cuda_available() -> bool:
+    """True only if a session really runs on CUDA, not merely if the provider is compiled in."""
+    return PROVIDERS["cuda"] in ort.get_available_providers() and _probe_cuda()
+
+
+_cuda_probe: bool | None = None
+
+
+def _probe_cuda() -> bool:
+    global _cuda_probe
+    if _cuda_probe is None:
+        import onnx
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        model.ir_version = min(model.ir_version, 10)
+        try:
+            s = ort.InferenceSession(onnx._serialize(model), _options(), providers=[PROVIDERS["cuda"], PROVIDERS["cpu"]])
+            _cuda_probe = s.get_providers()[0] == PROVIDERS["cuda"]
+        except Exception:
+            _cuda_probe = False
+    return _cuda_probe
+
+
+def _options(optimization: str = "all", threads: int | None = None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                   "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                   "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[optimization]
+    if threads:
+        so.intra_op_num_threads = threads
+    return so
+
+
+def create_session(path: Path, provider: str = "cpu", optimization: str = "all", threads: int | None = None,
+                   allow_fallback: bool = False) -> ort.InferenceSession:
+    """A session on the requested provider; raises ProviderError if CUDA silently became CPU."""
+    if provider not in PROVIDERS:
+        raise UsageError(f"unknown provider '{provider}'; choose cpu or cuda")
+    providers = [PROVIDERS["cuda"], PROVIDERS["cpu"]] if provider == "cuda" else [PROVIDERS["cpu"]]
+    try:
+        session = ort.InferenceSession(str(path), _options(optimization, threads), providers=providers)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot load ONNX graph {path}: {first}; re-export the model directory") from None
+    if provider == "cuda" and session.get_providers()[0] != PROVIDERS["cuda"] and not allow_fallback:
+        raise ProviderError(CUDA_FIX)
+    return session
+
+
+def session_provider(session: ort.InferenceSession) -> str:
+    return "cuda" if session.get_providers()[0] == PROVIDERS["cuda"] else "cpu"
+
+
+class OrtBackend:
+    """Step backend over an encoder and a decoder session.
+
+    On CUDA the cache lives in OrtValues bound to device memory (I/O binding):
+    each step's new cache is fed to the next step without a trip to the host;
+    only log-probabilities come back. Rows are selected on the host, which
+    happens only when a sentence finishes or beams are reordered.
+    """
+
+    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession,
+                 encoder_spec: GraphSpec, decoder_spec: GraphSpec):
+        self.encoder, self.decoder = encoder, decoder
+        self.encoder_spec, self.decoder_spec = encoder_spec, decoder_spec
+        self.state_names = decoder_spec.input_names[1:]
+        self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
+        self.on_device = session_provider(decoder) == "cuda"
+
+    def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict:
+        outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
+        outputs.update(src=src, src_len=src_len)
+        outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
+        state = {n: outputs[n] for n in self.state_names}
+        if self.on_device:
+            state = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0) for n, v in state.items()}
+        return state
+
+    def step(self, token: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
+        if self.on_device:
+            return self._step_bound(token, state)
+        outputs = self.decoder.run(None, {"token": token, **state})
+        named = dict(zip(self.decoder_spec.output_names, outputs))
+        new_state = dict(state)
+        for out_name, in_name in self.decoder_spec.updates.items():
+            new_state[in_name] = named[out_name]
+        return named["log_probs"], new_state
+
+    def _step_bound(self, token: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
+        binding = self.decoder.io_binding()
+        binding.bind_cpu_input("token", token)
+        for name, value in state.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("log_probs", "cpu")
+        for out_name in self.decoder_spec.updates:
+            binding.bind_output(out_name, "cuda", 0)
+        self.decoder.run_with_iobinding(binding)
+        named = dict(zip(self.decoder_spec.output_names, binding.get_outputs()))
+        new_state = dict(state)
+        for out_name, in_name in self.decoder_spec.updates.items():
+            new_state[in_name] = named[out_name]
+        return named["log_probs"].numpy(), new_state
+
+    def select(self, state: dict, rows: np.ndarray) -> dict:
+        out = {}
+        for name, value in state.items():
+            host = value.numpy() if isinstance(value, ort.OrtValue) else value
+            picked = np.take(host, rows, axis=self.batch_axis[name])
+            out[name] = ort.OrtValue.ortvalue_from_numpy(picked, "cuda", 0) if self.on_device else picked
+        return out
+
+
+@dataclass
+class LoadedModel:
+    manifest: Manifest
+    sessions: dict[str, ort.InferenceSession]
+    provider: str
+
+    def backend(self) -> OrtBackend:
+        specs = self.manifest.specs()
+        return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
+
+
+def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", optimization: str = "all",
+                  allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
+    sessions = {name: create_session(m.graph_path(name, variant), provider, optimization, threads, allow_fallback)
+                for name in m.data["graphs"]}
+    used = session_provider(next(iter(sessions.values())))
+    return LoadedModel(m, sessions, used)
