@@ -6,6 +6,7 @@ instant and `tk translate` never loads torch.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -79,17 +80,6 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
     run(opts, echo=lambda m: click.echo(m, err=True))
 
 
-def _not_yet(name: str):
-    @main.command(name=name, context_settings={"ignore_unknown_options": True})
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def stub(args):
-        click.echo(f"error: tk {name} is not yet implemented", err=True)
-        sys.exit(2)
-
-    stub.__doc__ = f"(not yet implemented) tk {name}"
-    return stub
-
-
 @main.command()
 @click.argument("source")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Model directory to write, e.g. exported/transformer.")
@@ -153,5 +143,121 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
     v.raise_on_failure(report)
 
 
-for _name in ("translate", "bench"):
-    _not_yet(_name)
+@main.command()
+@click.argument("text", nargs=-1)
+@click.option("-i", "--input", "input_path", type=click.Path(path_type=Path), help="Read sentences from FILE, one per line.")
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="Write translations to FILE.")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), envvar="TK_MODEL", default=DEFAULT_MODEL,
+              show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
+@click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
+@click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
+@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Sentences per batch.")
+@click.option("--max-tokens", type=int, help="Or a budget of padded source tokens per batch.")
+@click.option("--beam", type=int, default=1, show_default=True, help="Beam size; 1 is greedy search.")
+@click.option("--alpha", type=float, default=0.6, show_default=True, help="Length penalty exponent for beam search.")
+@click.option("--n-best", type=int, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
+@click.option("--max-len", type=int, help="Longest translation in subword tokens [default: the model's maximum].")
+@click.option("--strict", is_flag=True, help="Refuse lines longer than the model's maximum instead of truncating them.")
+@click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Score the output against this file (one reference per line) with sacrebleu.")
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
+def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, batch_size, max_tokens, beam,
+              alpha, n_best, max_len, strict, reference, threads, quiet):
+    """Translate English to French with the exported graphs (no PyTorch needed).
+
+    Sentences come from arguments, -i FILE, or standard input, one per line;
+    translations go out in the same order, one line each.
+
+    Example: tk translate "I'm home." "He's calm."
+    """
+    from toolkit.batching import DecodeOptions
+    from toolkit.errors import UsageError
+    from toolkit.translate import AtomicOutput, open_model, read_lines, score_file, translate_lines
+
+    say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
+    if text and input_path:
+        raise UsageError("give sentences as arguments or with -i FILE, not both")
+    if beam < 1 or n_best < 1 or n_best > max(beam, 1) and n_best > 1:
+        raise UsageError(f"--beam must be >= 1 and --n-best between 1 and --beam (got beam {beam}, n-best {n_best})")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
+    if input_path and not input_path.is_file():
+        raise UsageError(f"input file {input_path} does not exist")
+    t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads)
+    if provider == "cuda" and t.provider != "cuda":
+        say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
+    say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.provider}; ready in {t.startup_s:.2f}s")
+    opts = DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or t.manifest.max_len, t.manifest.max_len),
+                         batch_size=batch_size, max_tokens=max_tokens)
+    total = None
+    if text:
+        lines = iter(enumerate(text, 1))
+        total = len(text)
+    elif input_path:
+        with open(input_path, "rb") as f:
+            total = sum(1 for _ in f)
+        lines = read_lines(open(input_path, "rb"))
+    else:
+        lines = read_lines(sys.stdin.buffer)
+    out = AtomicOutput(output_path) if output_path else None
+    collected: list[str] = []
+
+    def write(line: str) -> None:
+        if reference:
+            collected.append(line)
+        if out:
+            out.write(line)
+        else:
+            click.echo(line)
+
+    bar = None
+    if not quiet and input_path:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True, leave=False)
+    try:
+        stats = translate_lines(t, lines, write, opts, strict, warn=say, progress=bar.update if bar else lambda n: None)
+    except BaseException:
+        if out:
+            out.abort()
+        raise
+    finally:
+        if bar:
+            bar.close()
+    if out:
+        out.commit()
+    rate = stats.sentences / stats.seconds if stats.seconds else 0.0
+    say(f"{stats.lines} lines, {stats.sentences} sentences in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
+        f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.provider}"
+        + (f"; {len(stats.truncated)} truncated" if stats.truncated else ""))
+    if reference:
+        scores = score_file(None, collected, reference)
+        click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
+
+
+@main.command()
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL, show_default="exported/transformer")
+@click.option("--sentences", type=int, default=64, show_default=True, help="Held-out test sentences to decode.")
+@click.option("--batch-size", "batch_sizes", type=int, multiple=True, help="Batch sizes [default: 1 and 64].")
+@click.option("--beam", "beams", type=int, multiple=True, help="Beam sizes [default: 1 (greedy) and 4].")
+@click.option("--no-textbook", is_flag=True, help="Skip the slow full-prefix PyTorch loop.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, json_path):
+    """Measure decoding speed of PyTorch (textbook and cached) and ONNX Runtime (CPU, CUDA) side by side.
+
+    Example: tk bench --model exported/transformer --sentences 64
+    """
+    import json
+    import platform
+
+    from toolkit import bench as b
+
+    results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
+                      echo=lambda m: click.echo(m, err=True))
+    click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
+    click.echo(b.table(results))
+    if json_path:
+        rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
+        json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from toolkit.graphs import GraphSpec, NP_DTYPES
+from toolkit.graphs import NP_DTYPES, GraphSpec
 from toolkit.tokenizer import BOS, EOS, PAD
 
 

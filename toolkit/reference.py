@@ -54,7 +54,7 @@ def weights_from_graphs(m: Manifest, entry, cfg) -> torch.nn.Module:
                 found[init.name[len(PREFIX):]] = torch.from_numpy(onnx.numpy_helper.to_array(init).copy())
     state = model.state_dict()
     # Tied parameters appear under several names in the state dict but once in a graph.
-    for alias, tensor in list(state.items()):
+    for alias in list(state):
         if alias not in found:
             twin = next((k for k, p in model.state_dict(keep_vars=True).items()
                          if k in found and p is model.state_dict(keep_vars=True)[alias]), None)

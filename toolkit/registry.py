@@ -7,10 +7,9 @@ Adding a model means adding a class to models/ and one `@register` entry here;
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-import torch
 from torch import nn
 
 from models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
@@ -20,7 +19,7 @@ from models.transformer import Transformer, TransformerConfig
 from toolkit.errors import UsageError
 from toolkit.graphs import GraphSpec, TensorSpec
 
-F, I = "float32", "int64"
+FLOAT, INT = "float32", "int64"
 
 
 @dataclass
@@ -55,7 +54,7 @@ def get(name: str) -> ModelEntry:
 
 # ---- seq2seq models: an encoder graph and a one-step decoder graph ---------------------------
 
-SRC = (TensorSpec("src", I, ("batch", "src_len"), "tokens"), TensorSpec("src_len", I, ("batch",), "lengths:src_len"))
+SRC = (TensorSpec("src", INT, ("batch", "src_len"), "tokens"), TensorSpec("src_len", INT, ("batch",), "lengths:src_len"))
 
 
 def _decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...], vocab: int) -> GraphSpec:
@@ -63,23 +62,23 @@ def _decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...
     grown = tuple(TensorSpec(f"new_{t.name}", t.dtype, tuple("past_len+1" if d == "past_len" else d for d in t.dims)) for t in cache)
     return GraphSpec(
         "decoder",
-        inputs=(TensorSpec("token", I, ("batch",), "tokens"), *cache, *context, SRC[1]),
-        outputs=(TensorSpec("log_probs", F, ("batch", vocab)), *grown),
+        inputs=(TensorSpec("token", INT, ("batch",), "tokens"), *cache, *context, SRC[1]),
+        outputs=(TensorSpec("log_probs", FLOAT, ("batch", vocab)), *grown),
         updates={f"new_{t.name}": t.name for t in cache},
     )
 
 
 def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
     L, h, dh = cfg.num_layers, cfg.num_heads, cfg.num_hiddens // cfg.num_heads
-    cross = tuple(TensorSpec(n, F, (L, "batch", h, "src_len", dh)) for n in ("cross_k", "cross_v"))
-    past = tuple(TensorSpec(n, F, (L, "batch", h, "past_len", dh), "empty") for n in ("self_k", "self_v"))
-    encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", F, ("batch", "src_len", cfg.num_hiddens)), *cross))
+    cross = tuple(TensorSpec(n, FLOAT, (L, "batch", h, "src_len", dh)) for n in ("cross_k", "cross_v"))
+    past = tuple(TensorSpec(n, FLOAT, (L, "batch", h, "past_len", dh), "empty") for n in ("self_k", "self_v"))
+    encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", FLOAT, ("batch", "src_len", cfg.num_hiddens)), *cross))
     return [encoder, _decoder_graph(past, cross, cfg.vocab_size)]
 
 
 def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
-    memory = TensorSpec("memory", F, ("batch", "src_len", cfg.num_hiddens))
-    state = TensorSpec("state", F, (cfg.num_layers, "batch", cfg.num_hiddens))
+    memory = TensorSpec("memory", FLOAT, ("batch", "src_len", cfg.num_hiddens))
+    state = TensorSpec("state", FLOAT, (cfg.num_layers, "batch", cfg.num_hiddens))
     encoder = GraphSpec("encoder", SRC, (memory, state))
     decoder = _decoder_graph((state,), (memory,), cfg.vocab_size)
     return [encoder, decoder]
@@ -108,12 +107,12 @@ class KernelRegressionConfig:
 
 
 def _qkv(q: int, k: int, v: int) -> tuple[TensorSpec, ...]:
-    return (TensorSpec("queries", F, ("batch", "n_q", q)), TensorSpec("keys", F, ("batch", "n_kv", k)),
-            TensorSpec("values", F, ("batch", "n_kv", v)), TensorSpec("valid_lens", I, ("batch", "n_q"), "lengths:n_kv"))
+    return (TensorSpec("queries", FLOAT, ("batch", "n_q", q)), TensorSpec("keys", FLOAT, ("batch", "n_kv", k)),
+            TensorSpec("values", FLOAT, ("batch", "n_kv", v)), TensorSpec("valid_lens", INT, ("batch", "n_q"), "lengths:n_kv"))
 
 
 def _attention_outputs(v: int, weight_dims: tuple) -> tuple[TensorSpec, ...]:
-    return (TensorSpec("output", F, ("batch", "n_q", v)), TensorSpec("attention_weights", F, weight_dims))
+    return (TensorSpec("output", FLOAT, ("batch", "n_q", v)), TensorSpec("attention_weights", FLOAT, weight_dims))
 
 
 def _module_graph(inputs, outputs) -> list[GraphSpec]:
@@ -135,8 +134,8 @@ class _Identity(nn.Module):
 register(ModelEntry(
     "masked_softmax", "module", AttentionConfig, lambda c: _Identity(),
     lambda c: _module_graph(
-        (TensorSpec("scores", F, ("batch", "n_q", "n_kv")), TensorSpec("valid_lens", I, ("batch", "n_q"), "lengths:n_kv")),
-        (TensorSpec("weights", F, ("batch", "n_q", "n_kv")),)),
+        (TensorSpec("scores", FLOAT, ("batch", "n_q", "n_kv")), TensorSpec("valid_lens", INT, ("batch", "n_q"), "lengths:n_kv")),
+        (TensorSpec("weights", FLOAT, ("batch", "n_q", "n_kv")),)),
     run=lambda m, s, v: (m(s, v),), description="softmax over keys with valid lengths"))
 
 register(ModelEntry(
@@ -169,8 +168,8 @@ register(ModelEntry(
 register(ModelEntry(
     "nw", "module", KernelRegressionConfig, lambda c: NWKernelRegression(c.learn_width),
     lambda c: _module_graph(
-        (TensorSpec("queries", F, ("n_q",)), TensorSpec("keys", F, ("n_q", "n_kv")), TensorSpec("values", F, ("n_q", "n_kv"))),
-        (TensorSpec("output", F, ("n_q",)), TensorSpec("attention_weights", F, ("n_q", "n_kv")))),
+        (TensorSpec("queries", FLOAT, ("n_q",)), TensorSpec("keys", FLOAT, ("n_q", "n_kv")), TensorSpec("values", FLOAT, ("n_q", "n_kv"))),
+        (TensorSpec("output", FLOAT, ("n_q",)), TensorSpec("attention_weights", FLOAT, ("n_q", "n_kv")))),
     run=_with_weights, description="Nadaraya-Watson kernel regression"))
 
 

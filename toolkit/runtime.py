@@ -22,7 +22,7 @@ CUDA_FIX = ("ONNX Runtime could not load its CUDA provider and fell back to CPU;
             "or use --provider cpu")
 
 # ONNX Runtime prints a multi-line warning when CUDA libraries are missing; tk reports it in one line instead.
-ort.set_default_logger_severity(3)
+ort.set_default_logger_severity(4)
 
 
 def cuda_available() -> bool:
@@ -54,7 +54,7 @@ def _probe_cuda() -> bool:
 
 def _options(optimization: str = "all", threads: int | None = None) -> ort.SessionOptions:
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4
     so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                                    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                                    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[optimization]

@@ -1,0 +1,156 @@
+"""`tk translate`: streaming, length-batched translation with the exported graphs alone.
+
+Imports onnxruntime, numpy and sentencepiece; never torch.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from toolkit import manifest as manifest_mod
+from toolkit import runtime
+from toolkit.batching import DecodeOptions, decode_ids
+from toolkit.errors import DataError, UsageError
+from toolkit.tokenizer import Tokenizer
+
+CHUNK_LINES = 2048  # lines read, sorted and translated at a time: bounds memory on any input size
+
+
+@dataclass
+class Translator:
+    """An exported model directory, loaded for translation on one provider."""
+
+    manifest: manifest_mod.Manifest
+    tokenizer: Tokenizer
+    loaded: runtime.LoadedModel
+    startup_s: float
+
+    @property
+    def provider(self) -> str:
+        return self.loaded.provider
+
+
+def open_model(directory: str | Path, provider: str | None = None, variant: str = "fp32",
+               allow_fallback: bool = False, threads: int | None = None) -> Translator:
+    """Loads and checks a model directory. provider None: CUDA if it truly loads, else CPU."""
+    start = time.perf_counter()
+    m = manifest_mod.load(directory)
+    if m.kind != "seq2seq":
+        raise UsageError(f"{directory} holds a '{m.model}' graph, not a translation model; use exported/transformer or exported/seq2seq")
+    tok_path = m.tokenizer_path()
+    if tok_path is None:
+        raise UsageError(f"{directory} has no tokenizer (exported with --random-init); export a trained checkpoint")
+    m.check_files()
+    if provider is None:
+        provider = "cuda" if runtime.cuda_available() else "cpu"
+    loaded = runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads)
+    for name, spec in m.specs().items():
+        got = [i.name for i in loaded.sessions[name].get_inputs()]
+        if got != spec.input_names:
+            raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {directory}")
+    return Translator(m, Tokenizer.load(tok_path), loaded, time.perf_counter() - start)
+
+
+@dataclass
+class Stats:
+    lines: int = 0
+    sentences: int = 0
+    target_tokens: int = 0
+    truncated: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def read_lines(stream: BinaryIO) -> Iterator[tuple[int, str]]:
+    """(line number, text) for each line; a non-UTF-8 line is an error naming its number."""
+    for lineno, raw in enumerate(stream, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"input line {lineno} is not valid UTF-8 (byte {e.start}); convert the file to UTF-8") from None
+        yield lineno, text.rstrip("\r\n")
+
+
+def chunks(lines: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
+    chunk = []
+    for item in lines:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Callable[[str], None], opts: DecodeOptions,
+                    strict: bool = False, warn: Callable[[str], None] = lambda s: None,
+                    progress: Callable[[int], None] = lambda n: None) -> Stats:
+    """Translates line by line in input order; one output line (or n-best block) per input line."""
+    stats = Stats()
+    start = time.perf_counter()
+    backend = t.loaded.backend()
+    limit = t.manifest.max_len
+    for chunk in chunks(lines, CHUNK_LINES):
+        ids = t.tokenizer.encode([text for _, text in chunk])
+        for k, ((lineno, _), seq) in enumerate(zip(chunk, ids)):
+            if len(seq) > limit:
+                if strict:
+                    raise DataError(f"input line {lineno} has {len(seq)} tokens, more than the model's {limit}; "
+                                    "split it or drop --strict to truncate")
+                warn(f"warning: line {lineno} has {len(seq)} tokens; truncated to the model's maximum of {limit}")
+                stats.truncated.append(lineno)
+                ids[k] = seq[:limit]
+        hyps = decode_ids(backend, ids, opts)
+        for (lineno, _), seq, nbest in zip(chunk, ids, hyps):
+            texts = t.tokenizer.decode([h.tokens for h in nbest])
+            if opts.n_best > 1:
+                for h, text in zip(nbest, texts):
+                    write(f"{lineno - 1} ||| {text} ||| {h.normalized(opts.alpha):.4f}")
+            else:
+                write(texts[0])
+            stats.sentences += bool(seq)
+            stats.target_tokens += len(nbest[0].tokens) if seq else 0
+        stats.lines += len(chunk)
+        progress(len(chunk))
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+class AtomicOutput:
+    """Writes to a temporary file and renames it over the target only on success,
+    so a failed run never truncates an existing output file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            fd, self.tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as e:
+            raise UsageError(f"cannot write {path} ({e.strerror}); choose another -o") from None
+        self.file: TextIO = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+
+    def write(self, line: str) -> None:
+        self.file.write(line + "\n")
+
+    def commit(self) -> None:
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.file.close()
+        if os.path.exists(self.tmp):
+            os.unlink(self.tmp)
+
+
+def score_file(hypotheses_path: Path | None, hypotheses: list[str] | None, reference: Path) -> dict:
+    from toolkit.evaluate import bleu_chrf
+
+    refs = reference.read_text(encoding="utf-8").splitlines()
+    hyps = hypotheses if hypotheses is not None else hypotheses_path.read_text(encoding="utf-8").splitlines()
+    if len(refs) != len(hyps):
+        raise UsageError(f"--reference has {len(refs)} lines but there are {len(hyps)} translations; give one reference per input line")
+    return bleu_chrf(hyps, [[r] for r in refs])
