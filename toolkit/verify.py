@@ -146,8 +146,20 @@ def run_torch(module: torch.nn.Module, spec: GraphSpec, feeds: dict[str, np.ndar
     return {n: o.numpy() for n, o in zip(spec.output_names, outs)}
 
 
+class RunFailure(Exception):
+    """ONNX Runtime refused the inputs (a frozen axis, a broken graph): a parity failure, not a crash."""
+
+
 def run_ort(session, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return dict(zip(spec.output_names, session.run(None, feeds)))
+    try:
+        return dict(zip(spec.output_names, session.run(None, feeds)))
+    except Exception as e:
+        raise RunFailure(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+
+
+def failed_run(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str, error: Exception) -> None:
+    rows.append(Row(check, spec.name, variant, provider, case, "(run)", float("inf"), float("inf"), 1.0, ok=False,
+                    detail=f"ONNX Runtime failed: {error}"))
 
 
 def compare_outputs(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str,
@@ -306,21 +318,33 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     max_len = getattr(cfg, "max_len", 64)
     modules = {name: registry.graph_module(entry, model, spec) for name, spec in specs.items()}
     rng = np.random.default_rng(seed)
+    unoptimized = {}
+    if ("cpu", "fp32") in sessions:
+        unoptimized = {name: runtime.create_session(m.graph_path(name), "cpu", optimization="disabled") for name in specs}
     for i, sizes in enumerate(sweep_cases(max_len)):
         for name, spec in specs.items():
             feeds = sweep_inputs(spec, sizes, rng, vocab, i)
             ref = run_torch(modules[name], spec, feeds)
             case = case_label(spec, sizes)
-            outs = {key: run_ort(s[name], spec, feeds) for key, s in sessions.items()}
+            outs = {}
+            for (p, v), s in sessions.items():
+                try:
+                    outs[(p, v)] = run_ort(s[name], spec, feeds)
+                except RunFailure as e:
+                    failed_run(report.rows, "sweep", spec, v, p, case, e)
             for (p, v), got in outs.items():
                 noise = None
                 if ("cpu", v) in outs and ("cuda", v) in outs:
                     noise = {o: float(np.abs(outs[("cpu", v)][o].astype(np.float64) - outs[("cuda", v)][o]).max(initial=0))
                              for o in spec.output_names}
                 compare_outputs(report.rows, "sweep", spec, v, p, case, ref, got, tolerance(v, atol, rtol), noise)
-            if ("cpu", "fp32") in sessions:
-                plain = runtime.create_session(m.graph_path(name), "cpu", optimization="disabled")
-                compare_outputs(report.rows, "optimizer", spec, "fp32", "cpu", case, run_ort(plain, spec, feeds),
+            if ("cpu", "fp32") in outs:
+                try:
+                    plain = run_ort(unoptimized[name], spec, feeds)
+                except RunFailure as e:
+                    failed_run(report.rows, "optimizer", spec, "fp32", "cpu", case, e)
+                    continue
+                compare_outputs(report.rows, "optimizer", spec, "fp32", "cpu", case, plain,
                                 outs[("cpu", "fp32")], tolerance("fp32", atol, rtol))
 
     tok_path = m.tokenizer_path()
@@ -332,9 +356,12 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         ref_backend = TorchBackend(model, specs["encoder"], specs["decoder"])
         for (p, v), s in sessions.items():
             parity = ParityBackend(ref_backend, s, specs, v, p, tolerance(v, atol, rtol), report.rows)
-            greedy(parity, src_ids, max_len)
             ort_backend = runtime.OrtBackend(s["encoder"], s["decoder"], specs["encoder"], specs["decoder"])
-            compare_translations(report.rows, ref_backend, ort_backend, src_ids, max_len, v, p, tolerance(v, atol, rtol))
+            try:
+                greedy(parity, src_ids, max_len)
+                compare_translations(report.rows, ref_backend, ort_backend, src_ids, max_len, v, p, tolerance(v, atol, rtol))
+            except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
+                failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(str(e).splitlines()[0]))
     return report
 
 

@@ -1,0 +1,73 @@
+"""Shared fixtures: the corpus beside the repository, a tiny trained transformer, and its export.
+
+Everything here is built once per test session and never touches the network.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def corpus_zip() -> Path:
+    path = Path(os.environ.get("TK_DATA", SHARED_DATA / "fra-eng.zip"))
+    assert path.is_file(), f"tests need the corpus at {path} (../shared/data/fra-eng.zip or $TK_DATA)"
+    return path
+
+
+@pytest.fixture(scope="session")
+def challenge_test() -> Path:
+    return SHARED_DATA / "tatoeba-test-eng-fra.txt"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, corpus_zip) -> Path:
+    """A transformer trained for a few seconds on a few hundred pairs: real tokenizer, real sentences."""
+    from toolkit.train import TrainOptions, train
+
+    out = tmp_path_factory.mktemp("tiny-run")
+    train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=8, seed=0),
+          echo=lambda m: None)
+    return out / "checkpoint.pt"
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory, tiny_checkpoint) -> Path:
+    from toolkit.export import ExportOptions, export
+
+    out = tmp_path_factory.mktemp("tiny-export") / "transformer"
+    export(ExportOptions(out=out, checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def random_export(tmp_path_factory):
+    """Exports a registry model with small random weights, once per model per session."""
+    from toolkit.export import ExportOptions, export
+
+    root = tmp_path_factory.mktemp("random-exports")
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            cache[name] = export(ExportOptions(out=root / name, model=name, random_init=True), echo=lambda m: None)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture()
+def cli():
+    """Runs `tk ...` in-process; returns the click Result (stderr mixed into output)."""
+    from click.testing import CliRunner
+
+    from toolkit.cli import main
+
+    runner = CliRunner()
+    return lambda *args: runner.invoke(main, [str(a) for a in args])

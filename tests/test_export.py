@@ -1,0 +1,155 @@
+"""tk export: every registered model runs in ONNX Runtime at sizes never seen at export, matching PyTorch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from toolkit import data, manifest, registry
+from toolkit.export import EXAMPLE_SIZES
+from toolkit.graphs import make_inputs
+from toolkit.reference import load_reference
+
+# Batch 1, an odd batch, and lengths from 1 to the maximum, including ones the export never traced.
+SIZES = [(1, 1), (5, 2), (1, EXAMPLE_SIZES["src_len"]), (5, 11), (2, 24)]
+
+
+@pytest.mark.parametrize("name", sorted(registry.REGISTRY))
+def test_every_registered_model_matches_pytorch_at_unseen_sizes(name, random_export):
+    directory = random_export(name)
+    m = manifest.load(directory)
+    entry, cfg, model, _ = load_reference(m)
+    rng = np.random.default_rng(1)
+    for spec in m.specs().values():
+        session = ort.InferenceSession(str(m.graph_path(spec.name)), providers=["CPUExecutionProvider"])
+        module = registry.graph_module(entry, model, spec)
+        for batch, n in SIZES:
+            sizes = {"batch": batch, "src_len": n, "past_len": n - 1, "n_q": n, "n_kv": n + 3}
+            feeds = make_inputs(spec, sizes, rng, getattr(cfg, "vocab_size", 2))
+            got = session.run(None, feeds)
+            with torch.no_grad():
+                want = module(*(torch.from_numpy(feeds[i]) for i in spec.input_names))
+            for out_name, g, w in zip(spec.output_names, got, want):
+                np.testing.assert_allclose(g, w.numpy(), atol=1e-5, rtol=1e-4, err_msg=f"{name}/{spec.name}/{out_name} {sizes}")
+
+
+@pytest.mark.parametrize("name", sorted(registry.REGISTRY))
+def test_every_axis_is_named_and_symbolic(name, random_export):
+    m = manifest.load(random_export(name))
+    for spec in m.specs().values():
+        graph = onnx.load(m.graph_path(spec.name), load_external_data=False)
+        onnx.checker.check_model(str(m.graph_path(spec.name)), full_check=True)
+        for value, declared in zip(list(graph.graph.input) + list(graph.graph.output), spec.inputs + spec.outputs):
+            dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            assert dims == list(declared.dims), f"{spec.name}/{value.name}"
+        assert graph.opset_import[0].version >= 18
+
+
+def test_manifest_describes_the_directory(tiny_export, tiny_checkpoint):
+    m = manifest.load(tiny_export)
+    m.check_files()
+    d = m.data
+    assert d["model"] == "transformer" and d["kind"] == "seq2seq"
+    assert set(d["graphs"]) == {"encoder", "decoder"}
+    assert d["graphs"]["decoder"]["spec"]["updates"] == {"new_self_k": "self_k", "new_self_v": "self_v"}
+    assert d["opset"] >= 18
+    assert {"torch", "onnx", "onnxruntime", "onnxscript"} <= set(d["versions"])
+    from toolkit.checkpoint import sha256
+
+    assert d["checkpoint"]["sha256"] == sha256(tiny_checkpoint)
+    assert "valid_bleu" in d["metrics"] and d["training"]["data"]["sha256"] == data.CORPUS_SHA256
+    assert (tiny_export / "tokenizer.model").is_file()
+    json.dumps(d)  # plain JSON, readable without tk
+
+
+def test_shared_embedding_is_stored_once(tiny_export):
+    """Encoder and decoder both use the embedding; weights.bin holds it once."""
+    m = manifest.load(tiny_export)
+    _, cfg, model, _ = load_reference(m)
+    unique_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert (tiny_export / "weights.bin").stat().st_size < unique_bytes * 1.05
+
+
+def test_decoder_step_graph_reproduces_the_full_prefix_decoder_on_real_sentences(tiny_export, corpus_zip):
+    """Step by step through the cached decoder graph == one full-prefix PyTorch pass, position by position."""
+    from toolkit.decoding import empty_cache, pad_batch
+    from toolkit.tokenizer import BOS, Tokenizer
+
+    m = manifest.load(tiny_export)
+    _, cfg, model, _ = load_reference(m)
+    tok = Tokenizer.load(m.tokenizer_path())
+    pairs = data.load_corpus(corpus_zip).splits["test"][:6]
+    src, src_len = pad_batch(tok.encode([en for en, _ in pairs]))
+    tgt = [[BOS] + t for t in tok.encode([fr for _, fr in pairs])]
+    tgt_in, _ = pad_batch(tgt)
+    with torch.no_grad():
+        full = model(torch.from_numpy(src), torch.from_numpy(src_len), torch.from_numpy(tgt_in)).numpy()
+    specs = m.specs()
+    enc = ort.InferenceSession(str(m.graph_path("encoder")), providers=["CPUExecutionProvider"])
+    dec = ort.InferenceSession(str(m.graph_path("decoder")), providers=["CPUExecutionProvider"])
+    memory = dict(zip(specs["encoder"].output_names, enc.run(None, {"src": src, "src_len": src_len})))
+    state = {**memory, "src_len": src_len, **empty_cache(specs["decoder"], memory, len(src))}
+    for t in range(tgt_in.shape[1]):
+        feeds = {"token": tgt_in[:, t], **{n: state[n] for n in specs["decoder"].input_names[1:]}}
+        outs = dict(zip(specs["decoder"].output_names, dec.run(None, feeds)))
+        for row, seq in enumerate(tgt):
+            if t < len(seq):
+                np.testing.assert_allclose(outs["log_probs"][row], full[row, t], atol=1e-4, rtol=1e-4, err_msg=f"step {t}")
+        state.update(self_k=outs["new_self_k"], self_v=outs["new_self_v"])
+        assert state["self_k"].shape[3] == t + 1
+
+
+def test_existing_directory_needs_force(cli, tmp_path):
+    out = tmp_path / "dir"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    result = cli("export", "nw", "--random-init", "--out", out)
+    assert result.exit_code == 2
+    assert "already exists; use --force" in result.output
+    assert (out / "keep.txt").read_text() == "user data"
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt"])
+def test_bad_checkpoint_is_one_line_error(cli, tmp_path, problem):
+    ckpt = tmp_path / "checkpoint.pt"
+    if problem == "corrupt":
+        ckpt.write_bytes(b"not a checkpoint at all")
+    result = cli("export", ckpt, "--out", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    assert str(ckpt) in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_model_lists_the_known_ones(cli, tmp_path):
+    result = cli("export", "gpt5", "--random-init", "--out", tmp_path / "x")
+    assert result.exit_code == 2
+    assert "unknown model 'gpt5'; choose one of:" in result.output and "transformer" in result.output
+
+
+def test_failed_export_leaves_nothing_behind(cli, tmp_path, monkeypatch):
+    from toolkit import export as export_mod
+
+    real = export_mod.export_graph
+
+    def fail_on_decoder(module, spec, *args):
+        if spec.name == "decoder":
+            raise export_mod.ToolkitError("simulated exporter failure")
+        return real(module, spec, *args)
+
+    monkeypatch.setattr(export_mod, "export_graph", fail_on_decoder)
+    result = cli("export", "transformer", "--random-init", "--out", tmp_path / "model")
+    assert result.exit_code == 1 and "simulated exporter failure" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_output_is_one_line_error(cli, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = cli("export", "nw", "--random-init", "--out", blocker / "sub" / "model")
+    assert result.exit_code == 2 and "cannot write" in result.output and "Traceback" not in result.output
