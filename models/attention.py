@@ -137,7 +137,10 @@ class MultiHeadAttention(nn.Module):
 
 
 class PositionWiseFFN(nn.Module):
-    """Two-layer MLP applied to every position: (..., d_model) -> (..., d_out)."""
+    """Two-layer MLP applied to every position: (..., num_inputs) -> (..., ffn_num_outputs).
+
+    num_inputs defaults to ffn_num_outputs (d_model in, d_model out, as in the Transformer).
+    """
 
     def __init__(self, ffn_num_hiddens: int, ffn_num_outputs: int, num_inputs: int | None = None):
         super().__init__()

@@ -104,6 +104,7 @@ class Seq2SeqAttention(nn.Module):
 
     def encode(self, src, src_len) -> dict[str, torch.Tensor]:
         memory, state = self.encoder(src, src_len)
+        self.decoder.attention_weights = []  # one sentence batch's weights, not every batch ever decoded
         return {"memory": memory, "state": state, "src_len": src_len}
 
     def decode_step(self, token, cache: dict[str, torch.Tensor]):
@@ -114,7 +115,6 @@ class Seq2SeqAttention(nn.Module):
     def forward(self, src, src_len, tgt_in):
         """Teacher forcing: tgt_in (batch, m) -> log-probs (batch, m, vocab)."""
         cache = self.encode(src, src_len)
-        self.decoder.attention_weights = []
         steps = []
         for t in range(tgt_in.shape[1]):
             log_probs, cache = self.decode_step(tgt_in[:, t], cache)

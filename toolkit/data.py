@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,18 +57,24 @@ def fetch(url: str, dest: Path) -> Path:
     """Downloads the zip, checks the sha256 of fra.txt inside it, then moves it into place."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".part", delete=False) as tmp:
+        part = Path(tmp.name)
+    try:
         try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                shutil.copyfileobj(response, tmp)
+            with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as f:
+                shutil.copyfileobj(response, f)
         except OSError as e:
-            os.unlink(tmp.name)
             raise DataError(f"could not download the corpus from {url} ({e}); pass --data PATH or set ${ENV_VAR}") from None
-    text = _read_text(Path(tmp.name))
-    digest = hashlib.sha256(text).hexdigest()
-    if digest != CORPUS_SHA256:
-        os.unlink(tmp.name)
-        raise DataError(f"downloaded corpus has sha256 {digest}, expected {CORPUS_SHA256}; try again or pass --data PATH")
-    os.replace(tmp.name, dest)
+        try:
+            text = _read_text(part)
+        except DataError as e:
+            raise DataError(f"{url} is not the fra-eng corpus ({e}); pass --data PATH or set ${ENV_VAR}") from None
+        digest = hashlib.sha256(text).hexdigest()
+        if digest != CORPUS_SHA256:
+            raise DataError(f"downloaded corpus has sha256 {digest}, expected {CORPUS_SHA256}; try again or pass --data PATH")
+        os.replace(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     return dest
 
 
@@ -84,7 +91,7 @@ def _read_text(path: Path) -> bytes:
         if path.suffix == ".zip":
             raise DataError(f"{path} is not a valid zip file (corrupt or truncated download?); delete it and fetch again")
         return path.read_bytes()
-    except (zipfile.BadZipFile, OSError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
         raise DataError(f"cannot read corpus {path}: {e}") from None
 
 

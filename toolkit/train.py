@@ -93,14 +93,14 @@ def train(opts: TrainOptions, echo=print) -> dict:
     if opts.preset not in PRESETS:
         raise UsageError(f"unknown preset '{opts.preset}'; choose one of: {', '.join(PRESETS)}")
     entry = registry.get(opts.model)
+    if opts.model != "nw" and entry.kind != "seq2seq":
+        raise UsageError(f"model '{opts.model}' has no training task; train one of: nw, seq2seq, transformer")
     check_out_dir(opts.out)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     seed_everything(opts.seed)
     if opts.model == "nw":
         return train_kernel_regression(opts, echo)
-    if entry.kind != "seq2seq":
-        raise UsageError(f"model '{opts.model}' has no training task; train one of: nw, seq2seq, transformer")
     return train_seq2seq(opts, entry, echo)
 
 
@@ -214,7 +214,9 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
         while state["epoch"] < epochs:
             model.train()
             batches = data.length_batches(examples, max_tokens, opts.seed + state["epoch"])
-            window_tokens, window_start, loss_avg = 0, time.time(), None
+            window_tokens, window_start = 0, time.time()
+            # Resuming mid-epoch (or after its last batch) continues the epoch's running loss.
+            loss_avg = state.get("loss_avg") if state["batch"] else None
             for b in range(state["batch"], len(batches)):
                 src, src_len, tgt_in, tgt_out = to_tensors(examples, batches[b])
                 for group in optimizer.param_groups:
@@ -231,6 +233,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
                 state["batch"] = b + 1
                 per_token = loss.item() / n_tokens
                 loss_avg = per_token if loss_avg is None else 0.98 * loss_avg + 0.02 * per_token
+                state["loss_avg"] = loss_avg
                 window_tokens += n_tokens + int(src_len.sum())
                 bar.update(1)
                 bar.set_postfix_str(f"epoch {state['epoch'] + 1}/{epochs} loss {loss_avg:.3f} "
@@ -247,7 +250,8 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
             valid_loss = evaluate_loss(model, valid_examples, max_tokens)
             state["history"].append({"epoch": state["epoch"] + 1, "train_loss": loss_avg, "valid_loss": valid_loss,
                                      "elapsed_s": round(state["elapsed"])})
-            bar.write(f"epoch {state['epoch'] + 1}: train loss {loss_avg:.3f}, valid loss {valid_loss:.3f}")
+            train_loss = "n/a" if loss_avg is None else f"{loss_avg:.3f}"
+            bar.write(f"epoch {state['epoch'] + 1}: train loss {train_loss}, valid loss {valid_loss:.3f}")
             state["epoch"] += 1
             state["batch"] = 0
             save()

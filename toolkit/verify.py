@@ -289,14 +289,8 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         m.check_files()
     except UsageError as e:
         report.rows.append(Row("static", "files", "-", "-", "-", "sha256", ok=False, detail=str(e)))
-    entry, cfg, model, report.reference = load_reference(m, echo)
     variants = variants or m.variants()
     specs = m.specs()
-    declared = {s.name: s for s in entry.graphs(cfg)}
-    for name, spec in specs.items():
-        if declared.get(name) != spec:
-            report.rows.append(Row("static", name, "-", "-", "-", "declaration", ok=False,
-                                   detail="manifest declaration differs from the model registry's; re-export"))
 
     providers = ["cpu", "cuda"] if provider == "all" else [provider]
     sessions: dict[tuple[str, str], dict] = {}
@@ -310,6 +304,13 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
                 report.skipped[p] = str(e)
                 break
     report.environment = environment(sorted({p for p, _ in sessions}))
+    # Sessions first: a provider that cannot load fails before any PyTorch work.
+    entry, cfg, model, report.reference = load_reference(m, echo)
+    declared = {s.name: s for s in entry.graphs(cfg)}
+    for name, spec in specs.items():
+        if declared.get(name) != spec:
+            report.rows.append(Row("static", name, "-", "-", "-", "declaration", ok=False,
+                                   detail="manifest declaration differs from the model registry's; re-export"))
     for v in variants:
         for name, spec in specs.items():
             report.rows += static_check(m.graph_path(name, v), spec, v)

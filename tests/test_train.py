@@ -1,0 +1,230 @@
+"""`tk train` end to end through the CLI: checkpoints, resume, Ctrl-C, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import toolkit.train
+from toolkit import checkpoint, data
+from toolkit.cli import main
+
+CORPUS_ZIP = Path(__file__).resolve().parents[2] / "shared" / "data" / "fra-eng.zip"
+# The tiny preset on one thread, so the tests stay quick and leave the other core alone.
+TINY = ["--preset", "tiny", "--data", str(CORPUS_ZIP), "--threads", "1"]
+
+
+def tk(*args) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def assert_usage_error(result, *fragments: str) -> str:
+    """Exit 2 through SystemExit, with one 'error: ...' line and no traceback."""
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.output
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+def assert_only_checkpoint(out: Path) -> None:
+    """No temporary files (*.tmp, partial downloads, write probes) left in the run directory."""
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
+
+
+def count_calls(monkeypatch, should_interrupt):
+    """Wraps the training loss so that it raises KeyboardInterrupt when should_interrupt(n, eps) is true."""
+    original = toolkit.train.label_smoothed_nll
+    calls = {"n": 0}
+
+    def wrapper(log_probs, target, eps):
+        calls["n"] += 1
+        if should_interrupt(calls["n"], eps):
+            raise KeyboardInterrupt
+        return original(log_probs, target, eps)
+
+    monkeypatch.setattr(toolkit.train, "label_smoothed_nll", wrapper)
+    return calls
+
+
+# ---- kernel regression --------------------------------------------------------------------------
+
+
+def test_train_nw_learns_a_better_kernel(tmp_path):
+    out = tmp_path / "nw"
+    result = tk("train", "nw", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "test MSE" in result.output
+    assert_only_checkpoint(out)
+    ckpt = checkpoint.load(out / "checkpoint.pt")
+    assert ckpt["model"] == "nw"
+    metrics = ckpt["metrics"]
+    assert metrics["test_mse"] < metrics["test_mse_nonparametric"]
+    assert metrics["w"] != 1.0
+    # The checkpoint rebuilds the learned model.
+    _, _, model = checkpoint.build_model(ckpt)
+    assert model.w.item() == pytest.approx(metrics["w"])
+
+
+# ---- tiny transformer ---------------------------------------------------------------------------
+
+
+def test_train_tiny_transformer_learns(tmp_path):
+    out = tmp_path / "run"
+    result = tk("train", "transformer", *TINY, "--out", out, "--epochs", 6)
+    assert result.exit_code == 0, result.output
+    assert "valid BLEU" in result.output
+    assert_only_checkpoint(out)
+    ckpt = checkpoint.load(out)
+    history = ckpt["progress"]["history"]
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4, 5, 6]
+    assert history[-1]["valid_loss"] < history[0]["valid_loss"]
+    metrics = ckpt["metrics"]
+    assert {"valid_loss", "valid_bleu", "valid_chrf"} <= set(metrics)
+    assert 0.0 <= metrics["valid_bleu"] <= 100.0
+    # Provenance: which data, which split, which tokenizer.
+    assert ckpt["data"]["sha256"] == data.CORPUS_SHA256
+    assert ckpt["tokenizer"] and ckpt["config"]["vocab_size"] > 0
+    _, cfg, model = checkpoint.build_model(ckpt)
+    assert cfg.num_layers == 2 and not model.training
+
+
+def test_resume_continues_where_it_stopped(tmp_path):
+    out = tmp_path / "run"
+    args = ("train", "transformer", *TINY, "--out", out, "--epochs", 2)
+    stopped = tk(*args, "--max-minutes", 0.001)
+    assert stopped.exit_code == 0, stopped.output
+    assert "--resume" in stopped.output
+    assert_only_checkpoint(out)
+    first = checkpoint.load(out)
+    step = first["progress"]["step"]
+    assert step >= 1
+    assert len(first["progress"]["history"]) < 2
+    assert first["metrics"] == {}
+
+    resumed = tk(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "valid BLEU" in resumed.output
+    final = checkpoint.load(out)
+    assert final["progress"]["step"] > step
+    assert [h["epoch"] for h in final["progress"]["history"]] == [1, 2]
+    assert "valid_bleu" in final["metrics"]
+    assert_only_checkpoint(out)
+
+    again = tk(*args)
+    assert_usage_error(again, "--resume", str(out / "checkpoint.pt"))
+    assert checkpoint.load(out)["progress"]["step"] == final["progress"]["step"]
+
+
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """Stopping and resuming must not skip or repeat batches: same steps, same losses."""
+    args = ("train", "transformer", *TINY, "--epochs", 1, "--precision", "fp32")
+    straight = tk(*args, "--out", tmp_path / "straight")
+    assert straight.exit_code == 0, straight.output
+    assert tk(*args, "--out", tmp_path / "split", "--max-minutes", 0.001).exit_code == 0
+    assert tk(*args, "--out", tmp_path / "split", "--resume").exit_code == 0
+    a, b = checkpoint.load(tmp_path / "straight"), checkpoint.load(tmp_path / "split")
+    assert b["progress"]["step"] == a["progress"]["step"]
+    assert b["progress"]["history"][0]["valid_loss"] == pytest.approx(a["progress"]["history"][0]["valid_loss"], rel=1e-4)
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    args = ("train", "transformer", *TINY, "--out", out, "--epochs", 1)
+    count_calls(monkeypatch, lambda n, eps: n == 3)
+    result = tk(*args)
+    assert result.exit_code == 130, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert "checkpoint saved" in result.output and "--resume" in result.output
+    assert_only_checkpoint(out)
+    ckpt = checkpoint.load(out / "checkpoint.pt")
+    # Two whole batches were done; the interrupted third is not counted.
+    assert ckpt["progress"]["step"] == 2
+
+    monkeypatch.undo()
+    resumed = tk(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert checkpoint.load(out)["progress"]["step"] > 2
+
+
+def test_ctrl_c_during_validation_resumes(tmp_path, monkeypatch):
+    """Interrupted after an epoch's last batch, while computing the validation loss."""
+    out = tmp_path / "run"
+    args = ("train", "transformer", *TINY, "--out", out, "--epochs", 1)
+    count_calls(monkeypatch, lambda n, eps: eps == 0.0)  # evaluate_loss is the only caller without smoothing
+    result = tk(*args)
+    assert result.exit_code == 130, result.output
+    assert "checkpoint saved" in result.output
+    interrupted = checkpoint.load(out)
+    assert interrupted["progress"]["history"] == []
+
+    monkeypatch.undo()
+    resumed = tk(*args, "--resume")
+    assert resumed.exit_code == 0, f"{resumed.output}\n{resumed.exception!r}"
+    final = checkpoint.load(out)
+    assert final["progress"]["step"] == interrupted["progress"]["step"]  # no batch trained twice
+    assert [h["epoch"] for h in final["progress"]["history"]] == [1]
+    assert "valid_bleu" in final["metrics"]
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+
+def test_unknown_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = tk("train", "bogus")
+    line = assert_usage_error(result, "unknown model 'bogus'; choose one of: ")
+    for name in ("nw", "seq2seq", "transformer"):
+        assert name in line
+    assert result.output.strip() == line
+    assert not (tmp_path / "runs").exists()  # nothing created for a model that does not exist
+
+
+def test_missing_data_file(tmp_path):
+    missing = tmp_path / "no" / "fra-eng.zip"
+    result = tk("train", "transformer", "--preset", "tiny", "--data", missing, "--out", tmp_path / "run")
+    assert_usage_error(result, str(missing))
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_corrupt_data_file(tmp_path):
+    corrupt = tmp_path / "fra-eng.zip"
+    corrupt.write_bytes(random.Random(0).randbytes(4096))
+    result = tk("train", "transformer", "--preset", "tiny", "--data", corrupt, "--out", tmp_path / "run")
+    assert_usage_error(result, str(corrupt))
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("model", ["nw", "transformer"])
+def test_unwritable_out_dir(tmp_path, model):
+    blocker = tmp_path / "file"
+    blocker.write_text("a regular file, not a directory")
+    out = blocker / "run"
+    result = tk("train", model, "--preset", "tiny", "--data", CORPUS_ZIP, "--out", out)
+    assert_usage_error(result, str(out), "--out")
+
+
+def test_resume_without_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    result = tk("train", "transformer", *TINY, "--out", out, "--resume")
+    assert_usage_error(result, str(out / "checkpoint.pt"))
+
+
+def test_resume_of_another_model(tmp_path):
+    out = tmp_path / "run"
+    assert tk("train", "nw", "--out", out).exit_code == 0
+    result = tk("train", "transformer", *TINY, "--out", out, "--resume")
+    assert_usage_error(result, "'nw'", "'transformer'")
+
+
+def test_bad_set_override(tmp_path):
+    result = tk("train", "transformer", *TINY, "--out", tmp_path / "run", "--set", "num_layers")
+    assert result.exit_code == 2
+    assert "KEY=VALUE" in result.output and "Traceback" not in result.output

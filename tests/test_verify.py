@@ -1,0 +1,159 @@
+"""tk verify passes on good graphs and, as importantly, fails on broken ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from toolkit import manifest, verify
+from toolkit.export import ExportOptions, export
+
+
+def test_passes_on_the_tiny_transformer_and_writes_json(cli, tiny_export, tmp_path):
+    report_path = tmp_path / "report.json"
+    result = cli("verify", tiny_export, "--json", report_path, "--sentences", 6)
+    assert result.exit_code == 0, result.output
+    assert "translation" in result.output and "6/6 identical" in result.output
+    report = json.loads(report_path.read_text())
+    assert report["passed"] and report["seed"] == 0
+    assert {"torch", "onnx", "onnxruntime"} <= set(report["environment"])
+    checks = {r["check"] for r in report["rows"]}
+    assert checks == {"static", "sweep", "optimizer", "decode", "translation"}
+    # The sweep covers batch 1 and 64 and lengths longer than the export's.
+    cases = {r["case"] for r in report["rows"] if r["check"] == "sweep"}
+    assert any("batch=1 " in c for c in cases) and any("batch=64" in c for c in cases)
+    assert any("src_len=13" in c for c in cases)
+
+
+@pytest.mark.parametrize("name", ["masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw"])
+def test_passes_on_every_attention_module(cli, random_export, name):
+    result = cli("verify", random_export(name))
+    assert result.exit_code == 0, result.output
+
+
+def _rehash(directory):
+    """Re-record every sha256 so that only the numbers can reveal a change."""
+    path = directory / "manifest.json"
+    d = json.loads(path.read_text())
+    for g in d["graphs"].values():
+        g["sha256"] = manifest.file_sha256(directory / g["file"])
+        g["weights"]["sha256"] = manifest.file_sha256(directory / g["weights"]["file"])
+    path.write_text(json.dumps(d))
+
+
+def _failures(cli, directory, tmp_path, *extra):
+    report_path = tmp_path / "r.json"
+    result = cli("verify", directory, "--json", report_path, "--sentences", 4, *extra)
+    return result, json.loads(report_path.read_text())["failures"] if report_path.exists() else []
+
+
+def test_fails_on_one_weight_perturbed_by_a_small_amount(cli, tiny_export, tmp_path):
+    broken = tmp_path / "perturbed"
+    shutil.copytree(tiny_export, broken)
+    graph = onnx.load(broken / "decoder.onnx", load_external_data=False).graph
+    init = next(i for i in graph.initializer if i.name == "model.decoder_blocks.0.ffn.dense1.weight")
+    offset = int({e.key: e.value for e in init.external_data}["offset"])
+    blob = bytearray((broken / "weights.bin").read_bytes())
+    value = np.frombuffer(blob, dtype=np.float32, count=1, offset=offset)[0]
+    blob[offset : offset + 4] = np.float32(value + 0.05).tobytes()
+    (broken / "weights.bin").write_bytes(bytes(blob))
+    _rehash(broken)
+    # The reference must come from the checkpoint, not from the (perturbed) graphs.
+    result, failures = _failures(cli, broken, tmp_path)
+    assert result.exit_code == 1, result.output
+    assert "check(s) failed" in result.output
+    assert any(f["check"] in ("sweep", "decode") and f["output"] == "log_probs" for f in failures)
+
+
+def test_fails_on_a_decoder_whose_cache_position_is_off_by_one(cli, tiny_checkpoint, tmp_path, monkeypatch):
+    from models import attention
+
+    real = attention.PositionalEncoding.forward
+
+    def shifted(self, x, offset=None):
+        return real(self, x, None if offset is None else offset + 1)
+
+    monkeypatch.setattr(attention.PositionalEncoding, "forward", shifted)
+    out = export(ExportOptions(out=tmp_path / "off-by-one", checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
+    monkeypatch.setattr(attention.PositionalEncoding, "forward", real)
+    result, failures = _failures(cli, out, tmp_path)
+    assert result.exit_code == 1
+    assert "decoder/log_probs" in result.output or "decoder/new_self" in result.output
+    assert any(f["graph"] == "decoder" for f in failures)
+    assert not any(f["graph"] == "encoder" and f["check"] == "sweep" for f in failures)
+
+
+def test_fails_on_a_sequence_axis_frozen_at_export(cli, tiny_checkpoint, tmp_path, monkeypatch):
+    from toolkit import export as export_mod
+
+    real = export_mod.dynamic_shapes
+
+    def freeze_src_len(spec, max_len):
+        (shapes,) = real(spec, max_len)
+        return (tuple({k: v for k, v in (s or {}).items() if v.__name__ != "src_len"} or None for s in shapes),)
+
+    monkeypatch.setattr(export_mod, "dynamic_shapes", freeze_src_len)
+    out = export(ExportOptions(out=tmp_path / "frozen", checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
+    result, failures = _failures(cli, out, tmp_path)
+    assert result.exit_code == 1
+    frozen = [f for f in failures if f["check"] == "static"]
+    assert frozen and "axis 'src_len' is frozen to 7" in frozen[0]["detail"]
+    assert any(f["check"] == "sweep" and "src_len=13" in f["case"] for f in failures)
+
+
+def test_cuda_without_a_gpu_fails_in_one_line(cli, random_export):
+    result = cli("verify", random_export("dot_attention"), "--provider", "cuda")
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0
+    assert "fell back to CPU" in result.output and "CUDA 13" in result.output
+
+
+def test_provider_all_runs_what_loads_and_says_what_it_skipped(cli, random_export):
+    result = cli("verify", random_export("dot_attention"), "--provider", "all")
+    assert result.exit_code == 0, result.output
+    assert "skipped provider cuda" in result.output
+
+
+def test_corrupt_graph_is_reported(cli, tiny_export, tmp_path):
+    broken = tmp_path / "corrupt"
+    shutil.copytree(tiny_export, broken)
+    (broken / "encoder.onnx").write_bytes((broken / "encoder.onnx").read_bytes()[:200])
+    result = cli("verify", broken)
+    assert result.exit_code != 0
+    assert "encoder.onnx" in result.output and "Traceback" not in result.output
+
+
+def test_missing_directory_is_a_usage_error(cli, tmp_path):
+    result = cli("verify", tmp_path / "nope")
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_nan_fails_whatever_the_tolerance():
+    ref = np.zeros((2, 3), np.float32)
+    got = ref.copy()
+    got[1, 2] = np.nan
+    assert not verify.compare(ref, got, atol=1e9, rtol=1e9)["ok"]
+    got[1, 2] = np.inf
+    assert not verify.compare(ref, got, atol=1e9, rtol=1e9)["ok"]
+
+
+def test_tolerance_is_applied_elementwise():
+    ref = np.array([1.0, 100.0], np.float32)
+    stats = verify.compare(ref, ref + np.array([2e-4, 2e-3], np.float32), atol=1e-4, rtol=1e-4)
+    assert not stats["ok"] and stats["outside"] == 0.5  # 2e-4 > 1e-4 + 1e-4; 2e-3 < 1e-4 + 1e-2
+
+
+def test_variants_pass_within_their_own_tolerances(cli, tiny_checkpoint, tmp_path):
+    out = tmp_path / "variants"
+    result = cli("export", tiny_checkpoint, "--out", out, "--fp16", "--optimize", "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    m = manifest.load(out)
+    assert m.variants() == ["fp32", "fp16", "optimized", "int8"]
+    result = cli("verify", out, "--sentences", 4)
+    assert result.exit_code == 0, result.output
+    for v in ("fp16", "optimized", "int8"):
+        assert f"sweep        decoder          {v}" in result.output or v in result.output
