@@ -261,3 +261,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, json_path):
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

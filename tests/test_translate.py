@@ -1,0 +1,177 @@
+"""tk translate: nothing dropped, reordered or duplicated; batching never changes a translation."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from toolkit import data
+from toolkit.batching import DecodeOptions, decode_ids
+from toolkit.decoding import beam_search, greedy
+from toolkit.translate import open_model
+
+
+@pytest.fixture(scope="module")
+def english(corpus_zip) -> list[str]:
+    en, _ = data.references(data.load_corpus(corpus_zip).splits["test"])
+    return en[:40]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_export):
+    return open_model(tiny_export, "cpu")
+
+
+def test_file_order_and_line_count_are_preserved(cli, tiny_export, english, tmp_path):
+    lines = english[:30] + ["", "", "Go."]
+    random.Random(0).shuffle(lines)  # lengths in no order, empty lines among them
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = cli("translate", "--model", tiny_export, "-i", src, "-o", out, "--batch-size", 7)
+    assert result.exit_code == 0, result.output
+    got = out.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(got) == len(lines)
+    # Each line is that sentence's own translation, one at a time: order restored, no mixing.
+    one_by_one = cli("translate", "--model", tiny_export, "-q", "--batch-size", 1, *[s for s in lines if s])
+    expected = iter(one_by_one.output.splitlines())
+    for source, translation in zip(lines, got):
+        assert translation == ("" if not source else next(expected))
+
+
+def test_batched_output_equals_one_sentence_at_a_time(model, english):
+    ids = model.tokenizer.encode(english)
+    backend = model.loaded.backend()
+    batched = decode_ids(backend, ids, DecodeOptions(batch_size=64, max_len=model.manifest.max_len))
+    single = decode_ids(backend, ids, DecodeOptions(batch_size=1, max_len=model.manifest.max_len))
+    assert [h[0].tokens for h in batched] == [h[0].tokens for h in single]
+
+
+def test_torch_and_onnxruntime_backends_give_the_same_greedy_output(model, english, tiny_export):
+    from toolkit.reference import load_reference
+    from toolkit.torch_backend import TorchBackend
+
+    _, _, torch_model, _ = load_reference(model.manifest)
+    specs = model.manifest.specs()
+    ids = model.tokenizer.encode(english)
+    ref = greedy(TorchBackend(torch_model, specs["encoder"], specs["decoder"]), ids, model.manifest.max_len)
+    got = greedy(model.loaded.backend(), ids, model.manifest.max_len)
+    assert [h.tokens for h in ref] == [h.tokens for h in got]
+
+
+def test_beam_one_is_greedy(model, english):
+    ids = model.tokenizer.encode(english)
+    backend = model.loaded.backend()
+    g = greedy(backend, ids, model.manifest.max_len)
+    b = beam_search(backend, ids, model.manifest.max_len, beam=1)
+    assert [h.tokens for h in g] == [h[0].tokens for h in b]
+    assert [round(h.score, 4) for h in g] == [round(h[0].score, 4) for h in b]
+
+
+def test_beam_search_finds_hypotheses_at_least_as_likely_as_greedy(model, english):
+    ids = model.tokenizer.encode(english)
+    backend = model.loaded.backend()
+    g = greedy(backend, ids, model.manifest.max_len)
+    b = beam_search(backend, ids, model.manifest.max_len, beam=4, alpha=0.0)
+    better = sum(bh[0].score > gh.score + 1e-6 for gh, bh in zip(g, b))
+    assert all(bh[0].score >= gh.score - 1e-5 for gh, bh in zip(g, b))
+    assert better > 0  # on real sentences beam search does find better ones
+
+
+def test_n_best_prints_n_scored_hypotheses_per_line(cli, tiny_export):
+    result = cli("translate", "--model", tiny_export, "-q", "--beam", 4, "--n-best", 3, "I lost.", "Go.")
+    assert result.exit_code == 0, result.output
+    rows = [line.split(" ||| ") for line in result.output.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "0", "1", "1", "1"]
+    scores = [float(r[2]) for r in rows[:3]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_empty_and_unknown_characters(cli, tiny_export):
+    result = cli("translate", "--model", tiny_export, "-q", "", "Ĉu vi 😀 ŝatas 寿司?", "   ")
+    assert result.exit_code == 0, result.output
+    out = result.output.split("\n")
+    assert out[0] == "" and out[1] != "" and out[2] == ""
+
+
+def test_overlong_line_is_truncated_with_a_warning_or_refused_with_strict(cli, tiny_export, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("Go.\n" + " ".join(["word"] * 300) + "\nI lost.\n", encoding="utf-8")
+    result = cli("translate", "--model", tiny_export, "-i", src, "-o", tmp_path / "out.txt")
+    assert result.exit_code == 0
+    assert "line 2 has" in result.output and "truncated" in result.output
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 3
+    strict = cli("translate", "--model", tiny_export, "-i", src, "--strict")
+    assert strict.exit_code == 2 and "input line 2" in strict.output and "Traceback" not in strict.output
+
+
+def test_non_utf8_input_fails_with_the_line_number_and_keeps_the_old_output(cli, tiny_export, tmp_path):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_bytes(b"Go.\nCaf\xe9 noir\n")
+    out.write_text("previous results\n")
+    result = cli("translate", "--model", tiny_export, "-i", src, "-o", out)
+    assert result.exit_code == 2
+    assert "input line 2 is not valid UTF-8" in result.output
+    assert out.read_text() == "previous results\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_cuda_fallback_is_refused_unless_allowed(cli, tiny_export):
+    refused = cli("translate", "--model", tiny_export, "--provider", "cuda", "Go.")
+    assert refused.exit_code == 1
+    assert "fell back to CPU" in refused.output and "Traceback" not in refused.output
+    allowed = cli("translate", "--model", tiny_export, "--provider", "cuda", "--allow-cpu-fallback", "Go.")
+    assert allowed.exit_code == 0
+    assert "CUDA unavailable, running on CPU" in allowed.output
+
+
+def test_default_provider_choice_is_printed(cli, tiny_export):
+    result = cli("translate", "--model", tiny_export, "Go.")
+    assert result.exit_code == 0 and "on cpu" in result.output
+
+
+@pytest.mark.parametrize("problem", ["missing", "not-a-model", "mismatched", "random-init"])
+def test_bad_model_directory_is_one_line_error(cli, tiny_export, random_export, tmp_path, problem):
+    import shutil
+
+    directory = tmp_path / "model"
+    if problem == "not-a-model":
+        directory.mkdir()
+    elif problem == "mismatched":
+        shutil.copytree(tiny_export, directory)
+        manifest_path = directory / "manifest.json"
+        d = json.loads(manifest_path.read_text())
+        d["graphs"]["decoder"]["spec"]["inputs"][0]["name"] = "tokens"
+        manifest_path.write_text(json.dumps(d))
+    elif problem == "random-init":
+        directory = random_export("transformer")
+    result = cli("translate", "--model", directory, "Go.")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and result.output.startswith("error: ")
+
+
+def test_stdin_and_reference_scoring(tiny_export, tmp_path):
+    refs = tmp_path / "refs.txt"
+    refs.write_text("Va !\nJ'ai perdu.\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "translate", "--model", str(tiny_export), "--reference", str(refs)],
+                          input="Go.\nI lost.\n", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 2
+    assert "BLEU" in proc.stderr and "chrF" in proc.stderr
+
+
+def test_the_translate_path_never_imports_torch(tiny_export):
+    code = (
+        "import sys\n"
+        "from toolkit.cli import main\n"
+        f"sys.argv = ['tk', 'translate', '--model', {str(tiny_export)!r}, '-q', 'Go.']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print('torch-free')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("torch-free")
