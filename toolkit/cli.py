@@ -121,7 +121,8 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, forc
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random sweep inputs.")
 @click.option("--sentences", type=int, default=16, show_default=True, help="Test-split sentences to decode.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
-def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path):
+@click.option("--record", is_flag=True, help="Store a summary of the verdict in the directory's manifest.json.")
+def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path, record):
     """Measure parity between PyTorch and ONNX Runtime; exit 1 on any failure.
 
     Example: tk verify exported/transformer --provider all --json report.json
@@ -139,7 +140,10 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
     if json_path:
         v.write_json(report, json_path)
     n = len(report.rows)
-    click.echo(f"{n - len(report.failures)}/{n} checks passed in {time.time() - start:.1f}s (seed {seed})", err=True)
+    seconds = time.time() - start
+    click.echo(f"{n - len(report.failures)}/{n} checks passed in {seconds:.1f}s (seed {seed})", err=True)
+    if record:
+        v.record_summary(report, model_dir, seconds)
     v.raise_on_failure(report)
 
 
@@ -235,6 +239,31 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if reference:
         scores = score_file(None, collected, reference)
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--data", "data_path", help="fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
+@click.option("--challenge", type=click.Path(exists=True, dir_okay=False), help="Tatoeba Challenge test file (eng-fra).")
+@click.option("--beam", "beams", type=int, multiple=True, help="Beam sizes to score [default: 1 and 4].")
+@click.option("--limit", type=int, help="Score only the first N sentences of each set.")
+@click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
+def evaluate(model_dir, data_path, challenge, beams, limit, record):
+    """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
+
+    Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
+    """
+    import json
+
+    from toolkit import manifest as manifest_mod
+    from toolkit.evaluate import evaluate_model
+
+    scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, echo=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(scores, indent=2))
+    if record:
+        m = manifest_mod.load(model_dir)
+        m.data.setdefault("metrics", {})["evaluation"] = scores
+        manifest_mod.write(Path(model_dir), {k: v for k, v in m.data.items() if k != "format"})
 
 
 @main.command()
