@@ -44,7 +44,7 @@ def test_file_order_and_line_count_are_preserved(cli, tiny_export, english, tmp_
 
 def test_batched_output_equals_one_sentence_at_a_time(model, english):
     ids = model.tokenizer.encode(english)
-    backend = model.loaded.backend()
+    backend = model.backend()
     batched = decode_ids(backend, ids, DecodeOptions(batch_size=64, max_len=model.manifest.max_len))
     single = decode_ids(backend, ids, DecodeOptions(batch_size=1, max_len=model.manifest.max_len))
     assert [h[0].tokens for h in batched] == [h[0].tokens for h in single]
@@ -58,13 +58,13 @@ def test_torch_and_onnxruntime_backends_give_the_same_greedy_output(model, engli
     specs = model.manifest.specs()
     ids = model.tokenizer.encode(english)
     ref = greedy(TorchBackend(torch_model, specs["encoder"], specs["decoder"]), ids, model.manifest.max_len)
-    got = greedy(model.loaded.backend(), ids, model.manifest.max_len)
+    got = greedy(model.backend(), ids, model.manifest.max_len)
     assert [h.tokens for h in ref] == [h.tokens for h in got]
 
 
 def test_beam_one_is_greedy(model, english):
     ids = model.tokenizer.encode(english)
-    backend = model.loaded.backend()
+    backend = model.backend()
     g = greedy(backend, ids, model.manifest.max_len)
     b = beam_search(backend, ids, model.manifest.max_len, beam=1)
     assert [h.tokens for h in g] == [h[0].tokens for h in b]
@@ -73,7 +73,7 @@ def test_beam_one_is_greedy(model, english):
 
 def test_beam_search_finds_hypotheses_at_least_as_likely_as_greedy(model, english):
     ids = model.tokenizer.encode(english)
-    backend = model.loaded.backend()
+    backend = model.backend()
     g = greedy(backend, ids, model.manifest.max_len)
     b = beam_search(backend, ids, model.manifest.max_len, beam=4, alpha=0.0)
     better = sum(bh[0].score > gh.score + 1e-6 for gh, bh in zip(g, b))
@@ -175,3 +175,10 @@ def test_the_translate_path_never_imports_torch(tiny_export):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("torch-free")
+
+
+def test_torch_backend_from_the_command_line_matches_onnxruntime(cli, tiny_export, english):
+    ort_out = cli("translate", "--model", tiny_export, "-q", *english[:8])
+    torch_out = cli("translate", "--model", tiny_export, "-q", "--backend", "torch", *english[:8])
+    assert ort_out.exit_code == torch_out.exit_code == 0
+    assert ort_out.output == torch_out.output

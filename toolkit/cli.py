@@ -156,6 +156,8 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
 @click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
 @click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
 @click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
+@click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
+              help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Sentences per batch.")
 @click.option("--max-tokens", type=int, help="Or a budget of padded source tokens per batch.")
 @click.option("--beam", type=int, default=1, show_default=True, help="Beam size; 1 is greedy search.")
@@ -167,7 +169,7 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
               help="Score the output against this file (one reference per line) with sacrebleu.")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
-def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, batch_size, max_tokens, beam,
+def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, batch_size, max_tokens, beam,
               alpha, n_best, max_len, strict, reference, threads, quiet):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
@@ -189,7 +191,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
     if input_path and not input_path.is_file():
         raise UsageError(f"input file {input_path} does not exist")
-    t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads)
+    t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.provider}; ready in {t.startup_s:.2f}s")

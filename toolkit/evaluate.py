@@ -47,7 +47,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
         search = "greedy" if beam == 1 else f"beam{beam}"
         for name, (src, references) in sets.items():
             start = time.perf_counter()
-            hyps = translate_texts(model.loaded.backend(), model.tokenizer, src,
+            hyps = translate_texts(model.backend(), model.tokenizer, src,
                                    DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len))
             seconds = time.perf_counter() - start
             if name == "test_split":

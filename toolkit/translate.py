@@ -24,21 +24,22 @@ CHUNK_LINES = 2048  # lines read, sorted and translated at a time: bounds memory
 
 @dataclass
 class Translator:
-    """An exported model directory, loaded for translation on one provider."""
+    """An exported model directory, loaded for translation on one backend."""
 
     manifest: manifest_mod.Manifest
     tokenizer: Tokenizer
-    loaded: runtime.LoadedModel
+    backend: Callable[[], object]  # a fresh step backend for the shared decoding loop
+    provider: str  # "cpu" or "cuda" for ONNX Runtime, "torch" for the PyTorch reference
     startup_s: float
-
-    @property
-    def provider(self) -> str:
-        return self.loaded.provider
 
 
 def open_model(directory: str | Path, provider: str | None = None, variant: str = "fp32",
-               allow_fallback: bool = False, threads: int | None = None) -> Translator:
-    """Loads and checks a model directory. provider None: CUDA if it truly loads, else CPU."""
+               allow_fallback: bool = False, threads: int | None = None, backend: str = "onnxruntime") -> Translator:
+    """Loads and checks a model directory. provider None: CUDA if it truly loads, else CPU.
+
+    backend "torch" decodes with the PyTorch model through the same loop (for comparison;
+    it needs torch and the model code, which the ONNX Runtime path never imports).
+    """
     start = time.perf_counter()
     m = manifest_mod.load(directory)
     if m.kind != "seq2seq":
@@ -47,6 +48,15 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     if tok_path is None:
         raise UsageError(f"{directory} has no tokenizer (exported with --random-init); export a trained checkpoint")
     m.check_files()
+    tokenizer = Tokenizer.load(tok_path)
+    if backend == "torch":
+        from toolkit.reference import load_reference
+        from toolkit.torch_backend import TorchBackend
+
+        _, _, model, _ = load_reference(m)
+        specs = m.specs()
+        return Translator(m, tokenizer, lambda: TorchBackend(model, specs["encoder"], specs["decoder"]), "torch",
+                          time.perf_counter() - start)
     if provider is None:
         provider = "cuda" if runtime.cuda_available() else "cpu"
     loaded = runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads)
@@ -54,7 +64,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         got = [i.name for i in loaded.sessions[name].get_inputs()]
         if got != spec.input_names:
             raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {directory}")
-    return Translator(m, Tokenizer.load(tok_path), loaded, time.perf_counter() - start)
+    return Translator(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start)
 
 
 @dataclass
@@ -93,7 +103,7 @@ def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Call
     """Translates line by line in input order; one output line (or n-best block) per input line."""
     stats = Stats()
     start = time.perf_counter()
-    backend = t.loaded.backend()
+    backend = t.backend()
     limit = t.manifest.max_len
     for chunk in chunks(lines, CHUNK_LINES):
         ids = t.tokenizer.encode([text for _, text in chunk])
