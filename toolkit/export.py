@@ -180,7 +180,8 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
     else:
         data["checkpoint"] = {"path": str(Path(ckpt["path"]).resolve()), "sha256": checkpoint.sha256(ckpt["path"]),
                               "weights_sha256": checkpoint.weights_sha256(model)}
-        data["training"] = {**ckpt.get("train", {}), "data": {k: v for k, v in ckpt.get("data", {}).items() if k not in ("x_train", "y_train")}}
+        data["training"] = {**ckpt.get("train", {}), "history": ckpt.get("progress", {}).get("history", []),
+                            "data": {k: v for k, v in ckpt.get("data", {}).items() if k not in ("x_train", "y_train")}}
         data["metrics"] = ckpt.get("metrics", {})
         if ckpt.get("tokenizer"):
             (tmp / "tokenizer.model").write_bytes(ckpt["tokenizer"])

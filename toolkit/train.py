@@ -192,6 +192,14 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     echo(f"{opts.model}: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, {len(examples)} training pairs, "
          f"{len(valid_examples)} validation pairs, {epochs} epochs, {'bf16 autocast' if use_bf16 else 'fp32'}; {hardware()}")
 
+    # The command that started the run stays recorded; each --resume is appended after it.
+    provenance = {"command": opts.command, "seed": opts.seed, "hardware": hardware(),
+                  "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()}, "resumed_with": []}
+    if resumed:
+        first = resumed.get("train", {})
+        provenance.update(command=first.get("command", opts.command), options=first.get("options", provenance["options"]),
+                          resumed_with=[*first.get("resumed_with", []), opts.command])
+
     def save() -> None:
         checkpoint.save({
             "model": opts.model, "config": dataclasses.asdict(cfg), "state_dict": model.state_dict(),
@@ -199,8 +207,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
             "tokenizer": tokenizer.model_proto,
             "data": {"source": corpus.source, "sha256": corpus.sha256, "split": corpus.info,
                      "train_pairs_used": len(examples), "exclude": opts.exclude},
-            "train": {"command": opts.command, "seed": opts.seed, "hardware": hardware(),
-                      "elapsed_s": state["elapsed"], "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()}},
+            "train": {**provenance, "elapsed_s": state["elapsed"]},
             "metrics": state.get("metrics", {}),
         }, ckpt_path)
 
