@@ -27,6 +27,7 @@ import onnx.numpy_helper
 import torch
 
 from toolkit import checkpoint, manifest, registry
+from toolkit.data import CORPUS_SHA256
 from toolkit.errors import ToolkitError, UsageError
 from toolkit.graphs import GraphSpec, make_inputs
 from toolkit.manifest import VARIANTS
@@ -187,15 +188,29 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
             (tmp / "tokenizer.model").write_bytes(ckpt["tokenizer"])
             data["tokenizer"] = {"file": "tokenizer.model", "sha256": manifest.file_sha256(tmp / "tokenizer.model"),
                                  "type": "sentencepiece unigram, shared English/French"}
+        if ckpt.get("data", {}).get("sha256") == CORPUS_SHA256:
+            # CC BY 2.0 FR asks for attribution wherever a model trained on the data is shipped.
+            (tmp / "LICENSE-DATA.md").write_text(DATA_LICENSE, encoding="utf-8")
+            data.setdefault("extra_files", []).append({"file": "LICENSE-DATA.md", "sha256": manifest.file_sha256(tmp / "LICENSE-DATA.md")})
         if "x_train" in ckpt.get("data", {}):
             # The kernel regression's keys and values are its training points.
             np.savez(tmp / "train_points.npz", x=np.array(ckpt["data"]["x_train"], np.float32),
                      y=np.array(ckpt["data"]["y_train"], np.float32))
-            data["extra_files"] = [{"file": "train_points.npz", "sha256": manifest.file_sha256(tmp / "train_points.npz")}]
+            data.setdefault("extra_files", []).append({"file": "train_points.npz", "sha256": manifest.file_sha256(tmp / "train_points.npz")})
     return data
 
 
 WEIGHTS = "weights.bin"
+DATA_LICENSE = """# Training data
+
+This model was trained on the Tatoeba English-French sentence pairs as packaged by
+manythings.org/anki (fra-eng.zip, fra.txt sha256 0bb85dbaa1c896844649094d7eaf2e34bee34e84fe362b26ce7e8f2e12aae104).
+
+License of the data: Creative Commons Attribution 2.0 France (CC BY 2.0 FR),
+https://creativecommons.org/licenses/by/2.0/fr/
+
+Attribution: www.manythings.org/anki and tatoeba.org.
+"""
 
 
 def share_weights(tmp: Path, graphs: dict) -> None:
