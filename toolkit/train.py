@@ -7,7 +7,9 @@ import math
 import os
 import platform
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,10 @@ def train_kernel_regression(opts: TrainOptions, echo) -> dict:
     return metrics
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def lr_at(step: int, peak: float, warmup: int) -> float:
     """Linear warm-up, then inverse square-root decay (the paper's schedule, scaled to a peak)."""
     step = max(step, 1)
@@ -217,6 +223,8 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     started, last_save = time.time(), time.time()
     elapsed0 = state["elapsed"]
     bar = tqdm(total=total, initial=done, unit="batch", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+    # SIGTERM (a scheduler, `kill`, a background job whose SIGINT is ignored) stops like Ctrl-C: checkpoint first.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
         while state["epoch"] < epochs:
             model.train()
@@ -266,6 +274,9 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
         bar.close()
         save()
         raise Interrupted(f"interrupted; checkpoint saved to {ckpt_path}; continue with --resume") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     bar.close()
     metrics = final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max_tokens, opts.setting("eval_sentences"))
     state["metrics"] = metrics
