@@ -75,6 +75,15 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int) -> list[Hyp
     return hyps
 
 
+def top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first; a partial sort, as vocabularies are large."""
+    if values.size > k:
+        candidates = np.argpartition(-values, k)[:k]
+    else:
+        candidates = np.arange(values.size)
+    return candidates[np.argsort(-values[candidates], kind="stable")]
+
+
 def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 4,
                 alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
     """Beam search per sentence, batched over sentences; returns the n_best per sentence.
@@ -97,7 +106,7 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
         for sent in active:
             k = len(live[sent])
             scores = np.array([h.score for h in live[sent]])[:, None] + log_probs[row : row + k]
-            flat = np.argsort(-scores, axis=None, kind="stable")[: 2 * beam]
+            flat = top_k(scores.ravel(), 2 * beam)
             new_live = []
             for idx in flat:
                 parent, tok = divmod(int(idx), scores.shape[1])
