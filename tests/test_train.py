@@ -228,3 +228,25 @@ def test_bad_set_override(tmp_path):
     result = tk("train", "transformer", *TINY, "--out", tmp_path / "run", "--set", "num_layers")
     assert result.exit_code == 2
     assert "KEY=VALUE" in result.output and "Traceback" not in result.output
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_130(tmp_path):
+    """A scheduler's SIGTERM (or `kill`) stops training like Ctrl-C: checkpoint first."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "train", "transformer", "--preset", "tiny", "--data", str(CORPUS_ZIP),
+                             "--out", str(out), "--epochs", "500"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "checkpoint.pt").exists():  # the first epoch has ended
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "checkpoint saved" in output and "--resume" in output
+    from toolkit import checkpoint
+
+    assert checkpoint.load(out / "checkpoint.pt")["progress"]["step"] > 0
