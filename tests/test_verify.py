@@ -41,7 +41,8 @@ def _rehash(directory):
     d = json.loads(path.read_text())
     for g in d["graphs"].values():
         g["sha256"] = manifest.file_sha256(directory / g["file"])
-        g["weights"]["sha256"] = manifest.file_sha256(directory / g["weights"]["file"])
+        if "weights" in g:
+            g["weights"]["sha256"] = manifest.file_sha256(directory / g["weights"]["file"])
     path.write_text(json.dumps(d))
 
 

@@ -250,7 +250,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 @click.option("--beam", "beams", type=int, multiple=True, help="Beam sizes to score [default: 1 and 4].")
 @click.option("--limit", type=int, help="Score only the first N sentences of each set.")
 @click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
-def evaluate(model_dir, data_path, challenge, beams, limit, record):
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
+def evaluate(model_dir, data_path, challenge, beams, limit, record, threads):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
 
     Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
@@ -260,7 +261,8 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record):
     from toolkit import manifest as manifest_mod
     from toolkit.evaluate import evaluate_model
 
-    scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, echo=lambda m: click.echo(m, err=True))
+    scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
+                            echo=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(scores, indent=2))
     if record:
         m = manifest_mod.load(model_dir)

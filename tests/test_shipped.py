@@ -1,0 +1,63 @@
+"""The models shipped in exported/: intact, translating, and still in parity with PyTorch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolkit import manifest
+
+EXPORTED = Path(__file__).resolve().parents[1] / "exported"
+SHIPPED = ["transformer", "seq2seq", "nw"]
+SIZE_BUDGET = 40 * 2**20
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_manifest_matches_its_files_and_records_provenance(name):
+    m = manifest.load(EXPORTED / name)
+    m.check_files()
+    assert m.data["checkpoint"]["weights_sha256"]
+    training = m.data["training"]
+    assert training["command"].startswith("tk train") and "seed" in training
+    assert (EXPORTED / name / "LICENSE-DATA.md").is_file() or name == "nw"
+    assert m.data["verify"]["passed"]
+
+
+@pytest.mark.parametrize("name", ["transformer", "seq2seq"])
+def test_translation_models_record_their_scores(name):
+    d = manifest.load(EXPORTED / name).data
+    scores = d["metrics"]["evaluation"]
+    for key in ("test_split_greedy", "test_split_beam4", "tatoeba_challenge_greedy", "tatoeba_challenge_beam4"):
+        assert scores[key]["sentences"] > 1000
+    assert d["training"]["data"]["sha256"] == "0bb85dbaa1c896844649094d7eaf2e34bee34e84fe362b26ce7e8f2e12aae104"
+    assert "CC BY 2.0 FR" in (EXPORTED / name / "LICENSE-DATA.md").read_text()
+
+
+def test_everything_shipped_fits_the_size_budget():
+    total = sum(p.stat().st_size for p in EXPORTED.rglob("*") if p.is_file())
+    assert total <= SIZE_BUDGET, f"exported/ holds {total / 2**20:.1f} MiB, budget 40 MiB"
+
+
+@pytest.mark.parametrize("name", ["transformer", "seq2seq"])
+def test_shipped_models_translate_the_textbook_examples(cli, name):
+    result = cli("translate", "--model", EXPORTED / name, "-q", "Go.", "I lost.", "He's calm.", "I'm home.")
+    assert result.exit_code == 0, result.output
+    out = result.output.splitlines()
+    assert len(out) == 4 and all(out)
+    assert any(w in out[3].lower() for w in ("maison", "chez moi", "rentré", "rentrée"))
+
+
+def test_default_model_is_the_shipped_transformer(cli):
+    result = cli("translate", "I'm home.")
+    assert result.exit_code == 0 and "exported/transformer" in result.output.replace("\\", "/")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_short_verify_passes_on_cpu(cli, name, tmp_path, monkeypatch, corpus_zip):
+    monkeypatch.setenv("TK_DATA", str(corpus_zip))
+    result = cli("verify", EXPORTED / name, "--sentences", 4, "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["passed"] and "weights read from the fp32 graphs" in report["reference"] or "checkpoint" in report["reference"]
