@@ -46,7 +46,15 @@ def test_shipped_models_translate_the_textbook_examples(cli, name):
     assert result.exit_code == 0, result.output
     out = result.output.splitlines()
     assert len(out) == 4 and all(out)
-    assert any(w in out[3].lower() for w in ("maison", "chez moi", "rentré", "rentrée"))
+    assert all(line[0].isupper() and line[-1] in ".!?" for line in out)  # cased, punctuated French
+
+
+def test_the_shipped_transformer_translates_sensibly(cli):
+    result = cli("translate", "-q", "I'm home.", "I lost.", "Where is the station?")
+    out = [line.lower() for line in result.output.splitlines()]
+    assert "maison" in out[0] or "chez moi" in out[0]
+    assert "perdu" in out[1]
+    assert out[2].startswith("où") and "gare" in out[2]
 
 
 def test_default_model_is_the_shipped_transformer(cli):
