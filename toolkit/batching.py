@@ -16,6 +16,7 @@ class DecodeOptions:
     max_len: int = 64  # longest output, in subword tokens
     batch_size: int = 64  # sentences per batch
     max_tokens: int | None = None  # or a budget of padded source tokens per batch
+    max_src_len: int | None = None  # sources longer than the model's positions are cut to this
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int | None) -> Iterator[list[int]]:
@@ -34,6 +35,8 @@ def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int |
 
 def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
     """Hypotheses for every source sentence, in input order. Empty sources get no decoding."""
+    if opts.max_src_len:
+        src = [s[: opts.max_src_len] for s in src]
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
     todo = [i for i, s in enumerate(src) if s]
     for batch in length_sorted_batches([len(src[i]) for i in todo], opts.batch_size, opts.max_tokens):

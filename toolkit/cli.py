@@ -196,7 +196,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.provider}; ready in {t.startup_s:.2f}s")
     opts = DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or t.manifest.max_len, t.manifest.max_len),
-                         batch_size=batch_size, max_tokens=max_tokens)
+                         batch_size=batch_size, max_tokens=max_tokens, max_src_len=t.manifest.max_len)
     total = None
     if text:
         lines = iter(enumerate(text, 1))

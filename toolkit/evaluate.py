@@ -48,7 +48,8 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
         for name, (src, references) in sets.items():
             start = time.perf_counter()
             hyps = translate_texts(model.backend(), model.tokenizer, src,
-                                   DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len))
+                                   DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len,
+                                                 max_src_len=model.manifest.max_len))
             seconds = time.perf_counter() - start
             if name == "test_split":
                 multi = bleu_chrf(hyps, references)
