@@ -74,8 +74,7 @@ class Result:
 
 
 def run_one(name: str, search: str, batch: int, fn: Callable[[], list[list[int]]], sentences: int) -> Result:
-    fn_warm = fn  # one warm-up pass so one-off allocations and kernel selection are not timed
-    fn_warm()
+    fn()  # one warm-up pass so one-off allocations and kernel selection are not timed
     with PeakMemory() as mem:
         start = time.perf_counter()
         outputs = fn()

@@ -204,7 +204,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     elif input_path:
         with open(input_path, "rb") as f:
             total = sum(1 for _ in f)
-        lines = read_lines(open(input_path, "rb"))
+        stream = open(input_path, "rb")  # closed in the finally below, once streamed
+        lines = read_lines(stream)
     else:
         lines = read_lines(sys.stdin.buffer)
     out = AtomicOutput(output_path) if output_path else None
@@ -232,6 +233,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     finally:
         if bar:
             bar.close()
+        if input_path:
+            stream.close()
     if out:
         out.commit()
     rate = stats.sentences / stats.seconds if stats.seconds else 0.0

@@ -165,12 +165,6 @@ def references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]
     return list(refs), list(refs.values())
 
 
-@dataclass
-class Batch:
-    src: list[list[int]]
-    tgt: list[list[int]]
-
-
 def encode_pairs(tokenizer, pairs: list[tuple[str, str]], max_len: int) -> list[tuple[list[int], list[int]]]:
     """Token ids of both sides; pairs that do not fit in max_len positions (with BOS/EOS) are dropped."""
     src = tokenizer.encode([en for en, _ in pairs])

@@ -36,7 +36,6 @@ _cuda_probe: bool | None = None
 def _probe_cuda() -> bool:
     global _cuda_probe
     if _cuda_probe is None:
-        import onnx
         from onnx import TensorProto, helper
 
         graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
@@ -45,7 +44,7 @@ def _probe_cuda() -> bool:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = min(model.ir_version, 10)
         try:
-            s = ort.InferenceSession(onnx._serialize(model), _options(), providers=[PROVIDERS["cuda"], PROVIDERS["cpu"]])
+            s = ort.InferenceSession(model.SerializeToString(), _options(), providers=[PROVIDERS["cuda"], PROVIDERS["cpu"]])
             _cuda_probe = s.get_providers()[0] == PROVIDERS["cuda"]
         except Exception:
             _cuda_probe = False
