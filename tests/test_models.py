@@ -93,18 +93,13 @@ def _check_uniform_weights(weights):
     assert torch.all(weights[0, 0, 2:] == 0) and torch.all(weights[1, 0, 6:] == 0)
 
 
-def test_dot_product_attention_worked_example():
-    queries = torch.normal(0, 1, (2, 1, 2))
-    attention = DotProductAttention(dropout=0.5).eval()
-    out = attention(queries, KEYS, VALUES, LENS)
-    assert out.shape == (2, 1, 4)
-    torch.testing.assert_close(out, EXPECTED)
-    _check_uniform_weights(attention.attention_weights)
-
-
-def test_additive_attention_worked_example():
-    queries = torch.normal(0, 1, (2, 1, 20))
-    attention = AdditiveAttention(query_size=20, key_size=2, num_hiddens=8, dropout=0.1).eval()
+@pytest.mark.parametrize("make, query_size", [
+    (lambda: DotProductAttention(dropout=0.5), 2),
+    (lambda: AdditiveAttention(query_size=20, key_size=2, num_hiddens=8, dropout=0.1), 20),
+], ids=["dot_product", "additive"])
+def test_attention_worked_example(make, query_size):
+    queries = torch.normal(0, 1, (2, 1, query_size))
+    attention = make().eval()
     out = attention(queries, KEYS, VALUES, LENS)
     assert out.shape == (2, 1, 4)
     torch.testing.assert_close(out, EXPECTED)

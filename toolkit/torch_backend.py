@@ -19,10 +19,17 @@ class TorchBackend:
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder.inputs[1:]}
 
     @torch.no_grad()
-    def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
-        state = self.model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
-        state.update({k: torch.from_numpy(v) for k, v in empty_cache(self.decoder, state, len(src)).items()})
+    def encode_outputs(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
+        """Everything the model's encode returns (verify compares it with the encoder graph)."""
+        return self.model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
+
+    def initial_state(self, encoded: dict[str, torch.Tensor], batch: int) -> dict[str, torch.Tensor]:
+        """The decoder state: encoder outputs plus empty caches, as the decoder graph declares."""
+        state = {**encoded, **{k: torch.from_numpy(v) for k, v in empty_cache(self.decoder, encoded, batch).items()}}
         return {name: state[name] for name in self.batch_axis}
+
+    def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
+        return self.initial_state(self.encode_outputs(src, src_len), len(src))
 
     @torch.no_grad()
     def step(self, token: np.ndarray, state: dict[str, torch.Tensor]):

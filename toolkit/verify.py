@@ -188,10 +188,9 @@ class ParityBackend:
         self.step_index = 0
 
     def encode(self, src, src_len):
-        state = self.t.encode(src, src_len)
         enc = self.specs["encoder"]
-        with torch.no_grad():
-            encoded = self.t.model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
+        encoded = self.t.encode_outputs(src, src_len)
+        state = self.t.initial_state(encoded, len(src))
         ref = {n: v.numpy() for n, v in encoded.items()}
         got = run_ort(self.sessions["encoder"], enc, {"src": src, "src_len": src_len})
         compare_outputs(self.rows, "decode", enc, self.variant, self.provider, f"batch={len(src)} src_len={src.shape[1]}",
