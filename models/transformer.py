@@ -31,6 +31,12 @@ class TransformerConfig:
     pad_id: int = 0
 
 
+def layer_key(name: str, layer: int) -> str:
+    """Cache entries are one tensor per layer (not stacked), so the exported decoder
+    never splits and re-stacks the whole cache on every step."""
+    return f"{name}_{layer}"
+
+
 class Sublayer(nn.Module):
     """x -> x + f(x) wrapped in LayerNorm, after (post-LN, AddNorm) or before (pre-LN)."""
 
@@ -146,31 +152,29 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def encode(self, src, src_len) -> dict[str, torch.Tensor]:
-        """-> memory, cross keys/values stacked over layers (layers, batch, heads, n, d_head), src_len.
+        """-> memory, each decoder layer's cross keys/values (batch, heads, n, d_head), src_len.
 
         The decoding loop adds the self-attention cache, empty at first:
-        self_k, self_v (layers, batch, heads, 0, d_head).
+        self_k_i, self_v_i (batch, heads, 0, d_head) for layer i.
         """
         memory = self.encode_memory(src, src_len)
-        kv = [block.cross_kv(memory) for block in self.decoder_blocks]
-        cross_k = torch.stack([k for k, _ in kv])
-        cross_v = torch.stack([v for _, v in kv])
-        return {"memory": memory, "cross_k": cross_k, "cross_v": cross_v, "src_len": src_len}
+        out = {"memory": memory, "src_len": src_len}
+        for i, block in enumerate(self.decoder_blocks):
+            out[layer_key("cross_k", i)], out[layer_key("cross_v", i)] = block.cross_kv(memory)
+        return out
 
     def decode_step(self, token, cache: dict[str, torch.Tensor]):
         """token (batch,) -> log-probs (batch, vocab), cache with self keys/values one position longer.
 
         The position of the new token is the cache length, so the two cannot disagree.
         """
-        past_k, past_v = cache["self_k"], cache["self_v"]
-        x = self.embed(token.unsqueeze(1), offset=past_k.shape[3])
-        new_k, new_v = [], []
+        x = self.embed(token.unsqueeze(1), offset=cache[layer_key("self_k", 0)].shape[2])
+        new = {}
         for i, block in enumerate(self.decoder_blocks):
-            x, k, v = block.step(x, past_k[i], past_v[i], cache["cross_k"][i], cache["cross_v"][i], cache["src_len"])
-            new_k.append(k)
-            new_v.append(v)
+            sk, sv = layer_key("self_k", i), layer_key("self_v", i)
+            x, new[sk], new[sv] = block.step(x, cache[sk], cache[sv], *self._cross(cache, i))
         log_probs = torch.log_softmax(self.logits(x.squeeze(1)), dim=-1)
-        return log_probs, {**cache, "self_k": torch.stack(new_k), "self_v": torch.stack(new_v)}
+        return log_probs, {**cache, **new}
 
     def decode_full(self, tgt_in, cache):
         """Full prefix, no self-attention cache: tgt_in (batch, m) -> log-probs (batch, m, vocab)."""
@@ -178,8 +182,12 @@ class Transformer(nn.Module):
         causal_lens = torch.arange(1, m + 1, device=tgt_in.device).expand(b, m)
         x = self.embed(tgt_in)
         for i, block in enumerate(self.decoder_blocks):
-            x = block(x, causal_lens, cache["cross_k"][i], cache["cross_v"][i], cache["src_len"])
+            x = block(x, causal_lens, *self._cross(cache, i))
         return torch.log_softmax(self.logits(x), dim=-1)
+
+    @staticmethod
+    def _cross(cache, i):
+        return cache[layer_key("cross_k", i)], cache[layer_key("cross_v", i)], cache["src_len"]
 
     def forward(self, src, src_len, tgt_in):
         """Teacher forcing: src (batch, n), src_len (batch,), tgt_in (batch, m) -> log-probs (batch, m, vocab)."""

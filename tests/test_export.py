@@ -56,7 +56,8 @@ def test_manifest_describes_the_directory(tiny_export, tiny_checkpoint):
     d = m.data
     assert d["model"] == "transformer" and d["kind"] == "seq2seq"
     assert set(d["graphs"]) == {"encoder", "decoder"}
-    assert d["graphs"]["decoder"]["spec"]["updates"] == {"new_self_k": "self_k", "new_self_v": "self_v"}
+    layers = range(d["config"]["num_layers"])
+    assert d["graphs"]["decoder"]["spec"]["updates"] == {f"new_{n}_{i}": f"{n}_{i}" for i in layers for n in ("self_k", "self_v")}
     assert d["opset"] >= 18
     assert {"torch", "onnx", "onnxruntime", "onnxscript"} <= set(d["versions"])
     from toolkit.checkpoint import sha256
@@ -100,8 +101,8 @@ def test_decoder_step_graph_reproduces_the_full_prefix_decoder_on_real_sentences
         for row, seq in enumerate(tgt):
             if t < len(seq):
                 np.testing.assert_allclose(outs["log_probs"][row], full[row, t], atol=1e-4, rtol=1e-4, err_msg=f"step {t}")
-        state.update(self_k=outs["new_self_k"], self_v=outs["new_self_v"])
-        assert state["self_k"].shape[3] == t + 1
+        state.update({name: outs[new] for new, name in specs["decoder"].updates.items()})
+        assert state["self_k_0"].shape[2] == t + 1
 
 
 def test_existing_directory_needs_force(cli, tmp_path):

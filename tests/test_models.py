@@ -20,7 +20,7 @@ from models.attention import (
 from models.kernel_regression import NWKernelRegression, fit, leave_one_out, synthetic_data
 from models.kernel_regression import test_mse as nw_test_mse  # renamed so pytest does not collect it
 from models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
-from models.transformer import Transformer, TransformerConfig
+from models.transformer import Transformer, TransformerConfig, layer_key
 
 
 @pytest.fixture(autouse=True)
@@ -237,12 +237,11 @@ def test_transformer_cached_decoding_matches_full_prefix(pre_ln):
     with torch.no_grad():
         cache = model.encode(src, src_len)
         full = model.decode_full(tgt_in, cache)
-        empty = torch.zeros(cfg.num_layers, 3, cfg.num_heads, 0, d_head)
-        cache = {**cache, "self_k": empty, "self_v": empty}
+        names = [layer_key(n, i) for i in range(cfg.num_layers) for n in ("self_k", "self_v")]
+        cache = {**cache, **{n: torch.zeros(3, cfg.num_heads, 0, d_head) for n in names}}
         for t in range(tgt_in.shape[1]):
             step, cache = model.decode_step(tgt_in[:, t], cache)
-            assert cache["self_k"].shape == (cfg.num_layers, 3, cfg.num_heads, t + 1, d_head)
-            assert cache["self_v"].shape == cache["self_k"].shape
+            assert all(cache[n].shape == (3, cfg.num_heads, t + 1, d_head) for n in names)
             torch.testing.assert_close(step, full[:, t], atol=1e-5, rtol=0)
     torch.testing.assert_close(model(src, src_len, tgt_in), full)
 

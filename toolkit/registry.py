@@ -15,7 +15,7 @@ from torch import nn
 from models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
 from models.kernel_regression import NWKernelRegression
 from models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
-from models.transformer import Transformer, TransformerConfig
+from models.transformer import Transformer, TransformerConfig, layer_key
 from toolkit.errors import UsageError
 from toolkit.graphs import GraphSpec, TensorSpec
 
@@ -69,9 +69,9 @@ def _decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...
 
 
 def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
-    L, h, dh = cfg.num_layers, cfg.num_heads, cfg.num_hiddens // cfg.num_heads
-    cross = tuple(TensorSpec(n, FLOAT, (L, "batch", h, "src_len", dh)) for n in ("cross_k", "cross_v"))
-    past = tuple(TensorSpec(n, FLOAT, (L, "batch", h, "past_len", dh), "empty") for n in ("self_k", "self_v"))
+    layers, h, dh = range(cfg.num_layers), cfg.num_heads, cfg.num_hiddens // cfg.num_heads
+    cross = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, "src_len", dh)) for i in layers for n in ("cross_k", "cross_v"))
+    past = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, "past_len", dh), "empty") for i in layers for n in ("self_k", "self_v"))
     encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", FLOAT, ("batch", "src_len", cfg.num_hiddens)), *cross))
     return [encoder, _decoder_graph(past, cross, cfg.vocab_size)]
 
