@@ -182,3 +182,18 @@ def test_torch_backend_from_the_command_line_matches_onnxruntime(cli, tiny_expor
     torch_out = cli("translate", "--model", tiny_export, "-q", "--backend", "torch", *english[:8])
     assert ort_out.exit_code == torch_out.exit_code == 0
     assert ort_out.output == torch_out.output
+
+
+def test_bench_compares_every_backend_on_the_same_sentences(cli, tiny_export, tmp_path):
+    """A bench row for each backend and search, and ONNX Runtime decodes exactly what PyTorch decodes."""
+    out = tmp_path / "bench.json"
+    result = cli("bench", "--model", tiny_export, "--sentences", 6, "--batch-size", 3, "--beam", 1, "--beam", 2,
+                 "--repeat", 2, "--json", out)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    got = {(r["backend"], r["search"]) for r in rows}
+    assert {("pytorch textbook (full prefix)", "greedy"), ("pytorch cached", "greedy"), ("onnxruntime cpu", "greedy"),
+            ("pytorch cached", "beam 2"), ("onnxruntime cpu", "beam 2")} <= got
+    assert all(r["sentences"] == 6 and r["seconds"] > 0 and r["tokens"] >= 6 for r in rows)
+    table = result.output[result.output.index("backend ") :].splitlines()[2:]
+    assert len(table) == len(rows) and all(line.split()[-1] == "100%" for line in table)  # same tokens as PyTorch

@@ -73,17 +73,31 @@ class Result:
     outputs: list[list[int]]
 
 
-def run_one(name: str, search: str, batch: int, fn: Callable[[], list[list[int]]], sentences: int) -> Result:
-    fn()  # one warm-up pass so one-off allocations and kernel selection are not timed
-    with PeakMemory() as mem:
-        start = time.perf_counter()
-        outputs = fn()
-        seconds = time.perf_counter() - start
-    return Result(name, search, batch, seconds, sentences, sum(len(o) + 1 for o in outputs), mem.extra / 2**20, outputs)
+def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]]]], sentences: int,
+                    repeat: int) -> list[Result]:
+    """Time each run `repeat` times, taking turns, and keep the median.
+
+    Taking turns means a slow spell of the machine hits every backend alike, so
+    the ratios between them stay fair even when absolute numbers drift.
+    """
+    for *_, fn in runs:
+        fn()  # one warm-up pass so one-off allocations and kernel selection are not timed
+    times: list[list[float]] = [[] for _ in runs]
+    peaks = [0.0] * len(runs)
+    outputs: list[list[list[int]]] = [[] for _ in runs]
+    for _ in range(repeat):
+        for i, (*_, fn) in enumerate(runs):
+            with PeakMemory() as mem:
+                start = time.perf_counter()
+                outputs[i] = fn()
+                times[i].append(time.perf_counter() - start)
+            peaks[i] = max(peaks[i], mem.extra / 2**20)
+    return [Result(name, search, batch, float(np.median(t)), sentences, sum(len(o) + 1 for o in out), peak, out)
+            for (name, search, batch, _), t, peak, out in zip(runs, times, peaks, outputs)]
 
 
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
-          textbook: bool = True, echo=print) -> list[Result]:
+          textbook: bool = True, repeat: int = 3, echo=print) -> list[Result]:
     from toolkit import manifest as manifest_mod
     from toolkit import runtime
     from toolkit.reference import load_reference
@@ -97,7 +111,8 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     tokenizer = Tokenizer.load(m.tokenizer_path())
     english, origin = test_sentences(m, sentences)
     src = [s[: m.max_len] for s in tokenizer.encode(english)]
-    echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads")
+    echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
+         f"median of {repeat} timed runs per row")
     backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
     for p in providers:
         try:
@@ -106,16 +121,19 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             echo(f"skipping onnxruntime {p}: {str(e).splitlines()[0]}")
     results = []
     for batch in batch_sizes:
-        if textbook and hasattr(model, "decode_full"):
-            fn = lambda b=batch: [h.tokens for i in range(0, len(src), b) for h in textbook_greedy(model, src[i : i + b], m.max_len)]
-            results.append(run_one("pytorch textbook (full prefix)", "greedy", batch, fn, len(src)))
-            echo(_line(results[-1]))
         for beam in beams:
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            runs = []
+            if textbook and beam == 1 and hasattr(model, "decode_full"):
+                fn = lambda b=batch: [h.tokens for i in range(0, len(src), b) for h in textbook_greedy(model, src[i : i + b], m.max_len)]
+                runs.append(("pytorch textbook (full prefix)", search, batch, fn))
             for name, backend in backends.items():
                 opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_len)
                 fn = lambda be=backend, o=opts: [h[0].tokens for h in decode_ids(be, src, o)]
-                results.append(run_one(name, "greedy" if beam == 1 else f"beam {beam}", batch, fn, len(src)))
-                echo(_line(results[-1]))
+                runs.append((name, search, batch, fn))
+            for r in run_interleaved(runs, len(src), repeat):
+                results.append(r)
+                echo(_line(r))
     return results
 
 

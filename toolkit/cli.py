@@ -279,8 +279,10 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads):
 @click.option("--batch-size", "batch_sizes", type=int, multiple=True, help="Batch sizes [default: 1 and 64].")
 @click.option("--beam", "beams", type=int, multiple=True, help="Beam sizes [default: 1 (greedy) and 4].")
 @click.option("--no-textbook", is_flag=True, help="Skip the slow full-prefix PyTorch loop.")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed runs per row, taken in turns across backends; the median is reported.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
-def bench(model_dir, sentences, batch_sizes, beams, no_textbook, json_path):
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, json_path):
     """Measure decoding speed of PyTorch (textbook and cached) and ONNX Runtime (CPU, CUDA) side by side.
 
     Example: tk bench --model exported/transformer --sentences 64
@@ -291,7 +293,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, json_path):
     from toolkit import bench as b
 
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
-                      echo=lambda m: click.echo(m, err=True))
+                      repeat=repeat, echo=lambda m: click.echo(m, err=True))
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
     click.echo(b.table(results))
     if json_path:
