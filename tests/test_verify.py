@@ -158,3 +158,21 @@ def test_variants_pass_within_their_own_tolerances(cli, tiny_checkpoint, tmp_pat
     assert result.exit_code == 0, result.output
     for v in ("fp16", "optimized", "int8"):
         assert f"sweep        decoder          {v}" in result.output or v in result.output
+    for graph in ("encoder", "decoder"):
+        assert _float_weight_matmuls(out / f"{graph}.int8.onnx") == [], f"{graph}: weights left in float32"
+
+
+def _float_weight_matmuls(path) -> list[str]:
+    """MatMul nodes still multiplying by a stored weight (directly or through Transpose/Reshape)."""
+    import onnx
+
+    g = onnx.load(path, load_external_data=False).graph
+    weights = {i.name for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+
+    def from_weight(name: str) -> bool:
+        n = producer.get(name)
+        return name in weights or (n is not None and n.op_type in ("Transpose", "Reshape") and from_weight(n.input[0]))
+
+    assert any(n.op_type == "MatMulInteger" for n in g.node)
+    return [n.name for n in g.node if n.op_type == "MatMul" and any(from_weight(i) for i in n.input)]

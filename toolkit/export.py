@@ -262,6 +262,19 @@ VARIANT_NOTES = {
 }
 
 
+def _ort_optimized(src: Path, dst: Path, level: str) -> None:
+    """Save the graph as ONNX Runtime's CPU provider would run it after `level` optimisations."""
+    import onnxruntime as ort
+
+    from toolkit.runtime import CPU_DISABLED_OPTIMIZERS
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}[level]
+    so.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
+
+
 def make_variant(tmp: Path, graphs: dict, variant: str) -> dict:
     out = {}
     for name, g in graphs.items():
@@ -272,16 +285,24 @@ def make_variant(tmp: Path, graphs: dict, variant: str) -> dict:
             model = convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False)
             onnx.save_model(model, dst)
         elif variant == "optimized":
-            import onnxruntime as ort
-
-            so = ort.SessionOptions()
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-            so.optimized_model_filepath = str(dst)
-            ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+            _ort_optimized(src, dst, "extended")
         else:
+            import logging
+
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+            # The exported graphs multiply by Transpose(W) so that W is stored once, under its PyTorch
+            # name; quantize_dynamic only quantises a MatMul whose weight is an initializer, so the
+            # transposes are constant-folded first (ONNX Runtime basic level: standard ops only).
+            folded = tmp / f"{name}.folded.onnx"
+            _ort_optimized(src, folded, "basic")
+            root, level = logging.getLogger(), logging.getLogger().level
+            root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
+            try:
+                quantize_dynamic(folded, dst, weight_type=QuantType.QInt8)
+            finally:
+                root.setLevel(level)
+                folded.unlink()
         out[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
     return out
 
