@@ -21,6 +21,11 @@ CUDA_FIX = ("ONNX Runtime could not load its CUDA provider and fell back to CPU;
             "runtime libraries (or call onnxruntime.preload_dlls() with a CUDA build of torch installed), "
             "or use --provider cpu")
 
+# ONNX Runtime's CPU SkipLayerNormalization kernel is slower than the Add + LayerNormalization it
+# replaces: measured on the shipped Transformer at batch 64, the encoder runs in 11.9 ms instead of
+# 14.4 ms and a decoder step in 2.60 ms instead of 2.85 ms with this fusion off (onnxruntime 1.31).
+CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
 # ONNX Runtime prints a multi-line warning when CUDA libraries are missing; tk reports it in one line instead.
 ort.set_default_logger_severity(4)
 
@@ -68,8 +73,10 @@ def create_session(path: Path, provider: str = "cpu", optimization: str = "all",
     if provider not in PROVIDERS:
         raise UsageError(f"unknown provider '{provider}'; choose cpu or cuda")
     providers = [PROVIDERS["cuda"], PROVIDERS["cpu"]] if provider == "cuda" else [PROVIDERS["cpu"]]
+    disabled = list(CPU_DISABLED_OPTIMIZERS) if provider == "cpu" else []
     try:
-        session = ort.InferenceSession(str(path), _options(optimization, threads), providers=providers)
+        session = ort.InferenceSession(str(path), _options(optimization, threads), providers=providers,
+                                       disabled_optimizers=disabled)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot load ONNX graph {path}: {first}; re-export the model directory") from None
