@@ -154,3 +154,34 @@ def test_unwritable_output_is_one_line_error(cli, tmp_path):
     blocker.write_text("")
     result = cli("export", "nw", "--random-init", "--out", blocker / "sub" / "model")
     assert result.exit_code == 2 and "cannot write" in result.output and "Traceback" not in result.output
+
+
+def test_variants_are_added_to_an_exported_directory_without_the_checkpoint(cli, tiny_export, tmp_path):
+    """A fresh clone has no checkpoint; `tk export DIR --quantize int8` builds int8 graphs from DIR's own fp32 ones."""
+    import shutil
+
+    model_dir = tmp_path / "shipped"
+    shutil.copytree(tiny_export, model_dir)
+    before = manifest.load(model_dir).data
+    result = cli("export", model_dir, "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    m = manifest.load(model_dir)
+    m.check_files()
+    assert m.variants() == ["fp32", "int8"] and m.data["graphs"] == before["graphs"]
+    assert "command" in m.data["variants"]["int8"]  # how it was made, like the export command
+    assert sorted(p.name for p in model_dir.iterdir()) == sorted([*(p.name for p in tiny_export.iterdir()), "encoder.int8.onnx", "decoder.int8.onnx"])
+    result = cli("verify", model_dir, "--variant", "int8", "--sentences", 4)
+    assert result.exit_code == 0, result.output
+    result = cli("translate", "--model", model_dir, "--variant", "int8", "-q", "I am happy.")
+    assert result.exit_code == 0 and result.output.strip(), result.output
+
+    again = cli("export", model_dir, "--quantize", "int8")
+    assert again.exit_code == 2 and "already has the int8 variant" in again.output and "--force" in again.output
+    nothing = cli("export", model_dir)
+    assert nothing.exit_code == 2 and "--quantize int8" in nothing.output
+    assert manifest.load(model_dir).data == m.data  # refusals change nothing
+
+
+def test_export_without_out_names_the_missing_option(cli, tiny_checkpoint):
+    result = cli("export", tiny_checkpoint)
+    assert result.exit_code == 2 and result.output.startswith("error: missing --out")

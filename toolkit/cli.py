@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from toolkit import __version__
-from toolkit.errors import ToolkitError
+from toolkit.errors import ToolkitError, UsageError
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "exported" / "transformer"
 
@@ -82,7 +82,7 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 
 @main.command()
 @click.argument("source")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Model directory to write, e.g. exported/transformer.")
+@click.option("--out", type=click.Path(path_type=Path), help="Model directory to write, e.g. exported/transformer.")
 @click.option("--random-init", is_flag=True, help="SOURCE is a model name; export small random weights (for tests).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-init.")
 @click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset (18 or newer).")
@@ -93,18 +93,31 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 def export(source, out, random_init, seed, opset, fp16, optimize, quantize, force):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
+    SOURCE may also be an exported model directory: the variants asked for are
+    added to it, built from its own fp32 graphs.
+
+    \b
     Example: tk export runs/transformer/checkpoint.pt --out exported/transformer
+             tk export exported/transformer --quantize int8
     """
     import time
 
-    from toolkit.export import ExportOptions
+    from toolkit.export import ExportOptions, add_variants
     from toolkit.export import export as run
 
-    opts = ExportOptions(out=out, checkpoint=None if random_init else source, model=source if random_init else None,
+    is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
+    if out is None and not is_model_dir:
+        raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
+    opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
                          random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
                          quantize=quantize, force=force, command=command_line())
     start = time.time()
-    path = run(opts, echo=lambda m: click.echo(m, err=True))
+    if is_model_dir:
+        if out is not None and out.resolve() != Path(source).resolve():
+            raise UsageError(f"{source} is an exported model directory; variants are added in place, so drop --out")
+        path = add_variants(Path(source), opts, echo=lambda m: click.echo(m, err=True))
+    else:
+        path = run(opts, echo=lambda m: click.echo(m, err=True))
     files = sorted(p for p in path.iterdir())
     click.echo(f"wrote {path} in {time.time() - start:.1f}s:")
     for f in files:
@@ -179,7 +192,6 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     Example: tk translate "I'm home." "He's calm."
     """
     from toolkit.batching import DecodeOptions
-    from toolkit.errors import UsageError
     from toolkit.translate import AtomicOutput, open_model, read_lines, score_file, translate_lines
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
@@ -254,7 +266,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 @click.option("--limit", type=int, help="Score only the first N sentences of each set.")
 @click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
-def evaluate(model_dir, data_path, challenge, beams, limit, record, threads):
+@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True,
+              help="Which exported graphs to score (recorded per variant).")
+def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
 
     Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
@@ -265,11 +279,11 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads):
     from toolkit.evaluate import evaluate_model
 
     scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
-                            echo=lambda m: click.echo(m, err=True))
+                            variant=variant, echo=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(scores, indent=2))
     if record:
         m = manifest_mod.load(model_dir)
-        m.data.setdefault("metrics", {})["evaluation"] = scores
+        m.data.setdefault("metrics", {})["evaluation" if variant == "fp32" else f"evaluation_{variant}"] = scores
         manifest_mod.write(Path(model_dir), {k: v for k, v in m.data.items() if k != "format"})
 
 
@@ -281,8 +295,10 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads):
 @click.option("--no-textbook", is_flag=True, help="Skip the slow full-prefix PyTorch loop.")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed runs per row, taken in turns across backends; the median is reported.")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
+              help="Graph variants to time [default: fp32 and every variant exported for the provider].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
-def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, json_path):
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, json_path):
     """Measure decoding speed of PyTorch (textbook and cached) and ONNX Runtime (CPU, CUDA) side by side.
 
     Example: tk bench --model exported/transformer --sentences 64
@@ -293,7 +309,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, json_pa
     from toolkit import bench as b
 
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
-                      repeat=repeat, echo=lambda m: click.echo(m, err=True))
+                      repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True))
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
     click.echo(b.table(results))
     if json_path:

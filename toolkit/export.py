@@ -153,6 +153,40 @@ def export(opts: ExportOptions, echo=print) -> Path:
     return out
 
 
+def wanted_variants(opts: ExportOptions) -> list[str]:
+    return [v for v, on in (("fp16", opts.fp16), ("optimized", opts.optimize), ("int8", opts.quantize == "int8")) if on]
+
+
+def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
+    """Adds variants to an exported directory, from its own fp32 graphs (no checkpoint needed).
+
+    This is how a fresh clone gets the int8 graphs of a shipped model. The manifest
+    is rewritten only after every new file is complete; on failure they are removed.
+    """
+    m = manifest.load(directory)
+    m.check_files()
+    wanted = wanted_variants(opts)
+    if not wanted:
+        raise UsageError(f"{directory} is already exported; to add graphs to it pass --fp16, --optimize or --quantize int8")
+    present = [v for v in wanted if v in m.data.get("variants", {})]
+    if present and not opts.force:
+        raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
+    data = {k: v for k, v in m.data.items() if k != "format"}
+    graphs = {name: {"file": g["file"]} for name, g in data["graphs"].items()}
+    written: list[Path] = []
+    try:
+        for variant in wanted:
+            echo(f"writing the {variant} variant ...")
+            made = make_variant(directory, graphs, variant, written)
+            data.setdefault("variants", {})[variant] = {"graphs": made, **VARIANT_NOTES[variant], "command": opts.command}
+        manifest.write(directory, data)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return directory
+
+
 def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
     max_len = getattr(cfg, "max_len", 64)
     vocab = getattr(cfg, "vocab_size", 2)
@@ -165,10 +199,9 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
                              "bytes": path.stat().st_size}
     share_weights(tmp, graphs)
     variants = {}
-    for variant, wanted in (("fp16", opts.fp16), ("optimized", opts.optimize), ("int8", opts.quantize == "int8")):
-        if wanted:
-            echo(f"writing the {variant} variant ...")
-            variants[variant] = {"graphs": make_variant(tmp, graphs, variant), **VARIANT_NOTES[variant]}
+    for variant in wanted_variants(opts):
+        echo(f"writing the {variant} variant ...")
+        variants[variant] = {"graphs": make_variant(tmp, graphs, variant), **VARIANT_NOTES[variant]}
     data = {
         "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
         "variants": variants, "opset": opts.opset, "versions": versions(),
@@ -275,10 +308,13 @@ def _ort_optimized(src: Path, dst: Path, level: str) -> None:
     ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
 
 
-def make_variant(tmp: Path, graphs: dict, variant: str) -> dict:
+def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | None = None) -> dict:
+    """Writes `variant` of each graph beside it; appends every file it creates to `written`."""
     out = {}
     for name, g in graphs.items():
         src, dst = tmp / g["file"], tmp / f"{name}{VARIANTS[variant]}.onnx"
+        if written is not None:
+            written.append(dst)
         if variant == "fp16":
             from onnxruntime.transformers.float16 import convert_float_to_float16
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,10 @@ class Manifest:
 
     def variants(self) -> list[str]:
         return ["fp32", *self.data.get("variants", {})]
+
+    def variants_for(self, provider: str) -> list[str]:
+        """fp32 and the variants exported for this provider (fp16 for cuda; optimized and int8 for cpu)."""
+        return ["fp32", *(v for v, d in self.data.get("variants", {}).items() if d.get("provider") == provider)]
 
     def graph_path(self, graph: str, variant: str = "fp32") -> Path:
         if variant != "fp32" and variant not in self.data.get("variants", {}):
@@ -100,4 +105,7 @@ def load(directory: str | Path) -> Manifest:
 
 
 def write(directory: Path, data: dict) -> None:
-    (directory / NAME).write_text(json.dumps({"format": FORMAT, **data}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Atomically: a crash mid-write (or a full disk) leaves the previous manifest intact."""
+    tmp = directory / f".{NAME}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, **data}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / NAME)
