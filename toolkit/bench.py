@@ -97,7 +97,8 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 
 
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
-          textbook: bool = True, repeat: int = 3, echo=print) -> list[Result]:
+          textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print) -> list[Result]:
+    """`variants`: which exported graph variants to time on ONNX Runtime [default: each provider's own]."""
     from toolkit import manifest as manifest_mod
     from toolkit import runtime
     from toolkit.reference import load_reference
@@ -115,10 +116,14 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
          f"median of {repeat} timed runs per row")
     backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
     for p in providers:
-        try:
-            backends[f"onnxruntime {p}"] = runtime.load_sessions(m, p).backend()
-        except Exception as e:  # a provider that cannot load is reported, not fatal
-            echo(f"skipping onnxruntime {p}: {str(e).splitlines()[0]}")
+        for v in m.variants_for(p):
+            if variants is not None and v not in variants:
+                continue
+            try:
+                backends[f"onnxruntime {p}" + ("" if v == "fp32" else f" {v}")] = runtime.load_sessions(m, p, v).backend()
+            except Exception as e:  # a provider that cannot load is reported, not fatal
+                echo(f"skipping onnxruntime {p} {v}: {str(e).splitlines()[0]}")
+                break
     results = []
     for batch in batch_sizes:
         for beam in beams:

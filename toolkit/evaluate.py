@@ -21,7 +21,7 @@ def bleu_chrf(hypotheses: list[str], references: list[list[str]]) -> dict:
 
 
 def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4), batch_size: int = 64,
-                   limit: int | None = None, threads: int | None = None, echo=print) -> dict:
+                   limit: int | None = None, threads: int | None = None, variant: str = "fp32", echo=print) -> dict:
     """Scores an exported translation model with ONNX Runtime on the held-out test split
     (all references of each English sentence, and single-reference) and on the public
     Tatoeba Challenge test set (single reference, as published models report it)."""
@@ -32,7 +32,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     from toolkit.batching import DecodeOptions, translate_texts
     from toolkit.translate import open_model
 
-    model = open_model(directory, "cpu", threads=threads)
+    model = open_model(directory, "cpu", variant, threads=threads)
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
     if corpus.sha256 != (model.manifest.data.get("training") or {}).get("data", {}).get("sha256", corpus.sha256):
         echo("warning: this corpus differs from the one the model was trained on; the test split may not be held out")
@@ -42,7 +42,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     if challenge_path:
         pairs = data.read_challenge_test(Path(challenge_path))[:limit]
         sets["tatoeba_challenge"] = ([en for en, _ in pairs], [[fr] for _, fr in pairs])
-    results: dict = {"test_split_english_sentences": len(english), "test_split_pairs": sum(len(r) for r in refs)}
+    results: dict = {"variant": variant, "test_split_english_sentences": len(english), "test_split_pairs": sum(len(r) for r in refs)}
     for beam in beams:
         search = "greedy" if beam == 1 else f"beam{beam}"
         for name, (src, references) in sets.items():
