@@ -197,3 +197,24 @@ def test_bench_compares_every_backend_on_the_same_sentences(cli, tiny_export, tm
     assert all(r["sentences"] == 6 and r["seconds"] > 0 and r["tokens"] >= 6 for r in rows)
     table = result.output[result.output.index("backend ") :].splitlines()[2:]
     assert len(table) == len(rows) and all(line.split()[-1] == "100%" for line in table)  # same tokens as PyTorch
+
+
+@pytest.mark.parametrize("name", ["transformer", "seq2seq"])
+def test_device_side_row_selection_matches_numpy(name, random_export):
+    """Finished rows and beam reordering go through a Gather graph on the decoder's device (the cache
+    never visits the host on CUDA); it must pick exactly the rows numpy would, on each tensor's batch axis."""
+    import numpy as np
+
+    from toolkit import manifest, runtime
+    from toolkit.decoding import pad_batch
+
+    backend = runtime.load_sessions(manifest.load(random_export(name)), "cpu").backend()
+    src, lens = pad_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]])
+    state = backend.encode(src, lens)
+    _, state = backend.step(np.full(4, 2, dtype=np.int64), state)
+    rows = np.array([3, 0, 0, 2], dtype=np.int64)  # reordered, one row twice, one dropped
+    picked = backend.select(state, rows)
+    assert list(picked) == list(state)
+    for n, v in state.items():
+        np.testing.assert_array_equal(picked[n].numpy(), np.take(v.numpy(), rows, axis=backend.batch_axis[n]), err_msg=n)
+    assert backend.batch_axis.get("state", 0) == (1 if name == "seq2seq" else 0)
