@@ -52,17 +52,49 @@ def _failures(cli, directory, tmp_path, *extra):
     return result, json.loads(report_path.read_text())["failures"] if report_path.exists() else []
 
 
+def _perturb_one_weight(directory):
+    graph = onnx.load(directory / "decoder.onnx", load_external_data=False).graph
+    init = next(i for i in graph.initializer if i.name == "model.decoder_blocks.0.ffn.dense1.weight")
+    offset = int({e.key: e.value for e in init.external_data}["offset"])
+    blob = bytearray((directory / "weights.bin").read_bytes())
+    value = np.frombuffer(blob, dtype=np.float32, count=1, offset=offset)[0]
+    blob[offset : offset + 4] = np.float32(value + 0.05).tobytes()
+    (directory / "weights.bin").write_bytes(bytes(blob))
+    _rehash(directory)
+
+
+def _point_checkpoint_at(directory, path):
+    d = json.loads((directory / "manifest.json").read_text())
+    d["checkpoint"]["path"] = str(path)
+    (directory / "manifest.json").write_text(json.dumps(d))
+
+
+def test_a_checkpoint_trained_on_after_export_falls_back_to_the_graph_weights(cli, tiny_export, tmp_path):
+    """Training that resumes after an export must not make the exported directory unverifiable."""
+    model_dir = tmp_path / "exported"
+    shutil.copytree(tiny_export, model_dir)
+    moved_on = tmp_path / "checkpoint.pt"
+    moved_on.write_bytes(b"a later epoch")
+    _point_checkpoint_at(model_dir, moved_on)
+    result = cli("verify", model_dir, "--sentences", 2)
+    assert result.exit_code == 0, result.output
+    assert "reference: weights read from the fp32 graphs (checkpoint changed since export)" in result.output
+
+
+def test_graph_weights_changed_after_export_fail_without_the_checkpoint(cli, tiny_export, tmp_path):
+    """With no checkpoint the reference comes from the graphs themselves, so the export-time weights digest guards it."""
+    broken = tmp_path / "perturbed"
+    shutil.copytree(tiny_export, broken)
+    _perturb_one_weight(broken)
+    _point_checkpoint_at(broken, tmp_path / "not-here.pt")
+    result = cli("verify", broken, "--sentences", 2)
+    assert result.exit_code == 2 and "weights digest mismatch" in result.output, result.output
+
+
 def test_fails_on_one_weight_perturbed_by_a_small_amount(cli, tiny_export, tmp_path):
     broken = tmp_path / "perturbed"
     shutil.copytree(tiny_export, broken)
-    graph = onnx.load(broken / "decoder.onnx", load_external_data=False).graph
-    init = next(i for i in graph.initializer if i.name == "model.decoder_blocks.0.ffn.dense1.weight")
-    offset = int({e.key: e.value for e in init.external_data}["offset"])
-    blob = bytearray((broken / "weights.bin").read_bytes())
-    value = np.frombuffer(blob, dtype=np.float32, count=1, offset=offset)[0]
-    blob[offset : offset + 4] = np.float32(value + 0.05).tobytes()
-    (broken / "weights.bin").write_bytes(bytes(blob))
-    _rehash(broken)
+    _perturb_one_weight(broken)
     # The reference must come from the checkpoint, not from the (perturbed) graphs.
     result, failures = _failures(cli, broken, tmp_path)
     assert result.exit_code == 1, result.output
@@ -176,3 +208,17 @@ def _float_weight_matmuls(path) -> list[str]:
 
     assert any(n.op_type == "MatMulInteger" for n in g.node)
     return [n.name for n in g.node if n.op_type == "MatMul" and any(from_weight(i) for i in n.input)]
+
+
+def test_a_gru_model_verifies_without_its_checkpoint(cli, random_export, tmp_path):
+    """A fresh clone has no checkpoints; the GRU's biases, which ONNX folds into one unnamed
+    constant, are stored beside the graphs so the PyTorch reference can still be rebuilt."""
+    model_dir = tmp_path / "seq2seq"
+    shutil.copytree(random_export("seq2seq"), model_dir)
+    d = json.loads((model_dir / "manifest.json").read_text())
+    assert "extra_parameters.npz" in [f["file"] for f in d["extra_files"]]
+    d["checkpoint"] = {"path": str(tmp_path / "not-here.pt"), "sha256": "0", "weights_sha256": d["checkpoint"]["weights_sha256"]}
+    (model_dir / "manifest.json").write_text(json.dumps(d))
+    result = cli("verify", model_dir, "--sentences", 2)
+    assert result.exit_code == 0, result.output
+    assert "reference: weights read from the fp32 graphs (checkpoint not on this machine)" in result.output

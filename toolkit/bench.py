@@ -115,6 +115,8 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
          f"median of {repeat} timed runs per row")
     backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
+    for v in sorted(set(variants or ()) - set(m.variants())):
+        echo(f"skipping {v}: {m.directory} has no {v} graphs (add them with `tk export {m.directory} --fp16/--optimize/--quantize int8`)")
     for p in providers:
         for v in m.variants_for(p):
             if variants is not None and v not in variants:

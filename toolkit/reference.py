@@ -18,10 +18,11 @@ PREFIX = "model."  # the graph wrappers hold the model as `.model`, so initializ
 def load_reference(m: Manifest, echo=lambda s: None):
     """(registry entry, config, model in eval mode, where the weights came from).
 
-    In order: the checkpoint recorded at export (its sha256 must match), a
-    random init rebuilt from its seed, or, when the checkpoint is not on this
-    machine (a shipped model), the weights read back from the fp32 graphs. The
-    rebuilt weights must match the digest recorded at export in every case.
+    In order: a random init rebuilt from its seed, the checkpoint recorded at
+    export if it is here with the same sha256, or else (a shipped model, or a
+    checkpoint that training has moved on since) the weights read back from the
+    fp32 graphs. The weights must match the digest recorded at export in every
+    case, so a graph whose weights were altered after export still fails.
     """
     entry = registry.get(m.model)
     cfg = entry.config(**m.config)
@@ -29,13 +30,13 @@ def load_reference(m: Manifest, echo=lambda s: None):
     if record.get("random_init"):
         torch.manual_seed(record["seed"])
         model, source = entry.build(cfg), f"random init, seed {record['seed']}"
-    elif record.get("path") and Path(record["path"]).is_file():
-        if checkpoint.sha256(record["path"]) != record["sha256"]:
-            raise UsageError(f"checkpoint {record['path']} has changed since export (sha256 differs); re-export it")
+    elif record.get("path") and Path(record["path"]).is_file() and checkpoint.sha256(record["path"]) == record["sha256"]:
         _, cfg, model = checkpoint.build_model(checkpoint.load(record["path"]))
         source = f"checkpoint {record['path']}"
     else:
-        model, source = weights_from_graphs(m, entry, cfg), "weights read from the fp32 graphs (checkpoint not on this machine)"
+        # A shipped model's checkpoint is not on this machine, or training has moved it on since export.
+        why = "changed since export" if record.get("path") and Path(record["path"]).is_file() else "not on this machine"
+        model, source = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs (checkpoint {why})"
     model.eval()
     digest = checkpoint.weights_sha256(model)
     if record.get("weights_sha256") and digest != record["weights_sha256"]:
@@ -44,22 +45,51 @@ def load_reference(m: Manifest, echo=lambda s: None):
     return entry, cfg, model, source
 
 
-def weights_from_graphs(m: Manifest, entry, cfg) -> torch.nn.Module:
-    model = entry.build(cfg)
+EXTRA_PARAMETERS = "extra_parameters.npz"
+
+
+def graph_parameters(directory: Path, files: list[str]) -> dict[str, torch.Tensor]:
+    """Model parameters stored as named initializers in the given graphs."""
     found = {}
-    for name in m.data["graphs"]:
-        graph = onnx.load(m.graph_path(name), load_external_data=True)
+    for file in files:
+        graph = onnx.load(directory / file, load_external_data=True)
         for init in graph.graph.initializer:
             if init.name.startswith(PREFIX):
                 found[init.name[len(PREFIX):]] = torch.from_numpy(onnx.numpy_helper.to_array(init).copy())
-    state = model.state_dict()
-    # Tied parameters appear under several names in the state dict but once in a graph.
-    for alias in list(state):
-        if alias not in found:
-            twin = next((k for k, p in model.state_dict(keep_vars=True).items()
-                         if k in found and p is model.state_dict(keep_vars=True)[alias]), None)
+    return found
+
+
+def resolve_parameters(model: torch.nn.Module, found: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """A full state dict from the parameters found, and the names that could not be found.
+
+    Tied parameters appear under several names in the state dict but once in a graph;
+    non-persistent buffers (the positional-encoding table) are rebuilt by the model.
+    """
+    state = model.state_dict(keep_vars=True)
+    out = {k: v for k, v in found.items() if k in state}
+    missing = []
+    for alias in state:
+        if alias not in out:
+            twin = next((k for k in out if state[k] is state[alias]), None)
             if twin is None:
-                raise UsageError(f"parameter {alias} is in no graph of {m.directory}; verify needs the training checkpoint")
-            found[alias] = found[twin]
-    model.load_state_dict(found)
+                missing.append(alias)
+            else:
+                out[alias] = out[twin]
+    return out, missing
+
+
+def weights_from_graphs(m: Manifest, entry, cfg) -> torch.nn.Module:
+    """The model rebuilt from its exported graphs, plus the parameters export had to store
+    beside them (an ONNX GRU folds its biases into one unnamed constant)."""
+    import numpy as np
+
+    model = entry.build(cfg)
+    found = graph_parameters(m.directory, [g["file"] for g in m.data["graphs"].values()])
+    if (m.directory / EXTRA_PARAMETERS).is_file():
+        with np.load(m.directory / EXTRA_PARAMETERS) as extra:
+            found.update({k: torch.from_numpy(extra[k]) for k in extra.files})
+    state, missing = resolve_parameters(model, found)
+    if missing:
+        raise UsageError(f"parameter {missing[0]} is in no graph of {m.directory}; verify needs the training checkpoint")
+    model.load_state_dict(state)
     return model
