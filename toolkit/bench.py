@@ -42,7 +42,7 @@ class PeakMemory:
         self.extra = max(self.peak - self.base, 0)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def textbook_greedy(model, src: list[list[int]], max_len: int) -> list[Hypothesis]:
     """The textbook loop: every step re-runs the decoder over the whole prefix; finished rows keep computing."""
     ids, lens = pad_batch(src)

@@ -18,7 +18,7 @@ class TorchBackend:
         # Which axis of each state tensor is the batch, read from the declaration.
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder.inputs[1:]}
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def encode_outputs(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
         """Everything the model's encode returns (verify compares it with the encoder graph)."""
         return self.model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
@@ -31,7 +31,7 @@ class TorchBackend:
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
         return self.initial_state(self.encode_outputs(src, src_len), len(src))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
         log_probs, cache = self.model.decode_step(torch.from_numpy(token), state)
         return log_probs.numpy(), {name: cache[name] for name in self.batch_axis}
