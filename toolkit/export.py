@@ -208,7 +208,6 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         "tokenizer": None, "special_tokens": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
         "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    store_unnamed_parameters(tmp, graphs, model, data)
     if ckpt is None:
         # Rebuilt by verify from the seed; the weights digest proves it got the same model.
         data["checkpoint"] = {"random_init": True, "seed": opts.seed, "weights_sha256": checkpoint.weights_sha256(model)}
@@ -236,17 +235,6 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
 
 WEIGHTS = "weights.bin"
 
-
-def store_unnamed_parameters(tmp: Path, graphs: dict, model: torch.nn.Module, data: dict) -> None:
-    """Saves the parameters no graph holds under their own name (an ONNX GRU's biases are folded
-    into one constant), so verify can rebuild the PyTorch reference without the checkpoint."""
-    from toolkit.reference import EXTRA_PARAMETERS, graph_parameters, resolve_parameters
-
-    _, missing = resolve_parameters(model, graph_parameters(tmp, [g["file"] for g in graphs.values()]))
-    if missing:
-        state = model.state_dict()
-        np.savez(tmp / EXTRA_PARAMETERS, **{k: state[k].detach().cpu().numpy() for k in missing})
-        data.setdefault("extra_files", []).append({"file": EXTRA_PARAMETERS, "sha256": manifest.file_sha256(tmp / EXTRA_PARAMETERS)})
 DATA_LICENSE = """# Training data
 
 This model was trained on the Tatoeba English-French sentence pairs as packaged by

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.numpy_helper
 import torch
@@ -45,18 +46,51 @@ def load_reference(m: Manifest, echo=lambda s: None):
     return entry, cfg, model, source
 
 
-EXTRA_PARAMETERS = "extra_parameters.npz"
-
-
 def graph_parameters(directory: Path, files: list[str]) -> dict[str, torch.Tensor]:
-    """Model parameters stored as named initializers in the given graphs."""
+    """Model parameters stored in the given graphs: named initializers, plus the GRU biases
+    that the exporter folds into each ONNX GRU node's unnamed bias input."""
     found = {}
     for file in files:
-        graph = onnx.load(directory / file, load_external_data=True)
-        for init in graph.graph.initializer:
+        graph = onnx.load(directory / file, load_external_data=True).graph
+        for init in graph.initializer:
             if init.name.startswith(PREFIX):
                 found[init.name[len(PREFIX):]] = torch.from_numpy(onnx.numpy_helper.to_array(init).copy())
+        found.update(_gru_biases(graph))
     return found
+
+
+def _gru_biases(graph: onnx.GraphProto) -> dict[str, torch.Tensor]:
+    """bias_ih/bias_hh of each exported nn.GRU layer, read back from its ONNX GRU node.
+
+    ONNX stores B = [Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h]; PyTorch orders the gates r, z, n.
+    The layer's name comes from the named weight its W input is computed from.
+    """
+    inits = {i.name: i for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def parameters_behind(name: str, seen: set) -> set[str]:
+        if name in seen:
+            return set()
+        seen.add(name)
+        if name in inits:
+            return {name[len(PREFIX):]} if name.startswith(PREFIX) else set()
+        node = producer.get(name)
+        return set().union(*(parameters_behind(i, seen) for i in node.input if i)) if node else set()
+
+    out = {}
+    for node in graph.node:
+        if node.op_type != "GRU" or len(node.input) < 4 or node.input[3] not in inits:
+            continue
+        weights = parameters_behind(node.input[1], set())
+        if len(weights) != 1 or "weight_ih" not in next(iter(weights)):
+            continue
+        name = next(iter(weights))
+        b = onnx.numpy_helper.to_array(inits[node.input[3]]).reshape(-1)
+        h = b.size // 6
+        for half, kind in ((b[: 3 * h], "bias_ih"), (b[3 * h:], "bias_hh")):
+            z, r, n = half[:h], half[h: 2 * h], half[2 * h:]
+            out[name.replace("weight_ih", kind)] = torch.from_numpy(np.concatenate([r, z, n]).copy())
+    return out
 
 
 def resolve_parameters(model: torch.nn.Module, found: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -79,15 +113,9 @@ def resolve_parameters(model: torch.nn.Module, found: dict[str, torch.Tensor]) -
 
 
 def weights_from_graphs(m: Manifest, entry, cfg) -> torch.nn.Module:
-    """The model rebuilt from its exported graphs, plus the parameters export had to store
-    beside them (an ONNX GRU folds its biases into one unnamed constant)."""
-    import numpy as np
-
+    """The model rebuilt from the parameters its exported graphs hold."""
     model = entry.build(cfg)
     found = graph_parameters(m.directory, [g["file"] for g in m.data["graphs"].values()])
-    if (m.directory / EXTRA_PARAMETERS).is_file():
-        with np.load(m.directory / EXTRA_PARAMETERS) as extra:
-            found.update({k: torch.from_numpy(extra[k]) for k in extra.files})
     state, missing = resolve_parameters(model, found)
     if missing:
         raise UsageError(f"parameter {missing[0]} is in no graph of {m.directory}; verify needs the training checkpoint")
