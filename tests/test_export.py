@@ -182,6 +182,34 @@ def test_variants_are_added_to_an_exported_directory_without_the_checkpoint(cli,
     assert manifest.load(model_dir).data == m.data  # refusals change nothing
 
 
+def test_a_variant_the_directory_lacks_is_built_in_memory_as_export_would_store_it(cli, tiny_export, tmp_path):
+    """Shipped models store fp32 graphs only (size budget); `--variant int8` builds the int8 graphs at load
+    time. They must be byte-identical to what `tk export DIR --quantize int8` stores, so that verifying
+    either verifies both, and building them must not write into the model directory."""
+    import shutil
+
+    from toolkit.variants import graph_source
+
+    stored = tmp_path / "stored"
+    shutil.copytree(tiny_export, stored)
+    assert cli("export", stored, "--quantize", "int8").exit_code == 0
+    before = sorted(p.name for p in tiny_export.iterdir())
+    for graph in ("encoder", "decoder"):
+        built, seconds = graph_source(manifest.load(tiny_export), graph, "int8")
+        assert isinstance(built, bytes) and seconds >= 0
+        assert built == manifest.load(stored).graph_path(graph, "int8").read_bytes(), graph
+
+    sentences = ["I am happy.", "Where is the station?", "Go."]
+    in_memory = cli("translate", "--model", tiny_export, "--variant", "int8", *sentences)
+    assert in_memory.exit_code == 0, in_memory.output
+    assert "built the int8 graphs in memory" in in_memory.output and "--quantize int8` stores them" in in_memory.output
+    from_disk = cli("translate", "--model", stored, "--variant", "int8", "-q", *sentences)
+    assert from_disk.output.splitlines() == in_memory.output.splitlines()[-len(sentences) - 1 : -1]
+    verified = cli("verify", tiny_export, "--variant", "int8", "--sentences", 4)
+    assert verified.exit_code == 0, verified.output
+    assert sorted(p.name for p in tiny_export.iterdir()) == before
+
+
 def test_export_without_out_names_the_missing_option(cli, tiny_checkpoint):
     result = cli("export", tiny_checkpoint)
     assert result.exit_code == 2 and result.output.startswith("error: missing --out")

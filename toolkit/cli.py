@@ -207,6 +207,11 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.provider}; ready in {t.startup_s:.2f}s")
+    if t.built_s:
+        from toolkit.variants import export_flag
+
+        say(f"built the {variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s "
+            f"(`tk export {model_dir} {export_flag(variant)}` stores them)")
     opts = DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or t.manifest.max_len, t.manifest.max_len),
                          batch_size=batch_size, max_tokens=max_tokens, max_src_len=t.manifest.max_len)
     total = None
@@ -296,7 +301,7 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed runs per row, taken in turns across backends; the median is reported.")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
-              help="Graph variants to time [default: fp32 and every variant exported for the provider].")
+              help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, json_path):
     """Measure decoding speed of PyTorch (textbook and cached) and ONNX Runtime (CPU, CUDA) side by side.

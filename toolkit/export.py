@@ -26,7 +26,7 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from toolkit import checkpoint, manifest, registry
+from toolkit import checkpoint, manifest, registry, variants
 from toolkit.data import CORPUS_SHA256
 from toolkit.errors import ToolkitError, UsageError
 from toolkit.graphs import GraphSpec, make_inputs
@@ -178,7 +178,7 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
         for variant in wanted:
             echo(f"writing the {variant} variant ...")
             made = make_variant(directory, graphs, variant, written)
-            data.setdefault("variants", {})[variant] = {"graphs": made, **VARIANT_NOTES[variant], "command": opts.command}
+            data.setdefault("variants", {})[variant] = {"graphs": made, **variants.NOTES[variant], "command": opts.command}
         manifest.write(directory, data)
     except BaseException:
         for path in written:
@@ -198,13 +198,13 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         graphs[spec.name] = {"file": path.name, "sha256": manifest.file_sha256(path), "spec": spec.to_dict(),
                              "bytes": path.stat().st_size}
     share_weights(tmp, graphs)
-    variants = {}
+    made = {}
     for variant in wanted_variants(opts):
         echo(f"writing the {variant} variant ...")
-        variants[variant] = {"graphs": make_variant(tmp, graphs, variant), **VARIANT_NOTES[variant]}
+        made[variant] = {"graphs": make_variant(tmp, graphs, variant), **variants.NOTES[variant]}
     data = {
         "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
-        "variants": variants, "opset": opts.opset, "versions": versions(),
+        "variants": made, "opset": opts.opset, "versions": versions(),
         "tokenizer": None, "special_tokens": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
         "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -289,26 +289,6 @@ def share_weights(tmp: Path, graphs: dict) -> None:
         g["weights"] = graphs_extra
 
 
-VARIANT_NOTES = {
-    "fp16": {"provider": "cuda", "note": "float16 weights and compute; inputs and outputs stay int64/float32"},
-    "optimized": {"provider": "cpu", "note": "ONNX Runtime extended graph optimisations applied offline for the CPU provider"},
-    "int8": {"provider": "cpu", "note": "dynamic int8 quantisation of MatMul weights for the CPU provider"},
-}
-
-
-def _ort_optimized(src: Path, dst: Path, level: str) -> None:
-    """Save the graph as ONNX Runtime's CPU provider would run it after `level` optimisations."""
-    import onnxruntime as ort
-
-    from toolkit.runtime import CPU_DISABLED_OPTIMIZERS
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}[level]
-    so.optimized_model_filepath = str(dst)
-    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
-
-
 def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | None = None) -> dict:
     """Writes `variant` of each graph beside it; appends every file it creates to `written`."""
     out = {}
@@ -316,30 +296,7 @@ def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | No
         src, dst = tmp / g["file"], tmp / f"{name}{VARIANTS[variant]}.onnx"
         if written is not None:
             written.append(dst)
-        if variant == "fp16":
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-
-            model = convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False)
-            onnx.save_model(model, dst)
-        elif variant == "optimized":
-            _ort_optimized(src, dst, "extended")
-        else:
-            import logging
-
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            # The exported graphs multiply by Transpose(W) so that W is stored once, under its PyTorch
-            # name; quantize_dynamic only quantises a MatMul whose weight is an initializer, so the
-            # transposes are constant-folded first (ONNX Runtime basic level: standard ops only).
-            folded = tmp / f"{name}.folded.onnx"
-            _ort_optimized(src, folded, "basic")
-            root, level = logging.getLogger(), logging.getLogger().level
-            root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
-            try:
-                quantize_dynamic(folded, dst, weight_type=QuantType.QInt8)
-            finally:
-                root.setLevel(level)
-                folded.unlink()
+        variants.build(src, dst, variant)
         out[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
     return out
 

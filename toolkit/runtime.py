@@ -15,16 +15,12 @@ from toolkit.decoding import empty_cache
 from toolkit.errors import ProviderError, UsageError
 from toolkit.graphs import GraphSpec
 from toolkit.manifest import Manifest
+from toolkit.variants import CPU_DISABLED_OPTIMIZERS, graph_source
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_FIX = ("ONNX Runtime could not load its CUDA provider and fell back to CPU; install the CUDA 13 and cuDNN 9 "
             "runtime libraries (or call onnxruntime.preload_dlls() with a CUDA build of torch installed), "
             "or use --provider cpu")
-
-# ONNX Runtime's CPU SkipLayerNormalization kernel is slower than the Add + LayerNormalization it
-# replaces: measured on the shipped Transformer at batch 64, the encoder runs in 11.9 ms instead of
-# 14.4 ms and a decoder step in 2.60 ms instead of 2.85 ms with this fusion off (onnxruntime 1.31).
-CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 # ONNX Runtime prints a multi-line warning when CUDA libraries are missing; tk reports it in one line instead.
 ort.set_default_logger_severity(4)
@@ -67,19 +63,21 @@ def _options(optimization: str = "all", threads: int | None = None) -> ort.Sessi
     return so
 
 
-def create_session(path: Path, provider: str = "cpu", optimization: str = "all", threads: int | None = None,
+def create_session(path: Path | bytes, provider: str = "cpu", optimization: str = "all", threads: int | None = None,
                    allow_fallback: bool = False) -> ort.InferenceSession:
-    """A session on the requested provider; raises ProviderError if CUDA silently became CPU."""
+    """A session on the requested provider, from a graph file or serialized bytes;
+    raises ProviderError if CUDA silently became CPU."""
     if provider not in PROVIDERS:
         raise UsageError(f"unknown provider '{provider}'; choose cpu or cuda")
     providers = [PROVIDERS["cuda"], PROVIDERS["cpu"]] if provider == "cuda" else [PROVIDERS["cpu"]]
     disabled = list(CPU_DISABLED_OPTIMIZERS) if provider == "cpu" else []
     try:
-        session = ort.InferenceSession(str(path), _options(optimization, threads), providers=providers,
+        session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), _options(optimization, threads), providers=providers,
                                        disabled_optimizers=disabled)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load ONNX graph {path}: {first}; re-export the model directory") from None
+        where = "in-memory graph" if isinstance(path, bytes) else f"ONNX graph {path}"
+        raise UsageError(f"cannot load {where}: {first}; re-export the model directory") from None
     if provider == "cuda" and session.get_providers()[0] != PROVIDERS["cuda"] and not allow_fallback:
         raise ProviderError(CUDA_FIX)
     return session
@@ -170,6 +168,7 @@ class LoadedModel:
     manifest: Manifest
     sessions: dict[str, ort.InferenceSession]
     provider: str
+    built_s: float = 0.0  # seconds spent building a variant the directory does not store (0: stored)
 
     def backend(self) -> OrtBackend:
         specs = self.manifest.specs()
@@ -178,7 +177,11 @@ class LoadedModel:
 
 def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", optimization: str = "all",
                   allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
-    sessions = {name: create_session(m.graph_path(name, variant), provider, optimization, threads, allow_fallback)
-                for name in m.data["graphs"]}
+    """Sessions for every graph of the directory; a variant it does not store is built in memory."""
+    sessions, built = {}, 0.0
+    for name in m.data["graphs"]:
+        source, seconds = graph_source(m, name, variant)
+        sessions[name] = create_session(source, provider, optimization, threads, allow_fallback)
+        built += seconds
     used = session_provider(next(iter(sessions.values())))
-    return LoadedModel(m, sessions, used)
+    return LoadedModel(m, sessions, used, built)

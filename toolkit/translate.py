@@ -31,6 +31,7 @@ class Translator:
     backend: Callable[[], object]  # a fresh step backend for the shared decoding loop
     provider: str  # "cpu" or "cuda" for ONNX Runtime, "torch" for the PyTorch reference
     startup_s: float
+    built_s: float = 0.0  # of startup_s, the time spent building a variant the directory does not store
 
 
 def open_model(directory: str | Path, provider: str | None = None, variant: str = "fp32",
@@ -64,7 +65,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         got = [i.name for i in loaded.sessions[name].get_inputs()]
         if got != spec.input_names:
             raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {directory}")
-    return Translator(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start)
+    return Translator(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from toolkit.decoding import greedy
 from toolkit.errors import ParityError, ProviderError, UsageError
 from toolkit.graphs import NP_DTYPES, GraphSpec, make_inputs
 from toolkit.reference import load_reference
+from toolkit.variants import graph_source, load_proto
 
 # Default tolerances per variant (atol, rtol), measured on the shipped models (see README).
 TOLERANCES = {"fp32": (1e-4, 1e-4), "optimized": (1e-4, 1e-4), "fp16": (5e-2, 2e-2), "int8": (0.5, 0.1)}
@@ -93,13 +94,14 @@ def top1(ref: np.ndarray, got: np.ndarray) -> float:
 
 # ---- static checks -----------------------------------------------------------------------------
 
-def static_check(path: Path, spec: GraphSpec, variant: str) -> list[Row]:
+def static_check(source: Path | bytes, spec: GraphSpec, variant: str) -> list[Row]:
     """The graph's interface against the declaration; a frozen axis is reported by name."""
     rows = []
     try:
-        model = onnx.load(path, load_external_data=False)
+        model = load_proto(source)
     except Exception as e:
-        return [Row("static", spec.name, variant, "-", "-", "graph", ok=False, detail=f"corrupt ONNX file {path.name}: {e}")]
+        where = "in-memory graph" if isinstance(source, bytes) else f"ONNX file {source.name}"
+        return [Row("static", spec.name, variant, "-", "-", "graph", ok=False, detail=f"corrupt {where}: {e}")]
     for kind, values, declared in (("input", model.graph.input, spec.inputs), ("output", model.graph.output, spec.outputs)):
         got_names = [v.name for v in values]
         if got_names != [t.name for t in declared]:
@@ -296,7 +298,10 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     for p in providers:
         for v in variants:
             try:
-                sessions[(p, v)] = runtime.load_sessions(m, p, v).sessions
+                loaded = runtime.load_sessions(m, p, v)
+                sessions[(p, v)] = loaded.sessions
+                if loaded.built_s:
+                    echo(f"{v} graphs: not stored in {directory}, built in memory from its fp32 graphs in {loaded.built_s:.2f}s")
             except ProviderError as e:
                 if provider != "all":
                     raise
@@ -312,7 +317,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
                                    detail="manifest declaration differs from the model registry's; re-export"))
     for v in variants:
         for name, spec in specs.items():
-            report.rows += static_check(m.graph_path(name, v), spec, v)
+            report.rows += static_check(graph_source(m, name, v)[0], spec, v)
 
     vocab = getattr(cfg, "vocab_size", 2)
     max_len = getattr(cfg, "max_len", 64)
