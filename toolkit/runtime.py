@@ -52,9 +52,11 @@ def _probe_cuda() -> bool:
     return _cuda_probe
 
 
-def _options(optimization: str = "all", threads: int | None = None) -> ort.SessionOptions:
+def _options(optimization: str = "all", threads: int | None = None, spin: bool = True) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.log_severity_level = 4
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
                                    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                                    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[optimization]
@@ -70,9 +72,16 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
     if provider not in PROVIDERS:
         raise UsageError(f"unknown provider '{provider}'; choose cpu or cuda")
     providers = [PROVIDERS["cuda"], PROVIDERS["cpu"]] if provider == "cuda" else [PROVIDERS["cpu"]]
-    disabled = list(CPU_DISABLED_OPTIMIZERS) if provider == "cpu" else []
+    cpu = provider == "cpu"
+    disabled = list(CPU_DISABLED_OPTIMIZERS) if cpu else []
     try:
-        session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), _options(optimization, threads), providers=providers,
+        # CPU: worker threads sleep between runs instead of spinning. The encoder, decoder and row
+        # selection sessions each own a thread pool, and the decoding loop's host work runs between
+        # their runs; on 2 cores, spinning workers take the cores those need. Measured on the shipped
+        # Transformer, greedy over 256 sentences: batch 64 fp32 725 -> 960 sentences/s, int8 1248 ->
+        # 1593; batch 1 unchanged (118 vs 122, 272 vs 267).
+        session = ort.InferenceSession(path if isinstance(path, bytes) else str(path),
+                                       _options(optimization, threads, spin=not cpu), providers=providers,
                                        disabled_optimizers=disabled)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
