@@ -81,6 +81,54 @@ def test_beam_search_finds_hypotheses_at_least_as_likely_as_greedy(model, englis
     assert better > 0  # on real sentences beam search does find better ones
 
 
+def textbook_beam(backend, src: list[int], max_len: int, beam: int, alpha: float) -> list:
+    """The oracle: one sentence, every (hypothesis, token) pair ranked on the host at every step."""
+    import numpy as np
+
+    from toolkit.decoding import Hypothesis, pad_batch
+    from toolkit.tokenizer import BOS, EOS
+
+    state = backend.encode(*pad_batch([src]))
+    live, done, token = [Hypothesis([], 0.0)], [], np.array([BOS])
+    for step in range(max_len):
+        log_probs, state = backend.step(token, state)
+        scores = np.array([h.score for h in live])[:, None] + log_probs
+        new = []
+        for idx in np.argsort(-scores.ravel(), kind="stable")[: 2 * beam]:
+            parent, tok = divmod(int(idx), scores.shape[1])
+            hyp = Hypothesis(live[parent].tokens + ([] if tok == EOS else [tok]), float(scores[parent, tok]))
+            (done if tok == EOS or step == max_len - 1 else new).append((parent, tok, hyp))
+            if len(done) >= beam or len(new) == beam:
+                break
+        if len(done) >= beam or not new:
+            break
+        live = [h for *_, h in new]
+        state = backend.select(state, np.array([p for p, *_ in new]))
+        token = np.array([t for _, t, _ in new])
+    return sorted([h for *_, h in done] or live, key=lambda h: -h.normalized(alpha))
+
+
+def test_batched_beam_search_equals_the_textbook_one_sentence_search(model, english):
+    """tk's beam search is batched over sentences and ranks only each row's 2*beam best tokens, found by a
+    TopK graph on the decoder's device; it must find exactly what the exhaustive host-side search finds."""
+    import numpy as np
+
+    from toolkit.decoding import top_k_rows
+
+    ids = [s for s in model.tokenizer.encode(english[:16]) if s]
+    backend, max_len = model.backend(), model.manifest.max_len
+    batched = beam_search(backend, ids, max_len, beam=4, alpha=0.6, n_best=4)
+    for src, got in zip(ids, batched):
+        want = textbook_beam(backend, src, max_len, beam=4, alpha=0.6)[:4]
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=1e-5)
+
+    log_probs = np.log(np.random.default_rng(0).dirichlet(np.ones(500), size=7)).astype(np.float32)
+    values, indices = top_k_rows(log_probs, 8)  # the fallback for backends without their own ranking
+    assert (np.diff(values, axis=1) <= 0).all() and (np.take_along_axis(log_probs, indices, 1) == values).all()
+    assert (values[:, -1:] >= np.sort(log_probs, axis=1)[:, -9:-8]).all()  # nothing better was left out
+
+
 def test_n_best_prints_n_scored_hypotheses_per_line(cli, tiny_export):
     result = cli("translate", "--model", tiny_export, "-q", "--beam", 4, "--n-best", 3, "I lost.", "Go.")
     assert result.exit_code == 0, result.output

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from toolkit.decoding import empty_cache
+from toolkit.decoding import StepBackend, empty_cache
 from toolkit.graphs import GraphSpec
 
 
-class TorchBackend:
+class TorchBackend(StepBackend):
     """Runs a seq2seq model's `encode` / `decode_step` with the cache the graphs declare."""
 
     def __init__(self, model: torch.nn.Module, encoder: GraphSpec, decoder: GraphSpec):
@@ -31,10 +31,20 @@ class TorchBackend:
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
         return self.initial_state(self.encode_outputs(src, src_len), len(src))
 
+    def _decode_step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
+        log_probs, cache = self.model.decode_step(torch.from_numpy(token), state)
+        return log_probs, {name: cache[name] for name in self.batch_axis}
+
     @torch.inference_mode()
     def step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
-        log_probs, cache = self.model.decode_step(torch.from_numpy(token), state)
-        return log_probs.numpy(), {name: cache[name] for name in self.batch_axis}
+        log_probs, state = self._decode_step(token, state)
+        return log_probs.numpy(), state
+
+    @torch.inference_mode()
+    def step_top_k(self, token: np.ndarray, state: dict[str, torch.Tensor], k: int):
+        log_probs, state = self._decode_step(token, state)
+        values, indices = torch.topk(log_probs, min(k, log_probs.shape[-1]), dim=-1)
+        return values.numpy(), indices.numpy(), state
 
     def select(self, state: dict[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
         index = torch.from_numpy(rows)

@@ -21,7 +21,7 @@ import torch
 
 from toolkit import manifest as manifest_mod
 from toolkit import registry
-from toolkit.decoding import greedy
+from toolkit.decoding import StepBackend, greedy
 from toolkit.errors import ParityError, ProviderError, UsageError
 from toolkit.graphs import NP_DTYPES, GraphSpec, make_inputs
 from toolkit.reference import load_reference
@@ -178,7 +178,7 @@ def compare_outputs(rows: list[Row], check: str, spec: GraphSpec, variant: str, 
 
 # ---- real sentences --------------------------------------------------------------------------------
 
-class ParityBackend:
+class ParityBackend(StepBackend):
     """Decodes with PyTorch and, at every step, feeds the same inputs to the ONNX graphs and compares.
 
     Every encoder and decoder output is checked along a real decode, cache included.
