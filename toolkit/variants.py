@@ -62,6 +62,11 @@ def build(src: Path, dst: Path, variant: str) -> None:
         # transposes are constant-folded first (ONNX Runtime basic level: standard ops only).
         folded = dst.with_name(dst.name + ".folded.onnx")
         ort_optimized(src, folded, "basic")
+        # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
+        # projection), which the quantiser's own shape inference rejects; they are only hints.
+        model = onnx.load(folded)
+        del model.graph.value_info[:]
+        onnx.save_model(model, folded)
         root, level = logging.getLogger(), logging.getLogger().level
         root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
         try:
