@@ -40,6 +40,7 @@ class StepBackend:
 
 def top_k_rows(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest values of each row, largest first, and their indices; k == 1 is an argmax."""
+    k = min(k, log_probs.shape[1])
     if k == 1:
         idx = log_probs.argmax(-1)[:, None]
     else:
