@@ -135,10 +135,11 @@ class OrtBackend(StepBackend):
     """Step backend over an encoder and a decoder session, with the cache kept on the device.
 
     Every step runs through I/O binding: the decoder's new cache stays an OrtValue in the
-    session's device memory (GPU memory on CUDA) and is bound as the next step's input;
-    only log-probabilities come back to the host. Rows are selected (finished sentences,
-    beam reordering) by a small Gather graph on the same device. CPU and CUDA run this
-    same code; only the device name differs, so the CPU tests exercise the CUDA path.
+    session's device memory (GPU memory on CUDA) and is bound as the next step's input.
+    Candidates are ranked by a TopK graph and rows selected (finished sentences, beam
+    reordering) by a Gather graph, both on the same device, so only each row's k best
+    log-probabilities come back to the host. CPU and CUDA run this same code; only the
+    device name differs, so the CPU tests exercise the CUDA path.
     """
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession,
