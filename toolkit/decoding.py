@@ -97,7 +97,8 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int) -> list[Hyp
         if len(keep) < len(alive):
             alive, token = alive[keep], token[keep]
             state = backend.select(state, keep)
-    ends = np.where((out == EOS).any(1), (out == EOS).argmax(1), max_len)
+    stopped = out == EOS
+    ends = np.where(stopped.any(1), stopped.argmax(1), max_len)
     return [Hypothesis(out[i, : ends[i]].tolist(), float(scores[i])) for i in range(n)]
 
 

@@ -15,7 +15,7 @@ from toolkit.decoding import StepBackend, empty_cache
 from toolkit.errors import ProviderError, UsageError
 from toolkit.graphs import GraphSpec
 from toolkit.manifest import Manifest
-from toolkit.variants import CPU_DISABLED_OPTIMIZERS, graph_source
+from toolkit.variants import CPU_DISABLED_OPTIMIZERS, describe, graph_source
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_FIX = ("ONNX Runtime could not load its CUDA provider and fell back to CPU; install the CUDA 13 and cuDNN 9 "
@@ -83,8 +83,7 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
                                        disabled_optimizers=disabled)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        where = "in-memory graph" if isinstance(path, bytes) else f"ONNX graph {path}"
-        raise UsageError(f"cannot load {where}: {first}; re-export the model directory") from None
+        raise UsageError(f"cannot load {describe(path)}: {first}; re-export the model directory") from None
     if provider == "cuda" and session.get_providers()[0] != PROVIDERS["cuda"] and not allow_fallback:
         raise ProviderError(CUDA_FIX)
     return session

@@ -114,6 +114,11 @@ def export_flag(variant: str) -> str:
     return {"fp16": "--fp16", "optimized": "--optimize", "int8": "--quantize int8"}[variant]
 
 
+def describe(source: Path | bytes) -> str:
+    """How error messages name a graph: its file, or that it was built in memory."""
+    return "in-memory graph" if isinstance(source, bytes) else f"ONNX graph {source}"
+
+
 def load_proto(source: Path | bytes):
     """The graph (an onnx.ModelProto) without its external weights: enough to read its interface."""
     import onnx

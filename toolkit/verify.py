@@ -25,7 +25,7 @@ from toolkit.decoding import StepBackend, greedy
 from toolkit.errors import ParityError, ProviderError, UsageError
 from toolkit.graphs import NP_DTYPES, GraphSpec, make_inputs
 from toolkit.reference import load_reference
-from toolkit.variants import graph_source, load_proto
+from toolkit.variants import describe, graph_source, load_proto
 
 # Default tolerances per variant (atol, rtol), measured on the shipped models (see README).
 TOLERANCES = {"fp32": (1e-4, 1e-4), "optimized": (1e-4, 1e-4), "fp16": (5e-2, 2e-2), "int8": (0.5, 0.1)}
@@ -100,8 +100,7 @@ def static_check(source: Path | bytes, spec: GraphSpec, variant: str) -> list[Ro
     try:
         model = load_proto(source)
     except Exception as e:
-        where = "in-memory graph" if isinstance(source, bytes) else f"ONNX file {source.name}"
-        return [Row("static", spec.name, variant, "-", "-", "graph", ok=False, detail=f"corrupt {where}: {e}")]
+        return [Row("static", spec.name, variant, "-", "-", "graph", ok=False, detail=f"corrupt {describe(source)}: {e}")]
     for kind, values, declared in (("input", model.graph.input, spec.inputs), ("output", model.graph.output, spec.outputs)):
         got_names = [v.name for v in values]
         if got_names != [t.name for t in declared]:
