@@ -98,6 +98,42 @@ def chunks(lines: Iterable[tuple[int, str]], size: int) -> Iterator[list[tuple[i
         yield chunk
 
 
+@dataclass
+class Translation:
+    """One hypothesis for one input text."""
+
+    text: str
+    score: float  # log-probability, length-normalised with the options' alpha
+    tokens: int  # target subword tokens
+    source_tokens: int  # after truncation to the model's maximum; 0 for an empty line
+
+
+def translate_batch(t: Translator, texts: list[str], opts: DecodeOptions, backend: object | None = None,
+                    warn: Callable[[str], None] = lambda s: None, strict: bool = False,
+                    first_lineno: int = 1, truncated: list[int] | None = None) -> list[list[Translation]]:
+    """The n-best translations of each text, in input order: the one entry point from text to text
+    that `tk translate`, the server and corpus translation share. Lines longer than the model's
+    maximum are truncated with a warning naming the line (appended to `truncated`), or refused with strict."""
+    backend = backend or t.backend()
+    limit = t.manifest.max_len
+    ids = t.tokenizer.encode(texts)
+    for k, seq in enumerate(ids):
+        if len(seq) > limit:
+            lineno = first_lineno + k
+            if strict:
+                raise DataError(f"input line {lineno} has {len(seq)} tokens, more than the model's {limit}; "
+                                "split it or drop --strict to truncate")
+            warn(f"warning: line {lineno} has {len(seq)} tokens; truncated to the model's maximum of {limit}")
+            if truncated is not None:
+                truncated.append(lineno)
+            ids[k] = seq[:limit]
+    out = []
+    for seq, nbest in zip(ids, decode_ids(backend, ids, opts)):
+        decoded = t.tokenizer.decode([h.tokens for h in nbest])
+        out.append([Translation(text, h.normalized(opts.alpha), len(h.tokens), len(seq)) for h, text in zip(nbest, decoded)])
+    return out
+
+
 def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Callable[[str], None], opts: DecodeOptions,
                     strict: bool = False, warn: Callable[[str], None] = lambda s: None,
                     progress: Callable[[int], None] = lambda n: None) -> Stats:
@@ -105,27 +141,17 @@ def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Call
     stats = Stats()
     start = time.perf_counter()
     backend = t.backend()
-    limit = t.manifest.max_len
     for chunk in chunks(lines, CHUNK_LINES):
-        ids = t.tokenizer.encode([text for _, text in chunk])
-        for k, ((lineno, _), seq) in enumerate(zip(chunk, ids)):
-            if len(seq) > limit:
-                if strict:
-                    raise DataError(f"input line {lineno} has {len(seq)} tokens, more than the model's {limit}; "
-                                    "split it or drop --strict to truncate")
-                warn(f"warning: line {lineno} has {len(seq)} tokens; truncated to the model's maximum of {limit}")
-                stats.truncated.append(lineno)
-                ids[k] = seq[:limit]
-        hyps = decode_ids(backend, ids, opts)
-        for (lineno, _), seq, nbest in zip(chunk, ids, hyps):
-            texts = t.tokenizer.decode([h.tokens for h in nbest])
+        texts = [text for _, text in chunk]
+        results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated)
+        for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
-                for h, text in zip(nbest, texts):
-                    write(f"{lineno - 1} ||| {text} ||| {h.normalized(opts.alpha):.4f}")
+                for h in nbest:
+                    write(f"{lineno - 1} ||| {h.text} ||| {h.score:.4f}")
             else:
-                write(texts[0])
-            stats.sentences += bool(seq)
-            stats.target_tokens += len(nbest[0].tokens) if seq else 0
+                write(nbest[0].text)
+            stats.sentences += bool(nbest[0].source_tokens)
+            stats.target_tokens += nbest[0].tokens if nbest[0].source_tokens else 0
         stats.lines += len(chunk)
         progress(len(chunk))
     stats.seconds = time.perf_counter() - start
