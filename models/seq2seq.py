@@ -23,6 +23,9 @@ class Seq2SeqConfig:
     dropout: float = 0.1
     max_len: int = 64  # longest source or target sequence, in subword tokens
     pad_id: int = 0
+    # Output projection shares the embedding matrix (needs embed_size == num_hiddens): a third
+    # fewer parameters at a 6,000-piece vocabulary, as in the Transformer.
+    tie_embeddings: bool = False
 
 
 class StackedGRU(nn.Module):
@@ -80,7 +83,10 @@ class Seq2SeqAttentionDecoder(nn.Module):
         self.embedding = embedding
         self.attention = AdditiveAttention(cfg.num_hiddens, cfg.num_hiddens, cfg.num_hiddens, cfg.dropout)
         self.rnn = StackedGRU(cfg.embed_size + cfg.num_hiddens, cfg.num_hiddens, cfg.num_layers, cfg.dropout)
-        self.dense = nn.Linear(cfg.num_hiddens, cfg.vocab_size)
+        if cfg.tie_embeddings and cfg.embed_size != cfg.num_hiddens:
+            raise ValueError(f"tie_embeddings needs embed_size == num_hiddens (got {cfg.embed_size} and {cfg.num_hiddens})")
+        self.dense = None if cfg.tie_embeddings else nn.Linear(cfg.num_hiddens, cfg.vocab_size)
+        self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.tie_embeddings else None
         self.attention_weights: list[torch.Tensor] = []
 
     def step(self, token, state, memory, src_len):
@@ -89,7 +95,9 @@ class Seq2SeqAttentionDecoder(nn.Module):
         self.attention_weights.append(self.attention.attention_weights)
         x = torch.cat([context, self.embedding(token).unsqueeze(1)], dim=-1)
         out, _, state = self.rnn(x, state)
-        return torch.log_softmax(self.dense(out.squeeze(1)), dim=-1), state
+        out = out.squeeze(1)
+        logits = self.dense(out) if self.dense is not None else out @ self.embedding.weight.T + self.out_bias
+        return torch.log_softmax(logits, dim=-1), state
 
 
 class Seq2SeqAttention(nn.Module):

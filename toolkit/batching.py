@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from toolkit.decoding import Hypothesis, StepBackend, translate_ids
+from toolkit.decoding import Hypothesis, StepBackend, length_limits, translate_ids
 
 
 @dataclass
@@ -17,6 +17,15 @@ class DecodeOptions:
     batch_size: int = 64  # sentences per batch
     max_tokens: int | None = None  # or a budget of padded source tokens per batch
     max_src_len: int | None = None  # sources longer than the model's positions are cut to this
+    # Guards: each output is at most max_len_a * source tokens + max_len_b long (None: only
+    # max_len), and a hypothesis that starts repeating itself is stopped. Off in training-time
+    # evaluation, so that they never hide what the model itself does.
+    max_len_a: float | None = None
+    max_len_b: int = 10
+    loop_guard: bool = False
+
+
+GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}  # what tk translate uses unless told otherwise
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int | None) -> Iterator[list[int]]:
@@ -41,7 +50,9 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) 
     todo = [i for i, s in enumerate(src) if s]
     for batch in length_sorted_batches([len(src[i]) for i in todo], opts.batch_size, opts.max_tokens):
         idx = [todo[b] for b in batch]
-        results = translate_ids(backend, [src[i] for i in idx], opts.max_len, opts.beam, opts.alpha, opts.n_best)
+        batch_src = [src[i] for i in idx]
+        limits = length_limits(batch_src, opts.max_len, opts.max_len_a, opts.max_len_b)
+        results = translate_ids(backend, batch_src, opts.max_len, opts.beam, opts.alpha, opts.n_best, limits, opts.loop_guard)
         for i, hyps in zip(idx, results):
             out[i] = hyps
     return out

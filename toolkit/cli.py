@@ -16,6 +16,8 @@ import click
 from toolkit import __version__
 from toolkit.errors import ToolkitError, UsageError
 
+# Mirrors toolkit.batching.GUARDED (imported lazily there, so `tk --help` stays instant).
+GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "exported" / "transformer"
 
 
@@ -58,9 +60,16 @@ def main() -> None:
 @click.option("--threads", type=int, help="Torch CPU threads [default: all cores].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
               help="bf16 autocast halves CPU training time where the CPU has native bf16; weights stay fp32.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: a CUDA GPU when torch sees one, else the CPU.")
+@click.option("--noise/--no-noise", default=None,
+              help="Robustness noise on the training pairs: case, final punctuation, names, placeholders [preset: on for base].")
+@click.option("--tokenizer", "tokenizer_path", type=click.Path(dir_okay=False),
+              help="SentencePiece model to share between models: used if it exists, else trained and written there.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a size, e.g. --set num_layers=2 --set max_tokens=4000.")
-def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed, resume, limit_pairs, max_minutes, threads, precision, sets):
+def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed, resume, limit_pairs, max_minutes, threads, precision,
+          device, noise, tokenizer_path, sets):
     """Train MODEL: nw (kernel regression), seq2seq (GRU + Bahdanau) or transformer.
 
     Example: tk train transformer --preset tiny --out runs/tiny
@@ -76,7 +85,8 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
         overrides[key] = float(value) if "." in value else int(value)
     opts = TrainOptions(model=model, out=out or Path("runs") / model, data=data_path, exclude=exclude, preset=preset,
                         pre_ln=pre_ln, epochs=epochs, lr=lr, seed=seed, resume=resume, limit_pairs=limit_pairs,
-                        max_minutes=max_minutes, threads=threads, precision=precision, overrides=overrides, command=command_line())
+                        max_minutes=max_minutes, threads=threads, precision=precision, device=device, noise=noise,
+                        tokenizer=tokenizer_path, overrides=overrides, command=command_line())
     run(opts, echo=lambda m: click.echo(m, err=True))
 
 
@@ -177,13 +187,21 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
 @click.option("--alpha", type=float, default=0.6, show_default=True, help="Length penalty exponent for beam search.")
 @click.option("--n-best", type=int, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
 @click.option("--max-len", type=int, help="Longest translation in subword tokens [default: the model's maximum].")
+@click.option("--max-len-a", type=float, default=GUARDED["max_len_a"], show_default=True,
+              help="Guard: an output is at most A * source tokens + B long (with --max-len-b).")
+@click.option("--max-len-b", type=int, default=GUARDED["max_len_b"], show_default=True, help="See --max-len-a.")
+@click.option("--loop-guard/--no-loop-guard", default=GUARDED["loop_guard"], show_default=True,
+              help="Stop a hypothesis whose last token repeats 4 times, or last 2-4 tokens 3 times.")
+@click.option("--keep", multiple=True, metavar="TERM", help="Copy TERM verbatim, like URLs, e-mail addresses and numbers (repeatable).")
+@click.option("--split/--no-split", default=True, show_default=True, help="Translate each sentence of a line separately.")
+@click.option("--raw", is_flag=True, help="No input handling: no sentence splitting, capitals folding or placeholders.")
 @click.option("--strict", is_flag=True, help="Refuse lines longer than the model's maximum instead of truncating them.")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Score the output against this file (one reference per line) with sacrebleu.")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, batch_size, max_tokens, beam,
-              alpha, n_best, max_len, strict, reference, threads, quiet):
+              alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, quiet):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
     Sentences come from arguments, -i FILE, or standard input, one per line;
@@ -192,6 +210,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     Example: tk translate "I'm home." "He's calm."
     """
     from toolkit.batching import DecodeOptions
+    from toolkit.textprep import TextOptions
     from toolkit.translate import AtomicOutput, open_model, read_lines, score_file, translate_lines
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
@@ -213,7 +232,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         say(f"built the {variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s "
             f"(`tk export {model_dir} {export_flag(variant)}` stores them)")
     opts = DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or t.manifest.max_len, t.manifest.max_len),
-                         batch_size=batch_size, max_tokens=max_tokens, max_src_len=t.manifest.max_len)
+                         batch_size=batch_size, max_tokens=max_tokens, max_src_len=t.manifest.max_len,
+                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard)
+    text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
     total = None
     if text:
         lines = iter(enumerate(text, 1))
@@ -242,7 +263,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
         bar = tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True, leave=False)
     try:
-        stats = translate_lines(t, lines, write, opts, strict, warn=say, progress=bar.update if bar else lambda n: None)
+        stats = translate_lines(t, lines, write, opts, strict, warn=say, progress=bar.update if bar else lambda n: None, text=text_opts)
     except BaseException:
         if out:
             out.abort()
@@ -273,7 +294,11 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True,
               help="Which exported graphs to score (recorded per variant).")
-def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant):
+@click.option("--robustness", is_flag=True,
+              help="Instead: score the held-out split as people type it (no final punctuation, lowercase, capitals, "
+                   "short phrases, names/numbers/URLs, several sentences per line) and the runaway rate.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the robustness sets.")
+def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
 
     Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
@@ -281,8 +306,19 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
     import json
 
     from toolkit import manifest as manifest_mod
-    from toolkit.evaluate import evaluate_model
+    from toolkit.evaluate import evaluate_model, evaluate_robustness
 
+    if robustness:
+        from toolkit.robustness import table
+
+        results = evaluate_robustness(model_dir, data_path, beams[0] if beams else 4, limit=limit, threads=threads,
+                                      variant=variant, seed=seed, echo=lambda m: click.echo(m, err=True))
+        click.echo(table(results))
+        if record:
+            m = manifest_mod.load(model_dir)
+            m.data.setdefault("metrics", {})["robustness" if variant == "fp32" else f"robustness_{variant}"] = results
+            manifest_mod.write(Path(model_dir), {k: v for k, v in m.data.items() if k != "format"})
+        return
     scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
                             variant=variant, echo=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(scores, indent=2))

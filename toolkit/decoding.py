@@ -77,11 +77,42 @@ def empty_cache(decoder: GraphSpec, encoder_outputs: dict, batch: int) -> dict[s
             if t.fill == "empty" and t.name not in encoder_outputs}
 
 
-def greedy(backend: StepBackend, src: list[list[int]], max_len: int) -> list[Hypothesis]:
-    """Most probable next token at every step. Rows that emit EOS leave the batch."""
+# A hypothesis loops when its last token came 4 times in a row, or its last 2-, 3- or 4-token
+# group 3 times in a row ("bonjour bonjour bonjour" is three 2-piece groups).
+LOOP_RULES = ((1, 4), (2, 3), (3, 3), (4, 3))
+
+
+def loop_cut(tokens: np.ndarray) -> np.ndarray:
+    """For each row of (rows, t) tokens, where to cut it if it ends in a loop (keeping one
+    copy of the repeated group), else -1."""
+    rows, t = tokens.shape
+    cut = np.full(rows, -1, dtype=np.int64)
+    for n, reps in LOOP_RULES:
+        if t < n * reps:
+            continue
+        block = tokens[:, t - n * reps :].reshape(rows, reps, n)
+        hit = (block == block[:, -1:, :]).all(axis=(1, 2)) & (cut < 0)
+        cut[hit] = t - n * reps + n
+    return cut
+
+
+def length_limits(src: list[list[int]], max_len: int, a: float | None, b: int) -> np.ndarray:
+    """Longest output per sentence: a * source length + b (capped at max_len), or max_len when a is None."""
+    lens = np.array([len(s) for s in src], dtype=np.float64)
+    if a is None:
+        return np.full(len(src), max_len, dtype=np.int64)
+    return np.minimum(max_len, np.ceil(a * lens + b)).astype(np.int64)
+
+
+def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.ndarray | None = None,
+           loop_guard: bool = False) -> list[Hypothesis]:
+    """Most probable next token at every step. Rows that emit EOS, reach their length limit
+    or (with the loop guard) start repeating themselves leave the batch."""
     ids, lens = pad_batch(src)
     state = backend.encode(ids, lens)
     n = len(src)
+    limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
+    max_len = int(limits.max())
     scores = np.zeros(n)
     out = np.full((n, max_len), EOS, dtype=np.int64)  # each sentence's tokens; EOS from where it stopped
     alive = np.arange(n)
@@ -91,7 +122,13 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int) -> list[Hyp
         token = indices[:, 0].astype(np.int64)
         scores[alive] += values[:, 0]
         out[alive, t] = token
-        keep = np.flatnonzero(token != EOS)
+        running = (token != EOS) & (t + 1 < limits[alive])
+        if loop_guard:
+            cut = loop_cut(out[alive, : t + 1])
+            for row in np.flatnonzero(cut >= 0):
+                out[alive[row], cut[row] :] = EOS
+            running &= cut < 0
+        keep = np.flatnonzero(running)
         if len(keep) == 0:
             break
         if len(keep) < len(alive):
@@ -103,7 +140,8 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int) -> list[Hyp
 
 
 def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 4,
-                alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
+                alpha: float = 0.6, n_best: int = 1, limits: np.ndarray | None = None,
+                loop_guard: bool = False) -> list[list[Hypothesis]]:
     """Beam search per sentence, batched over sentences; returns the n_best per sentence.
 
     Live hypotheses are ranked by raw log-probability; finished ones by the
@@ -115,6 +153,8 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
     ids, lens = pad_batch(src)
     state = backend.encode(ids, lens)
     n = len(src)
+    limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
+    max_len = int(limits.max())
     live: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in range(n)]
     done: list[list[Hypothesis]] = [[] for _ in range(n)]
     active = list(range(n))  # sentences still searching, in state row order
@@ -133,7 +173,10 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
             for idx in np.lexsort((toks, parents, -scores))[: 2 * beam]:
                 parent, tok = int(parents[idx]), int(toks[idx])
                 hyp = Hypothesis(live[sent][parent].tokens + ([] if tok == EOS else [tok]), float(scores[idx]))
-                if tok == EOS or step == max_len - 1:
+                cut = loop_cut(np.array([hyp.tokens]))[0] if loop_guard and tok != EOS else -1
+                if cut >= 0:
+                    hyp.tokens = hyp.tokens[:cut]
+                if tok == EOS or step >= limits[sent] - 1 or cut >= 0:
                     done[sent].append(hyp)
                 else:
                     new_live.append((row + parent, tok, hyp))
@@ -158,8 +201,9 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
 
 
 def translate_ids(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 1,
-                  alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
+                  alpha: float = 0.6, n_best: int = 1, limits: np.ndarray | None = None,
+                  loop_guard: bool = False) -> list[list[Hypothesis]]:
     """Greedy when beam == 1 and one hypothesis is wanted, else beam search."""
     if beam == 1 and n_best == 1:
-        return [[h] for h in greedy(backend, src, max_len)]
-    return beam_search(backend, src, max_len, beam, alpha, n_best)
+        return [[h] for h in greedy(backend, src, max_len, limits, loop_guard)]
+    return beam_search(backend, src, max_len, beam, alpha, n_best, limits, loop_guard)

@@ -1,23 +1,8 @@
-"""Scores on detokenised, cased text with sacrebleu (BLEU and chrF), the field's common yardstick."""
+"""`tk evaluate`: scores of an exported model on the held-out split, the Tatoeba Challenge set, and as people type."""
 
 from __future__ import annotations
 
-
-def bleu_chrf(hypotheses: list[str], references: list[list[str]]) -> dict:
-    """Corpus BLEU and chrF; each hypothesis may have any number of references.
-
-    sacrebleu takes reference *streams*; sentences with fewer references pad
-    their streams with None, which sacrebleu skips.
-    """
-    import sacrebleu
-
-    width = max(len(r) for r in references)
-    streams = [[r[i] if i < len(r) else None for r in references] for i in range(width)]
-    bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
-    bleu = bleu_metric.corpus_score(hypotheses, streams)
-    chrf = chrf_metric.corpus_score(hypotheses, streams)
-    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "signature": str(bleu_metric.get_signature()),
-            "sentences": len(hypotheses), "max_references": width}
+from toolkit.scoring import bleu_chrf  # noqa: F401  (re-exported: older imports)
 
 
 def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4), batch_size: int = 64,
@@ -29,8 +14,8 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     from pathlib import Path
 
     from toolkit import data
-    from toolkit.batching import DecodeOptions, translate_texts
-    from toolkit.translate import open_model
+    from toolkit.batching import GUARDED, DecodeOptions
+    from toolkit.translate import open_model, translate_batch
 
     model = open_model(directory, "cpu", variant, threads=threads)
     if model.built_s:
@@ -49,9 +34,10 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
         search = "greedy" if beam == 1 else f"beam{beam}"
         for name, (src, references) in sets.items():
             start = time.perf_counter()
-            hyps = translate_texts(model.backend(), model.tokenizer, src,
-                                   DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len,
-                                                 max_src_len=model.manifest.max_len))
+            # What a user of tk translate gets: input handling and decoding guards on.
+            opts = DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len,
+                                 max_src_len=model.manifest.max_len, **GUARDED)
+            hyps = [n[0].text for n in translate_batch(model, src, opts)]
             seconds = time.perf_counter() - start
             if name == "test_split":
                 multi = bleu_chrf(hyps, references)
@@ -67,4 +53,37 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
                 results[f"{name}_{search}"] = {"bleu": s["bleu"], "chrf": s["chrf"], "sentences": len(src),
                                                "seconds": round(seconds, 1), "signature": s["signature"]}
             echo(f"{name} {search}: {results[f'{name}_{search}']}")
+    return results
+
+
+def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: int = 64, limit: int | None = None,
+                        threads: int | None = None, variant: str = "fp32", seed: int = 0, echo=print) -> dict:
+    """Translates every robustness set (toolkit.robustness) with the decoding guards on, as
+    tk translate does, and again with them off to measure the runaway rate they would hide."""
+    import time
+
+    from toolkit import data, robustness
+    from toolkit.batching import GUARDED, DecodeOptions
+    from toolkit.translate import open_model, translate_batch
+
+    model = open_model(directory, "cpu", variant, threads=threads)
+    corpus = data.load_corpus(corpus_path, download=corpus_path is None)
+    english, refs = data.references(corpus.splits["test"])
+    english, refs = english[:limit], refs[:limit]
+    words = {w.strip(".,!?;:\"'") for en, fr in corpus.splits["train"] for w in f"{en} {fr}".split()}
+    sets = robustness.build_sets(english, refs, words, seed)
+    base = dict(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len, max_src_len=model.manifest.max_len)
+    backend = model.backend()
+    results: dict = {"variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}", "seed": seed,
+                     "guards": GUARDED, "sets": {}}
+    for s in sets:
+        start = time.perf_counter()
+        guarded = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base, **GUARDED), backend)]
+        bare = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base), backend)]
+        r = robustness.score_set(s, guarded)
+        r["runaway_guarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, guarded)) / max(len(guarded), 1), 2)
+        r["runaway_unguarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, bare)) / max(len(bare), 1), 2)
+        r["seconds"] = round(time.perf_counter() - start, 1)
+        results["sets"][s.name] = r
+        echo(f"robustness {s.name}: {r}")
     return results

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from toolkit.placeholders import SYMBOLS
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
@@ -43,7 +45,7 @@ class Tokenizer:
         sentences = list(sentences)
         # A tiny corpus cannot support a large vocabulary; cap it rather than fail.
         chars = {c for s in sentences for c in s}
-        required = 256 + 4 + len(chars)  # byte fallback pieces, specials, every character
+        required = 256 + 4 + len(SYMBOLS) + len(chars)  # byte fallback pieces, specials, every character
         words = {w for s in sentences for w in s.split()}
         vocab_size = max(required + 16, min(vocab_size, required + 2 * len(words)))
         out = io.BytesIO()
@@ -53,6 +55,8 @@ class Tokenizer:
             pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, normalization_rule_name="identity",
             input_sentence_size=2_000_000, shuffle_input_sentence=False,
             hard_vocab_limit=False, num_threads=2, minloglevel=2,
+            # Placeholder symbols are single pieces, so a protected span costs one token to copy.
+            user_defined_symbols=SYMBOLS,
         )
         return cls(out.getvalue())
 
@@ -63,8 +67,8 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode([normalize(t) for t in texts])
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return self.sp.encode([normalize(t) for t in texts], num_threads=threads)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode([[i for i in seq if i > EOS] for seq in ids])

@@ -20,7 +20,9 @@ from torch import nn
 
 from toolkit import checkpoint, data, registry
 from toolkit.batching import DecodeOptions, translate_texts
+from toolkit.epoch_data import EpochData
 from toolkit.errors import ToolkitError, UsageError
+from toolkit.noise import NoiseConfig
 from toolkit.tokenizer import PAD, Tokenizer
 
 PRESETS = {
@@ -29,8 +31,17 @@ PRESETS = {
                  embed_size=64, epochs=12, max_tokens=1500, lr=3e-3, warmup=30, eval_sentences=50),
     # The shipped models: sized for a few hours on 2 CPU cores.
     "base": dict(vocab_size=6000, num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_layers=3,
-                 embed_size=256, epochs=12, max_tokens=6000, lr=1e-3, warmup=1500, eval_sentences=500),
+                 embed_size=256, epochs=12, max_tokens=6000, lr=1e-3, warmup=1500, eval_sentences=500,
+                 noise=True, average_last=1),
 }
+# What differs per model from the size preset. The Transformer keeps the paper's schedule and
+# averages its last epochs; the GRU halves its rate when validation loss stalls and stops early.
+MODEL_PRESETS = {
+    ("transformer", "base"): dict(epochs=30, average_last=5),
+    ("seq2seq", "base"): dict(num_hiddens=224, embed_size=224, num_layers=2, tie_embeddings=True, dropout=0.2,
+                              epochs=30, lr=1e-3, warmup=500, schedule="plateau", patience=3),
+}
+CONFIG_FIELDS = ("num_hiddens", "ffn_num_hiddens", "num_heads", "num_layers", "embed_size", "dropout", "tie_embeddings")
 
 
 @dataclass
@@ -49,14 +60,18 @@ class TrainOptions:
     max_minutes: float | None = None  # stop cleanly (with a checkpoint) after this long
     save_every: float = 300.0  # seconds between periodic checkpoints
     threads: int | None = None
-    precision: str = "auto"  # "auto": bf16 autocast where the CPU has native bf16, else fp32
+    precision: str = "auto"  # "auto": bf16 autocast where the device has fast bf16, else fp32
+    device: str = "auto"  # "auto": cuda when torch sees a GPU, else cpu
+    noise: bool | None = None  # robustness noise on the training pairs [preset]
+    tokenizer: str | None = None  # reuse this SentencePiece model (or train it and write it there)
     overrides: dict = dataclasses.field(default_factory=dict)  # config fields from the command line
     command: str = ""
 
     def setting(self, key: str):
-        value = {"epochs": self.epochs, "lr": self.lr, "limit_pairs": self.limit_pairs}.get(key)
+        value = {"epochs": self.epochs, "lr": self.lr, "limit_pairs": self.limit_pairs, "noise": self.noise}.get(key)
         if value is None:
-            value = self.overrides.get(key, PRESETS[self.preset].get(key))
+            preset = {**PRESETS[self.preset], **MODEL_PRESETS.get((self.model, self.preset), {})}
+            value = self.overrides.get(key, preset.get(key))
         return value
 
 
@@ -86,8 +101,19 @@ def bf16_is_fast() -> bool:
     return bool(check and check())
 
 
-def hardware() -> str:
-    return f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA GPU (torch " + torch.__version__ + "); use --device cpu")
+    return torch.device(name)
+
+
+def hardware(device: torch.device | None = None) -> str:
+    where = f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    if device is not None and device.type == "cuda":
+        where += f", {torch.cuda.get_device_name(device)}"
+    return where
 
 
 def train(opts: TrainOptions, echo=print) -> dict:
@@ -147,22 +173,74 @@ def label_smoothed_nll(log_probs: torch.Tensor, target: torch.Tensor, eps: float
     return loss, nll[mask].sum()
 
 
-def to_tensors(examples, idx):
+def to_tensors(examples, idx, device: torch.device | str = "cpu"):
     src = [examples[i][0] for i in idx]
     tgt_in, tgt_out = data.teacher_forcing([examples[i][1] for i in idx])
-    return (torch.tensor(data.pad(src)), torch.tensor([len(s) for s in src]),
-            torch.tensor(tgt_in), torch.tensor(tgt_out))
+    return tuple(torch.tensor(x).to(device, non_blocking=True)
+                 for x in (data.pad(src), [len(s) for s in src], tgt_in, tgt_out))
+
+
+def load_tokenizer(opts: TrainOptions, train_pairs, echo) -> Tokenizer:
+    """A shared tokenizer file is reused (both translation models then have one vocabulary);
+    otherwise one is trained on the training pairs (and written to --tokenizer if given)."""
+    path = Path(opts.tokenizer) if opts.tokenizer else None
+    if path and path.is_file():
+        echo(f"using the tokenizer {path}")
+        return Tokenizer.load(path)
+    echo(f"training the tokenizer on {len(train_pairs)} training pairs ...")
+    tokenizer = Tokenizer.train([s for p in train_pairs for s in p], opts.setting("vocab_size"), opts.seed)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tokenizer.save(tmp)
+        os.replace(tmp, path)
+    return tokenizer
+
+
+def build_config(opts: TrainOptions, entry: registry.ModelEntry, tokenizer: Tokenizer):
+    fields = {k: opts.setting(k) for k in CONFIG_FIELDS}
+    return entry.config(**{k: v for k, v in fields.items() if v is not None}, vocab_size=tokenizer.vocab_size, pre_ln=opts.pre_ln)
+
+
+def average_state_dicts(paths: list[Path]) -> dict:
+    """Element-wise mean of the weights saved at the end of several epochs (checkpoint averaging)."""
+    states = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
+    return {k: sum(sd[k].float() for sd in states) / len(states) if states[0][k].is_floating_point() else states[-1][k]
+            for k in states[0]}
+
+
+class Schedule:
+    """Learning rate per step: the paper's warm-up + inverse square root, or warm-up then a
+    constant rate halved whenever validation loss fails to improve (with early stopping)."""
+
+    def __init__(self, kind: str, peak: float, warmup: int, patience: int | None):
+        self.kind, self.peak, self.warmup, self.patience = kind, peak, warmup, patience
+
+    def lr(self, step: int, state: dict) -> float:
+        if self.kind == "plateau":
+            return self.peak * min(1.0, max(step, 1) / self.warmup) * state.get("lr_scale", 1.0)
+        return lr_at(step, self.peak, self.warmup)
+
+    def after_epoch(self, valid_loss: float, state: dict) -> bool:
+        """Records the epoch's validation loss; True when training should stop early."""
+        best = state.get("best_valid_loss")
+        if best is None or valid_loss < best - 1e-4:
+            state["best_valid_loss"], state["best_epoch"], state["bad_epochs"] = valid_loss, state["epoch"] + 1, 0
+            return False
+        state["bad_epochs"] = state.get("bad_epochs", 0) + 1
+        if self.kind == "plateau":
+            state["lr_scale"] = state.get("lr_scale", 1.0) * 0.5
+        return bool(self.patience) and state["bad_epochs"] >= self.patience
 
 
 def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
-    from tqdm import tqdm
-
     ckpt_path = opts.out / "checkpoint.pt"
     resumed = checkpoint.load(ckpt_path) if opts.resume else None
     if opts.resume and resumed.get("model") != opts.model:
         raise UsageError(f"{ckpt_path} holds a '{resumed.get('model')}' model, not '{opts.model}'")
     if not opts.resume and ckpt_path.exists():
         raise UsageError(f"{ckpt_path} already exists; pass --resume to continue it or choose another --out")
+    device = pick_device(opts.device)
 
     corpus = data.load_corpus(opts.data, Path(opts.exclude) if opts.exclude else None)
     train_pairs = corpus.splits["train"]
@@ -175,68 +253,73 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
         tokenizer = Tokenizer(resumed["tokenizer"])
         cfg = entry.config(**resumed["config"])
     else:
-        echo(f"training the tokenizer on {len(train_pairs)} training pairs ...")
-        tokenizer = Tokenizer.train([s for p in train_pairs for s in p], opts.setting("vocab_size"), opts.seed)
-        fields = {k: opts.setting(k) for k in ("num_hiddens", "ffn_num_hiddens", "num_heads", "num_layers", "embed_size")}
-        cfg = entry.config(**{k: v for k, v in fields.items() if v is not None}, vocab_size=tokenizer.vocab_size,
-                           pre_ln=opts.pre_ln, **{k: v for k, v in opts.overrides.items() if k == "dropout"})
-    model = entry.build(cfg)
+        tokenizer = load_tokenizer(opts, train_pairs, echo)
+        cfg = build_config(opts, entry, tokenizer)
+    model = entry.build(cfg).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     state = {"epoch": 0, "batch": 0, "step": 0, "elapsed": 0.0, "history": []}
     if resumed:
-        model.load_state_dict(resumed["state_dict"])
+        model.load_state_dict(resumed.get("train_state_dict") or resumed["state_dict"])
         optimizer.load_state_dict(resumed["optimizer"])
         state = resumed["progress"]
         torch.set_rng_state(resumed["rng"])
 
-    examples = data.encode_pairs(tokenizer, train_pairs, cfg.max_len)
+    noise_cfg = NoiseConfig() if opts.setting("noise") else None
+    epochs_data = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed)
     valid_examples = data.encode_pairs(tokenizer, valid_pairs, cfg.max_len)
-    epochs, peak, warmup = opts.setting("epochs"), opts.setting("lr"), opts.setting("warmup")
-    max_tokens = opts.setting("max_tokens")
-    use_bf16 = opts.precision == "bf16" or (opts.precision == "auto" and bf16_is_fast())
+    epochs, max_tokens = opts.setting("epochs"), opts.setting("max_tokens")
+    schedule = Schedule(opts.setting("schedule") or "inverse_sqrt", opts.setting("lr"), opts.setting("warmup"), opts.setting("patience"))
+    average_last = opts.setting("average_last") or 1
+    use_bf16 = opts.precision == "bf16" or (opts.precision == "auto" and (device.type == "cuda" or bf16_is_fast()))
     n_params = sum(p.numel() for p in model.parameters())
-    echo(f"{opts.model}: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, {len(examples)} training pairs, "
-         f"{len(valid_examples)} validation pairs, {epochs} epochs, {'bf16 autocast' if use_bf16 else 'fp32'}; {hardware()}")
+    echo(f"{opts.model}: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, {len(train_pairs)} training pairs, "
+         f"{len(valid_examples)} validation pairs, {epochs} epochs, {'bf16 autocast' if use_bf16 else 'fp32'}, "
+         f"noise {'on' if noise_cfg else 'off'}; {hardware(device)}")
 
     # The command that started the run stays recorded; each --resume is appended after it.
-    provenance = {"command": opts.command, "seed": opts.seed, "hardware": hardware(),
-                  "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()}, "resumed_with": []}
+    provenance = {"command": opts.command, "seed": opts.seed, "hardware": hardware(device),
+                  "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()}, "resumed_with": [],
+                  "noise": noise_cfg.asdict() if noise_cfg else None,
+                  "recipe": {k: opts.setting(k) for k in ("epochs", "lr", "warmup", "max_tokens", "schedule", "patience", "average_last")}}
     if resumed:
         first = resumed.get("train", {})
         provenance.update(command=first.get("command", opts.command), options=first.get("options", provenance["options"]),
+                          noise=first.get("noise", provenance["noise"]), recipe=first.get("recipe", provenance["recipe"]),
                           resumed_with=[*first.get("resumed_with", []), opts.command])
 
-    def save() -> None:
+    def save(final_state: dict | None = None) -> None:
+        live = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         checkpoint.save({
-            "model": opts.model, "config": dataclasses.asdict(cfg), "state_dict": model.state_dict(),
+            "model": opts.model, "config": dataclasses.asdict(cfg),
+            # state_dict is the model to use (averaged at the end); train_state_dict the weights training continues from.
+            "state_dict": final_state or live, "train_state_dict": live if final_state else None,
             "optimizer": optimizer.state_dict(), "progress": state, "rng": torch.get_rng_state(),
             "tokenizer": tokenizer.model_proto,
             "data": {"source": corpus.source, "sha256": corpus.sha256, "split": corpus.info,
-                     "train_pairs_used": len(examples), "exclude": opts.exclude},
+                     "train_pairs_used": len(train_pairs), "exclude": opts.exclude},
             "train": {**provenance, "elapsed_s": state["elapsed"]},
             "metrics": state.get("metrics", {}),
         }, ckpt_path)
 
-    batches_per_epoch = len(data.length_batches(examples, max_tokens, opts.seed))
-    total = epochs * batches_per_epoch
-    done = state["epoch"] * batches_per_epoch + state["batch"]
     started, last_save = time.time(), time.time()
     elapsed0 = state["elapsed"]
-    bar = tqdm(total=total, initial=done, unit="batch", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+    stopped_early = False
+    bar = _progress_bar(epochs, len(data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed)), state)
     # SIGTERM (a scheduler, `kill`, a background job whose SIGINT is ignored) stops like Ctrl-C: checkpoint first.
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     try:
-        while state["epoch"] < epochs:
+        while state["epoch"] < epochs and not state.get("stopped_early"):
             model.train()
-            batches = data.length_batches(examples, max_tokens, opts.seed + state["epoch"])
+            batches = data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed + state["epoch"])
+            examples = epochs_data.examples(state["epoch"])
             window_tokens, window_start = 0, time.time()
             # Resuming mid-epoch (or after its last batch) continues the epoch's running loss.
             loss_avg = state.get("loss_avg") if state["batch"] else None
             for b in range(state["batch"], len(batches)):
-                src, src_len, tgt_in, tgt_out = to_tensors(examples, batches[b])
+                src, src_len, tgt_in, tgt_out = to_tensors(examples, batches[b], device)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr_at(state["step"] + 1, peak, warmup)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+                    group["lr"] = schedule.lr(state["step"] + 1, state)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
                     log_probs = model(src, src_len, tgt_in)
                 loss, _ = label_smoothed_nll(log_probs.float(), tgt_out, 0.1)
                 n_tokens = int((tgt_out != PAD).sum())
@@ -262,37 +345,87 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
                     bar.close()
                     echo(f"stopped after --max-minutes {opts.max_minutes}; checkpoint {ckpt_path}; continue with --resume")
                     return state.get("metrics", {})
-            valid_loss = evaluate_loss(model, valid_examples, max_tokens)
+            valid_loss = evaluate_loss(model, valid_examples, max_tokens, device)
+            _save_epoch_weights(model, opts.out, state["epoch"] + 1, max(average_last, 1))
             state["history"].append({"epoch": state["epoch"] + 1, "train_loss": loss_avg, "valid_loss": valid_loss,
-                                     "elapsed_s": round(state["elapsed"])})
+                                     "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(state["elapsed"])})
             train_loss = "n/a" if loss_avg is None else f"{loss_avg:.3f}"
             bar.write(f"epoch {state['epoch'] + 1}: train loss {train_loss}, valid loss {valid_loss:.3f}")
+            state["stopped_early"] = schedule.after_epoch(valid_loss, state)
             state["epoch"] += 1
             state["batch"] = 0
             save()
+            if state["stopped_early"]:
+                bar.write(f"valid loss has not improved for {state['bad_epochs']} epochs; stopping early "
+                          f"(best: epoch {state['best_epoch']})")
+                stopped_early = True
     except KeyboardInterrupt:
         bar.close()
         save()
         raise Interrupted(f"interrupted; checkpoint saved to {ckpt_path}; continue with --resume") from None
     finally:
+        epochs_data.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     bar.close()
+    final = _final_weights(opts.out, state, average_last, stopped_early or schedule.kind == "plateau")
+    state["final_weights"] = final["how"]
+    live = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(final["state_dict"])
+    model.cpu()
     metrics = final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max_tokens, opts.setting("eval_sentences"))
     state["metrics"] = metrics
-    save()
+    model.load_state_dict(live)
+    save(final_state={k: v.cpu() for k, v in final["state_dict"].items()})
     echo(f"done: valid loss {metrics['valid_loss']:.3f}, valid BLEU {metrics['valid_bleu']:.1f} "
-         f"(greedy, {metrics['bleu_sentences']} sentences); checkpoint {ckpt_path}")
+         f"(greedy, {metrics['bleu_sentences']} sentences, {final['how']}); checkpoint {ckpt_path}")
     return metrics
 
 
+def _progress_bar(epochs: int, batches_per_epoch: int, state: dict):
+    from tqdm import tqdm
+
+    # Noise changes each epoch's batch count a little; the bar's total is an estimate.
+    return tqdm(total=epochs * batches_per_epoch, initial=state["epoch"] * batches_per_epoch + state["batch"], unit="batch",
+                dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+
+
+def _epoch_path(out: Path, epoch: int) -> Path:
+    return out / f"weights-epoch{epoch:03d}.pt"
+
+
+def _save_epoch_weights(model: nn.Module, out: Path, epoch: int, keep: int) -> None:
+    """Weights at the end of each epoch (fp32, no optimizer), the last `keep` of them, for
+    checkpoint averaging and for early stopping's best epoch."""
+    path = _epoch_path(out, epoch)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    os.replace(tmp, path)
+    for old in sorted(out.glob("weights-epoch*.pt"))[:-max(keep, 1)]:
+        old.unlink()
+
+
+def _final_weights(out: Path, state: dict, average_last: int, use_best: bool) -> dict:
+    """The weights to ship: the best epoch by validation loss (plateau schedule or early stop),
+    else the mean of the last `average_last` epochs' weights."""
+    if use_best and state.get("best_epoch") and _epoch_path(out, state["best_epoch"]).is_file():
+        epoch = state["best_epoch"]
+        return {"state_dict": torch.load(_epoch_path(out, epoch), weights_only=True), "how": f"best epoch {epoch}"}
+    last = state["epoch"]
+    paths = [_epoch_path(out, e) for e in range(max(1, last - average_last + 1), last + 1) if _epoch_path(out, e).is_file()]
+    if not paths:
+        raise UsageError(f"no epoch weights in {out}; the run finished no epoch")
+    how = f"mean of epochs {last - len(paths) + 1}-{last}" if len(paths) > 1 else f"epoch {last}"
+    return {"state_dict": average_state_dicts(paths), "how": how}
+
+
 @torch.no_grad()
-def evaluate_loss(model, examples, max_tokens: int) -> float:
+def evaluate_loss(model, examples, max_tokens: int, device: torch.device | str = "cpu") -> float:
     """Mean per-token negative log-likelihood (no smoothing) on held-out pairs."""
     model.eval()
     total, count = 0.0, 0
     for idx in data.length_batches(examples, max_tokens, seed=0):
-        src, src_len, tgt_in, tgt_out = to_tensors(examples, idx)
+        src, src_len, tgt_in, tgt_out = to_tensors(examples, idx, device)
         _, nll = label_smoothed_nll(model(src, src_len, tgt_in), tgt_out, 0.0)
         total += nll.item()
         count += int((tgt_out != PAD).sum())
@@ -301,7 +434,7 @@ def evaluate_loss(model, examples, max_tokens: int) -> float:
 
 
 def final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max_tokens, n_sentences) -> dict:
-    from toolkit.evaluate import bleu_chrf
+    from toolkit.scoring import bleu_chrf
     from toolkit.torch_backend import TorchBackend
 
     model.eval()

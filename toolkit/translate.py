@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from toolkit import manifest as manifest_mod
-from toolkit import runtime
+from toolkit import runtime, textprep
 from toolkit.batching import DecodeOptions, decode_ids
 from toolkit.errors import DataError, UsageError
+from toolkit.textprep import TextOptions
 from toolkit.tokenizer import Tokenizer
 
 CHUNK_LINES = 2048  # lines read, sorted and translated at a time: bounds memory on any input size
@@ -110,40 +111,62 @@ class Translation:
 
 def translate_batch(t: Translator, texts: list[str], opts: DecodeOptions, backend: object | None = None,
                     warn: Callable[[str], None] = lambda s: None, strict: bool = False,
-                    first_lineno: int = 1, truncated: list[int] | None = None) -> list[list[Translation]]:
+                    first_lineno: int = 1, truncated: list[int] | None = None,
+                    text: TextOptions = TextOptions()) -> list[list[Translation]]:
     """The n-best translations of each text, in input order: the one entry point from text to text
-    that `tk translate`, the server and corpus translation share. Lines longer than the model's
-    maximum are truncated with a warning naming the line (appended to `truncated`), or refused with strict."""
+    that `tk translate`, `tk evaluate`, the server and corpus translation share.
+
+    Each line is cleaned and split into sentences (toolkit.textprep), all sentences of all lines
+    are decoded in one length-sorted batch, and each line's sentences are joined back. A sentence
+    longer than the model's maximum is truncated with a warning naming its line (its number is
+    appended to `truncated`), or refused with strict.
+    """
     backend = backend or t.backend()
     limit = t.manifest.max_len
-    ids = t.tokenizer.encode(texts)
+    segments = [textprep.prepare(x, text.keep, text.split, text.enabled) for x in texts]
+    flat = [(i, seg) for i, segs in enumerate(segments) for seg in segs]
+    ids = t.tokenizer.encode([seg.text for _, seg in flat])
     for k, seq in enumerate(ids):
         if len(seq) > limit:
-            lineno = first_lineno + k
+            lineno = first_lineno + flat[k][0]
             if strict:
-                raise DataError(f"input line {lineno} has {len(seq)} tokens, more than the model's {limit}; "
+                raise DataError(f"input line {lineno} has a sentence of {len(seq)} tokens, more than the model's {limit}; "
                                 "split it or drop --strict to truncate")
-            warn(f"warning: line {lineno} has {len(seq)} tokens; truncated to the model's maximum of {limit}")
-            if truncated is not None:
+            warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
+            if truncated is not None and lineno not in truncated:
                 truncated.append(lineno)
             ids[k] = seq[:limit]
-    out = []
-    for seq, nbest in zip(ids, decode_ids(backend, ids, opts)):
+    per_line: list[list[tuple[textprep.Segment, list[Translation]]]] = [[] for _ in texts]
+    for (i, seg), seq, nbest in zip(flat, ids, decode_ids(backend, ids, opts)):
         decoded = t.tokenizer.decode([h.tokens for h in nbest])
-        out.append([Translation(text, h.normalized(opts.alpha), len(h.tokens), len(seq)) for h, text in zip(nbest, decoded)])
+        per_line[i].append((seg, [Translation(out, h.normalized(opts.alpha), len(h.tokens), len(seq)) for h, out in zip(nbest, decoded)]))
+    return [_join_line(parts, opts.n_best) for parts in per_line]
+
+
+def _join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int) -> list[Translation]:
+    """A line's n-best: the k-th entry joins each sentence's k-th best (its last, if it has fewer);
+    its score is the mean of theirs."""
+    if not parts:
+        return [Translation("", 0.0, 0, 0)]
+    out = []
+    for k in range(max(1, min(n_best, max(len(h) for _, h in parts)))):
+        picks = [(seg, hyps[min(k, len(hyps) - 1)]) for seg, hyps in parts]
+        out.append(Translation(textprep.join([textprep.finish(seg, h.text) for seg, h in picks]),
+                               sum(h.score for _, h in picks) / len(picks), sum(h.tokens for _, h in picks),
+                               sum(h.source_tokens for _, h in picks)))
     return out
 
 
 def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Callable[[str], None], opts: DecodeOptions,
                     strict: bool = False, warn: Callable[[str], None] = lambda s: None,
-                    progress: Callable[[int], None] = lambda n: None) -> Stats:
+                    progress: Callable[[int], None] = lambda n: None, text: TextOptions = TextOptions()) -> Stats:
     """Translates line by line in input order; one output line (or n-best block) per input line."""
     stats = Stats()
     start = time.perf_counter()
     backend = t.backend()
     for chunk in chunks(lines, CHUNK_LINES):
         texts = [text for _, text in chunk]
-        results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated)
+        results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated, text)
         for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
                 for h in nbest:
@@ -184,7 +207,7 @@ class AtomicOutput:
 
 
 def score_file(hypotheses_path: Path | None, hypotheses: list[str] | None, reference: Path) -> dict:
-    from toolkit.evaluate import bleu_chrf
+    from toolkit.scoring import bleu_chrf
 
     refs = reference.read_text(encoding="utf-8").splitlines()
     hyps = hypotheses if hypotheses is not None else hypotheses_path.read_text(encoding="utf-8").splitlines()
