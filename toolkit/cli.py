@@ -298,7 +298,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
               help="Instead: score the held-out split as people type it (no final punctuation, lowercase, capitals, "
                    "short phrases, names/numbers/URLs, several sentences per line) and the runaway rate.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the robustness sets.")
-def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed):
+@click.option("--raw", is_flag=True, help="With --robustness: no input handling (as tk translate --raw), to measure what it adds.")
+def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
 
     Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
@@ -312,7 +313,7 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
         from toolkit.robustness import table
 
         results = evaluate_robustness(model_dir, data_path, beams[0] if beams else 4, limit=limit, threads=threads,
-                                      variant=variant, seed=seed, echo=lambda m: click.echo(m, err=True))
+                                      variant=variant, seed=seed, raw=raw, echo=lambda m: click.echo(m, err=True))
         click.echo(table(results))
         if record:
             m = manifest_mod.load(model_dir)

@@ -91,8 +91,11 @@ def loop_cut(tokens: np.ndarray) -> np.ndarray:
         if t < n * reps:
             continue
         block = tokens[:, t - n * reps :].reshape(rows, reps, n)
-        hit = (block == block[:, -1:, :]).all(axis=(1, 2)) & (cut < 0)
-        cut[hit] = t - n * reps + n
+        for row in np.flatnonzero((block == block[:, -1:, :]).all(axis=(1, 2)) & (cut < 0)):
+            start = t - n * reps  # walk back over earlier copies of the group
+            while start >= n and (tokens[row, start - n : start] == tokens[row, t - n :]).all():
+                start -= n
+            cut[row] = start + n
     return cut
 
 

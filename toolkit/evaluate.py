@@ -57,29 +57,31 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
 
 
 def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: int = 64, limit: int | None = None,
-                        threads: int | None = None, variant: str = "fp32", seed: int = 0, echo=print) -> dict:
+                        threads: int | None = None, variant: str = "fp32", seed: int = 0, raw: bool = False, echo=print) -> dict:
     """Translates every robustness set (toolkit.robustness) with the decoding guards on, as
     tk translate does, and again with them off to measure the runaway rate they would hide."""
     import time
 
     from toolkit import data, robustness
     from toolkit.batching import GUARDED, DecodeOptions
+    from toolkit.textprep import TextOptions
     from toolkit.translate import open_model, translate_batch
 
     model = open_model(directory, "cpu", variant, threads=threads)
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
     english, refs = data.references(corpus.splits["test"])
     english, refs = english[:limit], refs[:limit]
+    text = TextOptions(enabled=not raw)
     words = {w.strip(".,!?;:\"'") for en, fr in corpus.splits["train"] for w in f"{en} {fr}".split()}
     sets = robustness.build_sets(english, refs, words, seed)
     base = dict(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len, max_src_len=model.manifest.max_len)
     backend = model.backend()
     results: dict = {"variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}", "seed": seed,
-                     "guards": GUARDED, "sets": {}}
+                     "guards": GUARDED, "input_handling": not raw, "sets": {}}
     for s in sets:
         start = time.perf_counter()
-        guarded = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base, **GUARDED), backend)]
-        bare = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base), backend)]
+        guarded = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base, **GUARDED), backend, text=text)]
+        bare = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base), backend, text=text)]
         r = robustness.score_set(s, guarded)
         r["runaway_guarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, guarded)) / max(len(guarded), 1), 2)
         r["runaway_unguarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, bare)) / max(len(bare), 1), 2)

@@ -72,12 +72,25 @@ def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bo
         return []
     if not enabled:
         return [Segment(line)]
+    # Spans are protected before splitting: a period inside an address is no sentence end.
+    protected, spans = placeholders.protect(text, keep)
     out = []
-    for sentence in split_sentences(text) if split else [text]:
-        protected, spans = placeholders.protect(sentence, keep)
-        case = "upper" if is_all_caps(protected) else "title" if is_title_case(protected) else ""
-        out.append(Segment(protected.lower() if case else protected, spans, case))
+    for sentence in split_sentences(protected) if split else [protected]:
+        sentence, local = _renumber(sentence, spans)
+        case = "upper" if is_all_caps(sentence) else "title" if is_title_case(sentence) else ""
+        out.append(Segment(sentence.lower() if case else sentence, local, case))
     return out
+
+
+def _renumber(sentence: str, spans: list[str]) -> tuple[str, list[str]]:
+    """Each sentence numbers its placeholders from 0, as in training; returns its own spans."""
+    local: list[str] = []
+
+    def put(m) -> str:
+        local.append(spans[int(m.group(1))])
+        return placeholders.SYMBOLS[len(local) - 1]
+
+    return placeholders.SYMBOL_RE.sub(put, sentence), local
 
 
 def finish(segment: Segment, translation: str) -> str:
