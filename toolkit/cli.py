@@ -89,8 +89,10 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 @click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
 @click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
 @click.option("--quantize", type=click.Choice(["int8"]), help="Also write a dynamic int8 copy for the CPU provider.")
+@click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
+              "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output directory.")
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, force):
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -110,7 +112,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, forc
         raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
     opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
                          random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
-                         quantize=quantize, force=force, command=command_line())
+                         quantize=quantize, attention=attention, force=force, command=command_line())
     start = time.time()
     if is_model_dir:
         if out is not None and out.resolve() != Path(source).resolve():
@@ -127,8 +129,8 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, forc
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
-@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
-              help="Graph variants to check [default: every variant in the directory].")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8", "attention"]),
+              help="Graph variants to check [default: every variant in the directory, and attention where declared].")
 @click.option("--atol", type=float, help="Absolute tolerance [default: per variant, see README].")
 @click.option("--rtol", type=float, help="Relative tolerance [default: per variant].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random sweep inputs.")
