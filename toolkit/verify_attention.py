@@ -36,8 +36,9 @@ def probability_check(rows: list[Row], check: str, spec: GraphSpec, extra: tuple
         valid = np.broadcast_to(valid, w.shape)
         sums = np.where(valid, w, 0.0).sum(-1)
         masked = np.abs(np.where(valid, 0.0, w)).max(initial=0.0)
-        worst = float(np.abs(sums - 1).max(initial=0.0))
-        problems = [f"a row sums to {1 + worst:.6f} over the valid keys"] if worst > SUM_TOL else []
+        off = np.abs(sums - 1)
+        worst = float(off.max(initial=0.0))
+        problems = [f"a row sums to {float(sums.flat[off.argmax()]):.6f} over the valid keys"] if worst > SUM_TOL else []
         if masked != 0.0:
             problems.append(f"masked keys get weight {masked:.3g}, not exactly 0")
         rows.append(Row(f"{check} sums", spec.name, VARIANT, provider, case, t.name, max_abs=max(worst, masked),
