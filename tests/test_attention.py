@@ -163,6 +163,14 @@ def test_tk_attention_draws_the_transformer_and_writes_json(cli, tiny_export, tm
     assert w.shape == (manifest.load(tiny_export).config["num_heads"], len(data["target"]), len(data["source"]))
 
 
+def test_alignment_takes_the_last_layers_cross_attention_averaged_over_heads():
+    first = np.array([[[1.0, 0.0], [1.0, 0.0]]] * 2)  # (heads, targets, sources): everything on "a"
+    last = np.array([[[0.3, 0.7], [0.9, 0.1]], [[0.5, 0.5], [0.7, 0.3]]])
+    att = attention_graphs.Attention("transformer", "", "", ["a", "b"], ["x", "y"], ["<s>", "x"],
+                                     {"cross_attention_0": first, "cross_attention_1": last, "self_attention_1": first})
+    assert attention_graphs.alignment(att) == [("x", "b", pytest.approx(0.6)), ("y", "a", pytest.approx(0.8))]
+
+
 def test_tk_attention_draws_nw(cli, tmp_path):
     result = cli("attention", REPO / "exported" / "nw", "-o", tmp_path / "nw.png")
     assert result.exit_code == 0, result.output

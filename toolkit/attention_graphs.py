@@ -150,6 +150,15 @@ class Attention:
                 "shapes": {n: list(w.shape) for n, w in self.weights.items()}}
 
 
+def alignment(att: Attention) -> list[tuple[str, str, float]]:
+    """For each output piece, the source piece with the most cross-attention (the last layer's,
+    averaged over heads), as OpenNMT's -attn_debug prints it: (output piece, source piece, weight)."""
+    layer = lambda n: int(n.rsplit("_", 1)[1]) if n != "cross_attention" else 0  # noqa: E731 (the GRU has one, unnumbered)
+    w = att.weights[max((n for n in att.weights if n.startswith("cross_attention")), key=layer)]
+    w = w.mean(0) if w.ndim == 3 else w
+    return [(piece, att.source[int(row.argmax())], float(row.max())) for piece, row in zip(att.target, w)]
+
+
 def gather(rec, specs: dict[str, GraphSpec], sentence: int, src_len: int, steps: int) -> dict[str, np.ndarray]:
     """Sentence `sentence`'s weights out of the batch, one decoder step per output token:
     decoder outputs become ([heads,] steps, keys), keys padded with zeros past each step's own."""

@@ -358,6 +358,8 @@ def attention(model_dir, text, output_path, json_path, provider):
             raise UsageError("give one English sentence, in quotes: tk attention exported/transformer \"I'm home.\"")
         result = attention_graphs.translate(model_dir, list(text), provider)[0]
         click.echo(f"{result.sentence} -> {result.translation}", err=True)
+        for piece, source, weight in attention_graphs.alignment(result):
+            click.echo(f"  {piece:<16} <- {source:<16} {weight:.2f}", err=True)
         drawn = pictures.translation_figures(result, out)
         payload = result.to_json()
     if json_path:
