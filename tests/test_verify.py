@@ -22,7 +22,8 @@ def test_passes_on_the_tiny_transformer_and_writes_json(cli, tiny_export, tmp_pa
     assert report["passed"] and report["seed"] == 0
     assert {"torch", "onnx", "onnxruntime"} <= set(report["environment"])
     checks = {r["check"] for r in report["rows"]}
-    assert checks == {"static", "sweep", "optimizer", "decode", "translation"}
+    # The attention variant adds its row-sum and mask checks ("sweep sums", "decode sums").
+    assert checks == {"static", "sweep", "optimizer", "decode", "translation", "sweep sums", "decode sums"}
     # The sweep covers batch 1 and 64 and lengths longer than the export's.
     cases = {r["case"] for r in report["rows"] if r["check"] == "sweep"}
     assert any("batch=1 " in c for c in cases) and any("batch=64" in c for c in cases)

@@ -99,8 +99,10 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 @click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
 @click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
 @click.option("--quantize", type=click.Choice(["int8"]), help="Also write a dynamic int8 copy for the CPU provider.")
+@click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
+              "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output directory.")
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, force):
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -120,7 +122,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, forc
         raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
     opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
                          random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
-                         quantize=quantize, force=force, command=command_line())
+                         quantize=quantize, attention=attention, force=force, command=command_line())
     start = time.time()
     if is_model_dir:
         if out is not None and out.resolve() != Path(source).resolve():
@@ -137,8 +139,8 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, forc
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
-@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
-              help="Graph variants to check [default: every variant in the directory].")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8", "attention"]),
+              help="Graph variants to check [default: every variant in the directory, and attention where declared].")
 @click.option("--atol", type=float, help="Absolute tolerance [default: per variant, see README].")
 @click.option("--rtol", type=float, help="Relative tolerance [default: per variant].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random sweep inputs.")
@@ -357,6 +359,66 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.argument("text", nargs=-1)
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path),
+              help="PNG to write [default: attention-MODEL.png]; the Transformer writes PNG-encoder, -decoder-self and -cross.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the weights and tokens as JSON.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+def attention(model_dir, text, output_path, json_path, provider):
+    """Draw attention heatmaps from the exported graphs (no PyTorch needed; needs the plot extra).
+
+    Translation models translate the sentence with the attention variant of their graphs and draw
+    each output piece's attention; exported/nw draws its attention weights and regression fit.
+
+    \b
+    Example: tk attention exported/transformer "I'm home." -o docs/attention.png
+             tk attention exported/nw -o docs/nw.png
+    """
+    import json
+
+    from toolkit import attention_graphs, manifest, pictures
+
+    m = manifest.load(model_dir)
+    out = output_path or Path(f"attention-{m.model}.png")
+    if m.model == "nw":
+        if text:
+            raise UsageError("exported/nw takes no sentence: it draws its test grid's attention over its training points")
+        nw = attention_graphs.nadaraya_watson(model_dir)
+        drawn = [pictures.nadaraya_watson_figure(nw, out)]
+        payload = {k: v.tolist() for k, v in nw.items()}
+    else:
+        if len(text) != 1:
+            raise UsageError("give one English sentence, in quotes: tk attention exported/transformer \"I'm home.\"")
+        result = attention_graphs.translate(model_dir, list(text), provider)[0]
+        click.echo(f"{result.sentence} -> {result.translation}", err=True)
+        for piece, source, weight in attention_graphs.alignment(result):
+            click.echo(f"  {piece:<16} <- {source:<16} {weight:.2f}", err=True)
+        drawn = pictures.translation_figures(result, out)
+        payload = result.to_json()
+    if json_path:
+        json_path.write_text(json.dumps(payload) + "\n", encoding="utf-8")
+        drawn.append(json_path)
+    for path in drawn:
+        click.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="PNG to write [default: RUN_DIR/history.png].")
+def plot(run_dir, output_path):
+    """Draw the loss curves that `tk train` recorded in RUN_DIR/history.json.
+
+    Example: tk plot runs/tiny
+    """
+    from toolkit import history, pictures
+
+    data = history.read(run_dir)
+    path = pictures.training_figure(data["epochs"], f"{data.get('model', '')}: {run_dir}", output_path or Path(run_dir) / "history.png")
+    click.echo(f"wrote {path} ({len(data['epochs'])} epochs)")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ class ExportOptions:
     fp16: bool = False
     optimize: bool = False
     quantize: str | None = None  # "int8"
+    attention: bool = False  # on an exported directory: record the attention variant's declaration
     force: bool = False
     command: str = ""
 
@@ -166,8 +167,8 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
     m = manifest.load(directory)
     m.check_files()
     wanted = wanted_variants(opts)
-    if not wanted:
-        raise UsageError(f"{directory} is already exported; to add graphs to it pass --fp16, --optimize or --quantize int8")
+    if not wanted and not opts.attention:
+        raise UsageError(f"{directory} is already exported; to add graphs to it pass --fp16, --optimize, --quantize int8 or --attention")
     present = [v for v in wanted if v in m.data.get("variants", {})]
     if present and not opts.force:
         raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
@@ -179,12 +180,24 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
             echo(f"writing the {variant} variant ...")
             made = make_variant(directory, graphs, variant, written)
             data.setdefault("variants", {})[variant] = {"graphs": made, **variants.NOTES[variant], "command": opts.command}
+        if opts.attention:
+            echo("declaring the attention outputs ...")
+            data.update(attention_declaration(m.model, m.config))
         manifest.write(directory, data)
     except BaseException:
         for path in written:
             path.unlink(missing_ok=True)
         raise
     return directory
+
+
+def attention_declaration(model: str, config: dict) -> dict:
+    """The manifest entry of the attention variant (built in memory from the fp32 graphs when used)."""
+    entry = registry.get(model)
+    if entry.attention is None:
+        return {}
+    extra = entry.attention(entry.config(**config))
+    return {"attention": {g: [dataclasses.asdict(t) for t in ts] for g, ts in extra.items()}}
 
 
 def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
@@ -207,6 +220,7 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         "variants": made, "opset": opts.opset, "versions": versions(),
         "tokenizer": None, "special_tokens": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
         "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **attention_declaration(entry.name, dataclasses.asdict(cfg)),
     }
     if ckpt is None:
         # Rebuilt by verify from the seed; the weights digest proves it got the same model.

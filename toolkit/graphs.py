@@ -68,6 +68,11 @@ class GraphSpec:
         return cls(d["name"], tensors(d["inputs"]), tensors(d["outputs"]), dict(d.get("updates", {})))
 
 
+def with_outputs(spec: GraphSpec, extra: tuple[TensorSpec, ...]) -> GraphSpec:
+    """The same graph with more outputs after the declared ones (the attention variant)."""
+    return GraphSpec(spec.name, spec.inputs, (*spec.outputs, *extra), dict(spec.updates))
+
+
 def make_inputs(spec: GraphSpec, sizes: dict[str, int], rng: np.random.Generator, vocab_size: int = 2) -> dict[str, np.ndarray]:
     """Random inputs that are valid for the graph at the given dim sizes.
 

@@ -32,6 +32,10 @@ class ModelEntry:
     # For "module" entries: model, *inputs -> outputs in declared order.
     run: Callable[..., tuple] | None = None
     description: str = ""
+    # The attention variant: graph name -> extra outputs (the masked attention probabilities, in the
+    # order the graph computes them), and how to read the same weights off the PyTorch model after a call.
+    attention: Callable[[object], dict[str, tuple[TensorSpec, ...]]] | None = None
+    read_attention: Callable[[nn.Module, str, int], list] | None = None
 
     def config(self, **overrides) -> object:
         known = {f.name for f in dataclasses.fields(self.config_cls)}
@@ -84,10 +88,38 @@ def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
     return [encoder, decoder]
 
 
+def transformer_attention(cfg: TransformerConfig) -> dict[str, tuple[TensorSpec, ...]]:
+    """Encoder self-attention per layer over the source; per decoder step, each layer's self-attention
+    over the target prefix (the cache plus the new position) and its cross-attention over the source."""
+    layers, h = range(cfg.num_layers), cfg.num_heads
+    encoder = tuple(TensorSpec(layer_key("encoder_attention", i), FLOAT, ("batch", h, "src_len", "src_len")) for i in layers)
+    decoder = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, k)) for i in layers
+                    for n, k in (("self_attention", "past_len+1"), ("cross_attention", "src_len")))
+    return {"encoder": encoder, "decoder": decoder}
+
+
+def read_transformer_attention(model: Transformer, graph: str, batch: int) -> list:
+    if graph == "encoder":
+        return list(model.encoder_attention_weights)
+    return [att.attention.attention_weights.reshape(batch, model.cfg.num_heads, -1) for block in model.decoder_blocks
+            for att in (block.self_attention, block.cross_attention)]
+
+
+def seq2seq_attention(cfg: Seq2SeqConfig) -> dict[str, tuple[TensorSpec, ...]]:
+    """Bahdanau attention of each decoder step over the source."""
+    return {"encoder": (), "decoder": (TensorSpec("cross_attention", FLOAT, ("batch", "src_len")),)}
+
+
+def read_seq2seq_attention(model: Seq2SeqAttention, graph: str, batch: int) -> list:
+    return [] if graph == "encoder" else [model.decoder.attention.attention_weights.reshape(batch, -1)]
+
+
 register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, transformer_graphs,
-                    description="encoder-decoder Transformer (post-LN; --pre-ln for pre-LN)"))
+                    description="encoder-decoder Transformer (post-LN; --pre-ln for pre-LN)",
+                    attention=transformer_attention, read_attention=read_transformer_attention))
 register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs,
-                    description="GRU encoder + Bahdanau-attention GRU decoder"))
+                    description="GRU encoder + Bahdanau-attention GRU decoder",
+                    attention=seq2seq_attention, read_attention=read_seq2seq_attention))
 
 
 # ---- standalone attention modules: one graph each --------------------------------------------
@@ -208,6 +240,22 @@ class ModuleGraph(nn.Module):
 
     def forward(self, *inputs):
         return tuple(self.run(self.model, *inputs))
+
+
+class AttentionGraph(nn.Module):
+    """A graph's module with the attention weights of the same call appended to its outputs."""
+
+    def __init__(self, entry: ModelEntry, model: nn.Module, spec: GraphSpec):
+        super().__init__()
+        self.inner, self.model, self.graph, self.read = graph_module(entry, model, spec), model, spec.name, entry.read_attention
+
+    def forward(self, *inputs):
+        return (*self.inner(*inputs), *self.read(self.model, self.graph, inputs[0].shape[0]))
+
+
+def attention_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Module:
+    """The PyTorch reference of the attention variant of `spec` (the base spec, without the extra outputs)."""
+    return AttentionGraph(entry, model, spec)
 
 
 def graph_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Module:

@@ -139,7 +139,15 @@ class OrtBackend(StepBackend):
     reordering) by a Gather graph, both on the same device, so only each row's k best
     log-probabilities come back to the host. CPU and CUDA run this same code; only the
     device name differs, so the CPU tests exercise the CUDA path.
+
+    A subclass may name extra decoder outputs in `recorded` (the attention weights): they are
+    bound to the host and passed to `record` with the encoder's outputs and each step's.
     """
+
+    recorded: tuple[str, ...] = ()
+
+    def record(self, graph: str, outputs: dict[str, np.ndarray]) -> None:
+        """Called with every encoder run's outputs and each decoder step's `recorded` outputs."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession,
                  encoder_spec: GraphSpec, decoder_spec: GraphSpec):
@@ -160,6 +168,7 @@ class OrtBackend(StepBackend):
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, ort.OrtValue]:
         outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
         outputs.update(src=src, src_len=src_len)
+        self.record("encoder", outputs)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
         return {n: self._to_device(outputs[n]) for n in self.state_names}
 
@@ -171,8 +180,12 @@ class OrtBackend(StepBackend):
         binding.bind_output("log_probs", log_probs_on, 0)
         for out_name in self.decoder_spec.updates:
             binding.bind_output(out_name, self.device, 0)
+        for out_name in self.recorded:
+            binding.bind_output(out_name, "cpu")
         self.decoder.run_with_iobinding(binding)
-        named = dict(zip(self.decoder_spec.output_names, binding.get_outputs()))
+        named = dict(zip(["log_probs", *self.decoder_spec.updates, *self.recorded], binding.get_outputs()))
+        if self.recorded:
+            self.record("decoder", {n: named[n].numpy() for n in self.recorded})
         new_state = dict(state)
         for out_name, in_name in self.decoder_spec.updates.items():
             new_state[in_name] = named[out_name]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from toolkit import checkpoint, data, registry
+from toolkit import checkpoint, data, history, registry
 from toolkit.batching import DecodeOptions, translate_texts
 from toolkit.epoch_data import EpochData
 from toolkit.errors import ToolkitError, UsageError
@@ -141,8 +141,11 @@ def train_kernel_regression(opts: TrainOptions, echo) -> dict:
     x_train, y_train, x_test, y_truth = synthetic_data(seed=opts.seed)
     baseline = test_mse(entry.build(entry.config(learn_width=False)), x_train, y_train, x_test, y_truth)
     epochs = opts.epochs or 5
+    epochs_seen = []
     for epoch, loss in fit(model, x_train, y_train, epochs=epochs, lr=opts.lr or 0.5):
         echo(f"epoch {epoch + 1}/{epochs}  loss {loss:.4f}  w {model.w.item():.3f}")
+        epochs_seen.append({"epoch": epoch + 1, "train_loss": loss, "w": model.w.item()})
+        history.write(opts.out, "nw", epochs_seen)  # for `tk plot`
     mse = test_mse(model, x_train, y_train, x_test, y_truth)
     metrics = {"test_mse": mse, "test_mse_nonparametric": baseline, "w": model.w.item()}
     checkpoint.save({
@@ -349,6 +352,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
             _save_epoch_weights(model, opts.out, state["epoch"] + 1, max(average_last, 1))
             state["history"].append({"epoch": state["epoch"] + 1, "train_loss": loss_avg, "valid_loss": valid_loss,
                                      "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(state["elapsed"])})
+            history.write(opts.out, opts.model, state["history"])  # for `tk plot`
             train_loss = "n/a" if loss_avg is None else f"{loss_avg:.3f}"
             bar.write(f"epoch {state['epoch'] + 1}: train loss {train_loss}, valid loss {valid_loss:.3f}")
             state["stopped_early"] = schedule.after_epoch(valid_loss, state)

@@ -193,9 +193,12 @@ class ParityBackend(StepBackend):
         encoded = self.t.encode_outputs(src, src_len)
         state = self.t.initial_state(encoded, len(src))
         ref = {n: v.numpy() for n, v in encoded.items()}
-        got = run_ort(self.sessions["encoder"], enc, {"src": src, "src_len": src_len})
-        compare_outputs(self.rows, "decode", enc, self.variant, self.provider, f"batch={len(src)} src_len={src.shape[1]}",
-                        {n: ref[n] for n in enc.output_names}, got, self.tol)
+        ref.update(self.extra_reference("encoder", len(src)))
+        feeds = {"src": src, "src_len": src_len}
+        got = run_ort(self.sessions["encoder"], enc, feeds)
+        case = f"batch={len(src)} src_len={src.shape[1]}"
+        compare_outputs(self.rows, "decode", enc, self.variant, self.provider, case, {n: ref[n] for n in enc.output_names}, got, self.tol)
+        self.extra_checks("encoder", feeds, got, case)
         self.step_index = 0
         return state
 
@@ -203,15 +206,24 @@ class ParityBackend(StepBackend):
         dec = self.specs["decoder"]
         feeds = {"token": token, **{k: v.numpy() for k, v in state.items()}}
         log_probs, new_state = self.t.step(token, state)
-        ref = {"log_probs": log_probs, **{o: new_state[i].numpy() for o, i in dec.updates.items()}}
+        ref = {"log_probs": log_probs, **{o: new_state[i].numpy() for o, i in dec.updates.items()},
+               **self.extra_reference("decoder", len(token))}
         got = run_ort(self.sessions["decoder"], dec, feeds)
-        compare_outputs(self.rows, "decode", dec, self.variant, self.provider,
-                        f"step={self.step_index} batch={len(token)}", ref, got, self.tol)
+        case = f"step={self.step_index} batch={len(token)}"
+        compare_outputs(self.rows, "decode", dec, self.variant, self.provider, case, ref, got, self.tol)
+        self.extra_checks("decoder", feeds, got, case)
         self.step_index += 1
         return log_probs, new_state
 
     def select(self, state, rows):
         return self.t.select(state, rows)
+
+    def extra_reference(self, graph: str, batch: int) -> dict[str, np.ndarray]:
+        """PyTorch's values of outputs beyond the model's own (the attention variant's weights)."""
+        return {}
+
+    def extra_checks(self, graph: str, feeds: dict, got: dict, case: str) -> None:
+        """More checks of each run's outputs (the attention variant's probabilities)."""
 
 
 def test_sentences(m: manifest_mod.Manifest, n: int) -> tuple[list[str], str]:
@@ -289,7 +301,9 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         m.check_files()
     except UsageError as e:
         report.rows.append(Row("static", "files", "-", "-", "-", "sha256", ok=False, detail=str(e)))
-    variants = variants or m.variants()
+    # The attention variant (built in memory, with extra outputs) is checked by verify_attention.
+    attention = "attention" in (variants or []) or (not variants and "attention" in m.data)
+    variants = [v for v in variants if v != "attention"] if variants else m.variants()
     specs = m.specs()
 
     providers = ["cpu", "cuda"] if provider == "all" else [provider]
@@ -366,6 +380,11 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
                 compare_translations(report.rows, ref_backend, ort_backend, src_ids, max_len, v, p, tolerance(v, atol, rtol))
             except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
                 failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(str(e).splitlines()[0]))
+    if attention:
+        from toolkit.verify_attention import verify_attention
+
+        attention_sentences = src_ids if m.kind == "seq2seq" and tok_path is not None and sentences > 0 else []
+        verify_attention(m, entry, model, cfg, report, [p for p in providers if p not in report.skipped], seed, attention_sentences, atol, rtol, echo)
     return report
 
 
