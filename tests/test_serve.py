@@ -1,10 +1,12 @@
 """tk serve: batching across requests never changes a translation; every error has its status;
-readiness, metrics and graceful shutdown behave as an operator expects. Loopback only."""
+readiness, metrics and graceful shutdown behave as an operator expects; the web page works in a real
+headless Chromium (Debian's package; skipped, saying so, only where none is installed). Loopback only."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +29,8 @@ from toolkit.serve.batcher import BatchPolicy  # noqa: E402
 from toolkit.serve.server import bind, uvicorn_server  # noqa: E402
 from toolkit.translate import open_model, translate_batch  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LONG_WAIT = 600.0  # a max delay no test reaches: batches then leave only when full
 
 
@@ -286,3 +291,30 @@ def test_serve_refuses_a_missing_model_and_a_taken_port(cli, tiny_export, tmp_pa
         assert r.exit_code == 2 and "cannot listen on 127.0.0.1" in r.output and "--port" in r.output
     finally:
         taken.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed: apt-get install -y chromium (README, tk serve)")
+def test_the_page_translates_what_is_typed_with_the_chosen_beam():
+    from playwright.sync_api import sync_playwright
+
+    model = open_model(REPO / "exported" / "transformer", "cpu")
+    english = ["I'm home.", "Where is the station?", "The cat is sleeping on the sofa."]
+    cfg = ServeConfig(policy=config().policy, description="transformer (fp32) on cpu")
+    with running(lambda: model, cfg) as client, sync_playwright() as p:
+        wait_ready(client)
+        expected = client.post("/v1/translate", json={"text": english, "beam": 4}).json()["translations"]
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 420})
+            page.goto(str(client.base_url))
+            page.fill("#input", "\n".join(english))
+            page.select_option("#beam", "4")
+            page.click("#translate")
+            page.wait_for_function("document.getElementById('status').textContent.includes(' ms')")
+            assert page.inner_text("#output").splitlines() == expected
+            assert "3 sentences in" in page.inner_text("#status")
+            screenshot = REPO / "docs" / "serve-page.png"
+            screenshot.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(screenshot))
+        finally:
+            browser.close()

@@ -57,5 +57,5 @@ def serve(load: Callable[[], Translator], host: str, port: int, config: ServeCon
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *a: sys.exit(130))
     shown = f"[{host}]" if ":" in host else host
-    log.info("serving %s on http://%s:%d (page /, API /v1/translate, schema /docs)", config.description, shown, sock.getsockname()[1])
+    log.info("serving %s on http://%s:%d (page /, API /v1/translate, schema /openapi.json)", config.description, shown, sock.getsockname()[1])
     server.run(sockets=[sock])
