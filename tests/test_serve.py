@@ -318,3 +318,15 @@ def test_the_page_translates_what_is_typed_with_the_chosen_beam():
             page.screenshot(path=str(screenshot))
         finally:
             browser.close()
+
+
+def test_bench_serve_drives_both_servers_and_reports_latency_percentiles(cli, tiny_export, corpus_zip):
+    r = cli("bench", "--serve", "--model", tiny_export, "--clients", 4, "--sentences", 24, "--data", corpus_zip)
+    assert r.exit_code == 0, r.output
+    rows = {" ".join(line.split()[:2]): line.split() for line in r.output.splitlines() if re.match(r"(dynamic batching|batching off) +\d", line)}
+    assert set(rows) == {"dynamic batching", "batching off"}
+    for cols in rows.values():
+        clients, sentences, errors, rate, p50, p95, p99, batch = cols[2:]
+        assert (clients, sentences, errors) == ("4", "24", "0") and float(p50) <= float(p95) <= float(p99)
+    assert rows["batching off"][-1] == "1.0"  # one sentence per decode
+    assert "throughput with dynamic batching" in r.output
