@@ -110,6 +110,8 @@ def create_app(load: Callable[[], Translator], config: ServeConfig | None = None
         if tuple(first.get("loc", ())) == ("body",) and "json" not in request.headers.get("content-type", "json"):
             return error(400, f"the body is {request.headers['content-type']}, not JSON; send JSON with Content-Type: application/json")
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        if first.get("type") == "value_error":  # from our own validator, whose message names the fields
+            return error(422, first.get("msg", "invalid").removeprefix("Value error, "))
         return error(422, f"{where}: {first.get('msg', 'invalid')}")
 
     @app.exception_handler(HTTPException)
@@ -217,4 +219,4 @@ class RequestLog:
             n = scope["state"].get("sentences")
             if path == "/v1/translate":
                 self.metrics.requests.labels(str(status)).inc()
-            log.info("%s %s %d %s%.1f ms", scope["method"], path, status, f"{n} sentences " if n is not None else "", ms)
+            log.info("%s %s %d %s%.1f ms", scope["method"], path, status, f"{n} sentence{'s' * (n != 1)} " if n is not None else "", ms)
