@@ -342,13 +342,36 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
               help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
-def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, json_path):
+@click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
+@click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
+@click.option("--data", "data_path", help="With --serve: fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, json_path, serve, clients, data_path):
     """Measure decoding speed of PyTorch (textbook and cached) and ONNX Runtime (CPU, CUDA) side by side.
 
+    With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
+    requests, with dynamic batching and with batching off.
+
+    \b
     Example: tk bench --model exported/transformer --sentences 64
+             tk bench --serve --clients 32 --sentences 2048
     """
     import json
     import platform
+
+    if serve:
+        from toolkit.data import load_corpus, references
+        from toolkit.serve.load import bench_serve
+        from toolkit.serve.load import table as load_table
+
+        english, _ = references(load_corpus(data_path).splits["test"])
+        args = [a for v in variants[:1] for a in ("--variant", v)]
+        results = bench_serve(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
+        click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
+        click.echo(load_table(results))
+        if json_path:
+            rows = [{**r.__dict__, "throughput": r.throughput} for r in results]
+            json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        return
 
     from toolkit import bench as b
 
@@ -419,6 +442,50 @@ def plot(run_dir, output_path):
     data = history.read(run_dir)
     path = pictures.training_figure(data["epochs"], f"{data.get('model', '')}: {run_dir}", output_path or Path(run_dir) / "history.png")
     click.echo(f"wrote {path} ({len(data['epochs'])} epochs)")
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
+@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--max-delay-ms", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="How long the oldest queued sentence waits for others to share its decode.")
+@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Padded source tokens per decode (longest sentence x sentences).")
+@click.option("--max-batch-sentences", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences per decode.")
+@click.option("--no-batching", is_flag=True, help="Decode one sentence at a time (the baseline for comparisons).")
+@click.option("--queue-size", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Sentences waiting over all requests; beyond it requests get 503 with Retry-After.")
+@click.option("--max-sentences", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences per request (413 beyond).")
+@click.option("--max-chars", type=click.IntRange(min=1), default=1000, show_default=True, help="Characters per sentence (413 beyond).")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Per-request limit, queueing included (504 beyond).")
+def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
+          queue_size, max_sentences, max_chars, timeout_s):
+    """Serve translations over HTTP: POST /v1/translate, a web page at /, /health, /ready, /metrics.
+
+    Sentences of concurrent requests are decoded together by one worker. Needs the serve
+    extra: pip install -e '.[serve]'.
+
+    Example: tk serve exported/transformer --port 8000
+    """
+    try:
+        from toolkit.serve.app import ServeConfig
+        from toolkit.serve.batcher import BatchPolicy
+        from toolkit.serve.server import serve as run
+    except ImportError as e:
+        raise UsageError(f"tk serve needs {e.name}; install the serve extra: pip install -e '.[serve]'") from None
+    from toolkit.translate import open_model
+
+    t = open_model(model_dir, provider, variant, threads=threads)
+    policy = BatchPolicy(max_tokens=max_batch_tokens, max_sentences=max_batch_sentences, max_delay_s=max_delay_ms / 1000,
+                         queue_size=queue_size, batching=not no_batching)
+    desc = f"{Path(model_dir).name} ({t.manifest.model}, {variant}) on {t.provider}" + (", batching off" if no_batching else "")
+    config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s, description=desc)
+    run(lambda: t, host, port, config)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,142 @@
+"""`tk bench --serve`: concurrent clients on loopback against `tk serve`, dynamic batching on vs off.
+
+Each mode gets its own server process (same model, same options but --no-batching), warmed up,
+then `clients` clients each send single sentences back to back until the list is used up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from toolkit.errors import ToolkitError
+
+
+@dataclass
+class LoadResult:
+    mode: str
+    clients: int
+    sentences: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_batch: float
+
+    @property
+    def throughput(self) -> float:
+        return self.sentences / self.seconds
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def start_server(model_dir: Path, args: list[str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(model_dir), "--port", "0", *args],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+        if found:
+            # Drain the log so the server never blocks on a full pipe.
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, found.group(1)
+    raise ToolkitError(f"tk serve {model_dir} did not start (exit {proc.wait()})")
+
+
+async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> int:
+    """One keep-alive HTTP/1.1 POST; returns the status. Raw sockets: a client library would take
+    a good share of the two cores the server is measured on."""
+    writer.write(b"POST /v1/translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    await reader.readexactly(length)
+    return int(head.split(b" ", 2)[1])
+
+
+async def drive(url: str, sentences: list[str], clients: int, beam: int) -> tuple[list[float], int, float]:
+    """Latencies (s), errors and wall time of sending every sentence, one per request."""
+    host, port = url.removeprefix("http://").split(":")
+    queue = iter(sentences)
+    latencies: list[float] = []
+    errors = 0
+
+    async def client() -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            for text in queue:
+                start = time.perf_counter()
+                status = await post(reader, writer, json.dumps({"text": text, "beam": beam}).encode())
+                latencies.append(time.perf_counter() - start)
+                errors += status != 200
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies, errors, time.perf_counter() - start
+
+
+def batch_totals(url: str) -> tuple[float, float]:
+    """(sentences decoded, decodes) so far, from the server's /metrics."""
+    samples = {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text) for s in f.samples}
+    return samples["tk_batch_sentences_sum"], samples["tk_batch_sentences_count"]
+
+
+def measure(model_dir: Path, sentences: list[str], clients: int, beam: int, batching: bool, server_args: list[str]) -> LoadResult:
+    args = [*server_args, "--queue-size", str(max(1024, 2 * clients))] + ([] if batching else ["--no-batching"])
+    proc, url = start_server(model_dir, args)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        asyncio.run(drive(url, sentences[: 4 * clients], clients, beam))  # warm-up: connections, session arenas
+        done, decodes = batch_totals(url)
+        latencies, errors, seconds = asyncio.run(drive(url, sentences, clients, beam))
+        done_after, decodes_after = batch_totals(url)
+        return LoadResult("dynamic batching" if batching else "batching off", clients, len(sentences), errors, seconds,
+                          1000 * percentile(latencies, 50), 1000 * percentile(latencies, 95), 1000 * percentile(latencies, 99),
+                          (done_after - done) / max(decodes_after - decodes, 1))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def bench_serve(model_dir: Path, sentences: list[str], clients: int = 32, beam: int = 1, server_args: list[str] | None = None,
+                echo: Callable[[str], None] = lambda m: None) -> list[LoadResult]:
+    results = []
+    for batching in (True, False):
+        echo(f"{'dynamic batching' if batching else 'batching off'}: {clients} clients, {len(sentences)} sentences ...")
+        results.append(measure(model_dir, sentences, clients, beam, batching, server_args or []))
+    return results
+
+
+def table(results: list[LoadResult]) -> str:
+    head = f"{'server':<18} {'clients':>7} {'sentences':>9} {'errors':>6} {'sent/s':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'mean batch':>10}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(f"{r.mode:<18} {r.clients:>7} {r.sentences:>9} {r.errors:>6} {r.throughput:>8.1f} {r.p50_ms:>7.1f} "
+                     f"{r.p95_ms:>7.1f} {r.p99_ms:>7.1f} {r.mean_batch:>10.1f}")
+    if len(results) == 2 and results[1].throughput:
+        lines.append(f"throughput with dynamic batching: {results[0].throughput / results[1].throughput:.2f}x batching off")
+    return "\n".join(lines)

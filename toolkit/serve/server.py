@@ -1,0 +1,61 @@
+"""Runs the app on uvicorn: binds the port, logs, and shuts down gracefully on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable
+
+import uvicorn
+
+from toolkit.errors import UsageError
+from toolkit.serve.app import ServeConfig, create_app
+from toolkit.translate import Translator
+
+log = logging.getLogger("tk.serve")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, so a taken port is one clear error instead of a uvicorn traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port or --host") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def uvicorn_server(app, config: ServeConfig) -> uvicorn.Server:
+    # In-flight requests may take up to the request timeout; SIGTERM waits that long for them.
+    return uvicorn.Server(uvicorn.Config(app, access_log=False, log_level="info", lifespan="on",
+                                         timeout_graceful_shutdown=config.timeout_s + 5, timeout_keep_alive=5))
+
+
+def serve(load: Callable[[], Translator], host: str, port: int, config: ServeConfig) -> None:
+    """Serves until SIGTERM or Ctrl-C: then it stops accepting connections, finishes the requests
+    in flight, stops the decoding worker and exits 0 (130 for Ctrl-C)."""
+    sock = bind(host, port)
+    setup_logging()
+    app = create_app(load, config)
+    server = uvicorn_server(app, config)
+    # uvicorn re-raises the signal it caught once it has shut down; these make that a clean exit.
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    signal.signal(signal.SIGINT, lambda *a: sys.exit(130))
+    shown = f"[{host}]" if ":" in host else host
+    log.info("serving %s on http://%s:%d (page /, API /v1/translate, schema /openapi.json)", config.description, shown, sock.getsockname()[1])
+    server.run(sockets=[sock])
