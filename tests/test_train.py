@@ -35,8 +35,10 @@ def assert_usage_error(result, *fragments: str) -> str:
 
 def assert_only_checkpoint(out: Path) -> None:
     """No temporary files (*.tmp, partial downloads, write probes) left in the run directory;
-    history.json (the per-epoch record `tk plot` draws) once an epoch has finished."""
-    assert sorted(p.name for p in out.iterdir() if p.name != "history.json") == ["checkpoint.pt"]
+    history.json (the per-epoch record `tk plot` draws) and the last epoch's weights (kept for
+    checkpoint averaging) once an epoch has finished."""
+    kept = {"history.json"} | {p.name for p in out.glob("weights-epoch[0-9][0-9][0-9].pt")}
+    assert sorted(p.name for p in out.iterdir() if p.name not in kept) == ["checkpoint.pt"]
 
 
 def count_calls(monkeypatch, should_interrupt):
