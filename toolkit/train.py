@@ -31,6 +31,8 @@ PRESETS = {
     "base": dict(vocab_size=6000, num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_layers=3,
                  embed_size=256, epochs=12, max_tokens=6000, lr=1e-3, warmup=1500, eval_sentences=500),
 }
+# Training settings `--set` accepts besides the model's config fields, with their types.
+SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int}
 
 
 @dataclass
@@ -74,6 +76,17 @@ def check_out_dir(out: Path) -> None:
         raise UsageError(f"cannot write to output directory {out} ({e.strerror}); choose another --out") from None
 
 
+def check_settings(opts: TrainOptions, entry: registry.ModelEntry) -> None:
+    """Parses and checks every --set before any work, so a bad size fails now, not after hours of training."""
+    opts.overrides = entry.parse_overrides(opts.overrides, SETTINGS)
+    for key in SETTINGS:
+        value = opts.setting(key)
+        if value is not None and value <= 0:
+            raise UsageError(f"{key} must be positive, got {value}")
+    fields = {k: opts.setting(k) for k in entry.field_types() if opts.setting(k) is not None}
+    registry.check_config(opts.model, entry.config(**fields), "--set")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -97,6 +110,7 @@ def train(opts: TrainOptions, echo=print) -> dict:
     entry = registry.get(opts.model)
     if opts.model != "nw" and entry.kind != "seq2seq":
         raise UsageError(f"model '{opts.model}' has no training task; train one of: nw, seq2seq, transformer")
+    check_settings(opts, entry)
     check_out_dir(opts.out)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -178,8 +192,9 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
         echo(f"training the tokenizer on {len(train_pairs)} training pairs ...")
         tokenizer = Tokenizer.train([s for p in train_pairs for s in p], opts.setting("vocab_size"), opts.seed)
         fields = {k: opts.setting(k) for k in ("num_hiddens", "ffn_num_hiddens", "num_heads", "num_layers", "embed_size")}
-        cfg = entry.config(**{k: v for k, v in fields.items() if v is not None}, vocab_size=tokenizer.vocab_size,
-                           pre_ln=opts.pre_ln, **{k: v for k, v in opts.overrides.items() if k == "dropout"})
+        fields.update({k: v for k, v in opts.overrides.items() if k in entry.field_types()})
+        fields.update(vocab_size=tokenizer.vocab_size, pre_ln=opts.pre_ln or bool(fields.get("pre_ln")))
+        cfg = entry.config(**{k: v for k, v in fields.items() if v is not None})
     model = entry.build(cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     state = {"epoch": 0, "batch": 0, "step": 0, "elapsed": 0.0, "history": []}
