@@ -201,9 +201,10 @@ def test_an_export_that_finds_its_output_written_meanwhile_refuses_to_replace_it
     def slow_export(*args, **kwargs):
         data = original(*args, **kwargs)
         if not others:
+            others.append("started")  # the other export runs this same function: only the first one waits
             # Meanwhile, another `tk export` finishes first and commits `out`.
-            others.append(cli_other("export", "dot_attention", "--random-init", "--out", out, "--seed", "7"))
-            assert others[0].exit_code == 0, others[0].output
+            other = cli_other("export", "dot_attention", "--random-init", "--out", out, "--seed", "7")
+            assert other.exit_code == 0, other.output
         return data
 
     from click.testing import CliRunner

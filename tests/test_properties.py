@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from toolkit.cli import main
 
 EXIT_CODES = {0, 1, 2, 130}
-PROPERTY = settings(deadline=None, derandomize=True, database=None, print_blob=True,
+def examples(n: int) -> settings:
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
@@ -65,8 +66,7 @@ OPTION = st.one_of(
 SENTENCES = st.lists(st.one_of(st.sampled_from(["Go.", "I lost.", "", "He's calm."]), st.text(max_size=40)), min_size=1, max_size=4)
 
 
-@PROPERTY
-@settings(max_examples=60)
+@examples(30)
 @given(options=st.lists(OPTION, max_size=4), sentences=SENTENCES)
 def test_generated_translate_arguments(tiny_export, options, sentences):
     args = [a for option in options for a in option]
@@ -89,8 +89,7 @@ OTHER_COMMANDS = st.one_of(
 )
 
 
-@PROPERTY
-@settings(max_examples=40)
+@examples(25)
 @given(command=OTHER_COMMANDS)
 def test_generated_arguments_to_other_commands_fail_cleanly_or_not_at_all(tiny_export, tmp_path_factory, command):
     """Only refusals are run to completion here: an accepted train/bench/evaluate/verify would take minutes,
@@ -129,8 +128,7 @@ INPUT = st.one_of(st.binary(max_size=200), st.lists(LINE, max_size=8).map(b"\n".
                   st.lists(LINE, max_size=8).map(lambda lines: b"".join(line + b"\n" for line in lines)))
 
 
-@PROPERTY
-@settings(max_examples=60)
+@examples(30)
 @given(data=INPUT, strict=st.booleans())
 def test_generated_input_bytes(tiny_export, data, strict):
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,8 +202,7 @@ def corrupt(directory: Path, kind: str, target: str, how) -> None:
         path.write_text(json.dumps(data))
 
 
-@PROPERTY
-@settings(max_examples=50)
+@examples(25)
 @given(corruption=corruptions(), command=st.sampled_from(["translate", "translate", "translate", "verify", "add-variant"]))
 def test_generated_corruptions_of_a_model_directory(tiny_export, corruption, command):
     with tempfile.TemporaryDirectory() as tmp:
