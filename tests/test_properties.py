@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from toolkit.cli import main
@@ -66,7 +66,7 @@ OPTION = st.one_of(
 SENTENCES = st.lists(st.one_of(st.sampled_from(["Go.", "I lost.", "", "He's calm."]), st.text(max_size=40)), min_size=1, max_size=4)
 
 
-@examples(30)
+@examples(120)
 @given(options=st.lists(OPTION, max_size=4), sentences=SENTENCES)
 def test_generated_translate_arguments(tiny_export, options, sentences):
     args = [a for option in options for a in option]
@@ -89,7 +89,7 @@ OTHER_COMMANDS = st.one_of(
 )
 
 
-@examples(25)
+@examples(60)
 @given(command=OTHER_COMMANDS)
 def test_generated_arguments_to_other_commands_fail_cleanly_or_not_at_all(tiny_export, tmp_path_factory, command):
     """Only refusals are run to completion here: an accepted train/bench/evaluate/verify would take minutes,
@@ -128,7 +128,7 @@ INPUT = st.one_of(st.binary(max_size=200), st.lists(LINE, max_size=8).map(b"\n".
                   st.lists(LINE, max_size=8).map(lambda lines: b"".join(line + b"\n" for line in lines)))
 
 
-@examples(30)
+@examples(150)
 @given(data=INPUT, strict=st.booleans())
 def test_generated_input_bytes(tiny_export, data, strict):
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,7 +202,10 @@ def corrupt(directory: Path, kind: str, target: str, how) -> None:
         path.write_text(json.dumps(data))
 
 
-@examples(25)
+@examples(80)
+@example(corruption=("truncate", "tokenizer.model", (0.0, 0)), command="verify")  # once found: an empty tokenizer crashed verify
+@example(corruption=("json", "manifest.json", (3, "seq2seq", False)), command="translate")
+@example(corruption=("json", "manifest.json", (18, "", False)), command="verify")  # once found: an emptied tensor name crashed verify
 @given(corruption=corruptions(), command=st.sampled_from(["translate", "translate", "translate", "verify", "add-variant"]))
 def test_generated_corruptions_of_a_model_directory(tiny_export, corruption, command):
     with tempfile.TemporaryDirectory() as tmp:

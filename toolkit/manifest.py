@@ -148,8 +148,15 @@ def _spec_problem(spec, where: str) -> str | None:
                     and isinstance(t.get("dims"), list) and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in t["dims"])
                     and isinstance(t.get("fill"), str)):
                 return f"{where}.{side} has a malformed tensor {str(t)[:60]}"
-    if not isinstance(spec.get("updates", {}), dict):
+    names = {side: [t["name"] for t in spec[side]] for side in ("inputs", "outputs")}
+    for side, got in names.items():
+        if "" in got or len(set(got)) != len(got):
+            return f"{where}.{side} names must be non-empty and distinct"
+    updates = spec.get("updates", {})
+    if not isinstance(updates, dict):
         return f"{where}.updates must be an object"
+    if not all(k in names["outputs"] and v in names["inputs"] for k, v in updates.items()):
+        return f"{where}.updates must map outputs to inputs of the same graph"
     return None
 
 
