@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,9 @@ def save(payload: dict, path: Path) -> None:
     so an interrupted write never leaves a truncated checkpoint behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    if "state_dict" in payload:
+        # Load recomputes it: a flipped byte in any tensor is refused instead of exported.
+        payload = {**payload, "weights_sha256": state_dict_sha256(payload["state_dict"])}
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, **payload}, f)
@@ -31,7 +35,7 @@ def save(payload: dict, path: Path) -> None:
         raise
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path, warn=lambda m: print(m, file=sys.stderr)) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "checkpoint.pt"
@@ -43,6 +47,20 @@ def load(path: str | Path) -> dict:
         raise UsageError(f"checkpoint {path} is corrupt or not a tk checkpoint ({type(e).__name__}); retrain or restore it") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UsageError(f"{path} is not a tk checkpoint (expected format {FORMAT})")
+    for key, kind in (("model", str), ("config", dict), ("state_dict", dict)):
+        if not isinstance(ckpt.get(key), kind):
+            raise UsageError(f"checkpoint {path} lacks a valid '{key}' entry; retrain or restore it")
+    recorded = ckpt.get("weights_sha256")
+    if recorded is None:
+        warn(f"warning: checkpoint {path} carries no weights digest (written by an older tk); its tensors cannot be checked")
+    else:
+        try:
+            actual = state_dict_sha256(ckpt["state_dict"])
+        except Exception:  # a tensor that is not one: as corrupt as a wrong digest
+            actual = None
+        if actual != recorded:
+            raise UsageError(f"checkpoint {path} fails its weights digest (a tensor was modified or corrupted); "
+                             "restore it from a good copy or retrain")
     ckpt["path"] = str(path)
     return ckpt
 
@@ -60,16 +78,26 @@ def build_model(ckpt: dict):
     from toolkit import registry
 
     entry = registry.get(ckpt["model"])
-    cfg = entry.config(**ckpt["config"])
+    where = ckpt.get("path", "the checkpoint")
+    cfg = entry.checked_config(ckpt["config"], where)
     model = entry.build(cfg)
-    model.load_state_dict(ckpt["state_dict"])
+    try:
+        model.load_state_dict(ckpt["state_dict"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{where}: its weights do not fit a '{ckpt['model']}' model with its config "
+                         f"({str(e).splitlines()[0][:120]}); retrain or restore it") from None
     return entry, cfg, model.eval()
 
 
 def weights_sha256(model: torch.nn.Module) -> str:
     """Digest of every parameter and persistent buffer, in name order: identifies the weights, not the file."""
+    return state_dict_sha256(model.state_dict())
+
+
+def state_dict_sha256(state: dict) -> str:
+    """weights_sha256 of a state dict: equal to the digest of a model that loaded it."""
     h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()

@@ -22,7 +22,11 @@ DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "exported" / "transform
 
 
 class Group(click.Group):
-    """Turns every ToolkitError into one line on stderr and its exit code, never a traceback."""
+    """Turns every ToolkitError into one line on stderr and its exit code, never a traceback.
+
+    Ctrl-C and SIGTERM exit 130; an OS error (a full disk, a vanished file) is one line and exit 1;
+    anything else is a bug in tk, reported in one line as such (TK_DEBUG=1 shows the traceback).
+    """
 
     def invoke(self, ctx):
         try:
@@ -30,6 +34,61 @@ class Group(click.Group):
         except ToolkitError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        except click.exceptions.UsageError as e:
+            # One line, like every other error: click's default adds the usage and a hint around it.
+            click.echo(f"error: {e.format_message()} (see tk {ctx.invoked_subcommand or ''} --help)".replace("  ", " "), err=True)
+            sys.exit(e.exit_code)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except OSError as e:
+            if os.environ.get("TK_DEBUG"):
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            click.echo(f"error: {e.strerror or e}{where}; free space or choose another path and retry", err=True)
+            sys.exit(1)
+        except Exception as e:
+            if os.environ.get("TK_DEBUG"):
+                raise
+            first = (str(e).splitlines() or [""])[0][:200]
+            click.echo(f"error: internal error in tk ({type(e).__name__}: {first}); please report it (TK_DEBUG=1 shows the traceback)",
+                       err=True)
+            sys.exit(1)
+
+
+class FiniteFloat(click.FloatRange):
+    """A float within a range that is also finite: click's FloatRange lets NaN through (NaN < min is False)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if rv != rv or rv in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
+# Declared ranges of the numeric options. Beam and threads are capped where a larger value only burns
+# memory and time (beam 5000 took a minute and 3 GB for one sentence); batch at the graphs' batch bound.
+POSITIVE = click.IntRange(min=1)
+SEED = click.IntRange(0, 2**32 - 1)
+BEAM = click.IntRange(1, 64)
+BATCH = click.IntRange(1, 4096)
+THREADS = click.IntRange(1, 256)
+TOLERANCE = FiniteFloat(min=0.0)
+
+
+def writable_file(path: Path | None, option: str) -> None:
+    """Checks an output file path before any work, so a long run never fails at its very end."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {parent} does not exist; create it or choose another path")
+    if not os.access(parent if not path.exists() else path, os.W_OK):
+        raise UsageError(f"{option} {path} is not writable; choose another path")
 
 
 def command_line() -> str:
@@ -51,13 +110,13 @@ def main() -> None:
 @click.option("--preset", type=click.Choice(["tiny", "base"]), default="base", show_default=True,
               help="Size preset: tiny (a few hundred pairs, about a minute) or base (the shipped models).")
 @click.option("--pre-ln", is_flag=True, help="Transformer with pre-LN blocks and a final LayerNorm.")
-@click.option("--epochs", type=int, help="Passes over the training pairs [preset].")
-@click.option("--lr", type=float, help="Peak learning rate [preset].")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--epochs", type=POSITIVE, help="Passes over the training pairs [preset].")
+@click.option("--lr", type=FiniteFloat(min=0.0, min_open=True), help="Peak learning rate [preset].")
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue the checkpoint in --out.")
-@click.option("--limit-pairs", type=int, help="Train on a random sample of this many pairs.")
-@click.option("--max-minutes", type=float, help="Stop with a checkpoint after this many minutes.")
-@click.option("--threads", type=int, help="Torch CPU threads [default: all cores].")
+@click.option("--limit-pairs", type=POSITIVE, help="Train on a random sample of this many pairs.")
+@click.option("--max-minutes", type=FiniteFloat(min=0.0, min_open=True), help="Stop with a checkpoint after this many minutes.")
+@click.option("--threads", type=THREADS, help="Torch CPU threads [default: all cores].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
               help="bf16 autocast halves CPU training time where the CPU has native bf16; weights stay fp32.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -82,7 +141,7 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
         key, sep, value = item.partition("=")
         if not sep:
             raise click.BadParameter(f"expected KEY=VALUE, got '{item}'", param_hint="--set")
-        overrides[key] = float(value) if "." in value else int(value)
+        overrides[key.strip()] = value  # parsed and checked against the model's config by train()
     opts = TrainOptions(model=model, out=out or Path("runs") / model, data=data_path, exclude=exclude, preset=preset,
                         pre_ln=pre_ln, epochs=epochs, lr=lr, seed=seed, resume=resume, limit_pairs=limit_pairs,
                         max_minutes=max_minutes, threads=threads, precision=precision, device=device, noise=noise,
@@ -94,14 +153,14 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 @click.argument("source")
 @click.option("--out", type=click.Path(path_type=Path), help="Model directory to write, e.g. exported/transformer.")
 @click.option("--random-init", is_flag=True, help="SOURCE is a model name; export small random weights (for tests).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-init.")
-@click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset (18 or newer).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed for --random-init.")
+@click.option("--opset", type=click.IntRange(18, 23), default=18, show_default=True, help="ONNX opset (18 or newer).")
 @click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
 @click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
 @click.option("--quantize", type=click.Choice(["int8"]), help="Also write a dynamic int8 copy for the CPU provider.")
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
-@click.option("--force", is_flag=True, help="Overwrite an existing output directory.")
+@click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
 def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
@@ -141,13 +200,16 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
 @click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8", "attention"]),
               help="Graph variants to check [default: every variant in the directory, and attention where declared].")
-@click.option("--atol", type=float, help="Absolute tolerance [default: per variant, see README].")
-@click.option("--rtol", type=float, help="Relative tolerance [default: per variant].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random sweep inputs.")
-@click.option("--sentences", type=int, default=16, show_default=True, help="Test-split sentences to decode.")
+@click.option("--atol", type=TOLERANCE, help="Absolute tolerance [default: per variant, see README].")
+@click.option("--rtol", type=TOLERANCE, help="Relative tolerance [default: per variant].")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random sweep inputs.")
+@click.option("--sentences", type=click.IntRange(0, 10000), default=16, show_default=True, help="Test-split sentences to decode.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
 @click.option("--record", is_flag=True, help="Store a summary of the verdict in the directory's manifest.json.")
-def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path, record):
+@click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
+              help="Compare against this checkpoint (its weights digest must match the graphs' weights).")
+@click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
+def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path, record, checkpoint_path, expect_digest):
     """Measure parity between PyTorch and ONNX Runtime; exit 1 on any failure.
 
     Example: tk verify exported/transformer --provider all --json report.json
@@ -156,9 +218,12 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
 
     from toolkit import verify as v
 
+    writable_file(json_path, "--json")
+    if expect_digest is not None and not v.is_digest(expect_digest):
+        raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
     start = time.time()
     report = v.verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
-                      echo=lambda m: click.echo(m, err=True))
+                      echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest)
     click.echo(v.render(report))
     for p, why in report.skipped.items():
         click.echo(f"skipped provider {p}: {why}", err=True)
@@ -166,6 +231,7 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
         v.write_json(report, json_path)
     n = len(report.rows)
     seconds = time.time() - start
+    click.echo(f"reference ({report.reference_kind}): {report.reference_proves}", err=True)
     click.echo(f"{n - len(report.failures)}/{n} checks passed in {seconds:.1f}s (seed {seed})", err=True)
     if record:
         v.record_summary(report, model_dir, seconds)
@@ -174,8 +240,8 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
 
 @main.command()
 @click.argument("text", nargs=-1)
-@click.option("-i", "--input", "input_path", type=click.Path(path_type=Path), help="Read sentences from FILE, one per line.")
-@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="Write translations to FILE.")
+@click.option("-i", "--input", "input_path", type=click.Path(path_type=Path), help="Read sentences from FILE, one per line ('-': standard input).")
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="Write translations to FILE ('-': standard output).")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), envvar="TK_MODEL", default=DEFAULT_MODEL,
               show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
 @click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
@@ -183,15 +249,15 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
 @click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
 @click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Sentences per batch.")
-@click.option("--max-tokens", type=int, help="Or a budget of padded source tokens per batch.")
-@click.option("--beam", type=int, default=1, show_default=True, help="Beam size; 1 is greedy search.")
-@click.option("--alpha", type=float, default=0.6, show_default=True, help="Length penalty exponent for beam search.")
-@click.option("--n-best", type=int, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
-@click.option("--max-len", type=int, help="Longest translation in subword tokens [default: the model's maximum].")
-@click.option("--max-len-a", type=float, default=GUARDED["max_len_a"], show_default=True,
+@click.option("--batch-size", type=BATCH, default=64, show_default=True, help="Sentences per batch.")
+@click.option("--max-tokens", type=POSITIVE, help="Or a budget of padded source tokens per batch.")
+@click.option("--beam", type=BEAM, default=1, show_default=True, help="Beam size; 1 is greedy search.")
+@click.option("--alpha", type=FiniteFloat(0.0, 10.0), default=0.6, show_default=True, help="Length penalty exponent for beam search.")
+@click.option("--n-best", type=BEAM, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
+@click.option("--max-len", type=POSITIVE, help="Longest translation in subword tokens [default: the model's maximum].")
+@click.option("--max-len-a", type=FiniteFloat(0.0, 100.0), default=GUARDED["max_len_a"], show_default=True,
               help="Guard: an output is at most A * source tokens + B long (with --max-len-b).")
-@click.option("--max-len-b", type=int, default=GUARDED["max_len_b"], show_default=True, help="See --max-len-a.")
+@click.option("--max-len-b", type=click.IntRange(0, 1000), default=GUARDED["max_len_b"], show_default=True, help="See --max-len-a.")
 @click.option("--loop-guard/--no-loop-guard", default=GUARDED["loop_guard"], show_default=True,
               help="Stop a hypothesis whose last token repeats 4 times, or last 2-4 tokens 3 times.")
 @click.option("--keep", multiple=True, metavar="TERM", help="Copy TERM verbatim, like URLs, e-mail addresses and numbers (repeatable).")
@@ -200,7 +266,7 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
 @click.option("--strict", is_flag=True, help="Refuse lines longer than the model's maximum instead of truncating them.")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Score the output against this file (one reference per line) with sacrebleu.")
-@click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, batch_size, max_tokens, beam,
               alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, quiet):
@@ -213,17 +279,23 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     """
     from toolkit.batching import DecodeOptions
     from toolkit.textprep import TextOptions
-    from toolkit.translate import AtomicOutput, open_model, read_lines, score_file, translate_lines
+    from toolkit.translate import AtomicOutput, open_model, read_lines, read_references, score_file, translate_lines
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
+    if input_path is not None and str(input_path) == "-":
+        input_path = None  # '-' is standard input, as for every Unix tool
+    if output_path is not None and str(output_path) == "-":
+        output_path = None
     if text and input_path:
         raise UsageError("give sentences as arguments or with -i FILE, not both")
-    if beam < 1 or n_best < 1 or n_best > max(beam, 1) and n_best > 1:
-        raise UsageError(f"--beam must be >= 1 and --n-best between 1 and --beam (got beam {beam}, n-best {n_best})")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
+    if n_best > beam:
+        raise UsageError(f"--n-best must be between 1 and --beam (got beam {beam}, n-best {n_best})")
     if input_path and not input_path.is_file():
-        raise UsageError(f"input file {input_path} does not exist")
+        what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
+        raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
+    AtomicOutput.check(output_path)
+    # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
+    references = read_references(reference) if reference else None
     t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
@@ -248,6 +320,11 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         lines = read_lines(stream)
     else:
         lines = read_lines(sys.stdin.buffer)
+    import signal
+    import threading
+
+    # SIGTERM stops like Ctrl-C: the temporary output is removed and the exit is 130.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
     out = AtomicOutput(output_path) if output_path else None
     collected: list[str] = []
 
@@ -271,29 +348,36 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
             out.abort()
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if bar:
             bar.close()
         if input_path:
             stream.close()
     if out:
         out.commit()
+    if references is not None:
+        scores = score_file(None, collected, reference, references)
     rate = stats.sentences / stats.seconds if stats.seconds else 0.0
     say(f"{stats.lines} lines, {stats.sentences} sentences in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
         f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.provider}"
         + (f"; {len(stats.truncated)} truncated" if stats.truncated else ""))
     if reference:
-        scores = score_file(None, collected, reference)
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--data", "data_path", help="fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
 @click.option("--challenge", type=click.Path(exists=True, dir_okay=False), help="Tatoeba Challenge test file (eng-fra).")
-@click.option("--beam", "beams", type=int, multiple=True, help="Beam sizes to score [default: 1 and 4].")
-@click.option("--limit", type=int, help="Score only the first N sentences of each set.")
+@click.option("--beam", "beams", type=BEAM, multiple=True, help="Beam sizes to score [default: 1 and 4].")
+@click.option("--limit", type=POSITIVE, help="Score only the first N sentences of each set.")
 @click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
-@click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True,
               help="Which exported graphs to score (recorded per variant).")
 @click.option("--robustness", is_flag=True,
@@ -333,11 +417,11 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 
 @main.command()
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL, show_default="exported/transformer")
-@click.option("--sentences", type=int, default=64, show_default=True, help="Held-out test sentences to decode.")
-@click.option("--batch-size", "batch_sizes", type=int, multiple=True, help="Batch sizes [default: 1 and 64].")
-@click.option("--beam", "beams", type=int, multiple=True, help="Beam sizes [default: 1 (greedy) and 4].")
+@click.option("--sentences", type=click.IntRange(1, 100000), default=64, show_default=True, help="Held-out test sentences to decode.")
+@click.option("--batch-size", "batch_sizes", type=BATCH, multiple=True, help="Batch sizes [default: 1 and 64].")
+@click.option("--beam", "beams", type=BEAM, multiple=True, help="Beam sizes [default: 1 (greedy) and 4].")
 @click.option("--no-textbook", is_flag=True, help="Skip the slow full-prefix PyTorch loop.")
-@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--repeat", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Timed runs per row, taken in turns across backends; the median is reported.")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
               help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
@@ -375,6 +459,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
 
     from toolkit import bench as b
 
+    writable_file(json_path, "--json")
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True))
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import fcntl
 import hashlib
 import io
+import json
 import logging
 import os
 import platform
 import shutil
 import tempfile
 import warnings
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,11 +131,42 @@ def load_model(opts: ExportOptions):
     return entry, cfg, model, ckpt
 
 
+def replaceable(out: Path, force: bool) -> None:
+    """--force replaces only what export itself makes: a directory holding a tk manifest (or an empty one)."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not force:
+        raise UsageError(f"output directory {out} already exists; use --force to overwrite")
+    if out.is_symlink() or not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory; --force replaces only an exported tk model directory")
+    if any(out.iterdir()) and not is_model_directory(out):
+        raise UsageError(f"{out} is not an exported tk model directory (no tk manifest.json); "
+                         "--force will not delete it: choose another --out or remove it yourself")
+
+
+def is_model_directory(path: Path) -> bool:
+    try:
+        data = json.loads((path / manifest.NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == manifest.FORMAT
+
+
+@contextmanager
+def locked(directory: Path):
+    """An exclusive lock on a directory, held while a writer renames into it, so concurrent exports take turns."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def export(opts: ExportOptions, echo=print) -> Path:
     """Writes the model directory; on any failure nothing is left at opts.out."""
     out = opts.out
-    if out.exists() and not opts.force:
-        raise UsageError(f"output directory {out} already exists; use --force to overwrite")
+    replaceable(out, opts.force)
     if opts.opset < 18:
         raise UsageError(f"--opset {opts.opset} is too old; the dynamo exporter needs opset 18 or newer")
     entry, cfg, model, ckpt = load_model(opts)
@@ -145,9 +178,16 @@ def export(opts: ExportOptions, echo=print) -> Path:
     try:
         data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
         manifest.write(tmp, data)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        with locked(out.parent):
+            # Checked again under the lock: another export may have written `out` while this one ran.
+            replaceable(out, opts.force)
+            old = None
+            if out.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+                os.replace(out, old / out.name)
+            os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -227,7 +267,9 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         data["checkpoint"] = {"random_init": True, "seed": opts.seed, "weights_sha256": checkpoint.weights_sha256(model)}
     else:
         data["checkpoint"] = {"path": str(Path(ckpt["path"]).resolve()), "sha256": checkpoint.sha256(ckpt["path"]),
-                              "weights_sha256": checkpoint.weights_sha256(model)}
+                              "weights_sha256": checkpoint.weights_sha256(model),
+                              # The digest the checkpoint carried and load checked (None: an older checkpoint without one).
+                              "checkpoint_weights_sha256": ckpt.get("weights_sha256")}
         data["training"] = {**ckpt.get("train", {}), "history": ckpt.get("progress", {}).get("history", []),
                             "data": {k: v for k, v in ckpt.get("data", {}).items() if k not in ("x_train", "y_train")}}
         data["metrics"] = ckpt.get("metrics", {})

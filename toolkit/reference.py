@@ -16,7 +16,20 @@ from toolkit.manifest import Manifest
 PREFIX = "model."  # the graph wrappers hold the model as `.model`, so initializers are named model.<parameter>
 
 
-def load_reference(m: Manifest, echo=lambda s: None):
+# What a reference read back from the graphs can prove, said wherever verify reports its reference.
+GRAPHS_ONLY = "the graphs' own weights: parity of the computation only, not of the weights"
+
+
+def reference_kind(source: str) -> tuple[str, str]:
+    """(kind, what a pass against this reference proves) for a source string from load_reference."""
+    if source.startswith("checkpoint"):
+        return "checkpoint", "the graphs compute what the checkpoint's model computes, with the checkpoint's weights"
+    if source.startswith("random init"):
+        return "random_init", "the graphs compute what the model rebuilt from its seed computes, with those weights"
+    return "graphs", GRAPHS_ONLY
+
+
+def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path | None = None):
     """(registry entry, config, model in eval mode, where the weights came from).
 
     In order: a random init rebuilt from its seed, the checkpoint recorded at
@@ -26,8 +39,19 @@ def load_reference(m: Manifest, echo=lambda s: None):
     case, so a graph whose weights were altered after export still fails.
     """
     entry = registry.get(m.model)
-    cfg = entry.config(**m.config)
+    cfg = entry.checked_config(m.config, str(m.directory / "manifest.json"))
     record = m.data.get("checkpoint") or {}
+    if not isinstance(record.get("seed", 0), int) or isinstance(record.get("seed", 0), bool) or not 0 <= record.get("seed", 0) < 2**32:
+        raise UsageError(f"{m.directory}/manifest.json: checkpoint.seed must be an integer in [0, 2^32); re-export")
+    if checkpoint_path is not None:
+        # Given explicitly: its own digest is checked at load, and verify compares it with the graphs' weights.
+        ckpt = checkpoint.load(checkpoint_path, warn=echo)
+        if ckpt["model"] != m.model:
+            raise UsageError(f"--checkpoint {checkpoint_path} holds a '{ckpt['model']}' model, but {m.directory} is a '{m.model}' model")
+        _, cfg, model = checkpoint.build_model(ckpt)
+        source = f"checkpoint {ckpt['path']} (given with --checkpoint)"
+        echo(f"reference: {source}")
+        return entry, cfg, model.eval(), source
     if record.get("random_init"):
         torch.manual_seed(record["seed"])
         model, source = entry.build(cfg), f"random init, seed {record['seed']}"
@@ -37,7 +61,7 @@ def load_reference(m: Manifest, echo=lambda s: None):
     else:
         # A shipped model's checkpoint is not on this machine, or training has moved it on since export.
         why = "changed since export" if record.get("path") and Path(record["path"]).is_file() else "not on this machine"
-        model, source = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs (checkpoint {why})"
+        model, source = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs (checkpoint {why}): {GRAPHS_ONLY}"
     model.eval()
     digest = checkpoint.weights_sha256(model)
     if record.get("weights_sha256") and digest != record["weights_sha256"]:

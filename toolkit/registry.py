@@ -7,6 +7,7 @@ Adding a model means adding a class to models/ and one `@register` entry here;
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,88 @@ class ModelEntry:
     def config(self, **overrides) -> object:
         known = {f.name for f in dataclasses.fields(self.config_cls)}
         return self.config_cls(**{k: v for k, v in overrides.items() if k in known})
+
+    def field_types(self) -> dict[str, type]:
+        return {f.name: type(f.default) for f in dataclasses.fields(self.config_cls)}
+
+    def checked_config(self, values: dict, where: str) -> object:
+        """The config from stored values (a checkpoint's), refusing unknown keys, wrong types and impossible sizes."""
+        types = self.field_types()
+        unknown = sorted(set(values) - set(types))
+        if unknown:
+            raise UsageError(f"{where}: '{unknown[0]}' is not a {self.name} config field (known: {', '.join(types)})")
+        for key, value in values.items():
+            if not _fits(value, types[key]):
+                raise UsageError(f"{where}: config {key}={value!r} is not {'an integer' if types[key] is int else 'a ' + types[key].__name__}; "
+                                 "retrain or restore it")
+        cfg = self.config_cls(**values)
+        check_config(self.name, cfg, where)
+        return cfg
+
+    def parse_overrides(self, items: dict[str, object], settings: dict[str, type]) -> dict:
+        """`--set KEY=VALUE` values parsed per field: config fields of this model, or the training `settings`.
+
+        Strings are parsed by the field's type (bool: true/false); an unknown key is an error listing the known ones.
+        """
+        types = {**self.field_types(), **settings}
+        out = {}
+        for key, raw in items.items():
+            if key not in types:
+                raise UsageError(f"--set {key}: not a setting of {self.name}; known: {', '.join(sorted(types))}")
+            out[key] = parse_value(key, raw, types[key])
+        return out
+
+
+def _fits(value, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def parse_value(key: str, raw: object, kind: type):
+    if not isinstance(raw, str):
+        if _fits(raw, kind):
+            return raw
+        raise UsageError(f"--set {key}={raw!r}: expected {'an integer' if kind is int else 'a ' + kind.__name__}")
+    text = raw.strip()
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return text.lower() in ("true", "1", "yes")
+        value = kind(text)
+    except ValueError:
+        hint = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, f"a {kind.__name__}")
+        raise UsageError(f"--set {key}={raw}: expected {hint}") from None
+    if kind is float and not math.isfinite(value):
+        raise UsageError(f"--set {key}={raw}: expected a finite number")
+    return value
+
+
+def check_config(model: str, cfg: object, where: str = "config") -> None:
+    """Sizes a model can actually be built and trained with; checked before any work starts."""
+    values = dataclasses.asdict(cfg)
+    for key, value in values.items():
+        if key == "pad_id":
+            if value != 0:
+                raise UsageError(f"{where}: pad_id must be 0 (the tokenizer's padding id), got {value}")
+        elif isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise UsageError(f"{where}: {key} must be at least 1, got {value}")
+    if "dropout" in values and not 0.0 <= values["dropout"] < 1.0:
+        raise UsageError(f"{where}: dropout must be in [0, 1), got {values['dropout']}")
+    if "num_heads" in values and values.get("num_hiddens", 0) % values["num_heads"]:
+        raise UsageError(f"{where}: num_heads ({values['num_heads']}) must divide num_hiddens ({values['num_hiddens']}); "
+                         f"try num_heads={_divisor_near(values['num_hiddens'], values['num_heads'])}")
+    if values.get("vocab_size", 5) < 5:
+        raise UsageError(f"{where}: vocab_size must be at least 5 (4 special tokens and one piece), got {values['vocab_size']}")
+    if values.get("max_len", 2) < 2:
+        raise UsageError(f"{where}: max_len must be at least 2, got {values['max_len']}")
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
 
 
 REGISTRY: dict[str, ModelEntry] = {}

@@ -42,6 +42,9 @@ MODEL_PRESETS = {
                               epochs=30, lr=1e-3, warmup=500, schedule="plateau", patience=3),
 }
 CONFIG_FIELDS = ("num_hiddens", "ffn_num_hiddens", "num_heads", "num_layers", "embed_size", "dropout", "tie_embeddings")
+# Training settings `--set` accepts besides the model's config fields, with their types.
+SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int,
+            "average_last": int, "patience": int}
 
 
 @dataclass
@@ -89,6 +92,17 @@ def check_out_dir(out: Path) -> None:
         raise UsageError(f"cannot write to output directory {out} ({e.strerror}); choose another --out") from None
 
 
+def check_settings(opts: TrainOptions, entry: registry.ModelEntry) -> None:
+    """Parses and checks every --set before any work, so a bad size fails now, not after hours of training."""
+    opts.overrides = entry.parse_overrides(opts.overrides, SETTINGS)
+    for key in SETTINGS:
+        value = opts.setting(key)
+        if value is not None and value <= 0:
+            raise UsageError(f"{key} must be positive, got {value}")
+    fields = {k: opts.setting(k) for k in entry.field_types() if opts.setting(k) is not None}
+    registry.check_config(opts.model, entry.config(**fields), "--set")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -123,6 +137,7 @@ def train(opts: TrainOptions, echo=print) -> dict:
     entry = registry.get(opts.model)
     if opts.model != "nw" and entry.kind != "seq2seq":
         raise UsageError(f"model '{opts.model}' has no training task; train one of: nw, seq2seq, transformer")
+    check_settings(opts, entry)
     check_out_dir(opts.out)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -201,8 +216,11 @@ def load_tokenizer(opts: TrainOptions, train_pairs, echo) -> Tokenizer:
 
 
 def build_config(opts: TrainOptions, entry: registry.ModelEntry, tokenizer: Tokenizer):
+    """The preset's sizes, then any config field given with --set (already parsed and checked)."""
     fields = {k: opts.setting(k) for k in CONFIG_FIELDS}
-    return entry.config(**{k: v for k, v in fields.items() if v is not None}, vocab_size=tokenizer.vocab_size, pre_ln=opts.pre_ln)
+    fields.update({k: v for k, v in opts.overrides.items() if k in entry.field_types()})
+    fields.update(vocab_size=tokenizer.vocab_size, pre_ln=opts.pre_ln or bool(fields.get("pre_ln")))
+    return entry.config(**{k: v for k, v in fields.items() if v is not None})
 
 
 def average_state_dicts(paths: list[Path]) -> dict:

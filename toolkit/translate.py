@@ -170,9 +170,9 @@ def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Call
         for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
                 for h in nbest:
-                    write(f"{lineno - 1} ||| {h.text} ||| {h.score:.4f}")
+                    write(f"{lineno - 1} ||| {one_line(h.text)} ||| {h.score:.4f}")
             else:
-                write(nbest[0].text)
+                write(one_line(nbest[0].text))
             stats.sentences += bool(nbest[0].source_tokens)
             stats.target_tokens += nbest[0].tokens if nbest[0].source_tokens else 0
         stats.lines += len(chunk)
@@ -181,36 +181,105 @@ def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Call
     return stats
 
 
+def one_line(text: str) -> str:
+    """A translation as exactly one output line: the tokenizer's byte pieces can spell a line break,
+    which would shift every later line against its input."""
+    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+
+
 class AtomicOutput:
-    """Writes to a temporary file and renames it over the target only on success,
-    so a failed run never truncates an existing output file."""
+    """Where `-o PATH` writes. A regular file (or a new one) is written to a temporary file renamed over
+    it only on success, so a failed run never truncates it, and it keeps the existing file's mode (a new
+    one follows the umask). A symlink is followed to its target; a FIFO or device is written directly."""
 
     def __init__(self, path: Path):
         self.path = path
+        target = Path(os.path.realpath(path))
+        self.target = target
+        self.tmp = None
         try:
-            fd, self.tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
+            if target.exists() and not target.is_file():
+                if target.is_dir():
+                    raise UsageError(f"-o {path} is a directory; give a file name")
+                # A FIFO, a terminal, /dev/null: there is nothing to replace atomically, and replacing it would destroy it.
+                self.file: TextIO = open(target, "w", encoding="utf-8", newline="\n")
+                return
+            mode = (target.stat().st_mode & 0o7777) if target.exists() else 0o666 & ~_umask()
+            fd, self.tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            os.chmod(self.tmp, mode)
         except OSError as e:
+            if self.tmp:
+                os.unlink(self.tmp)
             raise UsageError(f"cannot write {path} ({e.strerror}); choose another -o") from None
-        self.file: TextIO = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        self.file = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+
+    @staticmethod
+    def check(path: Path | None) -> None:
+        """Refuses, before any work, an output path that cannot be written."""
+        if path is None:
+            return
+        target = Path(os.path.realpath(path))
+        if target.is_dir():
+            raise UsageError(f"-o {path} is a directory; give a file name")
+        if not target.parent.is_dir():
+            raise UsageError(f"-o {path}: directory {target.parent} does not exist; create it or choose another -o")
+        probe = target if target.exists() and not target.is_file() else target.parent
+        if not os.access(probe, os.W_OK):
+            raise UsageError(f"-o {path}: {probe} is not writable; choose another -o")
 
     def write(self, line: str) -> None:
-        self.file.write(line + "\n")
+        try:
+            self.file.write(line + "\n")
+        except OSError as e:
+            self.abort()
+            raise DataError(f"cannot write {self.path} ({e.strerror}); free space or choose another -o") from None
 
     def commit(self) -> None:
-        self.file.close()
-        os.replace(self.tmp, self.path)
+        try:
+            self.file.close()
+            if self.tmp:
+                os.replace(self.tmp, self.target)
+                self.tmp = None
+        except OSError as e:
+            self.abort()
+            raise DataError(f"cannot write {self.path} ({e.strerror}); free space or choose another -o; the old file is unchanged") from None
 
     def abort(self) -> None:
-        self.file.close()
-        if os.path.exists(self.tmp):
+        try:
+            self.file.close()
+        except OSError:
+            pass  # the data is being thrown away; a failed flush of it changes nothing
+        if self.tmp and os.path.exists(self.tmp):
             os.unlink(self.tmp)
+        self.tmp = None
 
 
-def score_file(hypotheses_path: Path | None, hypotheses: list[str] | None, reference: Path) -> dict:
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def read_references(path: Path) -> list[str]:
+    """One reference per line, decoded up front: a non-UTF-8 file is refused before any translation."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read --reference {path} ({e.strerror})") from None
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"--reference {path} line {line} is not valid UTF-8 (byte {e.start}); convert it to UTF-8") from None
+
+
+def score_file(hypotheses_path: Path | None, hypotheses: list[str] | None, reference: Path, refs: list[str] | None = None) -> dict:
     from toolkit.scoring import bleu_chrf
 
-    refs = reference.read_text(encoding="utf-8").splitlines()
+    refs = refs if refs is not None else read_references(reference)
     hyps = hypotheses if hypotheses is not None else hypotheses_path.read_text(encoding="utf-8").splitlines()
     if len(refs) != len(hyps):
         raise UsageError(f"--reference has {len(refs)} lines but there are {len(hyps)} translations; give one reference per input line")
+    if not hyps:
+        raise UsageError("there are no translations to score against --reference")
     return bleu_chrf(hyps, [[r] for r in refs])

@@ -24,7 +24,7 @@ from toolkit import registry
 from toolkit.decoding import StepBackend, greedy
 from toolkit.errors import ParityError, ProviderError, UsageError
 from toolkit.graphs import NP_DTYPES, GraphSpec, make_inputs
-from toolkit.reference import load_reference
+from toolkit.reference import load_reference, reference_kind
 from toolkit.variants import describe, graph_source, load_proto
 
 # Default tolerances per variant (atol, rtol), measured on the shipped models (see README).
@@ -60,6 +60,9 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
     reference: str = ""
+    reference_kind: str = ""  # checkpoint | random_init | graphs (see toolkit.reference.reference_kind)
+    reference_proves: str = ""
+    weights_sha256: str = ""  # of the graphs' fp32 weights, when computed (--checkpoint, --expect-digest, or a graphs reference)
 
     @property
     def failures(self) -> list[Row]:
@@ -67,6 +70,8 @@ class Report:
 
     def to_json(self) -> dict:
         return {"directory": self.directory, "seed": self.seed, "passed": not self.failures, "reference": self.reference,
+                "reference_kind": self.reference_kind, "reference_proves": self.reference_proves,
+                "graph_weights_sha256": self.weights_sha256 or None,
                 "skipped_providers": self.skipped, "environment": self.environment,
                 "failures": [asdict(r) for r in self.failures], "rows": [asdict(r) for r in self.rows]}
 
@@ -289,8 +294,41 @@ def environment(providers: list[str]) -> dict:
     return env
 
 
+def is_digest(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
+
+
+def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_digest: str | None, echo) -> None:
+    """The chain of custody of the weights: the graphs' own weights against the checkpoint's digest or an expected one.
+
+    Without either, a reference read back from the graphs proves only that the graphs compute what PyTorch
+    computes with the same weights; a weight tampered with (manifest digests rewritten) would pass.
+    """
+    from toolkit import checkpoint as ckpt_mod
+    from toolkit.reference import weights_from_graphs
+
+    wanted = []
+    if checkpoint_path is not None:
+        wanted.append(("checkpoint", ckpt_mod.weights_sha256(model)))
+    if expect_digest is not None:
+        wanted.append(("--expect-digest", expect_digest.lower()))
+    if not wanted and report.reference_kind != "graphs":
+        return
+    try:
+        report.weights_sha256 = ckpt_mod.weights_sha256(model if report.reference_kind == "graphs" else weights_from_graphs(m, entry, cfg))
+    except UsageError as e:
+        report.rows.append(Row("weights", "all", "fp32", "-", "-", "weights_sha256", ok=False, detail=str(e)))
+        return
+    for what, digest in wanted:
+        ok = digest == report.weights_sha256
+        report.rows.append(Row("weights", "all", "fp32", "-", "-", "weights_sha256", ok=ok,
+                               detail=f"graphs {report.weights_sha256[:16]}, {what} {digest[:16]}" + ("" if ok else ": the graphs' weights differ")))
+        echo(f"weights digest {'matches' if ok else 'DOES NOT match'} the {what}: {report.weights_sha256}")
+
+
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
-           rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print) -> Report:
+           rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
+           checkpoint: str | Path | None = None, expect_digest: str | None = None) -> Report:
     from toolkit import runtime
     from toolkit.tokenizer import Tokenizer
     from toolkit.torch_backend import TorchBackend
@@ -322,12 +360,16 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
                 break
     report.environment = environment(sorted({p for p, _ in sessions}))
     # Sessions first: a provider that cannot load fails before any PyTorch work.
-    entry, cfg, model, report.reference = load_reference(m, echo)
+    entry, cfg, model, report.reference = load_reference(m, echo, checkpoint)
+    report.reference_kind, report.reference_proves = reference_kind(report.reference)
+    check_weights(report, m, entry, cfg, model, checkpoint, expect_digest, echo)
     declared = {s.name: s for s in entry.graphs(cfg)}
     for name, spec in specs.items():
         if declared.get(name) != spec:
             report.rows.append(Row("static", name, "-", "-", "-", "declaration", ok=False,
                                    detail="manifest declaration differs from the model registry's; re-export"))
+    if report.failures and any(r.output == "declaration" for r in report.failures):
+        return report  # the graphs cannot be fed or compared by a declaration that is not the model's
     for v in variants:
         for name, spec in specs.items():
             report.rows += static_check(graph_source(m, name, v)[0], spec, v)
