@@ -206,6 +206,7 @@ def corrupt(directory: Path, kind: str, target: str, how) -> None:
 @example(corruption=("truncate", "tokenizer.model", (0.0, 0)), command="verify")  # once found: an empty tokenizer crashed verify
 @example(corruption=("json", "manifest.json", (3, "seq2seq", False)), command="translate")
 @example(corruption=("json", "manifest.json", (18, "", False)), command="verify")  # once found: an emptied tensor name crashed verify
+@example(corruption=("json", "manifest.json", (5375, None, False)), command="verify")  # once found: a nulled attention output crashed verify
 @given(corruption=corruptions(), command=st.sampled_from(["translate", "translate", "translate", "verify", "add-variant"]))
 def test_generated_corruptions_of_a_model_directory(tiny_export, corruption, command):
     with tempfile.TemporaryDirectory() as tmp:

@@ -213,9 +213,29 @@ def schema_problem(data: dict) -> str | None:
         problem = _file_problem(e, f"extra_files[{i}]")
         if problem:
             return problem
+    problem = _attention_problem(data.get("attention"), set(data["graphs"]))
+    if problem:
+        return problem
     for key in ("checkpoint", "training", "metrics", "versions", "verify"):
         if key in data and data[key] is not None and not isinstance(data[key], dict):
             return f"'{key}' must be an object"
+    return None
+
+
+def _attention_problem(att, graphs: set[str]) -> str | None:
+    """The optional declaration of the attention outputs (`tk attention`, verify's attention variant)."""
+    if att is None:
+        return None
+    if not isinstance(att, dict) or not set(att) <= graphs:
+        return f"'attention' must map graph names ({', '.join(sorted(graphs))}) to lists of outputs"
+    for graph, tensors in att.items():
+        if not isinstance(tensors, list):
+            return f"attention.{graph} must be a list"
+        for t in tensors:
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] and t.get("dtype") in DTYPES
+                    and isinstance(t.get("dims"), list) and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in t["dims"])
+                    and isinstance(t.get("fill", "normal"), str)):
+                return f"attention.{graph} has a malformed output {str(t)[:60]}"
     return None
 
 
