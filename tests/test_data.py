@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import zipfile
 from pathlib import Path
@@ -14,7 +15,7 @@ from toolkit.errors import DataError
 from toolkit.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, normalize
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-CORPUS_ZIP = SHARED / "fra-eng.zip"
+CORPUS_ZIP = Path(os.environ.get("TK_DATA") or SHARED / "fra-eng.zip")
 CHALLENGE = SHARED / "tatoeba-test-eng-fra.txt"
 
 

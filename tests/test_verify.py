@@ -116,8 +116,9 @@ def test_fails_on_a_decoder_whose_cache_position_is_off_by_one(cli, tiny_checkpo
     monkeypatch.setattr(attention.PositionalEncoding, "forward", real)
     result, failures = _failures(cli, out, tmp_path)
     assert result.exit_code == 1
-    assert "decoder/log_probs" in result.output or "decoder/new_self" in result.output
-    assert any(f["graph"] == "decoder" for f in failures)
+    # The shifted position changes the next-token distribution itself, not only the cache.
+    assert any(f["graph"] == "decoder" and f["output"] == "log_probs" for f in failures)
+    assert "decoder/log_probs" in result.output
     assert not any(f["graph"] == "encoder" and f["check"] == "sweep" for f in failures)
 
 
@@ -140,16 +141,23 @@ def test_fails_on_a_sequence_axis_frozen_at_export(cli, tiny_checkpoint, tmp_pat
 
 
 def test_cuda_without_a_gpu_fails_in_one_line(cli, random_export):
+    from toolkit.runtime import cuda_available
+
     result = cli("verify", random_export("dot_attention"), "--provider", "cuda")
+    if cuda_available():  # a machine where CUDA loads verifies on it
+        assert result.exit_code == 0, result.output
+        return
     assert result.exit_code == 1
     assert result.output.strip().count("\n") == 0
     assert "fell back to CPU" in result.output and "CUDA 13" in result.output
 
 
 def test_provider_all_runs_what_loads_and_says_what_it_skipped(cli, random_export):
+    from toolkit.runtime import cuda_available
+
     result = cli("verify", random_export("dot_attention"), "--provider", "all")
     assert result.exit_code == 0, result.output
-    assert "skipped provider cuda" in result.output
+    assert ("skipped provider cuda" in result.output) != cuda_available()
 
 
 def test_corrupt_graph_is_reported(cli, tiny_export, tmp_path):
