@@ -71,3 +71,25 @@ def cli():
 
     runner = CliRunner()
     return lambda *args: runner.invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture()
+def assert_torch_free():
+    """Runs `tk ARGS...` in a fresh interpreter; asserts it succeeded without importing torch."""
+    import subprocess
+    import sys
+
+    def run(*argv) -> None:
+        code = (
+            "import sys\n"
+            "from toolkit.cli import main\n"
+            f"sys.argv = ['tk', *{[str(a) for a in argv]!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "print('torch-free')\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().endswith("torch-free")
+
+    return run

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -203,18 +201,8 @@ def test_a_directory_without_the_declaration_is_told_how_to_add_it(cli, tiny_exp
     assert cli("attention", old, "Go.", "-o", tmp_path / "x.png").exit_code == 0
 
 
-def test_tk_attention_never_imports_torch(tiny_export, tmp_path):
-    code = (
-        "import sys\n"
-        "from toolkit.cli import main\n"
-        f"sys.argv = ['tk', 'attention', {str(tiny_export)!r}, 'Go.', '-o', {str(tmp_path / 'a.png')!r}]\n"
-        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-        "assert 'torch' not in sys.modules, 'torch was imported'\n"
-        "print('torch-free')\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("torch-free")
+def test_tk_attention_never_imports_torch(tiny_export, tmp_path, assert_torch_free):
+    assert_torch_free("attention", tiny_export, "Go.", "-o", tmp_path / "a.png")
 
 
 def test_training_records_history_json_and_tk_plot_draws_it(cli, tiny_checkpoint, tmp_path):

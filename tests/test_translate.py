@@ -216,18 +216,8 @@ def test_stdin_and_reference_scoring(tiny_export, tmp_path):
     assert "BLEU" in proc.stderr and "chrF" in proc.stderr
 
 
-def test_the_translate_path_never_imports_torch(tiny_export):
-    code = (
-        "import sys\n"
-        "from toolkit.cli import main\n"
-        f"sys.argv = ['tk', 'translate', '--model', {str(tiny_export)!r}, '-q', 'Go.']\n"
-        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-        "assert 'torch' not in sys.modules, 'torch was imported'\n"
-        "print('torch-free')\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("torch-free")
+def test_the_translate_path_never_imports_torch(tiny_export, assert_torch_free):
+    assert_torch_free("translate", "--model", tiny_export, "-q", "Go.")
 
 
 def test_torch_backend_from_the_command_line_matches_onnxruntime(cli, tiny_export, english):

@@ -383,7 +383,7 @@ def _interrupt(signum, frame):
 @click.option("--robustness", is_flag=True,
               help="Instead: score the held-out split as people type it (no final punctuation, lowercase, capitals, "
                    "short phrases, names/numbers/URLs, several sentences per line) and the runaway rate.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the robustness sets.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the robustness sets.")
 @click.option("--raw", is_flag=True, help="With --robustness: no input handling (as tk translate --raw), to measure what it adds.")
 def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolkit.scoring import bleu_chrf  # noqa: F401  (re-exported: older imports)
+from toolkit.scoring import bleu_chrf
 
 
 def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4), batch_size: int = 64,

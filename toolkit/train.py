@@ -41,7 +41,6 @@ MODEL_PRESETS = {
     ("seq2seq", "base"): dict(num_hiddens=224, embed_size=224, num_layers=2, tie_embeddings=True, dropout=0.2,
                               epochs=30, lr=1e-3, warmup=500, schedule="plateau", patience=3),
 }
-CONFIG_FIELDS = ("num_hiddens", "ffn_num_hiddens", "num_heads", "num_layers", "embed_size", "dropout", "tie_embeddings")
 # Training settings `--set` accepts besides the model's config fields, with their types.
 SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int,
             "average_last": int, "patience": int}
@@ -99,8 +98,12 @@ def check_settings(opts: TrainOptions, entry: registry.ModelEntry) -> None:
         value = opts.setting(key)
         if value is not None and value <= 0:
             raise UsageError(f"{key} must be positive, got {value}")
-    fields = {k: opts.setting(k) for k in entry.field_types() if opts.setting(k) is not None}
-    registry.check_config(opts.model, entry.config(**fields), "--set")
+    registry.check_config(opts.model, entry.config(**config_fields(opts, entry)), "--set")
+
+
+def config_fields(opts: TrainOptions, entry: registry.ModelEntry) -> dict:
+    """The model's config fields that the preset, the model's preset or --set give a value."""
+    return {k: v for k in entry.field_types() if (v := opts.setting(k)) is not None}
 
 
 def seed_everything(seed: int) -> None:
@@ -216,11 +219,9 @@ def load_tokenizer(opts: TrainOptions, train_pairs, echo) -> Tokenizer:
 
 
 def build_config(opts: TrainOptions, entry: registry.ModelEntry, tokenizer: Tokenizer):
-    """The preset's sizes, then any config field given with --set (already parsed and checked)."""
-    fields = {k: opts.setting(k) for k in CONFIG_FIELDS}
-    fields.update({k: v for k, v in opts.overrides.items() if k in entry.field_types()})
-    fields.update(vocab_size=tokenizer.vocab_size, pre_ln=opts.pre_ln or bool(fields.get("pre_ln")))
-    return entry.config(**{k: v for k, v in fields.items() if v is not None})
+    """The presets' sizes and any --set field (already parsed and checked), with the tokenizer's vocabulary."""
+    fields = config_fields(opts, entry)
+    return entry.config(**{**fields, "vocab_size": tokenizer.vocab_size, "pre_ln": opts.pre_ln or bool(fields.get("pre_ln"))})
 
 
 def average_state_dicts(paths: list[Path]) -> dict:
