@@ -77,3 +77,14 @@ def test_tied_gru_projects_through_its_embedding():
     assert not torch.allclose(before[..., 9], tied(src, lens, torch.tensor([[2, 7]]))[..., 9])
     with pytest.raises(ValueError, match="embed_size == num_hiddens"):
         Seq2SeqAttention(Seq2SeqConfig(embed_size=8, num_hiddens=16, tie_embeddings=True))
+
+
+def test_resuming_a_finished_run_drops_its_stale_metrics(corpus_zip, tmp_path):
+    out = tmp_path / "run"
+    train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=1), echo=lambda m: None)
+    assert checkpoint.load(out)["metrics"]
+    # Continue for more epochs but stop at once: the checkpoint is mid-training, with no final metrics.
+    train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=3, resume=True,
+                       max_minutes=1e-6), echo=lambda m: None)
+    ck = checkpoint.load(out)
+    assert ck["metrics"] == {} and "final_weights" not in ck["progress"]

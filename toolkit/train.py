@@ -285,6 +285,10 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
         optimizer.load_state_dict(resumed["optimizer"])
         state = resumed["progress"]
         torch.set_rng_state(resumed["rng"])
+        if state["epoch"] < opts.setting("epochs"):
+            # Training goes on: the finished run's metrics and averaged weights no longer describe it.
+            for key in ("metrics", "final_weights"):
+                state.pop(key, None)
 
     noise_cfg = NoiseConfig() if opts.setting("noise") else None
     epochs_data = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed)
