@@ -83,6 +83,8 @@ def test_no_split_sends_the_line_whole(shipped):
     whole = translate_batch(shipped, [line], DecodeOptions(max_len=64, **GUARDED), text=TextOptions(split=False))[0][0]
     split = translate_batch(shipped, [line], DecodeOptions(max_len=64, **GUARDED))[0][0]
     assert whole.source_tokens == split.source_tokens  # same pieces, one decode instead of three
+    raw = translate_batch(shipped, [line], DecodeOptions(max_len=64, **GUARDED), text=TextOptions(enabled=False))[0][0]
+    assert whole.text == raw.text != split.text  # the flag reaches translate_batch: one sentence, decoded whole
     assert len(textprep.prepare(line)) == 3 and len(textprep.prepare(line, split=False)) == 1
 
 
