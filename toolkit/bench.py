@@ -98,8 +98,10 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 
 
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
-          textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print) -> list[Result]:
-    """`variants`: which graph variants to time on ONNX Runtime [default: see bench_variants]."""
+          textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
+          runtimes: list[str] = ("onnxruntime",)) -> list[Result]:
+    """`variants`: which graph variants to time on each runtime [default: see bench_variants].
+    `runtimes`: onnxruntime (on every provider) and/or openvino (its CPU plugin), timed in the same turns."""
     from toolkit import manifest as manifest_mod
     from toolkit import runtime
     from toolkit.reference import load_reference
@@ -116,7 +118,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
          f"median of {repeat} timed runs per row")
     backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
-    for p in providers:
+    for p in providers if "onnxruntime" in runtimes else ():
         for v in bench_variants(m, p, variants):
             try:
                 loaded = runtime.load_sessions(m, p, v)
@@ -128,6 +130,17 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             if loaded.built_s:
                 echo(f"onnxruntime {p} {v}: graphs built in memory from the fp32 graphs in {loaded.built_s:.2f}s")
             backends[f"onnxruntime {p}" + ("" if v == "fp32" else f" {v}")] = loaded.backend()
+    if "openvino" in runtimes:
+        from toolkit.runtimes import openvino
+
+        echo(f"openvino {openvino.version()} on its CPU plugin")
+        for v in bench_variants(m, "cpu", variants):
+            try:
+                loaded = openvino.load(m, "cpu", v)
+            except Exception as e:  # a variant OpenVINO cannot compile is reported, not fatal
+                echo(f"skipping openvino cpu {v}: {str(e).splitlines()[0]}")
+                continue
+            backends["openvino cpu" + ("" if v == "fp32" else f" {v}")] = loaded.backend()
     results = []
     for batch in batch_sizes:
         for beam in beams:

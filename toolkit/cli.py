@@ -198,6 +198,8 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
+@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
+              help="Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra).")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8", "attention"]),
               help="Graph variants to check [default: every variant in the directory, and attention where declared].")
 @click.option("--atol", type=TOLERANCE, help="Absolute tolerance [default: per variant, see README].")
@@ -209,10 +211,12 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
               help="Compare against this checkpoint (its weights digest must match the graphs' weights).")
 @click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
-def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path, record, checkpoint_path, expect_digest):
-    """Measure parity between PyTorch and ONNX Runtime; exit 1 on any failure.
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, json_path, record, checkpoint_path, expect_digest):
+    """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
+    \b
     Example: tk verify exported/transformer --provider all --json report.json
+             tk verify exported/transformer --runtime openvino
     """
     import time
 
@@ -223,7 +227,8 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
         raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
     start = time.time()
     report = v.verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
-                      echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest)
+                      echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest,
+                      runtime=runtime)
     click.echo(v.render(report))
     for p, why in report.skipped.items():
         click.echo(f"skipped provider {p}: {why}", err=True)
@@ -232,7 +237,7 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
     n = len(report.rows)
     seconds = time.time() - start
     click.echo(f"reference ({report.reference_kind}): {report.reference_proves}", err=True)
-    click.echo(f"{n - len(report.failures)}/{n} checks passed in {seconds:.1f}s (seed {seed})", err=True)
+    click.echo(f"{n - len(report.failures)}/{n} checks passed in {seconds:.1f}s (seed {seed}, {report.runtime})", err=True)
     if record:
         v.record_summary(report, model_dir, seconds)
     v.raise_on_failure(report)
@@ -249,6 +254,8 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
 @click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
 @click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
+@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
+              help="Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra).")
 @click.option("--batch-size", type=BATCH, default=64, show_default=True, help="Sentences per batch.")
 @click.option("--max-tokens", type=POSITIVE, help="Or a budget of padded source tokens per batch.")
 @click.option("--beam", type=BEAM, default=1, show_default=True, help="Beam size; 1 is greedy search.")
@@ -268,7 +275,7 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
               help="Score the output against this file (one reference per line) with sacrebleu.")
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
-def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, batch_size, max_tokens, beam,
+def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, batch_size, max_tokens, beam,
               alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, quiet):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
@@ -296,10 +303,10 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     AtomicOutput.check(output_path)
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
-    t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend)
+    t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
-    say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.provider}; ready in {t.startup_s:.2f}s")
+    say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.where}; ready in {t.startup_s:.2f}s")
     if t.built_s:
         from toolkit.variants import export_flag
 
@@ -360,7 +367,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         scores = score_file(None, collected, reference, references)
     rate = stats.sentences / stats.seconds if stats.seconds else 0.0
     say(f"{stats.lines} lines, {stats.sentences} sentences in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
-        f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.provider}"
+        f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.where}"
         + (f"; {len(stats.truncated)} truncated" if stats.truncated else ""))
     if reference:
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
@@ -425,11 +432,13 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
               help="Timed runs per row, taken in turns across backends; the median is reported.")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
               help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
+@click.option("--runtime", "runtimes", multiple=True, type=click.Choice(["onnxruntime", "openvino"]),
+              help="Runtimes to time, interleaved in one run (repeatable) [default: onnxruntime].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
 @click.option("--data", "data_path", help="With --serve: fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
-def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, json_path, serve, clients, data_path):
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, serve, clients, data_path):
     """Measure decoding speed of PyTorch (textbook and cached) and ONNX Runtime (CPU, CUDA) side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
@@ -461,7 +470,8 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
 
     writable_file(json_path, "--json")
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
-                      repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True))
+                      repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
+                      runtimes=list(runtimes) or ["onnxruntime"])
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
     click.echo(b.table(results))
     if json_path:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from toolkit import manifest as manifest_mod
-from toolkit import runtime, textprep
+from toolkit import runtime as ort_runtime
+from toolkit import textprep
 from toolkit.batching import DecodeOptions, decode_ids
 from toolkit.errors import DataError, UsageError
 from toolkit.textprep import TextOptions
@@ -33,15 +34,30 @@ class Translator:
     provider: str  # "cpu" or "cuda" for ONNX Runtime, "torch" for the PyTorch reference
     startup_s: float
     built_s: float = 0.0  # of startup_s, the time spent building a variant the directory does not store
+    runtime: str = "onnxruntime"  # which engine runs the graphs (toolkit.runtimes); "torch" for the reference
+
+    @property
+    def where(self) -> str:
+        """Device and runtime, as output states them: 'cpu (onnxruntime 1.31.0)'."""
+        from toolkit import runtimes
+
+        return self.provider if self.runtime == "torch" else f"{self.provider} ({runtimes.label(self.runtime)})"
 
 
 def open_model(directory: str | Path, provider: str | None = None, variant: str = "fp32",
-               allow_fallback: bool = False, threads: int | None = None, backend: str = "onnxruntime") -> Translator:
-    """Loads and checks a model directory. provider None: CUDA if it truly loads, else CPU.
+               allow_fallback: bool = False, threads: int | None = None, backend: str = "onnxruntime",
+               runtime: str = "onnxruntime") -> Translator:
+    """Loads and checks a model directory. provider None: CUDA if it truly loads, else CPU
+    (on ONNX Runtime; OpenVINO runs on its CPU plugin).
 
     backend "torch" decodes with the PyTorch model through the same loop (for comparison;
     it needs torch and the model code, which the ONNX Runtime path never imports).
     """
+    from toolkit import runtimes
+
+    runtimes.check(runtime)
+    if backend == "torch" and runtime != "onnxruntime":
+        raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
     start = time.perf_counter()
     m = manifest_mod.load(directory)
     if m.kind != "seq2seq":
@@ -58,15 +74,15 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         _, _, model, _ = load_reference(m)
         specs = m.specs()
         return Translator(m, tokenizer, lambda: TorchBackend(model, specs["encoder"], specs["decoder"]), "torch",
-                          time.perf_counter() - start)
+                          time.perf_counter() - start, runtime="torch")
     if provider is None:
-        provider = "cuda" if runtime.cuda_available() else "cpu"
-    loaded = runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads)
+        provider = "cuda" if runtime == "onnxruntime" and ort_runtime.cuda_available() else "cpu"
+    loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads)
     for name, spec in m.specs().items():
         got = [i.name for i in loaded.sessions[name].get_inputs()]
         if got != spec.input_names:
             raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {directory}")
-    return Translator(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s)
+    return Translator(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s, runtime)
 
 
 @dataclass

@@ -63,13 +63,15 @@ class Report:
     reference_kind: str = ""  # checkpoint | random_init | graphs (see toolkit.reference.reference_kind)
     reference_proves: str = ""
     weights_sha256: str = ""  # of the graphs' fp32 weights, when computed (--checkpoint, --expect-digest, or a graphs reference)
+    runtime: str = "onnxruntime"  # the engine that ran the graphs, with its version ("openvino 2026.4.1")
 
     @property
     def failures(self) -> list[Row]:
         return [r for r in self.rows if not r.ok]
 
     def to_json(self) -> dict:
-        return {"directory": self.directory, "seed": self.seed, "passed": not self.failures, "reference": self.reference,
+        return {"directory": self.directory, "seed": self.seed, "passed": not self.failures, "runtime": self.runtime,
+                "reference": self.reference,
                 "reference_kind": self.reference_kind, "reference_proves": self.reference_proves,
                 "graph_weights_sha256": self.weights_sha256 or None,
                 "skipped_providers": self.skipped, "environment": self.environment,
@@ -165,7 +167,7 @@ def run_ort(session, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str,
 
 def failed_run(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str, error: Exception) -> None:
     rows.append(Row(check, spec.name, variant, provider, case, "(run)", float("inf"), float("inf"), 1.0, ok=False,
-                    detail=f"ONNX Runtime failed: {error}"))
+                    detail=f"{'OpenVINO' if provider.startswith('openvino') else 'ONNX Runtime'} failed: {error}"))
 
 
 def compare_outputs(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str,
@@ -328,29 +330,41 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
 
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
            rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
-           checkpoint: str | Path | None = None, expect_digest: str | None = None) -> Report:
-    from toolkit import runtime
+           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = "onnxruntime") -> Report:
+    """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
+    in the provider column ("openvino-cpu"); ONNX Runtime's stay "cpu"/"cuda"."""
+    from toolkit import runtime as ort_runtime
+    from toolkit import runtimes
     from toolkit.tokenizer import Tokenizer
     from toolkit.torch_backend import TorchBackend
 
+    runtimes.check(runtime)
     m = manifest_mod.load(directory)
-    report = Report(str(directory), seed)
+    report = Report(str(directory), seed, runtime=runtimes.label(runtime))
+    echo(f"runtime: {report.runtime}")
     try:
         m.check_files()
     except UsageError as e:
         report.rows.append(Row("static", "files", "-", "-", "-", "sha256", ok=False, detail=str(e)))
     # The attention variant (built in memory, with extra outputs) is checked by verify_attention.
     attention = "attention" in (variants or []) or (not variants and "attention" in m.data)
+    if runtime != "onnxruntime" and attention:
+        if variants:
+            raise UsageError(f"the attention variant is checked on onnxruntime only; drop --variant attention or --runtime {runtime}")
+        attention = False  # its extra outputs are read through ONNX Runtime's I/O binding
     variants = [v for v in variants if v != "attention"] if variants else m.variants()
     specs = m.specs()
 
     providers = ["cpu", "cuda"] if provider == "all" else [provider]
     sessions: dict[tuple[str, str], dict] = {}
+    backends: dict[tuple[str, str], object] = {}
     for p in providers:
         for v in variants:
             try:
-                loaded = runtime.load_sessions(m, p, v)
-                sessions[(p, v)] = loaded.sessions
+                loaded = runtimes.load(m, runtime, p, v, unverified=True)
+                label = p if runtime == "onnxruntime" else f"{runtime}-{p}"
+                sessions[(label, v)] = loaded.sessions
+                backends[(label, v)] = loaded.backend
                 if loaded.built_s:
                     echo(f"{v} graphs: not stored in {directory}, built in memory from its fp32 graphs in {loaded.built_s:.2f}s")
             except ProviderError as e:
@@ -359,6 +373,8 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
                 report.skipped[p] = str(e)
                 break
     report.environment = environment(sorted({p for p, _ in sessions}))
+    if runtime != "onnxruntime":
+        report.environment[runtime] = runtimes.version(runtime)
     # Sessions first: a provider that cannot load fails before any PyTorch work.
     entry, cfg, model, report.reference = load_reference(m, echo, checkpoint)
     report.reference_kind, report.reference_proves = reference_kind(report.reference)
@@ -380,7 +396,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     rng = np.random.default_rng(seed)
     unoptimized = {}
     if ("cpu", "fp32") in sessions:
-        unoptimized = {name: runtime.create_session(m.graph_path(name), "cpu", optimization="disabled") for name in specs}
+        unoptimized = {name: ort_runtime.create_session(m.graph_path(name), "cpu", optimization="disabled") for name in specs}
     for i, sizes in enumerate(sweep_cases(max_len)):
         for name, spec in specs.items():
             feeds = sweep_inputs(spec, sizes, rng, vocab, i)
@@ -416,10 +432,9 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         ref_backend = TorchBackend(model, specs["encoder"], specs["decoder"])
         for (p, v), s in sessions.items():
             parity = ParityBackend(ref_backend, s, specs, v, p, tolerance(v, atol, rtol), report.rows)
-            ort_backend = runtime.OrtBackend(s["encoder"], s["decoder"], specs["encoder"], specs["decoder"])
             try:
                 greedy(parity, src_ids, max_len)
-                compare_translations(report.rows, ref_backend, ort_backend, src_ids, max_len, v, p, tolerance(v, atol, rtol))
+                compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, max_len, v, p, tolerance(v, atol, rtol))
             except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
                 failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(str(e).splitlines()[0]))
     if attention:

@@ -1,0 +1,147 @@
+"""OpenVINO: the exported .onnx graphs (external weights included) read by `openvino.Core().read_model`,
+compiled for the CPU plugin with dynamic shapes, behind the same step-backend interface as ONNX Runtime.
+
+Imports openvino and numpy, never torch: this is a deployment path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from toolkit.decoding import StepBackend, empty_cache, top_k_rows
+from toolkit.errors import ProviderError, UsageError
+from toolkit.graphs import GraphSpec
+from toolkit.manifest import Manifest
+from toolkit.variants import describe, graph_source
+
+INSTALL = "pip install 'tk[openvino]' (or pip install openvino), or use --runtime onnxruntime"
+
+# f32 explicitly: on a CPU with bf16 units the plugin would otherwise compute in bf16 by default, and
+# the graphs would no longer be the ones checked against PyTorch. Snippets off: with them (OpenVINO
+# 2026.4.1), the decoder's attention, fused into a "Subgraph" kernel, returns log-probabilities wrong
+# by about 10 once the cache reaches 7 positions on an infer request that ran shorter steps before
+# (every real decode): 53/64 greedy translations matched ONNX Runtime's; with them off, 64/64.
+CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "SNIPPETS_MODE": "DISABLE", "PERFORMANCE_HINT": "LATENCY"}
+
+
+def _openvino():
+    try:
+        import openvino
+    except ImportError:
+        raise UsageError(f"--runtime openvino needs the openvino package; {INSTALL}") from None
+    return openvino
+
+
+def version() -> str:
+    return _openvino().__version__.split("-")[0]
+
+
+class OvSession:
+    """One compiled graph, with the part of onnxruntime.InferenceSession that tk's checks call:
+    `run(None, feeds)` (outputs in the graph's order) and `get_inputs()`."""
+
+    def __init__(self, compiled, input_names: list[str]):
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        self.input_names = input_names
+
+    def get_inputs(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name=n) for n in self.input_names]
+
+    def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        # By position, not by name: a graph's outputs keep the ONNX order, while OpenVINO may name
+        # them after the node that makes them (the fp16 graphs' output casts).
+        result = self.request.infer({n: np.ascontiguousarray(v) for n, v in feeds.items()})
+        return [np.array(result[out]) for out in self.compiled.outputs]
+
+
+def compile_graph(source: Path | bytes, threads: int | None = None) -> OvSession:
+    ov = _openvino()
+    core = ov.Core()
+    config = dict(CONFIG)
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    try:
+        model = core.read_model(source, b"") if isinstance(source, bytes) else core.read_model(str(source))
+        compiled = core.compile_model(model, "CPU", config)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"OpenVINO cannot run {describe(source)}: {first}; use --runtime onnxruntime") from None
+    return OvSession(compiled, [i.get_any_name() for i in compiled.inputs])
+
+
+class OvBackend(StepBackend):
+    """Step backend over an encoder and a decoder compiled by OpenVINO. The cache is numpy on the
+    host (the CPU plugin's memory is the host's), so selecting rows is a numpy take along each
+    state tensor's batch axis, and ranking is numpy's, the equivalents of ONNX Runtime's Gather and
+    TopK graphs."""
+
+    def __init__(self, encoder: OvSession, decoder: OvSession, encoder_spec: GraphSpec, decoder_spec: GraphSpec):
+        self.encoder, self.decoder = encoder, decoder
+        self.encoder_spec, self.decoder_spec = encoder_spec, decoder_spec
+        self.state_names = decoder_spec.input_names[1:]
+        self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
+
+    def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
+        outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
+        outputs.update(src=src, src_len=src_len)
+        outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
+        return {n: outputs[n] for n in self.state_names}
+
+    def step(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        named = dict(zip(self.decoder_spec.output_names, self.decoder.run(None, {"token": token, **state})))
+        new_state = dict(state)
+        for out_name, in_name in self.decoder_spec.updates.items():
+            new_state[in_name] = named[out_name]
+        return named["log_probs"], new_state
+
+    def step_top_k(self, token: np.ndarray, state: dict[str, np.ndarray], k: int):
+        log_probs, new_state = self.step(token, state)
+        return (*top_k_rows(log_probs, k), new_state)
+
+    def select(self, state: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {n: np.take(v, rows, axis=self.batch_axis[n]) for n, v in state.items()}
+
+
+@dataclass
+class LoadedOpenVINO:
+    manifest: Manifest
+    sessions: dict[str, OvSession]
+    provider: str = "cpu"
+    built_s: float = 0.0
+    runtime: str = "openvino"
+
+    def backend(self) -> OvBackend:
+        specs = self.manifest.specs()
+        return OvBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
+
+
+# Variants OpenVINO compiles but computes outside their verified tolerance, with what `tk verify
+# --runtime openvino --variant V` measured; translation refuses them, verify still runs them to show the numbers.
+UNVERIFIED = {
+    "int8": "OpenVINO computes ONNX Runtime's dynamic int8 operators (DynamicQuantizeLinear, MatMulInteger) with "
+            "log-probabilities off by up to 1.39 against int8's tolerance of 0.5 (tk verify --runtime openvino "
+            "--variant int8); use --variant fp32 or fp16 on openvino, or --runtime onnxruntime for int8",
+}
+
+
+def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int | None = None,
+         unverified: bool = False) -> LoadedOpenVINO:
+    """Every graph of the directory compiled for OpenVINO's CPU plugin; a variant it does not store is built
+    in memory. A variant in UNVERIFIED is refused unless `unverified` (verify, which measures it)."""
+    if variant in UNVERIFIED and not unverified:
+        raise UsageError(UNVERIFIED[variant])
+    if provider not in ("cpu", None):
+        raise ProviderError(f"--runtime openvino runs on OpenVINO's CPU plugin only, not provider {provider}; "
+                            "use --provider cpu, or --runtime onnxruntime for CUDA")
+    _openvino()
+    sessions, built = {}, 0.0
+    for name in m.data["graphs"]:
+        source, seconds = graph_source(m, name, variant)
+        sessions[name] = compile_graph(source, threads)
+        built += seconds
+    return LoadedOpenVINO(m, sessions, "cpu", built)
