@@ -1,0 +1,74 @@
+"""The OpenVINO runtime: the shipped graphs translate with the same tokens as ONNX Runtime, verify
+compares them with PyTorch, and what OpenVINO cannot run is refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolkit import manifest as manifest_mod
+from toolkit import runtimes
+
+SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
+
+
+@pytest.fixture(scope="module")
+def held_out(corpus_zip) -> list[str]:
+    """The held-out test split `tk evaluate` scores, every few sentences so lengths vary."""
+    from toolkit import data
+
+    english, _ = data.references(data.load_corpus(str(corpus_zip), download=False).splits["test"])
+    return english[::40][:48]
+
+
+def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_out):
+    from toolkit.batching import DecodeOptions, decode_ids
+    from toolkit.tokenizer import Tokenizer
+
+    m = manifest_mod.load(SHIPPED)
+    src = Tokenizer.load(m.tokenizer_path()).encode(held_out)
+    opts = DecodeOptions(batch_size=16, max_len=m.max_len)
+    ort = [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime").backend(), src, opts)]
+    ov = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src, opts)]
+    assert len(held_out) == 48 and max(map(len, ort)) >= 8  # long enough to reach the cache lengths that once broke
+    assert ov == ort
+    beam = DecodeOptions(beam=4, batch_size=16, max_len=m.max_len)
+    assert ([h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src[:16], beam)]
+            == [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime").backend(), src[:16], beam)])
+
+
+def test_verify_on_openvino_passes_and_catches_its_attention_kernel_bug(monkeypatch):
+    """With OpenVINO's MHA snippets on (its default), the decoder's log-probabilities go wrong once the
+    cache holds 7 positions; verify must name that, and pass with the settings tk uses."""
+    from toolkit.runtimes import openvino
+    from toolkit.verify import verify
+
+    report = verify(SHIPPED, runtime="openvino", sentences=4, echo=lambda m: None)
+    assert not report.failures and report.runtime.startswith("openvino ")
+    assert {r.provider for r in report.rows if r.check != "static"} == {"openvino-cpu"}
+    monkeypatch.setitem(openvino.CONFIG, "SNIPPETS_MODE", "ENABLE")
+    broken = verify(SHIPPED, runtime="openvino", sentences=4, echo=lambda m: None)
+    assert any(r.graph == "decoder" and r.output == "log_probs" and r.max_abs > 1 for r in broken.failures)
+
+
+def test_translate_states_the_runtime(cli):
+    result = cli("translate", "--model", SHIPPED, "--runtime", "openvino", "I'm home.")
+    assert result.exit_code == 0, result.output
+    assert "Je suis chez moi." in result.output
+    assert f"on cpu (openvino {runtimes.version('openvino')})" in result.output
+
+
+@pytest.mark.parametrize("args, exit_code, says", [
+    (["--variant", "int8"], 2, "--runtime onnxruntime for int8"),
+    (["--provider", "cuda"], 1, "OpenVINO's CPU plugin only"),
+    (["--backend", "torch"], 2, "drop --runtime openvino or --backend torch"),
+])
+def test_what_openvino_cannot_run_is_refused_in_one_line(cli, args, exit_code, says):
+    result = cli("translate", "--model", SHIPPED, "--runtime", "openvino", *args, "Go.")
+    assert result.exit_code == exit_code
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ") and says in result.output
+
+
+def test_openvino_translation_never_imports_torch(assert_torch_free):
+    assert_torch_free("translate", "--model", SHIPPED, "--runtime", "openvino", "-q", "Go.")
