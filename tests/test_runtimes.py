@@ -72,3 +72,18 @@ def test_what_openvino_cannot_run_is_refused_in_one_line(cli, args, exit_code, s
 
 def test_openvino_translation_never_imports_torch(assert_torch_free):
     assert_torch_free("translate", "--model", SHIPPED, "--runtime", "openvino", "-q", "Go.")
+
+
+def test_bench_times_openvino_beside_onnxruntime_on_the_same_sentences(cli, tmp_path):
+    import json
+
+    out = tmp_path / "bench.json"
+    result = cli("bench", "--model", SHIPPED, "--runtime", "onnxruntime", "--runtime", "openvino", "--variant", "fp32",
+                 "--variant", "int8", "--sentences", 4, "--batch-size", 2, "--beam", 1, "--repeat", 1, "--no-textbook",
+                 "--json", out)
+    assert result.exit_code == 0, result.output
+    rows = {r["backend"]: r for r in json.loads(out.read_text())}
+    assert {"onnxruntime cpu", "onnxruntime cpu int8", "openvino cpu"} <= set(rows)
+    assert "openvino cpu int8" not in rows and "skipping openvino cpu int8" in result.output
+    same = [line for line in result.output.splitlines() if line.startswith("openvino cpu ")]
+    assert same and same[0].rstrip().endswith("100%")  # the same tokens as PyTorch on the same sentences
