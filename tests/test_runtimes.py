@@ -87,3 +87,8 @@ def test_bench_times_openvino_beside_onnxruntime_on_the_same_sentences(cli, tmp_
     assert "openvino cpu int8" not in rows and "skipping openvino cpu int8" in result.output
     same = [line for line in result.output.splitlines() if line.startswith("openvino cpu ")]
     assert same and same[0].rstrip().endswith("100%")  # the same tokens as PyTorch on the same sentences
+
+
+def test_bench_serve_refuses_openvino_instead_of_ignoring_it(cli):
+    result = cli("bench", "--serve", "--runtime", "openvino")
+    assert result.exit_code == 2 and "drop --runtime openvino" in result.output

@@ -439,7 +439,7 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
 @click.option("--data", "data_path", help="With --serve: fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, serve, clients, data_path):
-    """Measure decoding speed of PyTorch (textbook and cached) and ONNX Runtime (CPU, CUDA) side by side.
+    """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA) and OpenVINO side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
     requests, with dynamic batching and with batching off.
@@ -451,6 +451,8 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     import json
     import platform
 
+    if serve and set(runtimes) - {"onnxruntime"}:
+        raise UsageError("--serve load-tests `tk serve`, which runs on onnxruntime only; drop --runtime openvino")
     if serve:
         from toolkit.data import load_corpus, references
         from toolkit.serve.load import bench_serve
