@@ -581,7 +581,7 @@ def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_b
               "[default: a local Ray instance on this machine].")
 @click.option("--workers", type=click.IntRange(1, 4096), default=1, show_default=True, help="Actors, each with its own sessions.")
 @click.option("--threads", type=THREADS, help="ONNX Runtime threads per actor [default: a node's cores / its actors].")
-@click.option("--shard-lines", type=click.IntRange(1, 10_000_000), default=8192, show_default=True,
+@click.option("--shard-lines", type=click.IntRange(1, 10_000_000), default=4096, show_default=True,
               help="Lines per shard (a multiple of 2048 batches lines exactly as tk translate -i does).")
 @click.option("--column", help="The text column of Parquet inputs.")
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
@@ -638,8 +638,9 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     job = CorpusJob(str(model_dir), list(inputs), output_dir, settings, decode, text, strict, provider, variant, workers, threads,
                     shard_lines, column, address)
     result = run(job, say)
+    rate = f", {result.lines_per_s:,.1f} lines/s" if result.resumed < result.shards else ""
     say(f"wrote {result.merged}: {result.lines:,} lines from {result.shards} shards ({result.resumed} done earlier) "
-        f"in {result.seconds:.1f}s, {result.lines_per_s:,.1f} lines/s")
+        f"in {result.seconds:.1f}s{rate}")
 
 
 if __name__ == "__main__":

@@ -132,13 +132,25 @@ def _run_pool(job: CorpusJob, p: shards.Plan, pending: list[shards.Shard], progr
                                                "text": job.text, "strict": job.strict,
                                                "crash_once": os.environ.get(CRASH_ENV)})
     by_id = {s.id: s for s in pending}
+    try:
+        _collect(ds, by_id, p, job.out_dir, progress)
+    except ray.exceptions.RayError as e:
+        # Actors are restarted and their shard retried without limit; this is the cluster itself failing.
+        done = sum(s.status == "done" for s in p.shards)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ShardsFailed(f"the Ray run stopped ({type(e).__name__}: {first}); rerun the same command to resume "
+                           f"({done} of {len(p.shards)} shards are done and kept)") from None
+
+
+def _collect(ds, by_id: dict[int, shards.Shard], p: shards.Plan, out_dir: Path, progress: Progress) -> None:
+    """Writes each shard's output as it arrives, then records it in the manifest."""
     for row in ds.iter_rows():
         s = by_id[int(row["shard"])]
         if row["status"] == "done":
             data = str(row["text"]).encode("utf-8")
-            shards.write_atomic(job.out_dir / s.output_name, data)
+            shards.write_atomic(out_dir / s.output_name, data)
             s.status, s.output_sha256, s.error = "done", hashlib.sha256(data).hexdigest(), None
         else:
             s.status, s.error = "failed", str(row["error"])
-        shards.save(p, job.out_dir)
+        shards.save(p, out_dir)
         progress.shard_finished(s.lines, failed=s.status == "failed")
