@@ -57,6 +57,9 @@ def connect(address: str | None):
     if not ray.is_initialized():
         # Ray's C++ core logs warnings (one per actor about restartable constructor arguments) straight to stderr.
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+        # Ray starts its workers at nice 15, so on a machine shared with other work the actors would get what
+        # is left of the CPU (measured here: 45 lines/s against 123 for tk translate -i); run them like tk translate.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         try:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
         except (ConnectionError, ValueError, RuntimeError) as e:
