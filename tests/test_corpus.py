@@ -1,0 +1,159 @@
+"""tk translate-corpus on a local Ray instance: the same lines as tk translate, in order; resume, a killed
+actor, a bad line, refusals. One Ray instance (2 CPUs) serves every test of this module."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from toolkit import data
+
+ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """Ray starts in seconds, not milliseconds: one local instance for the module, and its address for subprocesses."""
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    yield ctx.address_info["gcs_address"]
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def english(corpus_zip) -> list[str]:
+    en, _ = data.references(data.load_corpus(corpus_zip).splits["test"])
+    return en[:36]
+
+
+@pytest.fixture()
+def corpus(tmp_path, english):
+    """Two text files in a directory and a Parquet file: 12 + 10 + 14 lines, an empty line among them."""
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_text("\n".join(english[:12]) + "\n", encoding="utf-8")
+    (d / "b.txt").write_text("\n".join([*english[12:16], "", *english[17:22]]) + "\n", encoding="utf-8")
+    pq.write_table(__import__("pyarrow").table({"id": list(range(14)), "en": english[22:36]}), tmp_path / "c.parquet", row_group_size=4)
+    lines = [*english[:12], *english[12:16], "", *english[17:22], *english[22:36]]
+    return d, tmp_path / "c.parquet", lines
+
+
+def run(cli, model, *args):
+    return cli("translate-corpus", model, *args)
+
+
+def plain(cli, model, tmp_path, lines: list[str]) -> list[str]:
+    src, out = tmp_path / "plain-in.txt", tmp_path / "plain-out.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = cli("translate", "--model", model, "-q", "-i", src, "-o", out)
+    assert result.exit_code == 0, result.output
+    return out.read_text(encoding="utf-8").splitlines()
+
+
+def manifest(out) -> dict:
+    return json.loads((out / "corpus.json").read_text())
+
+
+def test_a_multi_file_corpus_gives_the_lines_tk_translate_gives_in_input_order(cli, tiny_export, ray_address, corpus, tmp_path):
+    d, parquet, lines = corpus
+    out = tmp_path / "out"
+    result = run(cli, tiny_export, d, parquet, out, "--column", "en", "--workers", 2, "--shard-lines", 5)
+    assert result.exit_code == 0, result.output
+    got = (out / "translations.txt").read_text(encoding="utf-8").splitlines()
+    assert got == plain(cli, tiny_export, tmp_path, lines)
+    m = manifest(out)
+    # 12, 10 and 14 lines in shards of 5: 3 + 2 + 3, each with its line range and a done status.
+    assert [(s["source"], s["first_line"], s["lines"]) for s in m["shards"]] == [
+        (0, 1, 5), (0, 6, 5), (0, 11, 2), (1, 1, 5), (1, 6, 5), (2, 1, 5), (2, 6, 5), (2, 11, 4)]
+    assert {s["status"] for s in m["shards"]} == {"done"}
+    assert "shards 8/8, 36/36 lines" in result.output and "lines/s, ETA" in result.output
+
+
+def test_a_rerun_skips_verified_shards_and_redoes_a_changed_or_missing_one(cli, tiny_export, ray_address, corpus, tmp_path):
+    d, _, lines = corpus
+    out = tmp_path / "out"
+    assert run(cli, tiny_export, d, out, "--shard-lines", 4).exit_code == 0
+    expected = (out / "translations.txt").read_text(encoding="utf-8")
+    files = sorted((out / "shards").iterdir())
+    files[1].write_text("tampered\n" * 4, encoding="utf-8")
+    files[3].unlink()
+    kept = {f: f.stat().st_mtime_ns for f in (files[0], files[2], files[4], files[5])}
+    result = run(cli, tiny_export, d, out, "--shard-lines", 4)
+    assert result.exit_code == 0, result.output
+    assert "4 already done, 2 to translate" in result.output
+    assert (out / "translations.txt").read_text(encoding="utf-8") == expected
+    assert {f: f.stat().st_mtime_ns for f in kept} == kept  # the verified shards were not translated again
+
+
+def test_an_actor_killed_mid_shard_has_its_shard_retried(cli, tiny_export, ray_address, corpus, tmp_path, monkeypatch):
+    d, _, lines = corpus
+    marker, out = tmp_path / "crashed", tmp_path / "out"
+    monkeypatch.setenv("TK_CORPUS_CRASH_ONCE", f"2:{marker}")
+    result = run(cli, tiny_export, d, out, "--workers", 2, "--shard-lines", 5)
+    assert marker.exists(), "the hook never killed an actor"
+    assert result.exit_code == 0, result.output
+    assert (out / "translations.txt").read_text(encoding="utf-8").splitlines() == plain(cli, tiny_export, tmp_path, lines[:22])
+
+
+def test_a_non_utf8_line_fails_only_its_shard_and_a_fixed_input_resumes(cli, tiny_export, ray_address, english, tmp_path):
+    src, out = tmp_path / "in.txt", tmp_path / "out"
+    good = [s.encode() for s in english[:15]]
+    bad = [*good[:11], b"caf\xe9 au lait", *good[12:]]
+    src.write_bytes(b"\n".join(bad) + b"\n")
+    result = run(cli, tiny_export, src, out, "--shard-lines", 5)
+    assert result.exit_code == 1, result.output
+    assert "error: 1 of 3 shards failed" in result.output and "in.txt line 12 is not valid UTF-8" in result.output
+    assert [s["status"] for s in manifest(out)["shards"]] == ["done", "done", "failed"]
+    assert not (out / "translations.txt").exists()
+    src.write_bytes(b"\n".join(good) + b"\n")
+    result = run(cli, tiny_export, src, out, "--shard-lines", 5)
+    assert result.exit_code == 0, result.output
+    assert "2 already done, 1 to translate" in result.output
+    assert (out / "translations.txt").read_text(encoding="utf-8").splitlines() == plain(cli, tiny_export, tmp_path, english[:15])
+
+
+@pytest.mark.parametrize("problem", ["not-ours", "other-options", "no-column", "wrong-column", "no-input"])
+def test_refusals_are_one_line_and_touch_nothing(cli, tiny_export, ray_address, corpus, tmp_path, problem):
+    d, parquet, _ = corpus
+    out = tmp_path / "out"
+    args = [d, out]
+    if problem == "not-ours":
+        out.mkdir()
+        (out / "thesis.tex").write_text("precious")
+    elif problem == "other-options":
+        assert run(cli, tiny_export, d, out, "--shard-lines", 8).exit_code == 0
+        args = [d, out, "--shard-lines", 8, "--beam", 2]
+    elif problem == "no-column":
+        args = [parquet, out]
+    elif problem == "wrong-column":
+        args = [parquet, out, "--column", "text"]
+    else:
+        args = [tmp_path / "missing*.txt", out]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    result = run(cli, tiny_export, *args)
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_translate_corpus_never_imports_torch(tiny_export, ray_address, corpus, tmp_path, assert_torch_free):
+    d, _, _ = corpus
+    # A separate driver process joins the test's Ray instance through --address, as on a cluster.
+    assert_torch_free("translate-corpus", tiny_export, d, tmp_path / "out", "--address", ray_address, "-q")
+    assert len((tmp_path / "out" / "translations.txt").read_text().splitlines()) == 22
+
+
+def test_progress_rate_and_eta_count_only_this_runs_lines():
+    from toolkit.corpus.progress import Progress
+
+    now = [0.0]
+    seen: list[str] = []
+    # 1,000 of 4,000 lines were done by an earlier run; this run translates 1,000 lines in 10 s.
+    p = Progress(4, 4000, 1, 1000, seen.append, now=lambda: now[0])
+    now[0] = 10.0
+    p.shard_finished(1000)
+    assert seen == ["shards 2/4, 2,000/4,000 lines, 100.0 lines/s, ETA 0:00:20"]

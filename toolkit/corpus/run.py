@@ -1,0 +1,159 @@
+"""The driver of `tk translate-corpus`: plan, resume, a Ray Data actor pool over the pending shards,
+each shard's output written atomically as it arrives, then the ordered merge."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.corpus import shards
+from toolkit.corpus.merge import merge
+from toolkit.corpus.progress import Progress
+from toolkit.corpus.worker import CRASH_ENV, ShardTranslator
+from toolkit.errors import ToolkitError, UsageError
+
+
+@dataclass
+class CorpusJob:
+    model_dir: str
+    inputs: list[str]
+    out_dir: Path
+    settings: dict  # recorded in the manifest: a rerun with other values is refused
+    decode: dict  # toolkit.batching.DecodeOptions fields
+    text: dict  # toolkit.textprep.TextOptions fields
+    strict: bool = False
+    provider: str = "cpu"
+    variant: str = "fp32"
+    workers: int = 1
+    threads: int | None = None  # ONNX Runtime threads per actor; None: the node's cores shared by its actors
+    shard_lines: int = 8192
+    column: str | None = None
+    address: str | None = None
+
+
+@dataclass
+class CorpusResult:
+    shards: int
+    resumed: int
+    failed: list[str]
+    lines: int
+    merged: Path | None
+    seconds: float
+    lines_per_s: float
+
+
+class ShardsFailed(ToolkitError):
+    exit_code = 1
+
+
+def connect(address: str | None):
+    """Joins the Ray instance this process already runs, the cluster at `address`, or starts a local one."""
+    import ray
+
+    if not ray.is_initialized():
+        # Ray's C++ core logs warnings (one per actor about restartable constructor arguments) straight to stderr.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+        # Ray starts its workers at nice 15, so on a machine shared with other work the actors would get what
+        # is left of the CPU (measured here: 45 lines/s against 123 for tk translate -i); run them like tk translate.
+        os.environ.setdefault("RAY_worker_niceness", "0")
+        try:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise UsageError(f"cannot reach a Ray cluster at {address} ({str(e).splitlines()[0][:160]}); "
+                             "check --address (auto, or ray://HEAD:10001)") from None
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # tk prints its own progress, one line per shard
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    return ray
+
+
+def threads_per_actor(ray, workers: int, provider: str) -> int:
+    """Spreads each node's cores over the actors it will hold, so actors x threads never oversubscribes a node."""
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")]
+    if not nodes:
+        return 1
+    cores = min(int(n["Resources"]["CPU"]) for n in nodes)
+    per_node = -(-workers // len(nodes))
+    return max(1, cores // per_node)
+
+
+def translate_corpus(job: CorpusJob, say: Callable[[str], None] = lambda m: None) -> CorpusResult:
+    import time
+
+    from toolkit.corpus.inputs import find_sources
+
+    sources = find_sources(job.inputs, job.column)
+    if job.out_dir.exists() and not job.out_dir.is_dir():
+        raise UsageError(f"OUTPUT_DIR {job.out_dir} is a file; give a directory")
+    p = shards.plan(sources, job.settings, job.shard_lines)
+    resumed = shards.resume(p, job.out_dir)
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    shards.save(p, job.out_dir)
+    pending = [s for s in p.shards if s.status != "done"]
+    say(f"{len(sources)} input file(s), {p.total_lines:,} lines in {len(p.shards)} shards of {job.shard_lines:,}; "
+        f"{resumed} already done" + (f", {len(pending)} to translate" if pending else ""))
+    start = time.perf_counter()
+    progress = Progress(len(p.shards), p.total_lines, resumed, sum(s.lines for s in p.shards if s.status == "done"), say)
+    if pending:
+        _run_pool(job, p, pending, progress, say)
+    seconds = time.perf_counter() - start
+    failed = [s for s in p.shards if s.status == "failed"]
+    result = CorpusResult(len(p.shards), resumed, [f"{s.describe(sources)}: {s.error}" for s in failed], p.total_lines,
+                          None, seconds, progress.rate())
+    if failed:
+        for line in result.failed:
+            say(f"failed: {line}")
+        raise ShardsFailed(f"{len(failed)} of {len(p.shards)} shards failed (first: {result.failed[0]}); "
+                           f"fix the input and rerun the same command: the {len(p.shards) - len(failed)} done shards are kept")
+    result.merged, lines = merge(p, job.out_dir)
+    if job.decode.get("n_best", 1) == 1 and lines != p.total_lines:
+        raise ShardsFailed(f"{result.merged} has {lines} lines for {p.total_lines} input lines; rerun in a new OUTPUT_DIR")
+    return result
+
+
+def _run_pool(job: CorpusJob, p: shards.Plan, pending: list[shards.Shard], progress: Progress, say: Callable[[str], None]) -> None:
+    ray = connect(job.address)
+    workers = min(job.workers, len(pending))
+    threads = job.threads or threads_per_actor(ray, workers, job.provider)
+    resources = {"num_gpus": 1, "num_cpus": 1} if job.provider == "cuda" else {"num_cpus": threads}
+    say(f"{workers} worker(s) x {threads} thread(s) on {job.provider}, Ray {ray.__version__}")
+    rows = [{"shard": s.id, "path": p.sources[s.source].path, "kind": p.sources[s.source].kind,
+             "column": p.sources[s.source].column or "", "first_line": s.first_line, "lines": s.lines, "offset": s.offset,
+             "input_sha256": s.input_sha256} for s in pending]
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+    # batch_size=1: a shard per call, so a shard's output reaches the driver (and its file) as soon as it is done.
+    ds = ds.map_batches(ShardTranslator, batch_size=1, concurrency=workers, **resources,
+                        fn_constructor_kwargs={"model_dir": str(Path(job.model_dir).resolve()), "provider": job.provider,
+                                               "variant": job.variant, "threads": threads, "decode": job.decode,
+                                               "text": job.text, "strict": job.strict,
+                                               "crash_once": os.environ.get(CRASH_ENV)})
+    by_id = {s.id: s for s in pending}
+    try:
+        _collect(ds, by_id, p, job.out_dir, progress)
+    except ray.exceptions.RayError as e:
+        # Actors are restarted and their shard retried without limit; this is the cluster itself failing.
+        done = sum(s.status == "done" for s in p.shards)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ShardsFailed(f"the Ray run stopped ({type(e).__name__}: {first}); rerun the same command to resume "
+                           f"({done} of {len(p.shards)} shards are done and kept)") from None
+
+
+def _collect(ds, by_id: dict[int, shards.Shard], p: shards.Plan, out_dir: Path, progress: Progress) -> None:
+    """Writes each shard's output as it arrives, then records it in the manifest."""
+    for row in ds.iter_rows():
+        s = by_id[int(row["shard"])]
+        if row["status"] == "done":
+            data = str(row["text"]).encode("utf-8")
+            shards.write_atomic(out_dir / s.output_name, data)
+            s.status, s.output_sha256, s.error = "done", hashlib.sha256(data).hexdigest(), None
+        else:
+            s.status, s.error = "failed", str(row["error"])
+        shards.save(p, out_dir)
+        progress.shard_finished(s.lines, failed=s.status == "failed")

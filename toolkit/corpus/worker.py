@@ -1,0 +1,78 @@
+"""The Ray Data actor: one per worker, holding its own ONNX Runtime sessions, translating a shard per call.
+
+The sessions are created in the actor's constructor, on the node that runs it (sessions cannot be
+pickled, and shipping a model per call would cost more than translating). Each shard is translated by
+toolkit.translate.translate_lines, the loop of `tk translate -i`, over translate_batch, so a shard's
+output is what `tk translate` writes for the same lines.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.batching import DecodeOptions
+from toolkit.corpus import inputs
+from toolkit.errors import ToolkitError
+from toolkit.textprep import TextOptions
+
+# Test hook: "SHARD_ID:MARKER_FILE" makes the actor that gets that shard exit abruptly, once (the marker
+# records that it did), standing in for a node or process dying mid-shard.
+CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
+
+
+class ShardTranslator:
+    def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: dict, text: dict,
+                 strict: bool, crash_once: str | None = None):
+        from toolkit.translate import open_model
+
+        self.t = open_model(model_dir, provider, variant, threads=threads)
+        self.opts = DecodeOptions(**decode)
+        self.text = TextOptions(**text)
+        self.strict = strict
+        self.crash_once = crash_once
+
+    def _maybe_crash(self, shard: int) -> None:
+        if not self.crash_once:
+            return
+        target, marker = self.crash_once.split(":", 1)
+        if int(target) == shard and not os.path.exists(marker):
+            Path(marker).write_text(str(os.getpid()))
+            os._exit(1)
+
+    def translate_shard(self, row: dict) -> tuple[str, str, str | None]:
+        """(status, output text, error) for one shard row of the plan."""
+        from toolkit.translate import translate_lines
+
+        self._maybe_crash(int(row["shard"]))
+        path, first, lines = str(row["path"]), int(row["first_line"]), int(row["lines"])
+        try:
+            if row["kind"] == "text":
+                raws, digest = inputs.read_text(path, int(row["offset"]), lines)
+            else:
+                raws, digest = inputs.read_parquet(path, str(row["column"]), first, lines)
+            if len(raws) != lines or digest != row["input_sha256"]:
+                return "failed", "", f"{path} changed since the run was planned (lines {first}-{first + lines - 1}); rerun to re-plan"
+            out: list[str] = []
+            translate_lines(self.t, inputs.decode(raws, first, path), out.append, self.opts, self.strict, text=self.text)
+        except ToolkitError as e:
+            return "failed", "", str(e)
+        except OSError as e:
+            return "failed", "", f"cannot read {path} ({e.strerror})"
+        return "done", "".join(line + "\n" for line in out), None
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = [{k: v[i] for k, v in batch.items()} for i in range(len(batch["shard"]))]
+        status, text, error, seconds = [], [], [], []
+        for row in rows:
+            start = time.perf_counter()
+            s, t, e = self.translate_shard(row)
+            status.append(s)
+            text.append(t)
+            error.append(e or "")
+            seconds.append(time.perf_counter() - start)
+        return {"shard": batch["shard"], "status": np.array(status, dtype=object), "text": np.array(text, dtype=object),
+                "error": np.array(error, dtype=object), "seconds": np.array(seconds)}
