@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from toolkit.errors import UsageError
+from toolkit.errors import UsageError, first_line
 
 FORMAT = "tk-checkpoint/1"
 
@@ -85,7 +85,7 @@ def build_model(ckpt: dict):
         model.load_state_dict(ckpt["state_dict"])
     except (RuntimeError, KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{where}: its weights do not fit a '{ckpt['model']}' model with its config "
-                         f"({str(e).splitlines()[0][:120]}); retrain or restore it") from None
+                         f"({first_line(e, 120)}); retrain or restore it") from None
     return entry, cfg, model.eval()
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from toolkit import __version__
-from toolkit.errors import ToolkitError, UsageError
+from toolkit.errors import ToolkitError, UsageError, first_line
+from toolkit.variants import BUILT, NAMES
 
 # Mirrors toolkit.batching.GUARDED (imported lazily there, so `tk --help` stays instant).
 GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}
@@ -52,7 +53,7 @@ class Group(click.Group):
         except Exception as e:
             if os.environ.get("TK_DEBUG"):
                 raise
-            first = (str(e).splitlines() or [""])[0][:200]
+            first = first_line(e)
             click.echo(f"error: internal error in tk ({type(e).__name__}: {first}); please report it (TK_DEBUG=1 shows the traceback)",
                        err=True)
             sys.exit(1)
@@ -157,7 +158,7 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 @click.option("--opset", type=click.IntRange(18, 23), default=18, show_default=True, help="ONNX opset (18 or newer).")
 @click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
 @click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
-@click.option("--quantize", type=click.Choice(["int8"]), help="Also write a dynamic int8 copy for the CPU provider.")
+@click.option("--quantize", type=click.Choice([v for v in BUILT if v.startswith("int")]), help="Also write a dynamic int8 copy for the CPU provider.")
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
@@ -198,7 +199,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
-@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8", "attention"]),
+@click.option("--variant", "variants", multiple=True, type=click.Choice([*NAMES, "attention"]),
               help="Graph variants to check [default: every variant in the directory, and attention where declared].")
 @click.option("--atol", type=TOLERANCE, help="Absolute tolerance [default: per variant, see README].")
 @click.option("--rtol", type=TOLERANCE, help="Relative tolerance [default: per variant].")
@@ -246,7 +247,7 @@ def verify(model_dir, provider, variants, atol, rtol, seed, sentences, json_path
               show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
 @click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
 @click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
-@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
 @click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
 @click.option("--batch-size", type=BATCH, default=64, show_default=True, help="Sentences per batch.")
@@ -378,7 +379,7 @@ def _interrupt(signum, frame):
 @click.option("--limit", type=POSITIVE, help="Score only the first N sentences of each set.")
 @click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
-@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True,
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True,
               help="Which exported graphs to score (recorded per variant).")
 @click.option("--robustness", is_flag=True,
               help="Instead: score the held-out split as people type it (no final punctuation, lowercase, capitals, "
@@ -423,7 +424,7 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--no-textbook", is_flag=True, help="Skip the slow full-prefix PyTorch loop.")
 @click.option("--repeat", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Timed runs per row, taken in turns across backends; the median is reported.")
-@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
+@click.option("--variant", "variants", multiple=True, type=click.Choice(NAMES),
               help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
@@ -534,7 +535,7 @@ def plot(run_dir, output_path):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
-@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--max-delay-ms", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="How long the oldest queued sentence waits for others to share its decode.")

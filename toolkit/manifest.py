@@ -11,11 +11,10 @@ from pathlib import Path
 
 from toolkit.errors import UsageError
 from toolkit.graphs import GraphSpec
+from toolkit.variants import BUILT, PLAIN
 
 FORMAT = "tk-export/1"
 NAME = "manifest.json"
-# Graph file suffix of each precision variant; "fp32" is the plain export.
-VARIANTS = {"fp32": "", "fp16": ".fp16", "optimized": ".opt", "int8": ".int8"}
 
 
 def file_sha256(path: Path) -> str:
@@ -51,17 +50,17 @@ class Manifest:
         return {name: GraphSpec.from_dict(g["spec"]) for name, g in self.data["graphs"].items()}
 
     def variants(self) -> list[str]:
-        return ["fp32", *self.data.get("variants", {})]
+        return [PLAIN, *self.data.get("variants", {})]
 
     def variants_for(self, provider: str) -> list[str]:
         """fp32 and the variants exported for this provider (fp16 for cuda; optimized and int8 for cpu)."""
-        return ["fp32", *(v for v, d in self.data.get("variants", {}).items() if d.get("provider") == provider)]
+        return [PLAIN, *(v for v, d in self.data.get("variants", {}).items() if d.get("provider") == provider)]
 
-    def graph_path(self, graph: str, variant: str = "fp32") -> Path:
-        if variant != "fp32" and variant not in self.data.get("variants", {}):
+    def graph_path(self, graph: str, variant: str = PLAIN) -> Path:
+        if variant != PLAIN and variant not in self.data.get("variants", {}):
             have = ", ".join(self.variants())
             raise UsageError(f"{self.directory} has no {variant} variant (has: {have}); re-export with the matching option")
-        entry = self.data["graphs"][graph] if variant == "fp32" else self.data["variants"][variant]["graphs"][graph]
+        entry = self.data["graphs"][graph] if variant == PLAIN else self.data["variants"][variant]["graphs"][graph]
         return self.directory / entry["file"]
 
     def tokenizer_path(self) -> Path | None:
@@ -194,7 +193,7 @@ def schema_problem(data: dict) -> str | None:
     if not isinstance(variants, dict):
         return "'variants' must be an object"
     for v, d in variants.items():
-        if v not in VARIANTS or v == "fp32" or not isinstance(d, dict) or not isinstance(d.get("graphs"), dict):
+        if v not in BUILT or not isinstance(d, dict) or not isinstance(d.get("graphs"), dict):
             return f"variants.{v} is not a known variant with graphs"
         if set(d["graphs"]) != set(data["graphs"]):
             return f"variants.{v} lists graphs {sorted(d['graphs'])}, not {sorted(data['graphs'])}"

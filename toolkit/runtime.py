@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from toolkit.decoding import StepBackend, empty_cache
-from toolkit.errors import ProviderError, UsageError
+from toolkit.errors import ProviderError, UsageError, first_line
 from toolkit.graphs import GraphSpec
 from toolkit.manifest import Manifest
 from toolkit.variants import CPU_DISABLED_OPTIMIZERS, describe, graph_source
@@ -82,7 +82,7 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
                                        _options(optimization, threads, spin=not cpu), providers=providers,
                                        disabled_optimizers=disabled)
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise UsageError(f"cannot load {describe(path)}: {first}; re-export the model directory") from None
     if provider == "cuda" and session.get_providers()[0] != PROVIDERS["cuda"] and not allow_fallback:
         raise ProviderError(CUDA_FIX)

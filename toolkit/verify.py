@@ -22,15 +22,11 @@ import torch
 from toolkit import manifest as manifest_mod
 from toolkit import registry
 from toolkit.decoding import StepBackend, greedy
-from toolkit.errors import ParityError, ProviderError, UsageError
+from toolkit.errors import ParityError, ProviderError, UsageError, first_line
 from toolkit.graphs import NP_DTYPES, GraphSpec, make_inputs
 from toolkit.reference import load_reference, reference_kind
-from toolkit.variants import describe, graph_source, load_proto
+from toolkit.variants import CATALOGUE, describe, graph_source, load_proto
 
-# Default tolerances per variant (atol, rtol), measured on the shipped models (see README).
-TOLERANCES = {"fp32": (1e-4, 1e-4), "optimized": (1e-4, 1e-4), "fp16": (5e-2, 2e-2), "int8": (0.5, 0.1)}
-# Translations must be identical for these; fp16/int8 change the model enough that near-ties may flip.
-EXACT_TRANSLATION = {"fp32", "optimized"}
 FALLBACK_SENTENCES = ["Go.", "I lost.", "He's calm.", "I'm home.", "Where is the station?", "We will see tomorrow.",
                       "She doesn't like cold coffee.", "Tom bought a new car last week."]
 
@@ -160,7 +156,7 @@ def run_ort(session, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str,
     try:
         return dict(zip(spec.output_names, session.run(None, feeds)))
     except Exception as e:
-        raise RunFailure(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+        raise RunFailure(first_line(e)) from None
 
 
 def failed_run(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str, error: Exception) -> None:
@@ -262,7 +258,7 @@ def compare_translations(rows, ref_backend, backend, src_ids, max_len, variant, 
     got = greedy(backend, src_ids, max_len)
     same = sum(r.tokens == g.tokens for r, g in zip(ref, got))
     row = Row("translation", "encoder+decoder", variant, provider, f"{len(src_ids)} sentences", "greedy tokens",
-              outside=1 - same / len(src_ids), ok=same == len(src_ids) or variant not in EXACT_TRANSLATION,
+              outside=1 - same / len(src_ids), ok=same == len(src_ids) or not CATALOGUE[variant].exact_translation,
               detail=f"{same}/{len(src_ids)} identical")
     for i, (r, g) in enumerate(zip(ref, got)):
         if r.tokens != g.tokens:
@@ -421,7 +417,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
                 greedy(parity, src_ids, max_len)
                 compare_translations(report.rows, ref_backend, ort_backend, src_ids, max_len, v, p, tolerance(v, atol, rtol))
             except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
-                failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(str(e).splitlines()[0]))
+                failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
     if attention:
         from toolkit.verify_attention import verify_attention
 
@@ -431,7 +427,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
 
 
 def tolerance(variant: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
-    default = TOLERANCES[variant]
+    default = CATALOGUE[variant].tolerance
     return (default[0] if atol is None else atol, default[1] if rtol is None else rtol)
 
 
