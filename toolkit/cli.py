@@ -403,17 +403,13 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
                                       variant=variant, seed=seed, raw=raw, echo=lambda m: click.echo(m, err=True))
         click.echo(table(results))
         if record:
-            m = manifest_mod.load(model_dir)
-            m.data.setdefault("metrics", {})["robustness" if variant == "fp32" else f"robustness_{variant}"] = results
-            manifest_mod.write(Path(model_dir), {k: v for k, v in m.data.items() if k != "format"})
+            manifest_mod.record_metric(model_dir, "robustness", variant, results)
         return
     scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
                             variant=variant, echo=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(scores, indent=2))
     if record:
-        m = manifest_mod.load(model_dir)
-        m.data.setdefault("metrics", {})["evaluation" if variant == "fp32" else f"evaluation_{variant}"] = scores
-        manifest_mod.write(Path(model_dir), {k: v for k, v in m.data.items() if k != "format"})
+        manifest_mod.record_metric(model_dir, "evaluation", variant, scores)
 
 
 @main.command()

@@ -210,21 +210,21 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
     if not wanted and not opts.attention:
         flags = ", ".join(variants.CATALOGUE[v].export_flag for v in variants.BUILT)
         raise UsageError(f"{directory} is already exported; to add graphs to it pass {flags} or --attention")
-    present = [v for v in wanted if v in m.data.get("variants", {})]
+    present = [v for v in wanted if v in m.stored]
     if present and not opts.force:
         raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
-    data = {k: v for k, v in m.data.items() if k != "format"}
-    graphs = {name: {"file": g["file"]} for name, g in data["graphs"].items()}
+    graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
     written: list[Path] = []
     try:
         for variant in wanted:
             echo(f"writing the {variant} variant ...")
             made = make_variant(directory, graphs, variant, written)
-            data.setdefault("variants", {})[variant] = {"graphs": made, **variants.CATALOGUE[variant].record(), "command": opts.command}
+            m.stored[variant] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()},
+                                                       **variants.CATALOGUE[variant].record(), command=opts.command)
         if opts.attention:
             echo("declaring the attention outputs ...")
-            data.update(attention_declaration(m.model, m.config))
-        manifest.write(directory, data)
+            m.attention = attention_declaration(m.model, m.config).get("attention")
+        m.save()
     except BaseException:
         for path in written:
             path.unlink(missing_ok=True)

@@ -238,7 +238,7 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", opt
                   allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
     """Sessions for every graph of the directory; a variant it does not store is built in memory."""
     sessions, built = {}, 0.0
-    for name in m.data["graphs"]:
+    for name in m.graphs:
         source, seconds = graph_source(m, name, variant)
         sessions[name] = create_session(source, provider, optimization, threads, allow_fallback)
         built += seconds

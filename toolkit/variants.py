@@ -154,12 +154,12 @@ def _built(src: str, digest: str, variant: str) -> bytes:
 def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, float]:
     """The variant's graph as stored in the directory (a path), else built in memory (bytes);
     with the seconds spent building it (0 when stored)."""
-    if variant == PLAIN or variant in m.data.get("variants", {}):
+    if variant == PLAIN or variant in m.stored:
         return m.graph_path(graph, variant), 0.0
     get(variant)
     start = time.perf_counter()
     try:
-        data = _built(str(m.graph_path(graph)), m.data["graphs"][graph]["sha256"], variant)
+        data = _built(str(m.graph_path(graph)), m.graphs[graph].sha256, variant)
     except Exception as e:
         raise ToolkitError(f"could not build the {variant} variant of {m.directory}/{graph}: {first_line(e)}; "
                            f"use --variant fp32, or store it with `tk export {m.directory} {export_flag(variant)}`") from None

@@ -231,7 +231,7 @@ def test_sentences(m: manifest_mod.Manifest, n: int) -> tuple[list[str], str]:
     """English sentences of the held-out test split, else a fixed fallback list."""
     from toolkit import data
 
-    source = (m.data.get("training") or {}).get("data", {}).get("source")
+    source = ((m.training and m.training.data) or {}).get("source")
     try:
         corpus = data.load_corpus(source if source and Path(source).is_file() else None, download=False)
         english, _ = data.references(corpus.splits["test"])
@@ -336,7 +336,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     except UsageError as e:
         report.rows.append(Row("static", "files", "-", "-", "-", "sha256", ok=False, detail=str(e)))
     # The attention variant (built in memory, with extra outputs) is checked by verify_attention.
-    attention = "attention" in (variants or []) or (not variants and "attention" in m.data)
+    attention = "attention" in (variants or []) or (not variants and m.attention is not None)
     variants = [v for v in variants if v != "attention"] if variants else m.variants()
     specs = m.specs()
 
@@ -486,7 +486,8 @@ def record_summary(report: Report, directory: Path, seconds: float) -> None:
             w["max_abs"] = max(w["max_abs"], r.max_abs)
         if r.check == "translation":
             w["detail"] = r.detail
-    m.data["verify"] = {"passed": not report.failures, "checks": len(report.rows), "failures": len(report.failures),
-                        "seed": report.seed, "seconds": round(seconds, 1), "reference": report.reference,
-                        "environment": report.environment, "skipped_providers": report.skipped, "worst": worst}
-    manifest_mod.write(Path(directory), {k: v for k, v in m.data.items() if k != "format"})
+    m.verification = manifest_mod.VerificationRecord(
+        passed=not report.failures, checks=len(report.rows), failures=len(report.failures), seed=report.seed,
+        seconds=round(seconds, 1), reference=report.reference, environment=report.environment,
+        skipped_providers=report.skipped, worst=worst)
+    m.save()
