@@ -278,7 +278,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
     Example: tk translate "I'm home." "He's calm."
     """
-    from toolkit.batching import DecodeOptions
+    from toolkit.api import decode_options
     from toolkit.textprep import TextOptions
     from toolkit.translate import AtomicOutput, open_model, read_lines, read_references, score_file, translate_lines
 
@@ -290,7 +290,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if text and input_path:
         raise UsageError("give sentences as arguments or with -i FILE, not both")
     if n_best > beam:
-        raise UsageError(f"--n-best must be between 1 and --beam (got beam {beam}, n-best {n_best})")
+        raise UsageError(f"--n-best must be between 1 and --beam (got beam {beam}, n-best {n_best})")  # before the model loads
     if input_path and not input_path.is_file():
         what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
         raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
@@ -306,9 +306,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
         say(f"built the {variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s "
             f"(`tk export {model_dir} {export_flag(variant)}` stores them)")
-    opts = DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or t.manifest.max_len, t.manifest.max_len),
-                         batch_size=batch_size, max_tokens=max_tokens, max_src_len=t.manifest.max_len,
-                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard)
+    opts = decode_options(t.manifest, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len, batch_size=batch_size,
+                          max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
     total = None
     if text:
