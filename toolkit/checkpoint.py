@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from toolkit.errors import UsageError, first_line
+from toolkit.manifest import file_sha256
 
 FORMAT = "tk-checkpoint/1"
 
@@ -66,11 +67,8 @@ def load(path: str | Path, warn=lambda m: print(m, file=sys.stderr)) -> dict:
 
 
 def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """The file's sha256 (one implementation, the manifest's, for checkpoints and graphs alike)."""
+    return file_sha256(Path(path))
 
 
 def build_model(ckpt: dict):

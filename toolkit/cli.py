@@ -357,7 +357,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if out:
         out.commit()
     if references is not None:
-        scores = score_file(None, collected, reference, references)
+        scores = score_file(collected, reference, references)
     rate = stats.sentences / stats.seconds if stats.seconds else 0.0
     say(f"{stats.lines} lines, {stats.sentences} sentences in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
         f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.provider}"

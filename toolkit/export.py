@@ -32,6 +32,7 @@ from toolkit import checkpoint, manifest, registry, variants
 from toolkit.data import CORPUS_SHA256
 from toolkit.errors import ToolkitError, UsageError, first_line
 from toolkit.graphs import GraphSpec, make_inputs
+from toolkit.tokenizer import BOS, EOS, PAD, UNK
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -259,7 +260,7 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
     data = {
         "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
         "variants": made, "opset": opts.opset, "versions": versions(),
-        "tokenizer": None, "special_tokens": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+        "tokenizer": None, "special_tokens": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
         "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **attention_declaration(entry.name, dataclasses.asdict(cfg)),
     }

@@ -234,13 +234,12 @@ class LoadedModel:
         return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
 
 
-def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", optimization: str = "all",
-                  allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
+def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
     """Sessions for every graph of the directory; a variant it does not store is built in memory."""
     sessions, built = {}, 0.0
     for name in m.graphs:
         source, seconds = graph_source(m, name, variant)
-        sessions[name] = create_session(source, provider, optimization, threads, allow_fallback)
+        sessions[name] = create_session(source, provider, threads=threads, allow_fallback=allow_fallback)
         built += seconds
     used = session_provider(next(iter(sessions.values())))
     return LoadedModel(m, sessions, used, built)
