@@ -257,7 +257,7 @@ def _with_weights(model, *inputs):
     return out, model.attention_weights
 
 
-class _Identity(nn.Module):
+class _MaskedSoftmax(nn.Module):
     """masked_softmax has no parameters; a module gives it the same export path as the rest."""
 
     def forward(self, scores, valid_lens):
@@ -265,7 +265,7 @@ class _Identity(nn.Module):
 
 
 register(ModelEntry(
-    "masked_softmax", "module", AttentionConfig, lambda c: _Identity(),
+    "masked_softmax", "module", AttentionConfig, lambda c: _MaskedSoftmax(),
     lambda c: _module_graph(
         (TensorSpec("scores", FLOAT, ("batch", "n_q", "n_kv")), TensorSpec("valid_lens", INT, ("batch", "n_q"), "lengths:n_kv")),
         (TensorSpec("weights", FLOAT, ("batch", "n_q", "n_kv")),)),
