@@ -56,6 +56,7 @@ def _options(optimization: str = "all", threads: int | None = None, spin: bool =
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
                                    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                                    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[optimization]
     if threads:

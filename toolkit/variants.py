@@ -61,10 +61,9 @@ def ort_optimized(src: Path, dst: Path, level: str) -> None:
     """Saves the graph as ONNX Runtime's CPU provider would run it after `level` optimisations."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    so.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}[level]
+    from toolkit.runtime import _options  # the one place session options are built
+
+    so = _options(level)
     so.optimized_model_filepath = str(dst)
     ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
 
