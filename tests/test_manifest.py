@@ -83,3 +83,16 @@ def test_save_refuses_to_write_a_manifest_that_would_not_load(tmp_path):
     with pytest.raises(ValueError, match="refusing to write"):
         m.save()
     assert json.loads((directory / manifest.NAME).read_text(encoding="utf-8")) == raw
+
+
+def test_verify_record_stores_the_verdict_it_printed_and_keeps_every_other_section(cli, random_export, tmp_path):
+    directory = tmp_path / "model"
+    shutil.copytree(random_export("dot_attention"), directory)
+    before = manifest.load(directory).to_dict()
+    result = cli("verify", directory, "--record")
+    assert result.exit_code == 0, result.output
+    m = manifest.load(directory)
+    passed, total = (int(n) for n in result.output.split(" checks passed")[0].split()[-1].split("/"))
+    assert m.verification.passed and (m.verification.checks, m.verification.failures) == (total, total - passed)
+    assert m.verification.reference.startswith("random init")
+    assert {k: v for k, v in m.to_dict().items() if k != "verify"} == {k: v for k, v in before.items() if k != "verify"}
