@@ -17,7 +17,9 @@ def test_evaluate_scores_the_test_split_and_record_stores_the_same_scores(cli, t
     before = manifest.load(model).to_dict()
     result = cli("evaluate", model, "--data", corpus_zip, "--beam", 1, "--limit", 6, "--record")
     assert result.exit_code == 0, result.output
-    printed = json.loads(result.output[result.output.index("{"): result.output.rindex("}") + 1])
+    lines = result.output.splitlines()  # progress lines on stderr, then the scores as indented JSON on stdout
+    start = lines.index("{")
+    printed = json.loads("\n".join(lines[start: lines.index("}", start) + 1]))
     greedy = printed["test_split_greedy"]
     assert greedy["sentences"] == 6 and printed["variant"] == "fp32"
     # The score is that of the translations tk translate would give for the same sentences.
