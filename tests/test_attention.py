@@ -191,8 +191,8 @@ def test_a_directory_without_the_declaration_is_told_how_to_add_it(cli, tiny_exp
     old = tmp_path / "old"
     shutil.copytree(tiny_export, old)
     m = manifest.load(old)
-    del m.data["attention"]
-    manifest.write(old, {k: v for k, v in m.data.items() if k != "format"})
+    m.attention = None
+    m.save()
     result = cli("attention", old, "Go.", "-o", tmp_path / "x.png")
     assert result.exit_code == 2 and f"tk export {old} --attention" in result.output
     graphs = {p.name: p.read_bytes() for p in old.glob("*.onnx")}

@@ -349,7 +349,7 @@ def _tamper(directory: Path) -> None:
         g["weights"]["sha256"] = manifest.file_sha256(directory / "weights.bin")
     from toolkit.reference import weights_from_graphs
 
-    m = manifest.Manifest(directory, d)
+    m = manifest.Manifest.from_dict(directory, d)
     entry = registry.get(d["model"])
     d["checkpoint"] = {"path": str(directory / "gone.pt"), "sha256": "0" * 64,
                        "weights_sha256": checkpoint.weights_sha256(weights_from_graphs(m, entry, entry.config(**d["config"])))}

@@ -270,12 +270,16 @@ def test_transformer_output_independent_of_batch_padding(pre_ln):
         torch.testing.assert_close(lp_padded[0], lp_alone[0], atol=1e-5, rtol=0)
 
 
-def test_transformer_dropout_is_off_in_eval_mode():
-    model = _transformer(dropout=0.5)
-    src, src_len = _source()
-    tgt_in = torch.randint(4, 50, (3, 4))
-    with torch.no_grad():
-        torch.testing.assert_close(model(src, src_len, tgt_in), model(src, src_len, tgt_in))
+@pytest.mark.parametrize("build", [
+    lambda p: Transformer(TransformerConfig(**{**TF, "dropout": p})),
+    lambda p: Seq2SeqAttention(Seq2SeqConfig(**{**S2S, "dropout": p})),
+], ids=["transformer", "seq2seq"])
+def test_the_configured_dropout_reaches_every_dropout_layer(build):
+    """The config's rate is what every layer uses (not PyTorch's behaviour: that tk wires it through)."""
+    model = build(0.3)
+    rates = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+    rates += [m.dropout for m in model.modules() if isinstance(m, nn.GRU) and m.num_layers > 1]
+    assert rates and set(rates) == {0.3}
 
 
 # ---- GRU seq2seq with Bahdanau attention --------------------------------------------------------

@@ -257,3 +257,50 @@ def test_sigterm_saves_a_checkpoint_and_exits_130(tmp_path):
     from toolkit import checkpoint
 
     assert checkpoint.load(out / "checkpoint.pt")["progress"]["step"] > 0
+
+
+# ---- --set, the GRU seq2seq, pre-LN export, the schedule and the loss -----------------------------
+
+@pytest.mark.parametrize("model,extra,key,value", [
+    ("transformer", ["--pre-ln"], "num_layers", 1),
+    ("seq2seq", [], "num_hiddens", 24),
+], ids=["pre-ln-transformer", "gru-seq2seq"])
+def test_set_takes_effect_and_the_model_trains_exports_and_verifies(tmp_path, model, extra, key, value):
+    out = tmp_path / model
+    result = tk("train", model, *TINY, *extra, "--out", out, "--epochs", 1, "--limit-pairs", 64, "--set", f"{key}={value}")
+    assert result.exit_code == 0, result.output
+    ckpt = checkpoint.load(out)
+    _, cfg, _ = checkpoint.build_model(ckpt)
+    assert getattr(cfg, key) == value  # the override reached the model that was trained
+    assert getattr(cfg, "pre_ln", False) == ("--pre-ln" in extra)
+    assert 0 < ckpt["metrics"]["valid_loss"] < float("inf")
+    exported = tmp_path / "exported"
+    assert tk("export", out / "checkpoint.pt", "--out", exported).exit_code == 0
+    verified = tk("verify", exported, "--sentences", 2)
+    assert verified.exit_code == 0, verified.output
+    assert "translation" in verified.output and "FAIL" not in verified.output
+
+
+def test_learning_rate_warms_up_linearly_then_decays_as_inverse_square_root():
+    peak, warmup = 1e-3, 100
+    assert toolkit.train.lr_at(1, peak, warmup) == pytest.approx(peak / warmup)
+    assert toolkit.train.lr_at(50, peak, warmup) == pytest.approx(peak / 2)
+    assert toolkit.train.lr_at(warmup, peak, warmup) == pytest.approx(peak)
+    assert toolkit.train.lr_at(4 * warmup, peak, warmup) == pytest.approx(peak / 2)
+    assert toolkit.train.lr_at(0, peak, warmup) == toolkit.train.lr_at(1, peak, warmup)  # step 0 is not a zero rate
+
+
+def test_label_smoothed_loss_mixes_the_target_nll_with_the_uniform_one_and_skips_padding():
+    import torch
+
+    from toolkit.tokenizer import PAD
+
+    log_probs = torch.log_softmax(torch.tensor([[[2.0, 0.0, -1.0, 1.0], [0.5, 0.5, 3.0, -2.0], [1.0, 1.0, 1.0, 1.0]]]), -1)
+    target = torch.tensor([[3, 2, PAD]])  # the last position is padding
+    nll = -(log_probs[0, 0, 3] + log_probs[0, 1, 2])
+    uniform = -(log_probs[0, 0].mean() + log_probs[0, 1].mean())
+    loss, plain = toolkit.train.label_smoothed_nll(log_probs, target, 0.1)
+    assert plain.item() == pytest.approx(nll.item())
+    assert loss.item() == pytest.approx((0.9 * nll + 0.1 * uniform).item())
+    unsmoothed, _ = toolkit.train.label_smoothed_nll(log_probs, target, 0.0)
+    assert unsmoothed.item() == pytest.approx(nll.item())

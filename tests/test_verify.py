@@ -197,8 +197,11 @@ def test_variants_pass_within_their_own_tolerances(cli, tiny_checkpoint, tmp_pat
     assert m.variants() == ["fp32", "fp16", "optimized", "int8"]
     result = cli("verify", out, "--sentences", 4)
     assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.startswith(("sweep", "decode", "translation"))]
     for v in ("fp16", "optimized", "int8"):
-        assert f"sweep        decoder          {v}" in result.output or v in result.output
+        checked = {r[0] for r in rows if r[2] == v}
+        assert checked == {"sweep", "decode", "translation"}, v  # each variant went through every check
+        assert all("ok" in r for r in rows if r[2] == v), v
     for graph in ("encoder", "decoder"):
         assert _float_weight_matmuls(out / f"{graph}.int8.onnx") == [], f"{graph}: weights left in float32"
 

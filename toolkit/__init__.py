@@ -1,3 +1,16 @@
-"""tk: export attention models to ONNX, prove parity, and translate with the graphs alone."""
+"""tk: export attention models to ONNX, prove parity, and translate with the graphs alone.
+
+The public API: `from toolkit import Translator` (see toolkit.api). Loaded on first use, so that
+`import toolkit` (and `tk --help`) stays instant.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Translator", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Translator":
+        from toolkit.api import Translator
+
+        return Translator
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

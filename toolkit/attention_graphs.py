@@ -24,7 +24,7 @@ from toolkit.manifest import Manifest
 
 def declared(m: Manifest) -> dict[str, tuple[TensorSpec, ...]]:
     """Graph name -> the attention outputs the manifest declares for it."""
-    att = m.data.get("attention")
+    att = m.attention
     if att is None:
         raise UsageError(f"{m.directory}/manifest.json declares no attention outputs (exported before tk had them); "
                          f"add them with `tk export {m.directory} --attention`")
@@ -91,14 +91,14 @@ def graph_source(m: Manifest, graph: str) -> Path | bytes:
     extra = declared(m).get(graph, ())
     if not extra:
         return m.graph_path(graph)
-    return _built(str(m.graph_path(graph)), m.data["graphs"][graph]["sha256"], extra)
+    return _built(str(m.graph_path(graph)), m.graphs[graph].sha256, extra)
 
 
 def load_sessions(m: Manifest, provider: str = "cpu", **options) -> dict:
     """ONNX Runtime sessions of the attention variant, one per graph."""
     from toolkit.runtime import create_session
 
-    return {name: create_session(graph_source(m, name), provider, **options) for name in m.data["graphs"]}
+    return {name: create_session(graph_source(m, name), provider, **options) for name in m.graphs}
 
 
 # ---- decoding with the attention recorded --------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 from toolkit.batching import DecodeOptions, decode_ids
 from toolkit.decoding import Hypothesis, pad_batch
-from toolkit.errors import ProviderError
+from toolkit.errors import ProviderError, first_line
 from toolkit.tokenizer import BOS, EOS
 
 
@@ -123,7 +123,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             try:
                 loaded = runtime.load_sessions(m, p, v)
             except Exception as e:  # a provider that cannot load is reported, not fatal
-                echo(f"skipping onnxruntime {p} {v}: {str(e).splitlines()[0]}")
+                echo(f"skipping onnxruntime {p} {v}: {first_line(e)}")
                 if isinstance(e, ProviderError):
                     break
                 continue
@@ -159,17 +159,17 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     return results
 
 
-# The variant that trades exactness for speed on each provider; benchmarked by default, built
-# from the fp32 graphs at load time when the directory does not store it.
-SPEED_VARIANT = {"cpu": "int8", "cuda": "fp16"}
 
 
 def bench_variants(m, provider: str, wanted: list[str] | None) -> list[str]:
     """fp32, every variant the directory stores for the provider, and its speed variant; or `wanted`."""
     if wanted is not None:
         return list(wanted)
-    stored = [v for v in m.variants_for(provider) if v != "fp32"]
-    return ["fp32", *stored, *([SPEED_VARIANT[provider]] if SPEED_VARIANT[provider] not in stored else [])]
+    from toolkit.variants import PLAIN, SPEED
+
+    # The speed variant is built from the fp32 graphs at load time when the directory does not store it.
+    stored = [v for v in m.variants_for(provider) if v != PLAIN]
+    return [PLAIN, *stored, *([SPEED[provider]] if SPEED[provider] not in stored else [])]
 
 
 def _line(r: Result) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from toolkit.errors import UsageError
+from toolkit.errors import UsageError, first_line
+from toolkit.manifest import file_sha256
 
 FORMAT = "tk-checkpoint/1"
 
@@ -66,11 +67,8 @@ def load(path: str | Path, warn=lambda m: print(m, file=sys.stderr)) -> dict:
 
 
 def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """The file's sha256 (one implementation, the manifest's, for checkpoints and graphs alike)."""
+    return file_sha256(Path(path))
 
 
 def build_model(ckpt: dict):
@@ -85,7 +83,7 @@ def build_model(ckpt: dict):
         model.load_state_dict(ckpt["state_dict"])
     except (RuntimeError, KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{where}: its weights do not fit a '{ckpt['model']}' model with its config "
-                         f"({str(e).splitlines()[0][:120]}); retrain or restore it") from None
+                         f"({first_line(e, 120)}); retrain or restore it") from None
     return entry, cfg, model.eval()
 
 

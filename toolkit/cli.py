@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from toolkit import __version__
-from toolkit.errors import ToolkitError, UsageError
+from toolkit.errors import ToolkitError, UsageError, first_line
+from toolkit.variants import BUILT, NAMES
 
 # Mirrors toolkit.batching.GUARDED (imported lazily there, so `tk --help` stays instant).
 GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}
@@ -52,7 +53,7 @@ class Group(click.Group):
         except Exception as e:
             if os.environ.get("TK_DEBUG"):
                 raise
-            first = (str(e).splitlines() or [""])[0][:200]
+            first = first_line(e)
             click.echo(f"error: internal error in tk ({type(e).__name__}: {first}); please report it (TK_DEBUG=1 shows the traceback)",
                        err=True)
             sys.exit(1)
@@ -157,7 +158,7 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 @click.option("--opset", type=click.IntRange(18, 23), default=18, show_default=True, help="ONNX opset (18 or newer).")
 @click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
 @click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
-@click.option("--quantize", type=click.Choice(["int8"]), help="Also write a dynamic int8 copy for the CPU provider.")
+@click.option("--quantize", type=click.Choice([v for v in BUILT if v.startswith("int")]), help="Also write a dynamic int8 copy for the CPU provider.")
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
@@ -200,7 +201,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
 @click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
 @click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
               help="Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra).")
-@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8", "attention"]),
+@click.option("--variant", "variants", multiple=True, type=click.Choice([*NAMES, "attention"]),
               help="Graph variants to check [default: every variant in the directory, and attention where declared].")
 @click.option("--atol", type=TOLERANCE, help="Absolute tolerance [default: per variant, see README].")
 @click.option("--rtol", type=TOLERANCE, help="Relative tolerance [default: per variant].")
@@ -251,7 +252,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
               show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
 @click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
 @click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
-@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
 @click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
 @click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
@@ -284,7 +285,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
     Example: tk translate "I'm home." "He's calm."
     """
-    from toolkit.batching import DecodeOptions
+    from toolkit.api import decode_options
     from toolkit.textprep import TextOptions
     from toolkit.translate import AtomicOutput, open_model, read_lines, read_references, score_file, translate_lines
 
@@ -296,7 +297,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if text and input_path:
         raise UsageError("give sentences as arguments or with -i FILE, not both")
     if n_best > beam:
-        raise UsageError(f"--n-best must be between 1 and --beam (got beam {beam}, n-best {n_best})")
+        raise UsageError(f"--n-best must be between 1 and --beam (got beam {beam}, n-best {n_best})")  # before the model loads
     if input_path and not input_path.is_file():
         what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
         raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
@@ -312,9 +313,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
         say(f"built the {variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s "
             f"(`tk export {model_dir} {export_flag(variant)}` stores them)")
-    opts = DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or t.manifest.max_len, t.manifest.max_len),
-                         batch_size=batch_size, max_tokens=max_tokens, max_src_len=t.manifest.max_len,
-                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard)
+    opts = decode_options(t.manifest, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len, batch_size=batch_size,
+                          max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
     total = None
     if text:
@@ -364,7 +364,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if out:
         out.commit()
     if references is not None:
-        scores = score_file(None, collected, reference, references)
+        scores = score_file(collected, reference, references)
     rate = stats.sentences / stats.seconds if stats.seconds else 0.0
     say(f"{stats.lines} lines, {stats.sentences} sentences in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
         f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.where}"
@@ -385,7 +385,7 @@ def _interrupt(signum, frame):
 @click.option("--limit", type=POSITIVE, help="Score only the first N sentences of each set.")
 @click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
-@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True,
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True,
               help="Which exported graphs to score (recorded per variant).")
 @click.option("--robustness", is_flag=True,
               help="Instead: score the held-out split as people type it (no final punctuation, lowercase, capitals, "
@@ -409,17 +409,13 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
                                       variant=variant, seed=seed, raw=raw, echo=lambda m: click.echo(m, err=True))
         click.echo(table(results))
         if record:
-            m = manifest_mod.load(model_dir)
-            m.data.setdefault("metrics", {})["robustness" if variant == "fp32" else f"robustness_{variant}"] = results
-            manifest_mod.write(Path(model_dir), {k: v for k, v in m.data.items() if k != "format"})
+            manifest_mod.record_metric(model_dir, "robustness", variant, results)
         return
     scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
                             variant=variant, echo=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(scores, indent=2))
     if record:
-        m = manifest_mod.load(model_dir)
-        m.data.setdefault("metrics", {})["evaluation" if variant == "fp32" else f"evaluation_{variant}"] = scores
-        manifest_mod.write(Path(model_dir), {k: v for k, v in m.data.items() if k != "format"})
+        manifest_mod.record_metric(model_dir, "evaluation", variant, scores)
 
 
 @main.command()
@@ -430,7 +426,7 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--no-textbook", is_flag=True, help="Skip the slow full-prefix PyTorch loop.")
 @click.option("--repeat", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Timed runs per row, taken in turns across backends; the median is reported.")
-@click.option("--variant", "variants", multiple=True, type=click.Choice(["fp32", "fp16", "optimized", "int8"]),
+@click.option("--variant", "variants", multiple=True, type=click.Choice(NAMES),
               help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
 @click.option("--runtime", "runtimes", multiple=True, type=click.Choice(["onnxruntime", "openvino"]),
               help="Runtimes to time, interleaved in one run (repeatable) [default: onnxruntime].")
@@ -546,7 +542,7 @@ def plot(run_dir, output_path):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
-@click.option("--variant", type=click.Choice(["fp32", "fp16", "optimized", "int8"]), default="fp32", show_default=True)
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--max-delay-ms", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="How long the oldest queued sentence waits for others to share its decode.")

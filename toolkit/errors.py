@@ -27,3 +27,9 @@ class ProviderError(ToolkitError):
     """The requested ONNX Runtime execution provider could not be used."""
 
     exit_code = 1
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message for a one-line error; its type name when the message is empty."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__

@@ -30,9 +30,9 @@ import torch
 
 from toolkit import checkpoint, manifest, registry, variants
 from toolkit.data import CORPUS_SHA256
-from toolkit.errors import ToolkitError, UsageError
+from toolkit.errors import ToolkitError, UsageError, first_line
 from toolkit.graphs import GraphSpec, make_inputs
-from toolkit.manifest import VARIANTS
+from toolkit.tokenizer import BOS, EOS, PAD, UNK
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -52,7 +52,7 @@ class ExportOptions:
     opset: int = 18
     fp16: bool = False
     optimize: bool = False
-    quantize: str | None = None  # "int8"
+    quantize: str | None = None  # a quantised variant's name (toolkit.variants)
     attention: bool = False  # on an exported directory: record the attention variant's declaration
     force: bool = False
     command: str = ""
@@ -99,7 +99,7 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: in
                                         input_names=spec.input_names, output_names=spec.output_names,
                                         opset_version=opset, optimize=False, verbose=False)
     except Exception as e:
-        raise ToolkitError(f"torch.onnx.export failed for graph '{spec.name}': {str(e).splitlines()[0]}") from e
+        raise ToolkitError(f"torch.onnx.export failed for graph '{spec.name}': {first_line(e)}") from e
     # Fold only small constants: folding a weight's transpose would store a second,
     # renamed copy of it, doubling the file and hiding which parameter it came from.
     import onnxscript.optimizer
@@ -195,7 +195,8 @@ def export(opts: ExportOptions, echo=print) -> Path:
 
 
 def wanted_variants(opts: ExportOptions) -> list[str]:
-    return [v for v, on in (("fp16", opts.fp16), ("optimized", opts.optimize), ("int8", opts.quantize == "int8")) if on]
+    """The variants whose export option (declared in the catalogue) is set."""
+    return [v for v in variants.BUILT if getattr(opts, variants.CATALOGUE[v].export_option[0]) == variants.CATALOGUE[v].export_option[1]]
 
 
 def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
@@ -208,22 +209,23 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
     m.check_files()
     wanted = wanted_variants(opts)
     if not wanted and not opts.attention:
-        raise UsageError(f"{directory} is already exported; to add graphs to it pass --fp16, --optimize, --quantize int8 or --attention")
-    present = [v for v in wanted if v in m.data.get("variants", {})]
+        flags = ", ".join(variants.CATALOGUE[v].export_flag for v in variants.BUILT)
+        raise UsageError(f"{directory} is already exported; to add graphs to it pass {flags} or --attention")
+    present = [v for v in wanted if v in m.stored]
     if present and not opts.force:
         raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
-    data = {k: v for k, v in m.data.items() if k != "format"}
-    graphs = {name: {"file": g["file"]} for name, g in data["graphs"].items()}
+    graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
     written: list[Path] = []
     try:
         for variant in wanted:
             echo(f"writing the {variant} variant ...")
             made = make_variant(directory, graphs, variant, written)
-            data.setdefault("variants", {})[variant] = {"graphs": made, **variants.NOTES[variant], "command": opts.command}
+            m.stored[variant] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()},
+                                                       **variants.CATALOGUE[variant].record(), command=opts.command)
         if opts.attention:
             echo("declaring the attention outputs ...")
-            data.update(attention_declaration(m.model, m.config))
-        manifest.write(directory, data)
+            m.attention = attention_declaration(m.model, m.config).get("attention")
+        m.save()
     except BaseException:
         for path in written:
             path.unlink(missing_ok=True)
@@ -254,11 +256,11 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
     made = {}
     for variant in wanted_variants(opts):
         echo(f"writing the {variant} variant ...")
-        made[variant] = {"graphs": make_variant(tmp, graphs, variant), **variants.NOTES[variant]}
+        made[variant] = {"graphs": make_variant(tmp, graphs, variant), **variants.CATALOGUE[variant].record()}
     data = {
         "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
         "variants": made, "opset": opts.opset, "versions": versions(),
-        "tokenizer": None, "special_tokens": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+        "tokenizer": None, "special_tokens": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
         "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **attention_declaration(entry.name, dataclasses.asdict(cfg)),
     }
@@ -349,7 +351,7 @@ def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | No
     """Writes `variant` of each graph beside it; appends every file it creates to `written`."""
     out = {}
     for name, g in graphs.items():
-        src, dst = tmp / g["file"], tmp / f"{name}{VARIANTS[variant]}.onnx"
+        src, dst = tmp / g["file"], tmp / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
         if written is not None:
             written.append(dst)
         variants.build(src, dst, variant)

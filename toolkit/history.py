@@ -27,7 +27,7 @@ def read(run_dir: str | Path) -> dict:
         from toolkit import manifest
 
         m = manifest.load(run_dir)
-        epochs = (m.data.get("training") or {}).get("history") or []
+        epochs = (m.training.history if m.training else None) or []
         if not epochs:
             raise DataError(f"{run_dir}/manifest.json records no training history (this model was not trained by epochs)")
         return {"model": m.model, "epochs": epochs}

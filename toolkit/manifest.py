@@ -6,16 +6,19 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from toolkit.errors import UsageError
 from toolkit.graphs import GraphSpec
+from toolkit.variants import BUILT, PLAIN
 
 FORMAT = "tk-export/1"
+# Revision of the layout within the format; `migrate` brings older manifests up to it.
+VERSION = 2
 NAME = "manifest.json"
-# Graph file suffix of each precision variant; "fp32" is the plain export.
-VARIANTS = {"fp32": "", "fp16": ".fp16", "optimized": ".opt", "int8": ".int8"}
 
 
 def file_sha256(path: Path) -> str:
@@ -27,46 +30,167 @@ def file_sha256(path: Path) -> str:
 
 
 @dataclass
+class FileRecord:
+    file: str
+    sha256: str
+    bytes: int | None = None
+
+
+@dataclass
+class GraphRecord:
+    """One exported fp32 graph: its file, digest, declaration and (shared) external weights file."""
+
+    file: str
+    sha256: str
+    spec: dict
+    bytes: int | None = None
+    weights: FileRecord | None = None
+
+
+@dataclass
+class VariantRecord:
+    """A stored variant's graphs (see toolkit.variants for what each variant is)."""
+
+    graphs: dict[str, FileRecord]
+    provider: str | None = None
+    note: str | None = None
+    command: str | None = None
+
+
+@dataclass
+class TokenizerRecord:
+    file: str
+    sha256: str
+    type: str | None = None
+
+
+@dataclass
+class CheckpointRecord:
+    """What the graphs were exported from: a checkpoint (path and digest) or a seeded random init."""
+
+    weights_sha256: str
+    path: str | None = None
+    sha256: str | None = None
+    checkpoint_weights_sha256: str | None = None  # the digest the checkpoint itself carried
+    random_init: bool | None = None
+    seed: int | None = None
+
+
+@dataclass
+class TrainingRecord:
+    """Training provenance, copied from the checkpoint at export."""
+
+    command: str | None = None
+    seed: int | None = None
+    hardware: str | None = None
+    options: dict | None = None
+    resumed_with: list | None = None
+    noise: dict | None = None
+    recipe: dict | None = None
+    elapsed_s: float | None = None
+    history: list | None = None
+    data: dict | None = None
+
+
+@dataclass
+class VerificationRecord:
+    """`tk verify --record`: the verdict and the worst error per (check, variant, provider)."""
+
+    passed: bool
+    checks: int
+    failures: int
+    seed: int
+    seconds: float
+    reference: str
+    environment: dict
+    skipped_providers: dict
+    worst: dict
+
+
+# JSON key -> field name where the two differ (a method or a clearer name took the key).
+RENAMED = {"variants": "stored", "verify": "verification"}
+
+
+@dataclass
 class Manifest:
+    """A model directory's manifest.json, typed. Load with `load`, change its sections, then `save()`."""
+
     directory: Path
-    data: dict
+    model: str
+    kind: str
+    config: dict
+    graphs: dict[str, GraphRecord]
+    version: int  # of the layout: `migrate` brings an older manifest up to VERSION before this is built
+    stored: dict[str, VariantRecord] = field(default_factory=dict)  # "variants": the variants stored beside fp32
+    tokenizer: TokenizerRecord | None = None
+    special_tokens: dict[str, int] | None = None
+    checkpoint: CheckpointRecord | None = None
+    training: TrainingRecord | None = None
+    metrics: dict = field(default_factory=dict)  # name -> result, e.g. "evaluation", "evaluation_int8"
+    verification: VerificationRecord | None = None  # "verify"
+    extra_files: list[FileRecord] = field(default_factory=list)
+    attention: dict | None = None  # graph -> declared attention outputs
+    opset: int | None = None
+    versions: dict | None = None
+    export_command: str | None = None
+    created: str | None = None
+
+    @classmethod
+    def from_dict(cls, directory: str | Path, data: dict) -> Manifest:
+        """The typed manifest; an unknown, missing or mistyped field is a UsageError naming the file and field."""
+        directory = Path(directory)
+        where = directory / NAME
+        body = {RENAMED.get(k, k): v for k, v in data.items() if k != "format"}
+        return _build(cls, {"directory": directory, **body}, "", where)
+
+    def to_dict(self) -> dict:
+        """The JSON layout (fields left None are omitted)."""
+        out = {"format": FORMAT}
+        for f in fields(self):
+            if f.name == "directory":
+                continue
+            value = _plain(getattr(self, f.name))
+            if value is not None:
+                out[{v: k for k, v in RENAMED.items()}.get(f.name, f.name)] = value
+        return out
 
     @property
-    def model(self) -> str:
-        return self.data["model"]
+    def data(self) -> dict:
+        """The manifest as JSON data: a read-only view (change the typed fields, then save())."""
+        return self.to_dict()
 
-    @property
-    def kind(self) -> str:
-        return self.data["kind"]
-
-    @property
-    def config(self) -> dict:
-        return self.data["config"]
+    def save(self) -> None:
+        """Atomically: a crash mid-write (or a full disk) leaves the previous manifest intact."""
+        problem = schema_problem(self.to_dict())
+        if problem:
+            raise ValueError(f"refusing to write an invalid {self.directory / NAME}: {problem}")
+        tmp = self.directory / f".{NAME}.tmp"
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, self.directory / NAME)
 
     @property
     def max_len(self) -> int:
         return int(self.config.get("max_len", 64))
 
     def specs(self) -> dict[str, GraphSpec]:
-        return {name: GraphSpec.from_dict(g["spec"]) for name, g in self.data["graphs"].items()}
+        return {name: GraphSpec.from_dict(g.spec) for name, g in self.graphs.items()}
 
     def variants(self) -> list[str]:
-        return ["fp32", *self.data.get("variants", {})]
+        return [PLAIN, *self.stored]
 
     def variants_for(self, provider: str) -> list[str]:
         """fp32 and the variants exported for this provider (fp16 for cuda; optimized and int8 for cpu)."""
-        return ["fp32", *(v for v, d in self.data.get("variants", {}).items() if d.get("provider") == provider)]
+        return [PLAIN, *(v for v, d in self.stored.items() if d.provider == provider)]
 
-    def graph_path(self, graph: str, variant: str = "fp32") -> Path:
-        if variant != "fp32" and variant not in self.data.get("variants", {}):
+    def graph_path(self, graph: str, variant: str = PLAIN) -> Path:
+        if variant != PLAIN and variant not in self.stored:
             have = ", ".join(self.variants())
             raise UsageError(f"{self.directory} has no {variant} variant (has: {have}); re-export with the matching option")
-        entry = self.data["graphs"][graph] if variant == "fp32" else self.data["variants"][variant]["graphs"][graph]
-        return self.directory / entry["file"]
+        entry = self.graphs[graph] if variant == PLAIN else self.stored[variant].graphs[graph]
+        return self.directory / entry.file
 
     def tokenizer_path(self) -> Path | None:
-        tok = self.data.get("tokenizer")
-        return self.directory / tok["file"] if tok else None
+        return self.directory / self.tokenizer.file if self.tokenizer else None
 
     def check_files(self) -> None:
         """Every file the manifest lists exists and has the recorded sha256."""
@@ -78,15 +202,88 @@ class Manifest:
                 raise UsageError(f"{path} does not match the sha256 in {NAME} (modified or corrupt); re-export it")
 
     def files(self) -> dict[str, str]:
-        out = {g["file"]: g["sha256"] for g in self.data["graphs"].values()}
-        out.update({g["weights"]["file"]: g["weights"]["sha256"] for g in self.data["graphs"].values() if "weights" in g})
-        for v in self.data.get("variants", {}).values():
-            out.update({g["file"]: g["sha256"] for g in v["graphs"].values()})
-        for extra in self.data.get("extra_files", []):
-            out[extra["file"]] = extra["sha256"]
-        if self.data.get("tokenizer"):
-            out[self.data["tokenizer"]["file"]] = self.data["tokenizer"]["sha256"]
+        out = {g.file: g.sha256 for g in self.graphs.values()}
+        out.update({g.weights.file: g.weights.sha256 for g in self.graphs.values() if g.weights})
+        for v in self.stored.values():
+            out.update({g.file: g.sha256 for g in v.graphs.values()})
+        out.update({e.file: e.sha256 for e in self.extra_files})
+        if self.tokenizer:
+            out[self.tokenizer.file] = self.tokenizer.sha256
         return out
+
+
+def _plain(value):
+    """Typed sections back to JSON data, dropping fields left None."""
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if getattr(value, f.name) is not None}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _build(cls, data, where: str, path: Path):
+    """Instance of dataclass `cls` from JSON data: every field checked against its type hint."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: '{where}' must be a JSON object; re-export the model directory")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        key = {v: k for k, v in RENAMED.items()}.get(unknown[0], unknown[0]) if cls is Manifest else unknown[0]
+        raise UsageError(f"{path}: unknown field '{where}{key}' (written by a newer tk?); re-export the model directory")
+    values = {}
+    for f in fields(cls):
+        name = {v: k for k, v in RENAMED.items()}.get(f.name, f.name) if cls is Manifest else f.name
+        if f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise UsageError(f"{path}: required field '{where}{name}' is missing; re-export the model directory")
+            continue
+        values[f.name] = _value(hints[f.name], data[f.name], f"{where}{name}", path)
+    return cls(**values)
+
+
+def _value(hint, value, where: str, path: Path):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if is_dataclass(hint):
+        return _build(hint, value, f"{where}.", path)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UsageError(f"{path}: '{where}' must be a JSON object; re-export the model directory")
+        return {k: _value(args[1], v, f"{where}.{k}", path) for k, v in value.items()} if args else value
+    if origin is list:
+        if not isinstance(value, list):
+            raise UsageError(f"{path}: '{where}' must be a JSON list; re-export the model directory")
+        return [_value(args[0], v, f"{where}[{i}]", path) for i, v in enumerate(value)] if args else value
+    accepted = {float: (int, float), int: (int,)}.get(hint, (hint,))
+    if hint is Path:
+        return value
+    if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
+        raise UsageError(f"{path}: '{where}' must be a JSON {JSON_NAMES.get(hint, hint.__name__)}, got {value!r:.40}; "
+                         "re-export the model directory")
+    return value
+
+
+JSON_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "list"}
+
+
+def migrate(data: dict, path: Path) -> dict:
+    """The manifest in the current layout. Version 1 (the shipped models, before the version field)
+    has the same layout as version 2 and no "version"; a newer version than this tk knows is refused."""
+    version = data.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise UsageError(f"{path}: 'version' must be a positive integer, got {version!r}; re-export the model directory")
+    if version > VERSION:
+        raise UsageError(f"{path} has manifest version {version}, this tk reads up to {VERSION}; upgrade tk")
+    if version == 1:
+        data = {**data, "version": 2}
+    return data
 
 
 def load(directory: str | Path) -> Manifest:
@@ -106,10 +303,11 @@ def load(directory: str | Path) -> Manifest:
         raise UsageError(f"{path} holds a JSON {type(data).__name__}, not an object; re-export the model directory")
     if data.get("format") != FORMAT:
         raise UsageError(f"{path} has format {data.get('format')!r}, expected {FORMAT!r}; re-export with this tk")
+    data = migrate(data, path)
     problem = schema_problem(data)
     if problem:
         raise UsageError(f"{path} is not a valid tk manifest: {problem}; re-export the model directory")
-    return Manifest(directory, data)
+    return Manifest.from_dict(directory, data)
 
 
 # The models a manifest may name: kind, graph names, and the cache each decoder carries from step to step.
@@ -194,7 +392,7 @@ def schema_problem(data: dict) -> str | None:
     if not isinstance(variants, dict):
         return "'variants' must be an object"
     for v, d in variants.items():
-        if v not in VARIANTS or v == "fp32" or not isinstance(d, dict) or not isinstance(d.get("graphs"), dict):
+        if v not in BUILT or not isinstance(d, dict) or not isinstance(d.get("graphs"), dict):
             return f"variants.{v} is not a known variant with graphs"
         if set(d["graphs"]) != set(data["graphs"]):
             return f"variants.{v} lists graphs {sorted(d['graphs'])}, not {sorted(data['graphs'])}"
@@ -239,8 +437,13 @@ def _attention_problem(att, graphs: set[str]) -> str | None:
     return None
 
 
+def record_metric(directory: str | Path, name: str, variant: str, result: dict) -> None:
+    """Stores a measured result (`tk evaluate --record`) under `name`, or `name_VARIANT` for a variant other than fp32."""
+    m = load(directory)
+    m.metrics[name if variant == PLAIN else f"{name}_{variant}"] = result
+    m.save()
+
+
 def write(directory: Path, data: dict) -> None:
-    """Atomically: a crash mid-write (or a full disk) leaves the previous manifest intact."""
-    tmp = directory / f".{NAME}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, **data}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, directory / NAME)
+    """Saves JSON manifest data into `directory` (through Manifest.save, the one atomic write)."""
+    Manifest.from_dict(directory, migrate({k: v for k, v in data.items() if k != "format"}, Path(directory) / NAME)).save()

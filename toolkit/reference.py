@@ -11,7 +11,7 @@ import torch
 
 from toolkit import checkpoint, registry
 from toolkit.errors import UsageError
-from toolkit.manifest import Manifest
+from toolkit.manifest import CheckpointRecord, Manifest
 
 PREFIX = "model."  # the graph wrappers hold the model as `.model`, so initializers are named model.<parameter>
 
@@ -40,8 +40,8 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
     """
     entry = registry.get(m.model)
     cfg = entry.checked_config(m.config, str(m.directory / "manifest.json"))
-    record = m.data.get("checkpoint") or {}
-    if not isinstance(record.get("seed", 0), int) or isinstance(record.get("seed", 0), bool) or not 0 <= record.get("seed", 0) < 2**32:
+    record = m.checkpoint or CheckpointRecord(weights_sha256="")
+    if not 0 <= (record.seed or 0) < 2**32:
         raise UsageError(f"{m.directory}/manifest.json: checkpoint.seed must be an integer in [0, 2^32); re-export")
     if checkpoint_path is not None:
         # Given explicitly: its own digest is checked at load, and verify compares it with the graphs' weights.
@@ -52,19 +52,19 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
         source = f"checkpoint {ckpt['path']} (given with --checkpoint)"
         echo(f"reference: {source}")
         return entry, cfg, model.eval(), source
-    if record.get("random_init"):
-        torch.manual_seed(record["seed"])
-        model, source = entry.build(cfg), f"random init, seed {record['seed']}"
-    elif record.get("path") and Path(record["path"]).is_file() and checkpoint.sha256(record["path"]) == record["sha256"]:
-        _, cfg, model = checkpoint.build_model(checkpoint.load(record["path"]))
-        source = f"checkpoint {record['path']}"
+    if record.random_init:
+        torch.manual_seed(record.seed or 0)
+        model, source = entry.build(cfg), f"random init, seed {record.seed or 0}"
+    elif record.path and Path(record.path).is_file() and checkpoint.sha256(record.path) == record.sha256:
+        _, cfg, model = checkpoint.build_model(checkpoint.load(record.path))
+        source = f"checkpoint {record.path}"
     else:
         # A shipped model's checkpoint is not on this machine, or training has moved it on since export.
-        why = "changed since export" if record.get("path") and Path(record["path"]).is_file() else "not on this machine"
+        why = "changed since export" if record.path and Path(record.path).is_file() else "not on this machine"
         model, source = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs (checkpoint {why}): {GRAPHS_ONLY}"
     model.eval()
     digest = checkpoint.weights_sha256(model)
-    if record.get("weights_sha256") and digest != record["weights_sha256"]:
+    if record.weights_sha256 and digest != record.weights_sha256:
         raise UsageError(f"reference weights ({source}) differ from the ones exported (weights digest mismatch); re-export")
     echo(f"reference: {source}")
     return entry, cfg, model, source
@@ -139,7 +139,7 @@ def resolve_parameters(model: torch.nn.Module, found: dict[str, torch.Tensor]) -
 def weights_from_graphs(m: Manifest, entry, cfg) -> torch.nn.Module:
     """The model rebuilt from the parameters its exported graphs hold."""
     model = entry.build(cfg)
-    found = graph_parameters(m.directory, [g["file"] for g in m.data["graphs"].values()])
+    found = graph_parameters(m.directory, [g.file for g in m.graphs.values()])
     state, missing = resolve_parameters(model, found)
     if missing:
         raise UsageError(f"parameter {missing[0]} is in no graph of {m.directory}; verify needs the training checkpoint")

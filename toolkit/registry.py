@@ -32,7 +32,8 @@ class ModelEntry:
     graphs: Callable[[object], list[GraphSpec]]
     # For "module" entries: model, *inputs -> outputs in declared order.
     run: Callable[..., tuple] | None = None
-    description: str = ""
+    # The training hook: (TrainOptions, entry, echo) -> final metrics; None: the model has no training task.
+    train: Callable[..., dict] | None = None
     # The attention variant: graph name -> extra outputs (the masked attention probabilities, in the
     # order the graph computes them), and how to read the same weights off the PyTorch model after a call.
     attention: Callable[[object], dict[str, tuple[TensorSpec, ...]]] | None = None
@@ -128,6 +129,23 @@ def _divisor_near(n: int, k: int) -> int:
 REGISTRY: dict[str, ModelEntry] = {}
 
 
+def _train_translation(opts, entry: ModelEntry, echo) -> dict:
+    from toolkit.train import train_seq2seq  # torch training code, loaded only when training
+
+    return train_seq2seq(opts, entry, echo)
+
+
+def _train_regression(opts, entry: ModelEntry, echo) -> dict:
+    from toolkit.train import train_kernel_regression
+
+    return train_kernel_regression(opts, entry, echo)
+
+
+def trainable() -> list[str]:
+    """The registered models that `tk train` can train."""
+    return [name for name, e in REGISTRY.items() if e.train is not None]
+
+
 def register(entry: ModelEntry) -> ModelEntry:
     REGISTRY[entry.name] = entry
     return entry
@@ -197,11 +215,11 @@ def read_seq2seq_attention(model: Seq2SeqAttention, graph: str, batch: int) -> l
     return [] if graph == "encoder" else [model.decoder.attention.attention_weights.reshape(batch, -1)]
 
 
-register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, transformer_graphs,
-                    description="encoder-decoder Transformer (post-LN; --pre-ln for pre-LN)",
+# The encoder-decoder Transformer (post-LN; --pre-ln for pre-LN).
+register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, transformer_graphs, train=_train_translation,
                     attention=transformer_attention, read_attention=read_transformer_attention))
-register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs,
-                    description="GRU encoder + Bahdanau-attention GRU decoder",
+# GRU encoder + Bahdanau-attention GRU decoder.
+register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs, train=_train_translation,
                     attention=seq2seq_attention, read_attention=read_seq2seq_attention))
 
 
@@ -239,7 +257,7 @@ def _with_weights(model, *inputs):
     return out, model.attention_weights
 
 
-class _Identity(nn.Module):
+class _MaskedSoftmax(nn.Module):
     """masked_softmax has no parameters; a module gives it the same export path as the rest."""
 
     def forward(self, scores, valid_lens):
@@ -247,24 +265,24 @@ class _Identity(nn.Module):
 
 
 register(ModelEntry(
-    "masked_softmax", "module", AttentionConfig, lambda c: _Identity(),
+    "masked_softmax", "module", AttentionConfig, lambda c: _MaskedSoftmax(),
     lambda c: _module_graph(
         (TensorSpec("scores", FLOAT, ("batch", "n_q", "n_kv")), TensorSpec("valid_lens", INT, ("batch", "n_q"), "lengths:n_kv")),
         (TensorSpec("weights", FLOAT, ("batch", "n_q", "n_kv")),)),
-    run=lambda m, s, v: (m(s, v),), description="softmax over keys with valid lengths"))
+    run=lambda m, s, v: (m(s, v),)))
 
 register(ModelEntry(
     "dot_attention", "module", AttentionConfig, lambda c: DotProductAttention(dropout=0.0),
     lambda c: _module_graph(_qkv(c.query_size, c.query_size, c.value_size),
                             _attention_outputs(c.value_size, ("batch", "n_q", "n_kv"))),
-    run=_with_weights, description="scaled dot-product attention"))
+    run=_with_weights))
 
 register(ModelEntry(
     "additive_attention", "module", AttentionConfig,
     lambda c: AdditiveAttention(c.query_size, c.key_size, c.num_hiddens, dropout=0.0),
     lambda c: _module_graph(_qkv(c.query_size, c.key_size, c.value_size),
                             _attention_outputs(c.value_size, ("batch", "n_q", "n_kv"))),
-    run=_with_weights, description="additive (MLP) attention"))
+    run=_with_weights))
 
 
 def _mha_run(model: MultiHeadAttention, q, k, v, valid_lens):
@@ -278,14 +296,14 @@ register(ModelEntry(
     lambda c: MultiHeadAttention(c.num_hiddens, c.num_heads, dropout=0.0),
     lambda c: _module_graph(_qkv(c.num_hiddens, c.num_hiddens, c.num_hiddens),
                             _attention_outputs(c.num_hiddens, ("batch", c.num_heads, "n_q", "n_kv"))),
-    run=_mha_run, description="multi-head attention"))
+    run=_mha_run))
 
 register(ModelEntry(
     "nw", "module", KernelRegressionConfig, lambda c: NWKernelRegression(c.learn_width),
     lambda c: _module_graph(
         (TensorSpec("queries", FLOAT, ("n_q",)), TensorSpec("keys", FLOAT, ("n_q", "n_kv")), TensorSpec("values", FLOAT, ("n_q", "n_kv"))),
         (TensorSpec("output", FLOAT, ("n_q",)), TensorSpec("attention_weights", FLOAT, ("n_q", "n_kv")))),
-    run=_with_weights, description="Nadaraya-Watson kernel regression"))
+    run=_with_weights, train=_train_regression))
 
 
 # ---- graph wrappers: the modules that torch.onnx.export traces ------------------------------

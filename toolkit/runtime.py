@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from toolkit.decoding import StepBackend, empty_cache
-from toolkit.errors import ProviderError, UsageError
+from toolkit.errors import ProviderError, UsageError, first_line
 from toolkit.graphs import GraphSpec
 from toolkit.manifest import Manifest
 from toolkit.variants import CPU_DISABLED_OPTIMIZERS, describe, graph_source
@@ -56,6 +56,7 @@ def _options(optimization: str = "all", threads: int | None = None, spin: bool =
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
                                    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                                    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[optimization]
     if threads:
@@ -82,7 +83,7 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
                                        _options(optimization, threads, spin=not cpu), providers=providers,
                                        disabled_optimizers=disabled)
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise UsageError(f"cannot load {describe(path)}: {first}; re-export the model directory") from None
     if provider == "cuda" and session.get_providers()[0] != PROVIDERS["cuda"] and not allow_fallback:
         raise ProviderError(CUDA_FIX)
@@ -234,13 +235,12 @@ class LoadedModel:
         return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
 
 
-def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", optimization: str = "all",
-                  allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
+def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
     """Sessions for every graph of the directory; a variant it does not store is built in memory."""
     sessions, built = {}, 0.0
-    for name in m.data["graphs"]:
+    for name in m.graphs:
         source, seconds = graph_source(m, name, variant)
-        sessions[name] = create_session(source, provider, optimization, threads, allow_fallback)
+        sessions[name] = create_session(source, provider, threads=threads, allow_fallback=allow_fallback)
         built += seconds
     used = session_provider(next(iter(sessions.values())))
     return LoadedModel(m, sessions, used, built)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from toolkit.errors import UsageError
+from toolkit.errors import UsageError, first_line
 from toolkit.placeholders import SYMBOLS
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -43,7 +43,7 @@ class Tokenizer:
             tokenizer.sp.encode("a")  # an empty proto loads without complaint and fails only here
             return tokenizer
         except (OSError, RuntimeError) as e:  # sentencepiece raises RuntimeError for a corrupt model
-            raise UsageError(f"tokenizer {path} is unreadable or corrupt ({str(e).splitlines()[0][:80]}); re-export the model directory") from None
+            raise UsageError(f"tokenizer {path} is unreadable or corrupt ({first_line(e, 80)}); re-export the model directory") from None
 
     @classmethod
     def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 0) -> Tokenizer:

@@ -138,22 +138,19 @@ def train(opts: TrainOptions, echo=print) -> dict:
     if opts.preset not in PRESETS:
         raise UsageError(f"unknown preset '{opts.preset}'; choose one of: {', '.join(PRESETS)}")
     entry = registry.get(opts.model)
-    if opts.model != "nw" and entry.kind != "seq2seq":
-        raise UsageError(f"model '{opts.model}' has no training task; train one of: nw, seq2seq, transformer")
+    if entry.train is None:
+        raise UsageError(f"model '{opts.model}' has no training task; train one of: {', '.join(registry.trainable())}")
     check_settings(opts, entry)
     check_out_dir(opts.out)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     seed_everything(opts.seed)
-    if opts.model == "nw":
-        return train_kernel_regression(opts, echo)
-    return train_seq2seq(opts, entry, echo)
+    return entry.train(opts, entry, echo)
 
 
-def train_kernel_regression(opts: TrainOptions, echo) -> dict:
+def train_kernel_regression(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     from models.kernel_regression import fit, synthetic_data, test_mse
 
-    entry = registry.get("nw")
     cfg = entry.config()
     model = entry.build(cfg)
     x_train, y_train, x_test, y_truth = synthetic_data(seed=opts.seed)
@@ -163,11 +160,11 @@ def train_kernel_regression(opts: TrainOptions, echo) -> dict:
     for epoch, loss in fit(model, x_train, y_train, epochs=epochs, lr=opts.lr or 0.5):
         echo(f"epoch {epoch + 1}/{epochs}  loss {loss:.4f}  w {model.w.item():.3f}")
         epochs_seen.append({"epoch": epoch + 1, "train_loss": loss, "w": model.w.item()})
-        history.write(opts.out, "nw", epochs_seen)  # for `tk plot`
+        history.write(opts.out, entry.name, epochs_seen)  # for `tk plot`
     mse = test_mse(model, x_train, y_train, x_test, y_truth)
     metrics = {"test_mse": mse, "test_mse_nonparametric": baseline, "w": model.w.item()}
     checkpoint.save({
-        "model": "nw", "config": dataclasses.asdict(cfg), "state_dict": model.state_dict(), "metrics": metrics,
+        "model": entry.name, "config": dataclasses.asdict(cfg), "state_dict": model.state_dict(), "metrics": metrics,
         "train": {"command": opts.command, "seed": opts.seed, "hardware": hardware()},
         "data": {"x_train": x_train.tolist(), "y_train": y_train.tolist(), "source": "synthetic 2 sin(x) + x^0.8 + N(0, 0.5)"},
     }, opts.out / "checkpoint.pt")

@@ -289,11 +289,11 @@ def read_references(path: Path) -> list[str]:
         raise DataError(f"--reference {path} line {line} is not valid UTF-8 (byte {e.start}); convert it to UTF-8") from None
 
 
-def score_file(hypotheses_path: Path | None, hypotheses: list[str] | None, reference: Path, refs: list[str] | None = None) -> dict:
+def score_file(hyps: list[str], reference: Path, refs: list[str] | None = None) -> dict:
+    """BLEU and chrF of translations against a reference file (one line per translation)."""
     from toolkit.scoring import bleu_chrf
 
     refs = refs if refs is not None else read_references(reference)
-    hyps = hypotheses if hypotheses is not None else hypotheses_path.read_text(encoding="utf-8").splitlines()
     if len(refs) != len(hyps):
         raise UsageError(f"--reference has {len(refs)} lines but there are {len(hyps)} translations; give one reference per input line")
     if not hyps:

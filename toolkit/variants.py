@@ -15,16 +15,41 @@ import functools
 import logging
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from toolkit.errors import ToolkitError
-from toolkit.manifest import Manifest
+from toolkit.errors import ToolkitError, UsageError, first_line
 
-NOTES = {
-    "fp16": {"provider": "cuda", "note": "float16 weights and compute; inputs and outputs stay int64/float32"},
-    "optimized": {"provider": "cpu", "note": "ONNX Runtime extended graph optimisations applied offline for the CPU provider"},
-    "int8": {"provider": "cpu", "note": "dynamic int8 quantisation of MatMul weights for the CPU provider"},
-}
+if TYPE_CHECKING:
+    from toolkit.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One precision/optimisation variant, declared once: every command, check and choice list reads it."""
+
+    name: str
+    suffix: str  # of its graph files: encoder{suffix}.onnx
+    provider: str | None  # the provider it is meant for; None: every provider
+    tolerance: tuple[float, float]  # verify's default (atol, rtol), measured on the shipped models (see README)
+    exact_translation: bool  # verify demands token-for-token the fp32 translations
+    export_option: tuple[str, object] | None  # (ExportOptions field, value) that stores it; None: always written
+    export_flag: str  # the `tk export` option that stores it
+    note: str
+    builder: Callable[[Path, Path], None] | None  # fp32 graph -> this variant's graph; None for fp32 itself
+
+    def build(self, src: Path, dst: Path) -> None:
+        """Writes this variant of the fp32 graph `src` to `dst` (self-contained: no external weights)."""
+        if self.builder is None:
+            raise ValueError(f"the {self.name} graphs are the exported ones; nothing to build")
+        self.builder(src, dst)
+
+    def record(self) -> dict:
+        """What manifest.json says about a stored copy of this variant."""
+        return {"provider": self.provider, "note": self.note}
+
 
 # ONNX Runtime's CPU SkipLayerNormalization kernel is slower than the Add + LayerNormalization it
 # replaces: measured on the shipped Transformer at batch 64, the encoder runs in 11.9 ms instead of
@@ -36,49 +61,79 @@ def ort_optimized(src: Path, dst: Path, level: str) -> None:
     """Saves the graph as ONNX Runtime's CPU provider would run it after `level` optimisations."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    so.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}[level]
+    from toolkit.runtime import _options  # the one place session options are built
+
+    so = _options(level)
     so.optimized_model_filepath = str(dst)
     ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
 
 
+def _fp16(src: Path, dst: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save_model(convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False), dst)
+
+
+def _optimized(src: Path, dst: Path) -> None:
+    ort_optimized(src, dst, "extended")
+
+
+def _int8(src: Path, dst: Path) -> None:
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The exported graphs multiply by Transpose(W) so that W is stored once, under its PyTorch
+    # name; quantize_dynamic only quantises a MatMul whose weight is an initializer, so the
+    # transposes are constant-folded first (ONNX Runtime basic level: standard ops only).
+    folded = dst.with_name(dst.name + ".folded.onnx")
+    ort_optimized(src, folded, "basic")
+    # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
+    # projection), which the quantiser's own shape inference rejects; they are only hints.
+    model = onnx.load(folded)
+    del model.graph.value_info[:]
+    onnx.save_model(model, folded)
+    root, level = logging.getLogger(), logging.getLogger().level
+    root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
+    try:
+        # 7-bit weights (reduce_range): x86 CPUs without VNNI multiply u8 x s8 pairs into 16-bit
+        # sums that saturate at full range (the cross keys came out wrong by more than 0.5 on an
+        # AVX2-only EPYC); one graph that is exact on every CPU rather than one per CPU.
+        quantize_dynamic(folded, dst, weight_type=QuantType.QInt8, reduce_range=True)
+    finally:
+        root.setLevel(level)
+        folded.unlink(missing_ok=True)
+
+
+# The catalogue. fp16/int8 change the model enough that near-ties may flip, so their translations
+# may differ from fp32's; the offline-optimised graph computes the same function.
+CATALOGUE: dict[str, Variant] = {v.name: v for v in (
+    Variant("fp32", "", None, (1e-4, 1e-4), True, None, "", "the exported float32 graphs", None),
+    Variant("fp16", ".fp16", "cuda", (5e-2, 2e-2), False, ("fp16", True), "--fp16",
+            "float16 weights and compute; inputs and outputs stay int64/float32", _fp16),
+    Variant("optimized", ".opt", "cpu", (1e-4, 1e-4), True, ("optimize", True), "--optimize",
+            "ONNX Runtime extended graph optimisations applied offline for the CPU provider", _optimized),
+    Variant("int8", ".int8", "cpu", (0.5, 0.1), False, ("quantize", "int8"), "--quantize int8",
+            "dynamic int8 quantisation of MatMul weights for the CPU provider", _int8),
+)}
+NAMES: tuple[str, ...] = tuple(CATALOGUE)
+PLAIN = "fp32"  # the exported graphs every other variant is built from
+BUILT: tuple[str, ...] = tuple(n for n, v in CATALOGUE.items() if v.builder is not None)
+# The variant that trades exactness for speed on each provider (`tk bench` times it by default).
+SPEED = {"cpu": "int8", "cuda": "fp16"}
+
+
+def get(name: str) -> Variant:
+    """The catalogue entry; an unknown name is a usage error listing the known ones."""
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise UsageError(f"unknown variant {name!r}; choose one of {', '.join(NAMES)}") from None
+
+
 def build(src: Path, dst: Path, variant: str) -> None:
     """Writes `variant` of the fp32 graph `src` to `dst` (self-contained: no external weights)."""
-    import onnx
-
-    if variant == "fp16":
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-
-        onnx.save_model(convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False), dst)
-    elif variant == "optimized":
-        ort_optimized(src, dst, "extended")
-    elif variant == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        # The exported graphs multiply by Transpose(W) so that W is stored once, under its PyTorch
-        # name; quantize_dynamic only quantises a MatMul whose weight is an initializer, so the
-        # transposes are constant-folded first (ONNX Runtime basic level: standard ops only).
-        folded = dst.with_name(dst.name + ".folded.onnx")
-        ort_optimized(src, folded, "basic")
-        # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
-        # projection), which the quantiser's own shape inference rejects; they are only hints.
-        model = onnx.load(folded)
-        del model.graph.value_info[:]
-        onnx.save_model(model, folded)
-        root, level = logging.getLogger(), logging.getLogger().level
-        root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
-        try:
-            # 7-bit weights (reduce_range): x86 CPUs without VNNI multiply u8 x s8 pairs into 16-bit
-            # sums that saturate at full range (the cross keys came out wrong by more than 0.5 on an
-            # AVX2-only EPYC); one graph that is exact on every CPU rather than one per CPU.
-            quantize_dynamic(folded, dst, weight_type=QuantType.QInt8, reduce_range=True)
-        finally:
-            root.setLevel(level)
-            folded.unlink(missing_ok=True)
-    else:
-        raise ValueError(f"unknown variant {variant!r}")
+    get(variant).build(src, dst)
 
 
 @functools.lru_cache(maxsize=8)
@@ -98,23 +153,21 @@ def _built(src: str, digest: str, variant: str) -> bytes:
 def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, float]:
     """The variant's graph as stored in the directory (a path), else built in memory (bytes);
     with the seconds spent building it (0 when stored)."""
-    if variant == "fp32" or variant in m.data.get("variants", {}):
+    if variant == PLAIN or variant in m.stored:
         return m.graph_path(graph, variant), 0.0
-    if variant not in NOTES:
-        raise ValueError(f"unknown variant {variant!r}")
+    get(variant)
     start = time.perf_counter()
     try:
-        data = _built(str(m.graph_path(graph)), m.data["graphs"][graph]["sha256"], variant)
+        data = _built(str(m.graph_path(graph)), m.graphs[graph].sha256, variant)
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ToolkitError(f"could not build the {variant} variant of {m.directory}/{graph}: {first}; "
+        raise ToolkitError(f"could not build the {variant} variant of {m.directory}/{graph}: {first_line(e)}; "
                            f"use --variant fp32, or store it with `tk export {m.directory} {export_flag(variant)}`") from None
     return data, time.perf_counter() - start
 
 
 def export_flag(variant: str) -> str:
     """The `tk export` option that stores this variant in a directory."""
-    return {"fp16": "--fp16", "optimized": "--optimize", "int8": "--quantize int8"}[variant]
+    return get(variant).export_flag
 
 
 def describe(source: Path | bytes) -> str:

@@ -25,7 +25,7 @@ import torch
 from toolkit import manifest as manifest_mod
 from toolkit import registry
 from toolkit.decoding import greedy
-from toolkit.errors import ProviderError, UsageError
+from toolkit.errors import ProviderError, UsageError, first_line
 from toolkit.reference import load_reference, reference_kind
 from toolkit.variants import graph_source
 
@@ -43,8 +43,6 @@ from toolkit.verify_checks import (  # noqa: F401
     test_sentences,
 )
 from toolkit.verify_compare import (  # noqa: F401
-    EXACT_TRANSLATION,
-    TOLERANCES,
     RunFailure,
     compare,
     compare_outputs,
@@ -95,7 +93,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     except UsageError as e:
         report.rows.append(Row("static", "files", "-", "-", "-", "sha256", ok=False, detail=str(e)))
     # The attention variant (built in memory, with extra outputs) is checked by verify_attention.
-    attention = "attention" in (variants or []) or (not variants and "attention" in m.data)
+    attention = "attention" in (variants or []) or (not variants and m.attention is not None)
     if runtime != "onnxruntime" and attention:
         if variants:
             raise UsageError(f"the attention variant is checked on onnxruntime only; drop --variant attention or --runtime {runtime}")
@@ -185,7 +183,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
                 greedy(parity, src_ids, max_len)
                 compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, max_len, v, p, tolerance(v, atol, rtol))
             except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
-                failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(str(e).splitlines()[0]))
+                failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
     if attention:
         from toolkit.verify_attention import verify_attention
 

@@ -14,6 +14,7 @@ import torch
 from toolkit import attention_graphs, registry, runtime
 from toolkit import verify as v
 from toolkit.decoding import greedy
+from toolkit.errors import first_line
 from toolkit.graphs import GraphSpec, TensorSpec
 from toolkit.manifest import Manifest
 from toolkit.verify import ParityBackend, Report, Row, RunFailure
@@ -101,7 +102,7 @@ def verify_attention(m: Manifest, entry: registry.ModelEntry, model: torch.nn.Mo
             greedy(parity, src_ids, max_len)
             want, got = greedy(plain, src_ids, max_len), greedy(recorder, src_ids, max_len)
         except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
-            v.failed_run(report.rows, "decode", specs["decoder"], VARIANT, provider, f"{len(src_ids)} sentences", RunFailure(str(e).splitlines()[0]))
+            v.failed_run(report.rows, "decode", specs["decoder"], VARIANT, provider, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
             continue
         same = sum(a.tokens == b.tokens for a, b in zip(want, got))
         report.rows.append(Row("translation", "encoder+decoder", VARIANT, provider, f"{len(src_ids)} sentences", "tokens vs fp32",

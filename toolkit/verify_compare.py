@@ -6,17 +6,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from toolkit.errors import first_line
 from toolkit.graphs import GraphSpec
+from toolkit.variants import CATALOGUE
 from toolkit.verify_report import Row
-
-# Default tolerances per variant (atol, rtol), measured on the shipped models (see README).
-TOLERANCES = {"fp32": (1e-4, 1e-4), "optimized": (1e-4, 1e-4), "fp16": (5e-2, 2e-2), "int8": (0.5, 0.1)}
-# Translations must be identical for these; fp16/int8 change the model enough that near-ties may flip.
-EXACT_TRANSLATION = {"fp32", "optimized"}
 
 
 def tolerance(variant: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
-    default = TOLERANCES[variant]
+    default = CATALOGUE[variant].tolerance
     return (default[0] if atol is None else atol, default[1] if rtol is None else rtol)
 
 
@@ -55,7 +52,7 @@ def run_ort(session, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str,
     try:
         return dict(zip(spec.output_names, session.run(None, feeds)))
     except Exception as e:
-        raise RunFailure(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+        raise RunFailure(first_line(e)) from None
 
 
 def failed_run(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str, error: Exception) -> None:

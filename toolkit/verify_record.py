@@ -39,7 +39,8 @@ def record_summary(report: Report, directory: Path, seconds: float) -> None:
             w["max_abs"] = max(w["max_abs"], r.max_abs)
         if r.check == "translation":
             w["detail"] = r.detail
-    m.data["verify"] = {"passed": not report.failures, "checks": len(report.rows), "failures": len(report.failures),
-                        "seed": report.seed, "seconds": round(seconds, 1), "reference": report.reference,
-                        "environment": report.environment, "skipped_providers": report.skipped, "worst": worst}
-    manifest_mod.write(Path(directory), {k: v for k, v in m.data.items() if k != "format"})
+    m.verification = manifest_mod.VerificationRecord(
+        passed=not report.failures, checks=len(report.rows), failures=len(report.failures), seed=report.seed,
+        seconds=round(seconds, 1), reference=report.reference, environment=report.environment,
+        skipped_providers=report.skipped, worst=worst)
+    m.save()

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from toolkit.decoding import StepBackend, empty_cache, top_k_rows
-from toolkit.errors import ProviderError, UsageError
+from toolkit.errors import ProviderError, UsageError, first_line
 from toolkit.graphs import GraphSpec
 from toolkit.manifest import Manifest
 from toolkit.variants import describe, graph_source
@@ -69,7 +69,7 @@ def compile_graph(source: Path | bytes, threads: int | None = None) -> OvSession
         model = core.read_model(source, b"") if isinstance(source, bytes) else core.read_model(str(source))
         compiled = core.compile_model(model, "CPU", config)
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise UsageError(f"OpenVINO cannot run {describe(source)}: {first}; use --runtime onnxruntime") from None
     return OvSession(compiled, [i.get_any_name() for i in compiled.inputs])
 
@@ -140,7 +140,7 @@ def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int
                             "use --provider cpu, or --runtime onnxruntime for CUDA")
     _openvino()
     sessions, built = {}, 0.0
-    for name in m.data["graphs"]:
+    for name in m.graphs:
         source, seconds = graph_source(m, name, variant)
         sessions[name] = compile_graph(source, threads)
         built += seconds

@@ -1,0 +1,86 @@
+"""The public Python API: `from toolkit import Translator`, torch-free, same output as `tk translate`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "exported" / "transformer"
+SENTENCES = ["Hello.", "I'm home.", "Where is the station?", "She doesn't like cold coffee."]
+
+API = f"""
+import json, sys
+from toolkit import Translator
+t = Translator({str(MODEL)!r}, provider="cpu")
+out = {{"beam4": t.translate({SENTENCES!r}, beam=4), "greedy_short": t.translate({SENTENCES!r}, max_len=2),
+        "nbest": [[x.text for x in n] for n in t.translate_batch(["Where is the station?"], beam=4, n_best=2)],
+        "torch": "torch" in sys.modules, "provider": t.provider}}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def api_output() -> dict:
+    done = subprocess.run([sys.executable, "-c", API], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _tk(*args: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "translate", "--model", str(MODEL), "--provider", "cpu", "-q", *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_api_translates_like_tk_translate_without_importing_torch(api_output):
+    assert api_output["torch"] is False and api_output["provider"] == "cpu"
+    assert api_output["beam4"] == _tk(*SENTENCES, "--beam", "4")
+    assert api_output["beam4"][2] == "Où est la gare ?"
+
+
+def test_max_len_caps_the_translation_in_the_api_and_the_cli(api_output):
+    short = api_output["greedy_short"]
+    assert short == _tk(*SENTENCES, "--max-len", "2")
+    assert short != _tk(*SENTENCES)  # the cap took effect
+    assert all(len(s.split()) <= 2 for s in short)
+
+
+def test_n_best_gives_distinct_hypotheses_best_first(api_output):
+    (nbest,) = api_output["nbest"]
+    assert len(nbest) == 2 and nbest[0] != nbest[1] and nbest[0] == "Où est la gare ?"
+
+
+def test_alpha_changes_the_beam_scores_the_cli_prints():
+    def scores(alpha: str) -> list[float]:
+        return [float(line.split(" ||| ")[2]) for line in _tk("Where is the station?", "--beam", "4", "--n-best", "2", "--alpha", alpha)]
+
+    plain, penalised = scores("0"), scores("2")
+    assert plain != penalised and all(a < b for a, b in zip(plain, penalised))  # dividing log-probs by length^alpha > 1
+
+
+def test_a_single_string_is_refused_with_the_fix():
+    from toolkit import Translator
+    from toolkit.errors import UsageError
+
+    t = Translator(MODEL, provider="cpu")
+    with pytest.raises(UsageError, match=r"wrap a single sentence in a list"):
+        t.translate("Hello.")
+
+
+# The deploy side: what `tk translate`, the server and the API load. None of it may import torch.
+DEPLOY = ["api", "batching", "decoding", "errors", "graphs", "manifest", "placeholders", "runtime", "scoring", "textprep",
+          "tokenizer", "translate", "variants"]
+
+
+def test_no_deploy_module_imports_torch():
+    code = "import importlib, sys\n" + "".join(f"importlib.import_module('toolkit.{m}')\n" for m in DEPLOY) + \
+           "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

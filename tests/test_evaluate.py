@@ -1,0 +1,42 @@
+"""`tk evaluate` end to end on the tiny model: scores printed, and --record stores exactly them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from toolkit import data, manifest
+from toolkit.batching import GUARDED, DecodeOptions
+from toolkit.scoring import bleu_chrf
+from toolkit.translate import open_model, translate_batch
+
+
+def test_evaluate_scores_the_test_split_and_record_stores_the_same_scores(cli, tiny_export, corpus_zip, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_export, model)
+    before = manifest.load(model).to_dict()
+    result = cli("evaluate", model, "--data", corpus_zip, "--beam", 1, "--limit", 6, "--record")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()  # progress lines on stderr, then the scores as indented JSON on stdout
+    start = lines.index("{")
+    printed = json.loads("\n".join(lines[start: lines.index("}", start) + 1]))
+    greedy = printed["test_split_greedy"]
+    assert greedy["sentences"] == 6 and printed["variant"] == "fp32"
+    # The score is that of the translations tk translate would give for the same sentences.
+    english, refs = data.references(data.load_corpus(str(corpus_zip)).splits["test"])
+    t = open_model(model, "cpu")
+    hyps = [n[0].text for n in translate_batch(t, english[:6], DecodeOptions(max_len=t.manifest.max_len,
+                                                                            max_src_len=t.manifest.max_len, **GUARDED))]
+    assert greedy["bleu_multi_ref"] == bleu_chrf(hyps, refs[:6])["bleu"]
+    after = manifest.load(model).to_dict()
+    assert after["metrics"]["evaluation"] == printed
+    assert {k: v for k, v in after.items() if k != "metrics"} == {k: v for k, v in before.items() if k != "metrics"}
+    assert {k: v for k, v in after["metrics"].items() if k != "evaluation"} == before["metrics"]
+
+
+def test_evaluate_without_record_leaves_the_manifest_alone(cli, tiny_export, corpus_zip, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_export, model)
+    before = (model / manifest.NAME).read_bytes()
+    assert cli("evaluate", model, "--data", corpus_zip, "--beam", 1, "--limit", 2).exit_code == 0
+    assert (model / manifest.NAME).read_bytes() == before
