@@ -116,8 +116,10 @@ export class Tokenizer {
 
   // Text of ids, as Tokenizer.decode in Python: specials dropped, byte pieces joined into UTF-8
   // (an invalid byte becomes U+FFFD), U+2581 back to spaces, the dummy prefix removed.
+  // While nothing has been written yet, each piece loses one leading U+2581 (sentencepiece's
+  // "bos whitespace"), so a text that began with spaces comes back without them.
   decode(ids) {
-    const decoder = new TextDecoder("utf-8");
+    const decoder = new TextDecoder("utf-8", { ignoreBOM: true }); // a decoded U+FEFF is text, not a byte-order mark
     let text = "", pending = [];
     const flush = () => {
       if (pending.length) text += decoder.decode(Uint8Array.from(pending));
@@ -132,10 +134,11 @@ export class Tokenizer {
       }
       flush();
       if (type === CONTROL) continue;
-      text += type === UNKNOWN ? " \u2047 " : this.pieces[i];
+      let piece = type === UNKNOWN ? " \u2047 " : this.pieces[i];
+      if (text === "" && this.spec.normalizer.add_dummy_prefix && piece.startsWith(SPACE)) piece = piece.slice(1);
+      text += piece.replaceAll(SPACE, " ");
     }
     flush();
-    text = text.replaceAll(SPACE, " ");
-    return this.spec.normalizer.add_dummy_prefix && text.startsWith(" ") ? text.slice(1) : text;
+    return text;
   }
 }
