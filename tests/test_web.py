@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from toolkit import data
@@ -76,6 +77,39 @@ def test_the_browser_tokenizer_gives_sentencepiece_ids_on_the_held_out_split_and
     ids = {i for seq in expected[-len(AWKWARD):] for i in seq}
     assert any(tokenizer.sp.is_byte(i) for i in ids) and ids & set(range(4, 14))
     assert len(texts) > 5000
+
+
+def node_encode(tokenizer_model: bytes, texts: list[str], tmp_path: Path) -> dict:
+    (tmp_path / "tokenizer.model").write_bytes(tokenizer_model)
+    write_tokenizer_json(tmp_path / "tokenizer.model", tmp_path / "tokenizer.json")
+    proc = subprocess.run([NODE, str(REPO / "tests" / "web_tokenize.mjs"), str(REPO / "web" / "site" / "tokenizer.mjs"),
+                           str(tmp_path / "tokenizer.json")], input=json.dumps(texts), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
+def test_the_browser_tokenizer_sums_in_float32_and_breaks_ties_as_sentencepiece_does(tmp_path):
+    """A hand-made model where 'a'+'b' ties 'ab' exactly in float32 (but not in float64):
+    sentencepiece sums in float32 and keeps the first path found on a tie; so must the page."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    f32 = np.float32
+    proto = pb.ModelProto()
+    proto.trainer_spec.model_type = pb.TrainerSpec.UNIGRAM
+    proto.trainer_spec.unk_id, proto.trainer_spec.bos_id, proto.trainer_spec.eos_id, proto.trainer_spec.pad_id = 0, 1, 2, -1
+    proto.normalizer_spec.name = "identity"
+    pieces = [("<unk>", 0, pb.ModelProto.SentencePiece.UNKNOWN), ("<s>", 0, pb.ModelProto.SentencePiece.CONTROL),
+              ("</s>", 0, pb.ModelProto.SentencePiece.CONTROL), ("\u2581", 0, 1), ("a", -0.1, 1), ("b", -0.2, 1),
+              ("ab", float(f32(f32(-0.1) + f32(-0.2))), 1), ("c", -0.5, 1)]
+    for piece, score, kind in pieces:
+        p = proto.pieces.add()
+        p.piece, p.score, p.type = piece, score, kind
+    texts = ["ab", "abab", "ab cab", "cabc"]
+    expected = spm.SentencePieceProcessor(model_proto=proto.SerializeToString()).encode(texts)
+    assert expected[0] == [3, 6]  # 'ab', not 'a' 'b': the tie is real
+    assert node_encode(proto.SerializeToString(), texts, tmp_path)["ids"] == expected
 
 
 def test_the_web_export_refuses_bad_input_in_one_line(cli, tmp_path, monkeypatch):
