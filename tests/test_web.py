@@ -163,7 +163,7 @@ def static_server(root: Path) -> Iterator[str]:
 
 def options(m, **kw) -> DecodeOptions:
     """What tk translate decodes with: the model's limits and the guards."""
-    return DecodeOptions(max_len=m.max_len, max_src_len=m.max_len, **GUARDED, **kw)
+    return DecodeOptions(**{"max_len": m.max_len, "max_src_len": m.max_len, **GUARDED, **kw})
 
 
 # In-page timing of a decode: tokens and the milliseconds it took.
@@ -196,6 +196,9 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
     loop_cut = DecodeOptions(max_len=model.manifest.max_len, max_len_a=2.0, batch_size=16)
     assert all(len(g.tokens) < len(u[0].tokens) for g, u in zip(guarded, unguarded))
     assert [g.tokens for g in guarded[:5]] != [n[0].tokens for n in decode_ids(model.backend(), runaway[:5], loop_cut)]
+    # The length guard seldom binds before the loop guard; a tight one (0.4 x source + 1, rounded up) cuts most sentences.
+    tight = [n[0].tokens for n in decode_ids(model.backend(), ids[:16], options(model.manifest, max_len_a=0.4, max_len_b=1))]
+    assert sum(len(t) < len(g.tokens) for t, g in zip(tight, greedy[:16])) >= 8
     shown = english[:3]
     texts = [n[0].text for n in translate_batch(model, shown, options(model.manifest, beam=4), text=TextOptions(enabled=False))]
     with static_server(site) as url, sync_playwright() as p:
@@ -213,6 +216,7 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
             assert got["tokens"] == [h.tokens for h in greedy]
             got_guarded = page.evaluate(TIMED, [runaway, {"batchSize": 16}])
             assert got_guarded["tokens"] == [h.tokens for h in guarded]
+            assert page.evaluate(TIMED, [ids[:16], {"batchSize": 16, "maxLenA": 0.4, "maxLenB": 1}])["tokens"] == tight
             got_beam = page.evaluate(TIMED, [ids[:8] + runaway, {"batchSize": 16, "beam": 4}])
             assert got_beam["tokens"] == [h.tokens for h in beam]
             assert got_beam["scores"] == pytest.approx([h.score for h in beam], abs=1e-3)
