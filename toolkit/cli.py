@@ -204,7 +204,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
 def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
     import time
 
-    from toolkit.web_export import export_web
+    from toolkit.web_export import downloads, export_web
 
     if not is_model_dir:
         raise UsageError(f"--web needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")
@@ -215,8 +215,9 @@ def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, ot
     click.echo(f"wrote {web_dir} in {time.time() - start:.1f}s:")
     for name, size in files.items():
         click.echo(f"  {name:<38} {size / 1024:>10,.1f} KiB")
-    click.echo(f"download: {sum(files.values()) / 2**20:,.1f} MiB in all; serve it with any static file server, "
-               f"e.g. python -m http.server -d {web_dir}")
+    sizes = ", ".join(f"{v} {n / 2**20:,.1f} MiB" for v, n in downloads(web_dir).items())
+    click.echo(f"download per page load (runtime, tokenizer and one variant's graphs): {sizes} (index.html?variant=int8); "
+               f"serve it with any static file server, e.g. python -m http.server -d {web_dir}")
 
 
 @main.command()

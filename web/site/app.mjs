@@ -14,18 +14,23 @@ async function fetchOk(url, as) {
   return response[as]();
 }
 
+// The variant comes from the address (index.html?variant=int8); fp32 by default.
+const variant = new URLSearchParams(location.search).get("variant") || "fp32";
+
 async function load() {
   const model = await fetchOk("model.json", "json");
+  const files = model.variants[variant];
+  if (!files) throw new Error(`no ${variant} graphs here; choose one of ${Object.keys(model.variants).join(", ")}`);
   const [tokenizer, weights] = await Promise.all([
     Tokenizer.fetch(model.tokenizer),
-    // Both graphs point into one weights file (ONNX external data): downloaded once, given to both sessions.
-    fetchOk(model.weights, "arrayBuffer").then((b) => new Uint8Array(b)),
+    // fp32: both graphs point into one weights file (ONNX external data): downloaded once, given to both sessions.
+    files.weights ? fetchOk(files.weights, "arrayBuffer").then((b) => new Uint8Array(b)) : null,
   ]);
-  const options = { executionProviders: ["wasm"], externalData: [{ path: model.weights, data: weights }] };
+  const options = { executionProviders: ["wasm"], ...(weights ? { externalData: [{ path: files.weights, data: weights }] } : {}) };
   const [encoder, decoder] = await Promise.all(
-    ["encoder", "decoder"].map((g) => ort.InferenceSession.create(model.graphs[g], options)));
+    ["encoder", "decoder"].map((g) => ort.InferenceSession.create(files.graphs[g], options)));
   const backend = new OrtBackend(ort, encoder, decoder, model);
-  return { model, tokenizer, backend, loadMs: performance.now() };
+  return { model: { ...model, variant, bytes: files.bytes }, tokenizer, backend, loadMs: performance.now() };
 }
 
 const loading = load();
@@ -39,7 +44,14 @@ function decodeOptions(model, opts = {}) {
 }
 
 window.tk = {
-  ready: loading.then(({ model, loadMs }) => ({ loadMs, model: model.name, variant: model.variant, threads: ort.env.wasm.numThreads })),
+  ready: loading.then(({ model, loadMs }) => ({ loadMs, model: model.name, variant, bytes: model.bytes, threads: ort.env.wasm.numThreads })),
+  // Each source's log-probabilities for the first target token: what `tk verify` compares.
+  async firstStep(ids) {
+    const { backend } = await loading;
+    const state = await backend.encode(ids);
+    const out = await backend.decoder.run({ ...state, token: new ort.Tensor("int64", BigInt64Array.from(ids.map(() => 2n)), [ids.length]) });
+    return Array.from(out.log_probs.data);
+  },
   async encode(texts) {
     const { tokenizer } = await loading;
     return texts.map((t) => tokenizer.encode(t));
@@ -59,7 +71,9 @@ window.tk = {
 const $ = (id) => document.getElementById(id);
 const button = $("translate");
 loading.then(({ model, loadMs }) => {
-  $("model").textContent = `${model.name} (${model.variant}), onnxruntime-web ${ort.env.versions?.web ?? ""} on WebAssembly, ${ort.env.wasm.numThreads || 1} thread(s)`;
+  for (const v of Object.keys(model.variants)) $("variant").add(new Option(v, v, false, v === variant));
+  $("variant").addEventListener("change", () => { location.search = `?variant=${$("variant").value}`; });
+  $("model").textContent = `${model.name} (${variant}, ${(model.bytes / 2 ** 20).toFixed(1)} MiB of graphs), onnxruntime-web ${ort.env.versions?.web ?? ""} on WebAssembly, ${ort.env.wasm.numThreads || 1} thread(s)`;
   $("status").textContent = `ready in ${Math.round(loadMs)} ms`;
   button.disabled = false;
 }, (e) => { $("status").textContent = `error: ${e.message}`; });
