@@ -44,7 +44,7 @@ AWKWARD = [
     "two  spaces,   three,\t\ttabs\nand a line break", "  leading and trailing  ",
     "\u00a0no-break\u3000ideographic\u2009thin\x1cfile-separator\x85next-line\ufeffbom",
     "ﬁnancial ① ２ Ⅻ ㎞ ½",  # compatibility characters NFKC rewrites
-    "⦅0⦆ is kept, ⦅12⦆ and ⦅ are not", "▁ already ▁▁ escaped", "<s> </s> <unk> <0x41>",
+    "⦅0⦆ is kept, ⦅12⦆ and ⦅ are not", "a⦅0⦆b x⦅1⦆⦅2⦆y (⦅9⦆)", "▁ already ▁▁ escaped", "<s> </s> <unk> <0x41>",
     "Tom's \"quoted\" (bracketed) [x] {y} -- 3.14 7:30 555-0199 50% #1 @home",
 ]
 
