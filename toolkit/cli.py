@@ -161,8 +161,9 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
-@click.option("--web", "web_dir", type=click.Path(path_type=Path),
-              help="On an exported directory: write a static site to WEB_DIR that translates in the browser (needs `npm ci --prefix web`).")
+@click.option("--web", "web_dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="On an exported directory: write a static site to DIR that translates in the browser (needs `npm ci --prefix web`; "
+              "--force replaces an existing site).")
 def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force, web_dir):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 

@@ -36,8 +36,8 @@ def ort_web_version() -> str:
     return json.loads(package.read_text(encoding="utf-8"))["version"]
 
 
-# int8 runs on onnxruntime-web's WebAssembly backend and is a third of fp32's download; fp16 runs
-# too but is larger than int8 and no faster on a CPU, so it is not shipped.
+# int8 runs on onnxruntime-web's WebAssembly backend and its graphs are a third of fp32's; fp16
+# runs too, but is larger than int8 and unverified in the browser, so it is not shipped.
 WEB_VARIANTS = ("fp32", "int8")
 
 
