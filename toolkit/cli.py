@@ -162,7 +162,10 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force):
+@click.option("--web", "web_dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="On an exported directory: write a static site to DIR that translates in the browser (needs `npm ci --prefix web`; "
+              "--force replaces an existing site).")
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force, web_dir):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -171,13 +174,17 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
     \b
     Example: tk export runs/transformer/checkpoint.pt --out exported/transformer
              tk export exported/transformer --quantize int8
+             tk export exported/transformer --web site/  (then: python -m http.server -d site/)
     """
     import time
+
+    is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
+    if web_dir is not None:
+        return _export_web(Path(source), web_dir, force, is_model_dir, out or random_init or fp16 or optimize or quantize or attention)
 
     from toolkit.export import ExportOptions, add_variants
     from toolkit.export import export as run
 
-    is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
     if out is None and not is_model_dir:
         raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
     opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
@@ -194,6 +201,25 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
     click.echo(f"wrote {path} in {time.time() - start:.1f}s:")
     for f in files:
         click.echo(f"  {f.name:<22} {f.stat().st_size / 1024:>10,.1f} KiB")
+
+
+def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
+    import time
+
+    from toolkit.web_export import downloads, export_web
+
+    if not is_model_dir:
+        raise UsageError(f"--web needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")
+    if other_options:
+        raise UsageError("--web writes a site from the directory as it is; run it without --out, --fp16, --optimize, --quantize or --attention")
+    start = time.time()
+    files = export_web(source, web_dir, force, echo=lambda m: click.echo(m, err=True))
+    click.echo(f"wrote {web_dir} in {time.time() - start:.1f}s:")
+    for name, size in files.items():
+        click.echo(f"  {name:<38} {size / 1024:>10,.1f} KiB")
+    sizes = ", ".join(f"{v} {n / 2**20:,.1f} MiB" for v, n in downloads(web_dir).items())
+    click.echo(f"download per page load (runtime, tokenizer and one variant's graphs): {sizes} (index.html?variant=int8); "
+               f"serve it with any static file server, e.g. python -m http.server -d {web_dir}")
 
 
 @main.command()
