@@ -43,3 +43,5 @@ def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tin
     ratios = result.output[result.output.index("CTranslate2 against tk") :].splitlines()
     greedy = next(line for line in ratios if line.startswith("greedy"))
     assert greedy.split()[-1] == "100%"  # the same greedy tokens as tk's fp32 graphs
+    roofline = next(line for line in result.output.splitlines() if line.startswith("roofline:"))
+    assert "fp32 greedy at batch 3" in roofline and "sgemm peak" in roofline and float(roofline.split()[-1].rstrip("%")) > 0

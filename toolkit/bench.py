@@ -104,12 +104,14 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
           textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
-          threads: int | None = None, ct2: bool | None = None, ct2_threads: tuple[int, int] | None = None) -> list[Result]:
+          threads: int | None = None, ct2: bool | None = None, ct2_threads: tuple[int, int] | None = None,
+          notes: list[str] | None = None) -> list[Result]:
     """`variants`: which graph variants to time on ONNX Runtime [default: see bench_variants].
 
     `threads`: ONNX Runtime intra-op threads (None: the fastest of 1..cores, measured here).
     `ct2`: add CTranslate2 float32 and int8 rows (None: when ctranslate2 is installed and the
     model is a post-LN Transformer); `ct2_threads`: its (intra, inter) threads (None: measured).
+    `notes`: receives the roofline line (achieved GFLOP/s of fp32 greedy at the largest batch against sgemm peak).
     """
     from toolkit import ct2_engine, runtime
     from toolkit import manifest as manifest_mod
@@ -179,7 +181,40 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
                 echo(_line(r))
     if ct2_dir is not None:
         ct2_dir.cleanup()
+    row = next((r for r in results if r.backend == "onnxruntime cpu" and r.search == "greedy" and r.batch == max(batch_sizes)), None)
+    if notes is not None and row is not None and m.model == "transformer":
+        per_src, per_tgt = matmul_flops_per_token(m.config)
+        flops = per_src * sum(len(s) for s in src) + per_tgt * row.tokens
+        peak = sgemm_peak_gflops()
+        notes.append(f"roofline: onnxruntime cpu fp32 greedy at batch {row.batch}: {flops / row.seconds / 1e9:.1f} GFLOP/s "
+                     f"({per_tgt / 1e6:.2f} MFLOP per target token, {per_src / 1e6:.2f} per source token, matrix multiplies only) "
+                     f"against a measured sgemm peak of {peak:.1f} GFLOP/s: {flops / row.seconds / 1e9 / peak:.0%}")
     return results
+
+
+def matmul_flops_per_token(cfg: dict) -> tuple[float, float]:
+    """Multiply-add FLOPs of the weight matrices per source and per target token (attention scores left out)."""
+    d, ff, layers, vocab = cfg["num_hiddens"], cfg["ffn_num_hiddens"], cfg["num_layers"], cfg["vocab_size"]
+    ffn = 2 * 2 * d * ff
+    # Source: encoder Q, K, V, O and FFN, plus each decoder layer's cross-attention K and V.
+    per_src = layers * (2 * 4 * d * d + ffn) + layers * 2 * 2 * d * d
+    # Target: self-attention Q, K, V, O, cross-attention Q and O, FFN, and the output projection.
+    per_tgt = layers * (2 * 6 * d * d + ffn) + 2 * d * vocab
+    return float(per_src), float(per_tgt)
+
+
+def sgemm_peak_gflops(n: int = 1024, repeat: int = 5) -> float:
+    """Best float32 GEMM rate of this machine (numpy's BLAS, all cores), measured now."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    best = min(_timed(lambda: a @ a) for _ in range(repeat))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 class Ct2Run:
