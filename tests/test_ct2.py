@@ -1,6 +1,7 @@
 """The CTranslate2 comparison: the converted model must decode exactly what tk decodes, or its speed row means nothing."""
 
 import json
+import re
 
 import pytest
 
@@ -44,4 +45,5 @@ def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tin
     greedy = next(line for line in ratios if line.startswith("greedy"))
     assert greedy.split()[-1] == "100%"  # the same greedy tokens as tk's fp32 graphs
     roofline = next(line for line in result.output.splitlines() if line.startswith("roofline:"))
-    assert "fp32 greedy at batch 3" in roofline and "sgemm peak" in roofline and float(roofline.split()[-1].rstrip("%")) > 0
+    achieved, peak = (float(x) for x in re.findall(r"([0-9.]+) GFLOP/s", roofline))
+    assert "fp32 greedy at batch 3" in roofline and 0 < achieved < peak

@@ -188,7 +188,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
         peak = sgemm_peak_gflops()
         notes.append(f"roofline: onnxruntime cpu fp32 greedy at batch {row.batch}: {flops / row.seconds / 1e9:.1f} GFLOP/s "
                      f"({per_tgt / 1e6:.2f} MFLOP per target token, {per_src / 1e6:.2f} per source token, matrix multiplies only) "
-                     f"against a measured sgemm peak of {peak:.1f} GFLOP/s: {flops / row.seconds / 1e9 / peak:.0%}")
+                     f"against a measured sgemm peak of {peak:.1f} GFLOP/s: {flops / row.seconds / 1e9 / peak:.1%}")
     return results
 
 

@@ -469,13 +469,13 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
                       threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes)
+    for note in notes:
+        click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
     click.echo(b.table(results))
     if any(r.backend.startswith("ctranslate2") for r in results):
         click.echo("\nCTranslate2 against tk (ONNX Runtime CPU), sentences/s:")
         click.echo(b.ct2_table(results))
-    for note in notes:
-        click.echo(note)
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
