@@ -429,9 +429,9 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
 @click.option("--data", "data_path", help="With --serve: fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
-@click.option("--threads", type=click.IntRange(min=1), help="ONNX Runtime intra-op threads [default: the fastest of 1..cores, measured first].")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: the fastest of 1..cores, measured first].")
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
-@click.option("--ct2-threads", type=(click.IntRange(min=1), click.IntRange(min=1)), metavar="INTRA INTER",
+@click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, json_path, serve, clients, data_path,
           threads, ct2, ct2_threads):
