@@ -231,7 +231,7 @@ def test_bench_compares_every_backend_on_the_same_sentences(cli, tiny_export, tm
     """A bench row for each backend and search, and ONNX Runtime decodes exactly what PyTorch decodes."""
     out = tmp_path / "bench.json"
     result = cli("bench", "--model", tiny_export, "--sentences", 6, "--batch-size", 3, "--beam", 1, "--beam", 2,
-                 "--repeat", 2, "--json", out)
+                 "--repeat", 2, "--no-ct2", "--json", out)
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     got = {(r["backend"], r["search"]) for r in rows}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 
 from toolkit.batching import DecodeOptions, decode_ids
 from toolkit.decoding import Hypothesis, pad_batch
-from toolkit.errors import ProviderError, first_line
+from toolkit.errors import ProviderError, UsageError, first_line
 from toolkit.tokenizer import BOS, EOS
 
 
@@ -80,15 +82,18 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 
     Taking turns means a slow spell of the machine hits every backend alike, so
     the ratios between them stay fair even when absolute numbers drift.
+    A run's function may carry a `loaded` context manager factory (CTranslate2): it is entered,
+    untimed, around each of that run's passes, so only one such engine is alive at a time.
     """
     for *_, fn in runs:
-        fn()  # one warm-up pass so one-off allocations and kernel selection are not timed
+        with getattr(fn, "loaded", nullcontext)():
+            fn()  # one warm-up pass so one-off allocations and kernel selection are not timed
     times: list[list[float]] = [[] for _ in runs]
     peaks = [0.0] * len(runs)
     outputs: list[list[list[int]]] = [[] for _ in runs]
     for _ in range(repeat):
         for i, (*_, fn) in enumerate(runs):
-            with PeakMemory() as mem:
+            with getattr(fn, "loaded", nullcontext)(), PeakMemory() as mem:
                 start = time.perf_counter()
                 outputs[i] = fn()
                 times[i].append(time.perf_counter() - start)
@@ -99,11 +104,18 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
           textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
-          runtimes: list[str] = ("onnxruntime",)) -> list[Result]:
+          runtimes: list[str] = ("onnxruntime",), threads: int | None = None, ct2: bool | None = None,
+          ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None) -> list[Result]:
     """`variants`: which graph variants to time on each runtime [default: see bench_variants].
-    `runtimes`: onnxruntime (on every provider) and/or openvino (its CPU plugin), timed in the same turns."""
+
+    `runtimes`: onnxruntime (on every provider) and/or openvino (its CPU plugin), timed in the same turns.
+    `threads`: ONNX Runtime intra-op threads (None: the fastest of 1..cores, measured here).
+    `ct2`: add CTranslate2 float32 and int8 rows (None: when ctranslate2 is installed and the
+    model is a post-LN Transformer); `ct2_threads`: its (intra, inter) threads (None: measured).
+    `notes`: receives the roofline line (achieved GFLOP/s of fp32 greedy at the largest batch against sgemm peak).
+    """
+    from toolkit import ct2_engine, runtime
     from toolkit import manifest as manifest_mod
-    from toolkit import runtime
     from toolkit.reference import load_reference
     from toolkit.tokenizer import Tokenizer
     from toolkit.torch_backend import TorchBackend
@@ -118,10 +130,29 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
          f"median of {repeat} timed runs per row")
     backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
+    probe = src[:32]
+    how = "given" if threads else "the fastest measured"
+    if threads is None:
+        threads = fastest(thread_candidates(), lambda t: _time_tk(runtime.load_sessions(m, "cpu", "fp32", threads=t).backend(),
+                                                                   probe, batch_sizes, m.max_len))
+    echo(f"onnxruntime: {threads} intra-op threads" + f" ({how}; --threads sets it)")
+    if ct2 is None:
+        ct2 = ct2_engine.available() and m.model == "transformer" and not m.config.get("pre_ln")
+    ct2_dir = None
+    if ct2:
+        if not ct2_engine.available():
+            raise UsageError(f"--ct2 needs ctranslate2; {ct2_engine.INSTALL_HINT}")
+        ct2_dir = tempfile.TemporaryDirectory(prefix="tk-ct2-")
+        ct2_engine.convert(m, ct2_dir.name)
+        how = "given" if ct2_threads else "the fastest measured"
+        if ct2_threads is None:
+            ct2_threads = fastest(ct2_candidates(), lambda c: _time_ct2(ct2_dir.name, c, probe, batch_sizes, m.max_len))
+        echo(f"ctranslate2 {ctranslate2_version()}: intra_threads {ct2_threads[0]}, inter_threads {ct2_threads[1]}"
+             f" ({how}; --ct2-threads sets them)")
     for p in providers if "onnxruntime" in runtimes else ():
         for v in bench_variants(m, p, variants):
             try:
-                loaded = runtime.load_sessions(m, p, v)
+                loaded = runtime.load_sessions(m, p, v, threads=threads)
             except Exception as e:  # a provider that cannot load is reported, not fatal
                 echo(f"skipping onnxruntime {p} {v}: {first_line(e)}")
                 if isinstance(e, ProviderError):
@@ -138,7 +169,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             try:
                 loaded = openvino.load(m, "cpu", v)
             except Exception as e:  # a variant OpenVINO cannot compile is reported, not fatal
-                echo(f"skipping openvino cpu {v}: {str(e).splitlines()[0]}")
+                echo(f"skipping openvino cpu {v}: {first_line(e)}")
                 continue
             backends["openvino cpu" + ("" if v == "fp32" else f" {v}")] = loaded.backend()
     results = []
@@ -153,10 +184,137 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
                 opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_len)
                 fn = lambda be=backend, o=opts: [h[0].tokens for h in decode_ids(be, src, o)]
                 runs.append((name, search, batch, fn))
+            if ct2_dir is not None:
+                for compute_type in ("float32", "int8"):
+                    runs.append((f"ctranslate2 {compute_type}", search, batch,
+                                 Ct2Run(ct2_dir.name, compute_type, ct2_threads, src, beam, batch, m.max_len)))
             for r in run_interleaved(runs, len(src), repeat):
                 results.append(r)
                 echo(_line(r))
+    if ct2_dir is not None:
+        ct2_dir.cleanup()
+    row = next((r for r in results if r.backend == "onnxruntime cpu" and r.search == "greedy" and r.batch == max(batch_sizes)), None)
+    if notes is not None and row is not None and m.model == "transformer":
+        per_src, per_tgt = matmul_flops_per_token(m.config)
+        flops = per_src * sum(len(s) for s in src) + per_tgt * row.tokens
+        peak = sgemm_peak_gflops()
+        notes.append(f"roofline: onnxruntime cpu fp32 greedy at batch {row.batch}: {flops / row.seconds / 1e9:.1f} GFLOP/s "
+                     f"({per_tgt / 1e6:.2f} MFLOP per target token, {per_src / 1e6:.2f} per source token, matrix multiplies only) "
+                     f"against a measured sgemm peak of {peak:.1f} GFLOP/s: {flops / row.seconds / 1e9 / peak:.1%}")
     return results
+
+
+def matmul_flops_per_token(cfg: dict) -> tuple[float, float]:
+    """Multiply-add FLOPs of the weight matrices per source and per target token (attention scores left out)."""
+    d, ff, layers, vocab = cfg["num_hiddens"], cfg["ffn_num_hiddens"], cfg["num_layers"], cfg["vocab_size"]
+    ffn = 2 * 2 * d * ff
+    # Source: encoder Q, K, V, O and FFN, plus each decoder layer's cross-attention K and V.
+    per_src = layers * (2 * 4 * d * d + ffn) + layers * 2 * 2 * d * d
+    # Target: self-attention Q, K, V, O, cross-attention Q and O, FFN, and the output projection.
+    per_tgt = layers * (2 * 6 * d * d + ffn) + 2 * d * vocab
+    return float(per_src), float(per_tgt)
+
+
+def sgemm_peak_gflops(n: int = 1024, repeat: int = 5) -> float:
+    """Best float32 GEMM rate of this machine (numpy's BLAS, all cores), measured now."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    best = min(_timed(lambda: a @ a) for _ in range(repeat))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class Ct2Run:
+    """One CTranslate2 row: the translator is loaded (untimed) around each pass, so that only
+    one is alive at a time; two alive at once slow it 2 to 5x on 2 cores (see ct2_engine)."""
+
+    def __init__(self, model_dir: str, compute_type: str, threads: tuple[int, int], src: list[list[int]],
+                 beam: int, batch: int, max_len: int):
+        self.model_dir, self.compute_type, self.threads = model_dir, compute_type, threads
+        self.src, self.beam, self.batch, self.max_len = src, beam, batch, max_len
+        self.translator = None
+
+    @contextmanager
+    def loaded(self):
+        from toolkit.ct2_engine import Ct2Translator
+
+        with Ct2Translator(self.model_dir, self.compute_type, *self.threads) as tr:
+            tr.translate_ids(self.src[:4], self.beam, self.max_len, self.batch)  # first-call allocations
+            self.translator = tr
+            try:
+                yield
+            finally:
+                self.translator = None
+
+    def __call__(self) -> list[list[int]]:
+        return self.translator.translate_ids(self.src, self.beam, self.max_len, self.batch)
+
+
+def thread_candidates() -> list[int]:
+    return list(range(1, min(os.cpu_count() or 1, 4) + 1))
+
+
+def ct2_candidates() -> list[tuple[int, int]]:
+    """(intra, inter): all cores in one translation, or one core per concurrent batch."""
+    cores = min(os.cpu_count() or 1, 4)
+    return sorted({(c, 1) for c in range(1, cores + 1)} | {(1, cores)})
+
+
+def fastest(candidates: list, seconds: Callable[[object], float]):
+    """The candidate with the lowest time, each timed twice in turns (best of two)."""
+    times = {c: float("inf") for c in candidates}
+    for _ in range(2):
+        for c in candidates:
+            times[c] = min(times[c], seconds(c))
+    return min(candidates, key=times.__getitem__)
+
+
+def _time_tk(backend, src: list[list[int]], batch_sizes, max_len: int) -> float:
+    start = time.perf_counter()
+    for b in batch_sizes:
+        decode_ids(backend, src, DecodeOptions(beam=1, batch_size=b, max_len=max_len))
+    return time.perf_counter() - start
+
+
+def _time_ct2(model_dir: str, threads: tuple[int, int], src: list[list[int]], batch_sizes, max_len: int) -> float:
+    from toolkit.ct2_engine import Ct2Translator
+
+    with Ct2Translator(model_dir, "float32", *threads) as tr:
+        tr.translate_ids(src[:4], 1, max_len, 1)
+        start = time.perf_counter()
+        for b in batch_sizes:
+            tr.translate_ids(src, 1, max_len, b)
+        return time.perf_counter() - start
+
+
+def ctranslate2_version() -> str:
+    import ctranslate2
+
+    return ctranslate2.__version__
+
+
+def ct2_table(results: list[Result]) -> str:
+    """CTranslate2 against tk's ONNX Runtime CPU rows, fp32 with float32 and int8 with int8: sentences/s and ratios."""
+    rate = {(r.backend, r.search, r.batch): r.sentences / r.seconds for r in results}
+    outs = {(r.backend, r.search, r.batch): r.outputs for r in results}
+    header = (f"{'search':<7} {'batch':>5} {'tk fp32':>8} {'ct2 float32':>11} {'CT2/tk':>6} {'tk int8':>8} {'ct2 int8':>8} "
+              f"{'CT2/tk':>6} {'same as tk fp32':>15}")
+    lines = [header, "-" * len(header)]
+    for search, batch in dict.fromkeys((r.search, r.batch) for r in results):
+        tk32, c32 = rate.get(("onnxruntime cpu", search, batch)), rate.get(("ctranslate2 float32", search, batch))
+        tk8, c8 = rate.get(("onnxruntime cpu int8", search, batch)), rate.get(("ctranslate2 int8", search, batch))
+        if tk32 is None or c32 is None:
+            continue
+        same = np.mean([a == b for a, b in zip(outs[("onnxruntime cpu", search, batch)], outs[("ctranslate2 float32", search, batch)])])
+        ratio8 = f"{c8 / tk8:.2f}" if tk8 and c8 else ""
+        lines.append(f"{search:<7} {batch:>5} {tk32:>8.1f} {c32:>11.1f} {c32 / tk32:>6.2f} {tk8 or 0:>8.1f} {c8 or 0:>8.1f} "
+                     f"{ratio8:>6} {same:>15.0%}")
+    return "\n".join(lines)
 
 
 

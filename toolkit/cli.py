@@ -460,8 +460,13 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
 @click.option("--data", "data_path", help="With --serve: fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
-def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, serve, clients, data_path):
-    """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA) and OpenVINO side by side.
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: the fastest of 1..cores, measured first].")
+@click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
+@click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
+              help="CTranslate2 intra and inter threads [default: the fastest measured first].")
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, serve, clients, data_path,
+          threads, ct2, ct2_threads):
+    """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
     requests, with dynamic batching and with batching off.
@@ -493,11 +498,17 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     from toolkit import bench as b
 
     writable_file(json_path, "--json")
+    notes: list[str] = []
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
-                      runtimes=list(runtimes) or ["onnxruntime"])
+                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes)
+    for note in notes:
+        click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
     click.echo(b.table(results))
+    if any(r.backend.startswith("ctranslate2") for r in results):
+        click.echo("\nCTranslate2 against tk (ONNX Runtime CPU), sentences/s:")
+        click.echo(b.ct2_table(results))
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

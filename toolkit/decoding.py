@@ -152,55 +152,110 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
     hypotheses and leaves the batch; with beam=1 this is exactly greedy search.
     The backend ranks each row's 2*beam best tokens (on its own device): a
     sentence's 2*beam best continuations are always among them.
+
+    Each step's scoring, ranking, finishing and reordering are array operations over
+    (sentences x beam): at small batch a per-sentence Python loop cost as much as the
+    decoder step itself. Candidates are taken best first, as one sentence at a time
+    would take them: a sentence stops taking them once it holds `beam` finished or
+    `beam` live hypotheses.
     """
     ids, lens = pad_batch(src)
     state = backend.encode(ids, lens)
     n = len(src)
     limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
     max_len = int(limits.max())
-    live: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in range(n)]
-    done: list[list[Hypothesis]] = [[] for _ in range(n)]
-    active = list(range(n))  # sentences still searching, in state row order
+    width = 2 * beam
+    # Live hypotheses of every sentence: tokens so far (all `step` long), score, and how many.
+    live_tokens = np.zeros((n, beam, max_len), dtype=np.int64)
+    live_scores = np.zeros((n, beam))
+    live_count = np.ones(n, dtype=np.int64)
+    # Finished hypotheses, in the order they finished (a sentence stops once it holds `beam`).
+    done_tokens = np.zeros((n, beam, max_len), dtype=np.int64)
+    done_len = np.zeros((n, beam), dtype=np.int64)
+    done_scores = np.zeros((n, beam))
+    done_count = np.zeros(n, dtype=np.int64)
+    active = np.arange(n)  # sentences still searching, in state row order; each owns live_count rows
     token = np.full(n, BOS, dtype=np.int64)
     for step in range(max_len):
-        values, indices, state = backend.step_top_k(token, state, 2 * beam)
-        rows, tokens, next_active = [], [], []
-        row = 0
-        for sent in active:
-            k = len(live[sent])
-            scores = (np.array([h.score for h in live[sent]])[:, None] + values[row : row + k]).ravel()
-            parents = np.repeat(np.arange(k), values.shape[1])
-            toks = indices[row : row + k].ravel()
-            new_live = []
-            # Best first; equal scores by parent then token, as one flat (parent, token) ranking would.
-            for idx in np.lexsort((toks, parents, -scores))[: 2 * beam]:
-                parent, tok = int(parents[idx]), int(toks[idx])
-                hyp = Hypothesis(live[sent][parent].tokens + ([] if tok == EOS else [tok]), float(scores[idx]))
-                cut = loop_cut(np.array([hyp.tokens]))[0] if loop_guard and tok != EOS else -1
-                if cut >= 0:
-                    hyp.tokens = hyp.tokens[:cut]
-                if tok == EOS or step >= limits[sent] - 1 or cut >= 0:
-                    done[sent].append(hyp)
-                else:
-                    new_live.append((row + parent, tok, hyp))
-                if len(done[sent]) >= beam or len(new_live) == beam:
-                    break
-            row += k
-            if len(done[sent]) >= beam or not new_live:
-                continue
-            live[sent] = [h for _, _, h in new_live]
-            rows += [r for r, _, _ in new_live]
-            tokens += [t for _, t, _ in new_live]
-            next_active.append(sent)
-        if not next_active:
+        values, indices, state = backend.step_top_k(token, state, width)
+        a, k = len(active), live_count[active]
+        # Scatter the rows' candidates into (sentences, beam, top) with missing parents at -inf.
+        first_row = np.cumsum(k) - k
+        slot = np.arange(len(token)) - np.repeat(first_row, k)
+        sent_of_row = np.repeat(np.arange(a), k)
+        top = values.shape[1]
+        cand = np.full((a, beam, top), -np.inf)
+        cand_tok = np.zeros((a, beam, top), dtype=np.int64)
+        cand[sent_of_row, slot] = live_scores[active[sent_of_row], slot, None] + values
+        cand_tok[sent_of_row, slot] = indices
+        cand, cand_tok = cand.reshape(a, -1), cand_tok.reshape(a, -1)
+        parent = np.broadcast_to(np.repeat(np.arange(beam), top), cand.shape)
+        # Best first; equal scores by parent then token, as one flat (parent, token) ranking would.
+        order = np.lexsort((cand_tok, parent, -cand), axis=-1)[:, :width]
+        scores = np.take_along_axis(cand, order, 1)
+        toks = np.take_along_axis(cand_tok, order, 1)
+        parents = order // top
+        valid = parents < k[:, None]
+        eos = toks == EOS
+        # Each candidate's tokens: its parent's, then its own token (EOS is not written).
+        prefix = live_tokens[active[:, None], parents, :step]
+        seqs = np.concatenate([prefix, toks[..., None]], axis=-1)
+        lengths = np.where(eos, step, step + 1)
+        finishes = eos | (step >= limits[active] - 1)[:, None]
+        if loop_guard:
+            cut = loop_cut(seqs.reshape(a * width, step + 1)).reshape(a, width)
+            lengths = np.where(cut >= 0, cut, lengths)
+            finishes |= cut >= 0
+        finishes &= valid
+        going = valid & ~finishes
+        # A sentence takes candidates up to and including the first that gives it `beam`
+        # finished or `beam` live hypotheses.
+        n_done = done_count[active, None] + np.cumsum(finishes, 1)
+        n_live = np.cumsum(going, 1)
+        full = (n_done >= beam) | (n_live == beam)
+        stop = np.where(full.any(1), full.argmax(1), width - 1)
+        taken = np.arange(width)[None, :] <= stop[:, None]
+        finishes &= taken
+        going &= taken
+        s_idx, c_idx = np.nonzero(finishes)
+        sents = active[s_idx]
+        d_slot = done_count[sents] + (np.cumsum(finishes, 1) - 1)[s_idx, c_idx]
+        done_tokens[sents, d_slot, : step + 1] = seqs[s_idx, c_idx]
+        done_len[sents, d_slot] = lengths[s_idx, c_idx]
+        done_scores[sents, d_slot] = scores[s_idx, c_idx]
+        done_count[active] += finishes.sum(1)
+        still = (done_count[active] < beam) & going.any(1)
+        going &= still[:, None]
+        s_idx, c_idx = np.nonzero(going)  # row-major: sentence order, then best first
+        if len(s_idx) == 0:
             break
-        active = next_active
-        state = backend.select(state, np.array(rows, dtype=np.int64))
-        token = np.array(tokens, dtype=np.int64)
-    for sent in range(n):
-        if not done[sent]:
-            done[sent] = live[sent]
-    return [sorted(d, key=lambda h: -h.normalized(alpha))[:n_best] for d in done]
+        sents = active[s_idx]
+        l_slot = (np.cumsum(going, 1) - 1)[s_idx, c_idx]
+        live_tokens[sents, l_slot, : step + 1] = seqs[s_idx, c_idx]
+        live_scores[sents, l_slot] = scores[s_idx, c_idx]
+        live_count[active] = going.sum(1)
+        rows = first_row[s_idx] + parents[s_idx, c_idx]
+        active = active[still]
+        state = backend.select(state, rows)
+        token = toks[s_idx, c_idx]
+    return _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_count, alpha, n_best)
+
+
+def _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_count,
+          alpha: float, n_best: int) -> list[list[Hypothesis]]:
+    """Each sentence's n_best finished hypotheses by normalised score (its live ones if none finished)."""
+    # A sentence with none finished never took a step (every candidate finishes at its length
+    # limit), so its one live hypothesis is empty.
+    none = done_count == 0
+    tokens = np.where(none[:, None, None], live_tokens, done_tokens)
+    count = np.where(none, live_count, done_count)
+    lengths = np.where(none[:, None], 0, done_len)
+    scores = np.where(none[:, None], live_scores, done_scores)
+    norm = scores / (((5 + lengths + 1) / 6) ** alpha)
+    norm[np.arange(tokens.shape[1])[None, :] >= count[:, None]] = -np.inf
+    order = np.argsort(-norm, axis=1, kind="stable")[:, :n_best]
+    return [[Hypothesis(tokens[s, j, : lengths[s, j]].tolist(), float(scores[s, j])) for j in order[s, : min(n_best, count[s])]]
+            for s in range(len(count))]
 
 
 def translate_ids(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 1,

@@ -1,0 +1,97 @@
+"""The array-at-a-time beam search against the one-sentence-at-a-time loop it replaced, on random step functions."""
+
+import numpy as np
+import pytest
+
+from toolkit.decoding import Hypothesis, StepBackend, beam_search, loop_cut, pad_batch
+from toolkit.tokenizer import BOS, EOS
+
+
+class RandomSteps(StepBackend):
+    """Log-probabilities drawn from a seed and the whole prefix, rounded so that ties are common."""
+
+    def __init__(self, vocab: int, seed: int):
+        self.vocab, self.seed = vocab, seed
+
+    def encode(self, src, src_len):
+        return {"src": src[:, 0].copy(), "prefix": np.zeros((len(src), 0), dtype=np.int64)}
+
+    def step(self, token, state):
+        prefix = np.concatenate([state["prefix"], token[:, None]], axis=1)
+        rows = []
+        for s, p in zip(state["src"], prefix):
+            rng = np.random.default_rng([self.seed, int(s), *map(int, p)])
+            logits = rng.normal(size=self.vocab) * 2
+            logits[EOS] += 0.2 * len(p)  # longer prefixes end more often
+            rows.append(np.round(logits - np.logaddexp.reduce(logits), 1))
+        return np.array(rows, dtype=np.float32), {"src": state["src"], "prefix": prefix}
+
+    def select(self, state, rows):
+        return {k: v[rows] for k, v in state.items()}
+
+
+def reference_beam_search(backend, src, max_len, beam, alpha, n_best, limits, loop_guard):
+    """tk's beam search before it was vectorised: one sentence at a time, one candidate at a time."""
+    ids, lens = pad_batch(src)
+    state = backend.encode(ids, lens)
+    n = len(src)
+    limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
+    max_len = int(limits.max())
+    live = [[Hypothesis([], 0.0)] for _ in range(n)]
+    done = [[] for _ in range(n)]
+    active = list(range(n))
+    token = np.full(n, BOS, dtype=np.int64)
+    for step in range(max_len):
+        values, indices, state = backend.step_top_k(token, state, 2 * beam)
+        rows, tokens, next_active = [], [], []
+        row = 0
+        for sent in active:
+            k = len(live[sent])
+            scores = (np.array([h.score for h in live[sent]])[:, None] + values[row : row + k]).ravel()
+            parents = np.repeat(np.arange(k), values.shape[1])
+            toks = indices[row : row + k].ravel()
+            new_live = []
+            for idx in np.lexsort((toks, parents, -scores))[: 2 * beam]:
+                parent, tok = int(parents[idx]), int(toks[idx])
+                hyp = Hypothesis(live[sent][parent].tokens + ([] if tok == EOS else [tok]), float(scores[idx]))
+                cut = loop_cut(np.array([hyp.tokens]))[0] if loop_guard and tok != EOS else -1
+                if cut >= 0:
+                    hyp.tokens = hyp.tokens[:cut]
+                if tok == EOS or step >= limits[sent] - 1 or cut >= 0:
+                    done[sent].append(hyp)
+                else:
+                    new_live.append((row + parent, tok, hyp))
+                if len(done[sent]) >= beam or len(new_live) == beam:
+                    break
+            row += k
+            if len(done[sent]) >= beam or not new_live:
+                continue
+            live[sent] = [h for _, _, h in new_live]
+            rows += [r for r, _, _ in new_live]
+            tokens += [t for _, t, _ in new_live]
+            next_active.append(sent)
+        if not next_active:
+            break
+        active = next_active
+        state = backend.select(state, np.array(rows, dtype=np.int64))
+        token = np.array(tokens, dtype=np.int64)
+    for sent in range(n):
+        if not done[sent]:
+            done[sent] = live[sent]
+    return [sorted(d, key=lambda h: -h.normalized(alpha))[:n_best] for d in done]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorised_beam_search_equals_the_per_sentence_loop(seed):
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.choice([5, 7, 40]))  # 5 and 7: fewer tokens than 2 * beam candidates per row
+    beam = int(rng.integers(1, 6))
+    n = int(rng.integers(1, 9))
+    src = [[int(t) for t in rng.integers(4, 100, size=rng.integers(1, 6))] for _ in range(n)]
+    max_len = int(rng.integers(1, 14))
+    limits = rng.integers(1, max_len + 3, size=n) if rng.random() < 0.5 else None
+    args = dict(max_len=max_len, beam=beam, alpha=float(rng.choice([0.0, 0.6, 1.0])), n_best=int(rng.integers(1, beam + 1)),
+                limits=limits, loop_guard=bool(rng.random() < 0.5))
+    got = beam_search(RandomSteps(vocab, seed), src, **args)
+    want = reference_beam_search(RandomSteps(vocab, seed), src, **args)
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == [[(h.tokens, h.score) for h in hyps] for hyps in want]

@@ -1,0 +1,49 @@
+"""The CTranslate2 comparison: the converted model must decode exactly what tk decodes, or its speed row means nothing."""
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctranslate2")
+
+
+def test_converted_shipped_model_decodes_the_same_tokens_as_onnx_runtime(tmp_path):
+    from toolkit import ct2_engine, manifest, runtime
+    from toolkit.batching import DecodeOptions, decode_ids
+    from toolkit.tokenizer import Tokenizer
+    from toolkit.verify import FALLBACK_SENTENCES
+
+    m = manifest.load("exported/transformer")
+    english = FALLBACK_SENTENCES + ["Where did you put the keys?", "It is raining again today.", "I have never seen a whale.",
+                                    "We should leave before it gets dark.", "could you help me", "MY FATHER IS A DOCTOR."]
+    src = Tokenizer.load(m.tokenizer_path()).encode(english)
+    tk = [h[0].tokens for h in decode_ids(runtime.load_sessions(m, "cpu").backend(), src, DecodeOptions(batch_size=4))]
+    with ct2_engine.Ct2Translator(ct2_engine.convert(m, tmp_path / "ct2"), intra_threads=1) as tr:
+        ct2 = tr.translate_ids(src, batch_size=4)
+    assert ct2 == tk and all(tk)
+
+
+def test_ct2_refuses_a_model_it_cannot_express(random_export, tmp_path):
+    from toolkit import ct2_engine, manifest
+    from toolkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="needs a Transformer"):
+        ct2_engine.convert(manifest.load(random_export("seq2seq")), tmp_path / "ct2")
+
+
+def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tiny_export, tmp_path):
+    out = tmp_path / "bench.json"
+    result = cli("bench", "--model", tiny_export, "--sentences", 6, "--batch-size", 3, "--beam", 1, "--beam", 2, "--repeat", 1,
+                 "--no-textbook", "--variant", "fp32", "--variant", "int8", "--ct2", "--json", out)
+    assert result.exit_code == 0, result.output
+    assert "intra-op threads (the fastest measured" in result.output
+    assert "ctranslate2 4." in result.output and "inter_threads" in result.output
+    rows = {(r["backend"], r["search"]) for r in json.loads(out.read_text())}
+    assert {("ctranslate2 float32", "greedy"), ("ctranslate2 int8", "greedy"), ("ctranslate2 float32", "beam 2")} <= rows
+    ratios = result.output[result.output.index("CTranslate2 against tk") :].splitlines()
+    greedy = next(line for line in ratios if line.startswith("greedy"))
+    assert greedy.split()[-1] == "100%"  # the same greedy tokens as tk's fp32 graphs
+    roofline = next(line for line in result.output.splitlines() if line.startswith("roofline:"))
+    achieved, peak = (float(x) for x in re.findall(r"([0-9.]+) GFLOP/s", roofline))
+    assert "fp32 greedy at batch 3" in roofline and 0 < achieved < peak

@@ -1,0 +1,28 @@
+"""`tk translate` start-up: one sentence, greedy, imports neither torch nor onnx (a fifth of the cold start)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CODE = """
+import sys
+from toolkit.cli import main
+sys.argv = ['tk', 'translate', '-q', *{args!r}, "I'm home."]
+try:
+    main()
+except SystemExit as e:
+    assert not e.code, e.code
+print(sorted(m for m in ('torch', 'onnx') if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("args", [["--provider", "cpu"], []])
+def test_one_sentence_translation_loads_no_graph_building_code(args):
+    if not args and Path("/dev/nvidiactl").exists():
+        pytest.skip("with an NVIDIA device the default provider probes CUDA, which builds a probe graph")
+    proc = subprocess.run([sys.executable, "-c", CODE.format(args=args)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    translation, imported = proc.stdout.strip().splitlines()
+    assert translation and imported == "[]"
