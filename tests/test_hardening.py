@@ -267,6 +267,12 @@ def test_ctrl_c_exits_130_and_leaves_the_old_output_and_no_temporary_file(cli, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
 
+def _default_sigint() -> None:
+    # A shell starts background jobs (`.ci/run &`, nohup) with SIGINT ignored, and Python installs no
+    # KeyboardInterrupt handler in a process that starts that way: give the child what a terminal gives it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_a_real_translation_exits_130_without_a_temporary_file(tiny_export, tmp_path, sig):
     src = tmp_path / "in.txt"
@@ -274,7 +280,8 @@ def test_a_signal_during_a_real_translation_exits_130_without_a_temporary_file(t
     out = tmp_path / "out.txt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "translate", "-i", str(src), "-o", str(out), "-q",
-                             "--model", str(tiny_export), "--threads", "1"], env=env, stderr=subprocess.PIPE)
+                             "--model", str(tiny_export), "--threads", "1"], env=env, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
     deadline = time.time() + 120
     while not any(p.name.startswith(".out.txt.") for p in tmp_path.iterdir()):  # translation has started
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()
