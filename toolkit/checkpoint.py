@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
+from toolkit.atomic import atomic_file
 from toolkit.errors import UsageError, first_line
 from toolkit.manifest import file_sha256
 
@@ -19,21 +18,11 @@ FORMAT = "tk-checkpoint/1"
 def save(payload: dict, path: Path) -> None:
     """Writes to a temporary file in the same directory, then renames over the target,
     so an interrupted write never leaves a truncated checkpoint behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     if "state_dict" in payload:
         # Load recomputes it: a flipped byte in any tensor is refused instead of exported.
         payload = {**payload, "weights_sha256": state_dict_sha256(payload["state_dict"])}
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        torch.save({"format": FORMAT, **payload}, f)
 
 
 def load(path: str | Path, warn=lambda m: print(m, file=sys.stderr)) -> dict:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from toolkit.atomic import write_atomic
 from toolkit.errors import DataError, UsageError
 
 NAME = "history.json"
@@ -13,11 +13,7 @@ NAME = "history.json"
 
 def write(run_dir: str | Path, model: str, history: list[dict]) -> None:
     """Atomically, beside the checkpoint, after every epoch."""
-    path = Path(run_dir) / NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{NAME}.tmp")
-    tmp.write_text(json.dumps({"model": model, "epochs": history}, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(Path(run_dir) / NAME, (json.dumps({"model": model, "epochs": history}, indent=1) + "\n").encode("utf-8"))
 
 
 def read(run_dir: str | Path) -> dict:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+from toolkit.atomic import write_atomic
 from toolkit.errors import UsageError
 from toolkit.graphs import GraphSpec
 from toolkit.variants import BUILT, PLAIN
@@ -164,9 +164,7 @@ class Manifest:
         problem = schema_problem(self.to_dict())
         if problem:
             raise ValueError(f"refusing to write an invalid {self.directory / NAME}: {problem}")
-        tmp = self.directory / f".{NAME}.tmp"
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, self.directory / NAME)
+        write_atomic(self.directory / NAME, (json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
     @property
     def max_len(self) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.atomic import write_atomic
 from toolkit.corpus import shards
 from toolkit.corpus.merge import merge
 from toolkit.corpus.progress import Progress
@@ -151,7 +152,7 @@ def _collect(ds, by_id: dict[int, shards.Shard], p: shards.Plan, out_dir: Path, 
         s = by_id[int(row["shard"])]
         if row["status"] == "done":
             data = str(row["text"]).encode("utf-8")
-            shards.write_atomic(out_dir / s.output_name, data)
+            write_atomic(out_dir / s.output_name, data)
             s.status, s.output_sha256, s.error = "done", hashlib.sha256(data).hexdigest(), None
         else:
             s.status, s.error = "failed", str(row["error"])

@@ -7,16 +7,15 @@ done, its input bytes still have the recorded digest and its output file still h
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from toolkit.atomic import write_atomic
 from toolkit.corpus import inputs
 from toolkit.corpus.inputs import Source
 from toolkit.errors import UsageError
+from toolkit.manifest import file_sha256 as manifest_sha256
 
 MANIFEST = "corpus.json"
 SHARD_DIR = "shards"
@@ -73,12 +72,9 @@ def plan(sources: list[Source], settings: dict, shard_lines: int) -> Plan:
 
 
 def file_sha256(path: Path) -> str | None:
+    """The file's sha256, or None if it cannot be read (a missing shard is redone, not an error)."""
     try:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return manifest_sha256(path)
     except OSError:
         return None
 
@@ -114,22 +110,6 @@ def resume(p: Plan, out_dir: Path) -> int:
             s.status, s.output_sha256 = "done", expected
             resumed += 1
     return resumed
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Writes a file that is either complete or absent: a temporary file, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save(p: Plan, out_dir: Path) -> None:
