@@ -21,13 +21,13 @@ from toolkit.variants import PLAIN
 
 def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int = 1, max_len: int | None = None,
                    batch_size: int = 64, max_tokens: int | None = None, max_len_a: float | None = GUARDED["max_len_a"],
-                   max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"]) -> DecodeOptions:
+                   max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int = 1) -> DecodeOptions:
     """Decoding options as `tk translate` takes them: max_len is capped at the model's maximum, guards on by default."""
     if n_best > beam:
         raise UsageError(f"n_best must be between 1 and beam (got beam {beam}, n_best {n_best})")
     return DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or m.max_len, m.max_len),
                          batch_size=batch_size, max_tokens=max_tokens, max_src_len=m.max_len,
-                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard)
+                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=streams)
 
 
 class Translator:
@@ -53,7 +53,7 @@ class Translator:
                         split: bool = True, raw: bool = False, strict: bool = False, **options) -> list[list[Translation]]:
         """The n-best translations (text, score, token counts) of each text, in input order.
 
-        `options` are decode_options' (alpha, max_len, batch_size, max_tokens, max_len_a, max_len_b, loop_guard);
+        `options` are decode_options' (alpha, max_len, batch_size, max_tokens, max_len_a, max_len_b, loop_guard, streams);
         keep/split/raw/strict mean what `tk translate --keep/--no-split/--raw/--strict` mean.
         """
         if isinstance(texts, str):

@@ -105,11 +105,12 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
           textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
           runtimes: list[str] = ("onnxruntime",), threads: int | None = None, ct2: bool | None = None,
-          ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None) -> list[Result]:
+          ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None, streams: int | None = None) -> list[Result]:
     """`variants`: which graph variants to time on each runtime [default: see bench_variants].
 
     `runtimes`: onnxruntime (on every provider) and/or openvino (its CPU plugin), timed in the same turns.
-    `threads`: ONNX Runtime intra-op threads (None: the fastest of 1..cores, measured here).
+    `threads`, `streams`: ONNX Runtime intra-op threads and concurrent decoding streams (None for
+    both: the fastest pair measured here, from the same candidates as CTranslate2's intra/inter).
     `ct2`: add CTranslate2 float32 and int8 rows (None: when ctranslate2 is installed and the
     model is a post-LN Transformer); `ct2_threads`: its (intra, inter) threads (None: measured).
     `notes`: receives the roofline line (achieved GFLOP/s of fp32 greedy at the largest batch against sgemm peak).
@@ -130,12 +131,18 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
          f"median of {repeat} timed runs per row")
     backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
-    probe = src[:32]
-    how = "given" if threads else "the fastest measured"
-    if threads is None:
-        threads = fastest(thread_candidates(), lambda t: _time_tk(runtime.load_sessions(m, "cpu", "fp32", threads=t).backend(),
-                                                                   probe, batch_sizes, m.max_len))
-    echo(f"onnxruntime: {threads} intra-op threads" + f" ({how}; --threads sets it)")
+    loads: dict[tuple, object] = {}
+
+    def load(p: str, v: str, t: int):
+        if (p, v, t) not in loads:
+            loads[p, v, t] = runtime.load_sessions(m, p, v, threads=t)
+        return loads[p, v, t]
+
+    given = (threads or max(1, (os.cpu_count() or 1) // (streams or 1)), streams or 1) if threads or streams else None
+    tk_setting = best_settings(batch_sizes, given, lambda c, b: _time_tk(
+        load("cpu", "fp32", c[0]).backend(), src[: probe_size(b)], [b], m.max_len, c[1]))
+    echo("onnxruntime: " + describe_settings(tk_setting, "intra-op threads", "decoding streams")
+         + f" ({'given' if given else 'the fastest measured'}; --threads and --streams set them)")
     if ct2 is None:
         ct2 = ct2_engine.available() and m.model == "transformer" and not m.config.get("pre_ln")
     ct2_dir = None
@@ -144,23 +151,26 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             raise UsageError(f"--ct2 needs ctranslate2; {ct2_engine.INSTALL_HINT}")
         ct2_dir = tempfile.TemporaryDirectory(prefix="tk-ct2-")
         ct2_engine.convert(m, ct2_dir.name)
-        how = "given" if ct2_threads else "the fastest measured"
-        if ct2_threads is None:
-            ct2_threads = fastest(ct2_candidates(), lambda c: _time_ct2(ct2_dir.name, c, probe, batch_sizes, m.max_len))
-        echo(f"ctranslate2 {ctranslate2_version()}: intra_threads {ct2_threads[0]}, inter_threads {ct2_threads[1]}"
-             f" ({how}; --ct2-threads sets them)")
+        ct2_setting = best_settings(batch_sizes, ct2_threads, lambda c, b: _time_ct2(
+            ct2_dir.name, c, src[: probe_size(b)], [b], m.max_len))
+        echo(f"ctranslate2 {ctranslate2_version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
+             + f" ({'given' if ct2_threads else 'the fastest measured'}; --ct2-threads sets them)")
+    ort_backends: dict[str, dict[int, object]] = {}  # name -> intra-op threads -> backend
     for p in providers if "onnxruntime" in runtimes else ():
         for v in bench_variants(m, p, variants):
+            name = f"onnxruntime {p}" + ("" if v == "fp32" else f" {v}")
             try:
-                loaded = runtime.load_sessions(m, p, v, threads=threads)
+                for t in sorted({t for t, _ in tk_setting.values()}):
+                    loaded = load(p, v, t)
+                    ort_backends.setdefault(name, {})[t] = loaded.backend()
             except Exception as e:  # a provider that cannot load is reported, not fatal
                 echo(f"skipping onnxruntime {p} {v}: {first_line(e)}")
+                ort_backends.pop(name, None)
                 if isinstance(e, ProviderError):
                     break
                 continue
             if loaded.built_s:
                 echo(f"onnxruntime {p} {v}: graphs built in memory from the fp32 graphs in {loaded.built_s:.2f}s")
-            backends[f"onnxruntime {p}" + ("" if v == "fp32" else f" {v}")] = loaded.backend()
     if "openvino" in runtimes:
         from toolkit.runtimes import openvino
 
@@ -180,14 +190,18 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             if textbook and beam == 1 and hasattr(model, "decode_full"):
                 fn = lambda b=batch: [h.tokens for i in range(0, len(src), b) for h in textbook_greedy(model, src[i : i + b], m.max_len)]
                 runs.append(("pytorch textbook (full prefix)", search, batch, fn))
-            for name, backend in backends.items():
-                opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_len)
+            t, n_streams = tk_setting[batch]
+            others = {n: b for n, b in backends.items() if n != "pytorch cached"}
+            for name, backend, k in [("pytorch cached", backends["pytorch cached"], 1),
+                                     *[(n, b[t], n_streams) for n, b in ort_backends.items()],
+                                     *[(n, b, 1) for n, b in others.items()]]:
+                opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_len, streams=k)
                 fn = lambda be=backend, o=opts: [h[0].tokens for h in decode_ids(be, src, o)]
                 runs.append((name, search, batch, fn))
             if ct2_dir is not None:
                 for compute_type in ("float32", "int8"):
                     runs.append((f"ctranslate2 {compute_type}", search, batch,
-                                 Ct2Run(ct2_dir.name, compute_type, ct2_threads, src, beam, batch, m.max_len)))
+                                 Ct2Run(ct2_dir.name, compute_type, ct2_setting[batch], src, beam, batch, m.max_len)))
             for r in run_interleaved(runs, len(src), repeat):
                 results.append(r)
                 echo(_line(r))
@@ -255,14 +269,30 @@ class Ct2Run:
         return self.translator.translate_ids(self.src, self.beam, self.max_len, self.batch)
 
 
-def thread_candidates() -> list[int]:
-    return list(range(1, min(os.cpu_count() or 1, 4) + 1))
-
-
 def ct2_candidates() -> list[tuple[int, int]]:
-    """(intra, inter): all cores in one translation, or one core per concurrent batch."""
+    """(intra, inter) threads, for CTranslate2 and for tk's (intra-op threads, streams) alike:
+    all cores in one translation, or one core per concurrent batch."""
     cores = min(os.cpu_count() or 1, 4)
     return sorted({(c, 1) for c in range(1, cores + 1)} | {(1, cores)})
+
+
+def probe_size(batch: int) -> int:
+    """Sentences timed to choose a batch size's threads: at least two batches, so that
+    concurrent streams have something to run side by side."""
+    return max(32, 2 * batch)
+
+
+def best_settings(batch_sizes, given: tuple[int, int] | None,
+                  seconds: Callable[[tuple[int, int], int], float]) -> dict[int, tuple[int, int]]:
+    """(intra, inter) threads for each batch size: the given pair, else the fastest candidate
+    measured at that batch size (one core per stream pays at batch 1, all cores in one batch at 64)."""
+    if given:
+        return {b: tuple(given) for b in batch_sizes}
+    return {b: fastest(ct2_candidates(), lambda c, b=b: seconds(c, b)) for b in batch_sizes}
+
+
+def describe_settings(settings: dict[int, tuple[int, int]], intra: str, inter: str) -> str:
+    return "; ".join(f"batch {b}: {i} {intra} x {k} {inter}" for b, (i, k) in settings.items())
 
 
 def fastest(candidates: list, seconds: Callable[[object], float]):
@@ -274,10 +304,10 @@ def fastest(candidates: list, seconds: Callable[[object], float]):
     return min(candidates, key=times.__getitem__)
 
 
-def _time_tk(backend, src: list[list[int]], batch_sizes, max_len: int) -> float:
+def _time_tk(backend, src: list[list[int]], batch_sizes, max_len: int, streams: int = 1) -> float:
     start = time.perf_counter()
     for b in batch_sizes:
-        decode_ids(backend, src, DecodeOptions(beam=1, batch_size=b, max_len=max_len))
+        decode_ids(backend, src, DecodeOptions(beam=1, batch_size=b, max_len=max_len, streams=streams))
     return time.perf_counter() - start
 
 

@@ -76,7 +76,13 @@ SEED = click.IntRange(0, 2**32 - 1)
 BEAM = click.IntRange(1, 64)
 BATCH = click.IntRange(1, 4096)
 THREADS = click.IntRange(1, 256)
+STREAMS = click.IntRange(1, 64)
 TOLERANCE = FiniteFloat(min=0.0)
+
+
+def stream_threads(threads: int | None, streams: int) -> int | None:
+    """Intra-op threads per session: the cores shared among the streams unless given."""
+    return threads if threads or streams == 1 else max(1, (os.cpu_count() or 1) // streams)
 
 
 def writable_file(path: Path | None, option: str) -> None:
@@ -300,10 +306,12 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 @click.option("--strict", is_flag=True, help="Refuse lines longer than the model's maximum instead of truncating them.")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Score the output against this file (one reference per line) with sacrebleu.")
-@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores, shared by the streams].")
+@click.option("--streams", type=STREAMS, default=1, show_default=True,
+              help="Batches decoded at the same time, one thread each (CTranslate2's inter_threads); pays with more batches than one.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, batch_size, max_tokens, beam,
-              alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, quiet):
+              alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, streams, quiet):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
     Sentences come from arguments, -i FILE, or standard input, one per line;
@@ -330,7 +338,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     AtomicOutput.check(output_path)
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
-    t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
+    t = open_model(model_dir, provider, variant, allow_cpu_fallback, stream_threads(threads, streams), backend, runtime)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.where}; ready in {t.startup_s:.2f}s")
@@ -340,7 +348,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         say(f"built the {variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s "
             f"(`tk export {model_dir} {export_flag(variant)}` stores them)")
     opts = decode_options(t.manifest, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len, batch_size=batch_size,
-                          max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard)
+                          max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard,
+                          streams=streams)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
     total = None
     if text:
@@ -460,12 +469,13 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
 @click.option("--data", "data_path", help="With --serve: fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
-@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: the fastest of 1..cores, measured first].")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: with --streams, measured first].")
+@click.option("--streams", type=STREAMS, help="tk's concurrent decoding streams [default: the fastest (threads, streams) pair, measured first].")
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
 @click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, serve, clients, data_path,
-          threads, ct2, ct2_threads):
+          threads, streams, ct2, ct2_threads):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
@@ -501,7 +511,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     notes: list[str] = []
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
-                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes)
+                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes, streams=streams)
     for note in notes:
         click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")

@@ -37,6 +37,11 @@ class StepBackend:
         """The state of the given rows, in that order (rows may repeat)."""
         raise NotImplementedError
 
+    def fork(self) -> StepBackend:
+        """Another backend over the same loaded model that may decode at the same time as this one,
+        in another thread (concurrent decoding streams)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot decode concurrent streams")
+
 
 def top_k_rows(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest values of each row, largest first, and their indices; k == 1 is an argmax."""

@@ -178,6 +178,13 @@ class OrtBackend(StepBackend):
         # numpy's partition takes 20 ms for 256 x 6000 log-probabilities; ONNX Runtime's TopK 0.8 ms.
         return ort.InferenceSession(top_k_graph(), _options(spin=self.device != "cpu"), providers=self.decoder.get_providers())
 
+    def fork(self) -> OrtBackend:
+        # An ONNX Runtime session may run concurrently from several threads; each run binds its own
+        # inputs and outputs, so a stream needs only its own backend object (the helper sessions too).
+        if self.recorded:
+            raise NotImplementedError("a backend recording attention decodes one stream, in order")
+        return OrtBackend(self.encoder, self.decoder, self.encoder_spec, self.decoder_spec)
+
     def _to_device(self, value: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), self.device, 0)
 

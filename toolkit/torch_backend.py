@@ -46,6 +46,10 @@ class TorchBackend(StepBackend):
         values, indices = torch.topk(log_probs, min(k, log_probs.shape[-1]), dim=-1)
         return values.numpy(), indices.numpy(), state
 
+    def fork(self) -> TorchBackend:
+        # Inference-mode forward passes share no state between calls.
+        return self
+
     def select(self, state: dict[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
         index = torch.from_numpy(rows)
         return {k: v.index_select(self.batch_axis[k], index) for k, v in state.items()}

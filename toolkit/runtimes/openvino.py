@@ -49,6 +49,10 @@ class OvSession:
         self.request = compiled.create_infer_request()
         self.input_names = input_names
 
+    def fork(self) -> OvSession:
+        """The same compiled graph with its own infer request: a request runs one inference at a time."""
+        return OvSession(self.compiled, self.input_names)
+
     def get_inputs(self) -> list[SimpleNamespace]:
         return [SimpleNamespace(name=n) for n in self.input_names]
 
@@ -85,6 +89,9 @@ class OvBackend(StepBackend):
         self.encoder_spec, self.decoder_spec = encoder_spec, decoder_spec
         self.state_names = decoder_spec.input_names[1:]
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
+
+    def fork(self) -> OvBackend:
+        return OvBackend(self.encoder.fork(), self.decoder.fork(), self.encoder_spec, self.decoder_spec)
 
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
         outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))

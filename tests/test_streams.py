@@ -1,0 +1,72 @@
+"""Concurrent decoding streams (`--streams`): the same translations, decoded in several threads at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolkit.batching import DecodeOptions, decode_ids
+from toolkit.decoding import StepBackend
+from toolkit.tokenizer import EOS
+
+MODEL = Path(__file__).resolve().parents[1] / "exported" / "transformer"
+
+
+class Counting(StepBackend):
+    """A deterministic toy model that notes which thread encoded each batch; a source starting
+    with 13 makes its step fail, as a runtime error would."""
+
+    def __init__(self, log: list, vocab: int = 9):
+        self.log, self.vocab = log, vocab
+
+    def fork(self) -> Counting:
+        return Counting(self.log, self.vocab)
+
+    def encode(self, src, src_len):
+        self.log.append((threading.get_ident(), int(src[0, 0])))
+        time.sleep(0.01)  # a batch takes long enough that a second stream picks up the next one
+        return {"src": src[:, 0].copy(), "t": 0}
+
+    def step(self, token, state):
+        if (state["src"] == 13).any():
+            raise RuntimeError("planted failure")
+        logits = np.cos(np.outer(state["src"] + state["t"], np.arange(self.vocab)) + token[:, None])
+        logits[:, EOS] += 0.5 * state["t"]
+        return (logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)).astype(np.float32), {**state, "t": state["t"] + 1}
+
+    def select(self, state, rows):
+        return {"src": state["src"][rows], "t": state["t"]}
+
+
+SOURCES = [[s, 3, 4][: 1 + s % 3] for s in range(20, 44)]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_streams_give_the_same_hypotheses_and_really_run_concurrently(beam):
+    one_log, three_log = [], []
+    opts = dict(beam=beam, batch_size=2, max_len=12)
+    one = decode_ids(Counting(one_log), SOURCES, DecodeOptions(**opts))
+    three = decode_ids(Counting(three_log), SOURCES, DecodeOptions(**opts, streams=3))
+    assert [[(h.tokens, round(h.score, 5)) for h in n] for n in three] == [[(h.tokens, round(h.score, 5)) for h in n] for n in one]
+    assert sorted(s for _, s in three_log) == sorted(s for _, s in one_log)  # every batch decoded exactly once
+    assert len({t for t, _ in three_log}) > 1 and len({t for t, _ in one_log}) == 1
+
+
+def test_a_failing_stream_raises_its_error_and_stops_the_others():
+    log = []
+    with pytest.raises(RuntimeError, match="planted failure"):
+        decode_ids(Counting(log), [[13]] + SOURCES * 4, DecodeOptions(batch_size=1, max_len=12, streams=2))
+    assert len(log) < len(SOURCES) * 4  # the other stream did not go on through all its batches
+
+
+def test_streams_on_the_shipped_model_translate_as_one_stream_does():
+    from toolkit import Translator
+
+    texts = ["I'm home.", "He's calm.", "Where is the station?", "We ate bread.", "She is tired.", "It's raining."]
+    t = Translator(MODEL, provider="cpu")
+    assert t.translate(texts, batch_size=1, streams=3) == t.translate(texts, batch_size=1)
+    assert t.translate(texts, beam=4, batch_size=2, streams=2) == t.translate(texts, beam=4, batch_size=2)
