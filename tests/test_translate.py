@@ -256,7 +256,8 @@ def test_device_side_row_selection_matches_numpy(name, random_export):
     from toolkit import manifest, runtime
     from toolkit.decoding import pad_batch
 
-    backend = runtime.load_sessions(manifest.load(random_export(name)), "cpu").backend()
+    plain = runtime.load_sessions(manifest.load(random_export(name)), "cpu").backend()
+    backend = runtime.OrtBackend(plain.encoder, plain.decoder, plain.encoder_spec, plain.decoder_spec, io_binding=True)
     src, lens = pad_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]])
     state = backend.encode(src, lens)
     _, state = backend.step(np.full(4, 2, dtype=np.int64), state)
@@ -266,3 +267,18 @@ def test_device_side_row_selection_matches_numpy(name, random_export):
     for n, v in state.items():
         np.testing.assert_array_equal(picked[n].numpy(), np.take(v.numpy(), rows, axis=backend.batch_axis[n]), err_msg=n)
     assert backend.batch_axis.get("state", 0) == (1 if name == "seq2seq" else 0)
+
+
+def test_the_cuda_io_binding_path_decodes_as_the_cpu_host_path(model, english):
+    """CUDA keeps the cache in device memory through I/O binding, with TopK and Gather graphs on the
+    device; CPU runs plain numpy steps. Run on CPU, the binding path must give the same search."""
+    from toolkit.runtime import OrtBackend
+
+    ids = model.tokenizer.encode(english)
+    host, bound = model.backend(), model.backend()
+    bound = OrtBackend(bound.encoder, bound.decoder, bound.encoder_spec, bound.decoder_spec, io_binding=True)
+    assert not host.io_binding
+    for opts in (DecodeOptions(batch_size=8, max_len=model.manifest.max_len),
+                 DecodeOptions(beam=4, n_best=2, batch_size=8, max_len=model.manifest.max_len, loop_guard=True)):
+        got = [[(h.tokens, round(h.score, 4)) for h in n] for n in decode_ids(bound, ids, opts)]
+        assert got == [[(h.tokens, round(h.score, 4)) for h in n] for n in decode_ids(host, ids, opts)]
