@@ -46,8 +46,9 @@ class StepBackend:
 def top_k_rows(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest values of each row, largest first, and their indices; k == 1 is an argmax."""
     k = min(k, log_probs.shape[1])
-    if k == 1:
-        idx = log_probs.argmax(-1)[:, None]
+    if k == 1:  # greedy's every step: plain indexing costs a tenth of take_along_axis at batch 1
+        idx = log_probs.argmax(-1)
+        return log_probs[np.arange(len(idx)), idx][:, None], idx[:, None]
     else:
         # numpy's partition is slow on wide rows (20 ms for 256 x 6000); backends avoid this path.
         idx = np.argpartition(-log_probs, k - 1, axis=-1)[:, :k]
