@@ -311,6 +311,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
     Example: tk translate "I'm home." "He's calm."
     """
+    # numpy's OpenBLAS starts a worker thread per extra core at import, which then busy-waits for
+    # work for a while, taking a core from the rest of start-up; translating does no BLAS work.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from toolkit.api import decode_options
     from toolkit.textprep import TextOptions
     from toolkit.translate import AtomicOutput, open_model, read_lines, read_references, score_file, translate_lines

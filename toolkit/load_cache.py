@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,15 +103,14 @@ def _cpu() -> str:
         return f"{platform.machine()} {platform.processor()}"
 
 
-def graph_key(identity: str, settings: str) -> str:
-    """The cache entry of one graph: its content (`identity`, e.g. its and its weights' sha256),
-    the settings the saved graph depends on, the ONNX Runtime version and the CPU."""
-    import hashlib
-
+def graph_key(identity: str, settings: str) -> tuple[str, str]:
+    """The cache entry of one graph, named by its content (`identity`: its and its weights' sha256),
+    the settings the saved graph depends on, the ONNX Runtime version and the CPU: the directory
+    name, and the whole key, which the entry records and must match (so a name clash is harmless)."""
     import onnxruntime as ort
 
     text = "\n".join([f"tk-graph-cache/{FORMAT}", identity, settings, ort.__version__, _cpu()])
-    return hashlib.sha256(text.encode()).hexdigest()[:40]
+    return f"{identity[:16]}-{zlib.crc32(text.encode()):08x}", text
 
 
 GRAPH = "graph.onnx"
@@ -129,20 +127,26 @@ def cached_session(source: Path, identity: str, threads: int | None = None) -> o
     root = directory()
     if root is None:
         return create_session(source, "cpu", threads=threads)
-    entry = root / "graphs" / graph_key(identity, f"all -{','.join(CPU_DISABLED_OPTIMIZERS)} prepacked")
-    recorded = _read_json(entry / ENTRY).get("stat")
+    name, key = graph_key(identity, f"all -{','.join(CPU_DISABLED_OPTIMIZERS)} prepacked")
+    entry = root / "graphs" / name
+    recorded = _read_json(entry / ENTRY)
     try:
-        if recorded and recorded == {name: _stat_key(entry / name) for name in (GRAPH, DATA)}:
+        if recorded.get("key") == key and recorded.get("stat") == {n: _stat_key(entry / n) for n in (GRAPH, DATA)}:
             return create_session(entry / GRAPH, "cpu", optimization="disabled", threads=threads)
     except Exception:
         pass  # unreadable or corrupt: rebuilt below from the source graph
+    import shutil
+
     shutil.rmtree(entry, ignore_errors=True)
-    return _save(source, entry, threads)
+    return _save(source, entry, key, threads)
 
 
-def _save(source: Path, entry: Path, threads: int | None) -> ort.InferenceSession:
+def _save(source: Path, entry: Path, key: str, threads: int | None) -> ort.InferenceSession:
     """The session for `source`, whose optimised graph ONNX Runtime writes into a temporary
     directory that becomes `entry` only once complete (its files fsynced, their stat recorded)."""
+    import shutil
+    import tempfile
+
     from toolkit.errors import UsageError
     from toolkit.runtime import create_session
 
@@ -165,7 +169,7 @@ def _save(source: Path, entry: Path, threads: int | None) -> ort.InferenceSessio
         for name in (GRAPH, DATA):
             with open(Path(tmp) / name, "rb") as f:
                 os.fsync(f.fileno())
-        write_atomic(Path(tmp) / ENTRY, json.dumps({"format": FORMAT, "source": str(source),
+        write_atomic(Path(tmp) / ENTRY, json.dumps({"format": FORMAT, "source": str(source), "key": key,
                                                     "stat": {n: _stat_key(Path(tmp) / n) for n in (GRAPH, DATA)}}).encode())
         os.rename(tmp, entry)
         _prune(entry.parent)
@@ -178,6 +182,8 @@ def _save(source: Path, entry: Path, threads: int | None) -> ort.InferenceSessio
 
 def _prune(graphs: Path) -> None:
     """Keeps the MAX_GRAPHS most recently written graphs (and drops temporary leftovers of crashed runs)."""
+    import shutil
+
     entries = []
     for d in graphs.iterdir():
         try:

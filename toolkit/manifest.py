@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import types
@@ -22,6 +21,8 @@ NAME = "manifest.json"
 
 
 def file_sha256(path: Path) -> str:
+    import hashlib  # here: `tk translate` hashes nothing when the digests are cached (toolkit.load_cache)
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

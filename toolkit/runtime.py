@@ -5,6 +5,7 @@ Imports onnxruntime and numpy, never torch: this is the deployment path.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -260,18 +261,44 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
     cache: on CPU, load each stored graph from the user cache's optimised copy (toolkit.load_cache);
     only for a directory whose files were just checked against the manifest's sha256.
     """
-    sessions, built = {}, 0.0
+    makers, built = {}, 0.0
     for name in m.graphs:
         source, seconds = graph_source(m, name, variant)
         if cache and provider == "cpu" and isinstance(source, Path):
             from toolkit.load_cache import cached_session
 
-            sessions[name] = cached_session(source, _graph_identity(m, name, variant), threads)
+            makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant), threads)
         else:
-            sessions[name] = create_session(source, provider, threads=threads, allow_fallback=allow_fallback)
+            makers[name] = functools.partial(create_session, source, provider, threads=threads, allow_fallback=allow_fallback)
         built += seconds
+    sessions = _concurrently(makers)
     used = session_provider(next(iter(sessions.values())))
     return LoadedModel(m, sessions, used, built)
+
+
+def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict[str, ort.InferenceSession]:
+    """Creates the sessions in one thread each: ONNX Runtime releases the GIL while it loads a graph
+    and prepacks its weights, so the encoder's and decoder's creations overlap."""
+    import threading
+
+    results: dict[str, ort.InferenceSession | BaseException] = {}
+
+    def make(name: str) -> None:
+        try:
+            results[name] = makers[name]()
+        except BaseException as e:  # re-raised in the caller's thread below
+            results[name] = e
+
+    workers = [threading.Thread(target=make, args=(name,), name=f"tk-load-{name}") for name in list(makers)[1:]]
+    for w in workers:
+        w.start()
+    make(next(iter(makers)))
+    for w in workers:
+        w.join()
+    for name in makers:
+        if isinstance(results[name], BaseException):
+            raise results[name]
+    return {name: results[name] for name in makers}
 
 
 def _graph_identity(m: Manifest, graph: str, variant: str) -> str:
