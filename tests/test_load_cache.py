@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 from toolkit import load_cache, manifest
+from toolkit.api import decode_options
 from toolkit.errors import UsageError
 from toolkit.runtime import create_session
-from toolkit.translate import open_model
+from toolkit.translate import open_model, translate_batch
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 SRC = np.array([[12, 57, 300, 9, 3], [40, 41, 3, 0, 0]], dtype=np.int64)
 SRC_LEN = np.array([5, 3], dtype=np.int64)
+SENTENCES = ["I'm home.", "Where is the station?", "The cat is sleeping on the sofa.", "Call me at 555 0199."]
 
 
 @pytest.fixture()
@@ -84,6 +86,15 @@ def test_a_corrupt_digest_cache_is_ignored(model_copy):
     m.check_files(cached=True)
 
 
+def translations(t) -> list[tuple[str, float]]:
+    """Greedy and beam translations with their scores: every decoder output they depend on."""
+    out = []
+    for beam in (1, 4):
+        opts = decode_options(t.manifest, beam=beam)
+        out += [(h[0].text, h[0].score) for h in translate_batch(t, SENTENCES, opts)]
+    return out
+
+
 def test_cached_graphs_compute_exactly_what_the_model_graphs_compute(model_copy, monkeypatch):
     first = open_model(model_copy, "cpu")
     entries = sorted((load_cache.directory() / "graphs").iterdir())
@@ -91,9 +102,12 @@ def test_cached_graphs_compute_exactly_what_the_model_graphs_compute(model_copy,
     expected = uncached_outputs(model_copy)
     assert same(encoder_outputs(first), expected)
     # The second start loads the saved graphs and saves nothing.
-    monkeypatch.setattr(load_cache, "_save", lambda *a: pytest.fail("the cached graph was not used"))
-    second = open_model(model_copy, "cpu")
+    with monkeypatch.context() as patch:
+        patch.setattr(load_cache, "_save", lambda *a: pytest.fail("the cached graph was not used"))
+        second = open_model(model_copy, "cpu")
     assert same(encoder_outputs(second), expected)
+    monkeypatch.setenv("TK_NO_CACHE", "1")
+    assert translations(second) == translations(open_model(model_copy, "cpu"))
 
 
 def test_a_changed_cache_entry_is_rebuilt_from_the_model(model_copy):
