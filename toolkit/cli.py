@@ -336,7 +336,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     """
     # numpy's OpenBLAS starts a worker thread per extra core at import, which then busy-waits for
     # work for a while, taking a core from the rest of start-up; translating does no BLAS work.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # (Only before numpy's import: afterwards it changes nothing here and would reach child processes.)
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with paused_gc():
         from toolkit.api import decode_options
         from toolkit.textprep import TextOptions
