@@ -8,8 +8,10 @@
   optimisation off. Keyed by the source graph's digest, the ONNX Runtime version, the CPU and
   the session settings that shape the saved graph.
 
-A cache entry that is missing, unreadable, corrupt or changed since it was written is ignored
-(and rebuilt): the cache can make a start slower, never wrong and never an error.
+A cache entry that is missing, unreadable, or changed since it was written (its files' size, mtime,
+ctime or inode) is ignored and rebuilt, and one ONNX Runtime cannot load falls back to the model's
+own graph: at worst the cache makes a start slower, never an error. Its files are trusted as the
+user's own are (it lives in their home directory).
 `TK_CACHE_DIR` moves it (default `$XDG_CACHE_HOME/tk`, else `~/.cache/tk`); `TK_NO_CACHE=1` turns it off.
 Torch-free: the deploy path uses it.
 """
