@@ -14,6 +14,20 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory) -> Path:
+    """tk's start-up cache (toolkit.load_cache) goes to a fresh directory, not the user's, for every test run
+    (set in the environment, so subprocesses started by tests use it too)."""
+    path = tmp_path_factory.mktemp("user-cache")
+    previous = os.environ.get("TK_CACHE_DIR")
+    os.environ["TK_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("TK_CACHE_DIR", None)
+    else:
+        os.environ["TK_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def corpus_zip() -> Path:
     path = Path(os.environ.get("TK_DATA", SHARED_DATA / "fra-eng.zip"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import types
@@ -22,6 +21,8 @@ NAME = "manifest.json"
 
 
 def file_sha256(path: Path) -> str:
+    import hashlib  # here: `tk translate` hashes nothing when the digests are cached (toolkit.load_cache)
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -190,13 +191,21 @@ class Manifest:
     def tokenizer_path(self) -> Path | None:
         return self.directory / self.tokenizer.file if self.tokenizer else None
 
-    def check_files(self) -> None:
-        """Every file the manifest lists exists and has the recorded sha256."""
+    def check_files(self, cached: bool = False) -> None:
+        """Every file the manifest lists exists and has the recorded sha256.
+        cached: a file unchanged since it was last hashed is not hashed again (toolkit.load_cache)."""
+        paths = {}
         for rel, digest in self.files().items():
             path = self.directory / rel
             if not path.is_file():
                 raise UsageError(f"{path} is listed in {NAME} but missing; re-export the model directory")
-            if file_sha256(path) != digest:
+            paths[path] = digest
+        if cached:
+            from toolkit.load_cache import file_digests
+
+            got = file_digests(list(paths))
+        for path, digest in paths.items():
+            if (got[path] if cached else file_sha256(path)) != digest:
                 raise UsageError(f"{path} does not match the sha256 in {NAME} (modified or corrupt); re-export it")
 
     def files(self) -> dict[str, str]:

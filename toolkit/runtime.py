@@ -5,7 +5,9 @@ Imports onnxruntime and numpy, never torch: this is the deployment path.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -73,9 +75,9 @@ def _options(optimization: str = "all", threads: int | None = None, spin: bool =
 
 
 def create_session(path: Path | bytes, provider: str = "cpu", optimization: str = "all", threads: int | None = None,
-                   allow_fallback: bool = False) -> ort.InferenceSession:
+                   allow_fallback: bool = False, configure: Callable[[ort.SessionOptions], None] | None = None) -> ort.InferenceSession:
     """A session on the requested provider, from a graph file or serialized bytes;
-    raises ProviderError if CUDA silently became CPU."""
+    raises ProviderError if CUDA silently became CPU. `configure` may add settings to the session options."""
     if provider not in PROVIDERS:
         raise UsageError(f"unknown provider '{provider}'; choose cpu or cuda")
     providers = [PROVIDERS["cuda"], PROVIDERS["cpu"]] if provider == "cuda" else [PROVIDERS["cpu"]]
@@ -87,8 +89,10 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
         # their runs; on 2 cores, spinning workers take the cores those need. Measured on the shipped
         # Transformer, greedy over 256 sentences: batch 64 fp32 725 -> 960 sentences/s, int8 1248 ->
         # 1593; batch 1 unchanged (118 vs 122, 272 vs 267).
-        session = ort.InferenceSession(path if isinstance(path, bytes) else str(path),
-                                       _options(optimization, threads, spin=not cpu), providers=providers,
+        options = _options(optimization, threads, spin=not cpu)
+        if configure:
+            configure(options)
+        session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options, providers=providers,
                                        disabled_optimizers=disabled)
     except Exception as e:
         first = first_line(e)
@@ -283,12 +287,56 @@ class LoadedModel:
         return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
 
 
-def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False, threads: int | None = None) -> LoadedModel:
-    """Sessions for every graph of the directory; a variant it does not store is built in memory."""
-    sessions, built = {}, 0.0
+def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False, threads: int | None = None,
+                  cache: bool = False) -> LoadedModel:
+    """Sessions for every graph of the directory; a variant it does not store is built in memory.
+
+    cache: on CPU, load each stored graph from the user cache's optimised copy (toolkit.load_cache);
+    only for a directory whose files were just checked against the manifest's sha256.
+    """
+    makers, built = {}, 0.0
     for name in m.graphs:
         source, seconds = graph_source(m, name, variant)
-        sessions[name] = create_session(source, provider, threads=threads, allow_fallback=allow_fallback)
+        if cache and provider == "cpu" and isinstance(source, Path):
+            from toolkit.load_cache import cached_session
+
+            makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant), threads)
+        else:
+            makers[name] = functools.partial(create_session, source, provider, threads=threads, allow_fallback=allow_fallback)
         built += seconds
+    sessions = _concurrently(makers)
     used = session_provider(next(iter(sessions.values())))
     return LoadedModel(m, sessions, used, built)
+
+
+def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict[str, ort.InferenceSession]:
+    """Creates the sessions in one thread each: ONNX Runtime releases the GIL while it loads a graph
+    and prepacks its weights, so the encoder's and decoder's creations overlap."""
+    import threading
+
+    results: dict[str, ort.InferenceSession | BaseException] = {}
+
+    def make(name: str) -> None:
+        try:
+            results[name] = makers[name]()
+        except BaseException as e:  # re-raised in the caller's thread below
+            results[name] = e
+
+    workers = [threading.Thread(target=make, args=(name,), name=f"tk-load-{name}") for name in list(makers)[1:]]
+    for w in workers:
+        w.start()
+    make(next(iter(makers)))
+    for w in workers:
+        w.join()
+    for name in makers:
+        if isinstance(results[name], BaseException):
+            raise results[name]
+    return {name: results[name] for name in makers}
+
+
+def _graph_identity(m: Manifest, graph: str, variant: str) -> str:
+    """The sha256 of a stored graph and of the weights it reads."""
+    if variant in m.stored:
+        return m.stored[variant].graphs[graph].sha256
+    record = m.graphs[graph]
+    return f"{record.sha256} {record.weights.sha256 if record.weights else ''}"

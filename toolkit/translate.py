@@ -65,7 +65,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     tok_path = m.tokenizer_path()
     if tok_path is None:
         raise UsageError(f"{directory} has no tokenizer (exported with --random-init); export a trained checkpoint")
-    m.check_files()
+    m.check_files(cached=True)
     tokenizer = Tokenizer.load(tok_path)
     if backend == "torch":
         from toolkit.reference import load_reference
@@ -77,7 +77,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
                           time.perf_counter() - start, runtime="torch")
     if provider is None:
         provider = "cuda" if runtime == "onnxruntime" and ort_runtime.cuda_available() else "cpu"
-    loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads)
+    loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True)
     for name, spec in m.specs().items():
         got = [i.name for i in loaded.sessions[name].get_inputs()]
         if got != spec.input_names:

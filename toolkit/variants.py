@@ -12,7 +12,6 @@ only when a variant is built, so fp32 start-up does not pay for them).
 from __future__ import annotations
 
 import functools
-import logging
 import tempfile
 import time
 from collections.abc import Callable
@@ -80,6 +79,8 @@ def _optimized(src: Path, dst: Path) -> None:
 
 
 def _int8(src: Path, dst: Path) -> None:
+    import logging  # here, not at the top: fp32 start-up does not pay for it
+
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -33,9 +33,10 @@ def label(runtime: str) -> str:
 
 
 def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", variant: str = "fp32",
-         allow_fallback: bool = False, threads: int | None = None, unverified: bool = False):
+         allow_fallback: bool = False, threads: int | None = None, unverified: bool = False, cache: bool = False):
     """Sessions and a step-backend factory (`.backend()`) for every graph of the directory on `runtime`.
-    `unverified`: also load a variant the runtime is known to compute outside its tolerance (for verify)."""
+    `unverified`: also load a variant the runtime is known to compute outside its tolerance (for verify).
+    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.load_cache)."""
     check(runtime)
     if runtime == "openvino":
         from toolkit.runtimes import openvino
@@ -43,4 +44,4 @@ def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", varia
         return openvino.load(m, provider, variant, threads, unverified)
     from toolkit import runtime as ort_runtime
 
-    return ort_runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads)
+    return ort_runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache)
