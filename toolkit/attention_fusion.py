@@ -172,11 +172,30 @@ def _match(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
     key, value = kr.input[0], vr.input[0]
     # Keys/values still in (B, L, H*d) form are passed as such (BSD), so their split-heads nodes go
     # too; the cache and the encoder's cross keys are already (B, H, L, d) (BNSH) and stay so.
+    past = _cache(g, key, kr), _cache(g, value, vr)
+    if past[0] is not None and past[1] is not None:  # decoder self-attention: the op appends to the cache itself
+        (k3, past_k, cat_k), (v3, past_v, cat_v) = past
+        return {"query": query, "key": k3, "value": v3, "past": [past_k, past_v], "present": [key, value],
+                "drop": [cat_k, cat_v], "lengths": lengths, "heads": heads, "scale": 1.0 / float(c), "output": o3[0]}
     k3, v3 = _split_heads(g, key), _split_heads(g, value)
     if k3 is not None and v3 is not None and all(len(g.consumers[x]) == 1 for x in (key, value)):
         key, value = k3[0], v3[0]
-    return {"query": query, "key": key, "value": value, "lengths": lengths, "heads": heads,
-            "scale": 1.0 / float(c), "head_size": head_size, "output": o3[0]}
+    return {"query": query, "key": key, "value": value, "past": [], "present": [], "drop": [],
+            "lengths": lengths, "heads": heads, "scale": 1.0 / float(c), "output": o3[0]}
+
+
+def _cache(g: _Graph, name: str, reader: onnx.NodeProto) -> tuple[str, str, onnx.NodeProto] | None:
+    """Concat(past, split_heads(x), axis=2) whose result only the graph's output and this attention read:
+    (x, past, the Concat), so that MultiHeadAttention's present output can take the Concat's place."""
+    cat = g.node(name, "Concat")
+    if cat is None or len(cat.input) != 2 or _attr(cat, "axis") not in (2, -2) or cat.input[0] not in g.inputs:
+        return None
+    new = _split_heads(g, cat.input[1])
+    if new is None or len(g.consumers[cat.input[1]]) != 1 or len(g.consumers[new[0]]) != 1:
+        return None
+    if any(u.output[0] != reader.output[0] for u in g.consumers[name]):
+        return None
+    return new[0], cat.input[0], cat
 
 
 def fuse_attention(model: onnx.ModelProto) -> int:
@@ -196,11 +215,16 @@ def fuse_attention(model: onnx.ModelProto) -> int:
                                                   name=f"{m['lengths']}_to_int32_fused"))
             mask = casts[m["lengths"]]
         out = m["output"]
-        mha = helper.make_node("MultiHeadAttention", [m["query"], m["key"], m["value"], "", mask], [out.output[0]],
+        inputs = [m["query"], m["key"], m["value"], "", mask, *(["", *m["past"]] if m["past"] else [])]
+        mha = helper.make_node("MultiHeadAttention", inputs, [out.output[0], *m["present"]],
                                name=f"fused_attention_{k}", domain=MS_DOMAIN, num_heads=m["heads"], scale=m["scale"])
         nodes = model.graph.node
+        replaced = {out.output[0], *(n.output[0] for n in m["drop"])}  # the op now produces these tensors
         idx = next(i for i, n in enumerate(nodes) if n.output[0] == out.output[0])
-        nodes.remove(out)
+        idx -= sum(1 for n in nodes[:idx] if n.output[0] in replaced)
+        keep = [n for n in nodes if n.output[0] not in replaced]
+        del nodes[:]
+        nodes.extend(keep)
         nodes.insert(idx, mha)
     for n in reversed(new_first):
         model.graph.node.insert(0, n)
