@@ -133,9 +133,11 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
     Variant("fp16", ".fp16", "cuda", (5e-2, 2e-2), False, ("fp16", True), "--fp16",
             "float16 weights and compute; inputs and outputs stay int64/float32", _fp16),
     Variant("optimized", ".opt", "cpu", (1e-4, 1e-4), True, ("optimize", True), "--optimize",
-            "ONNX Runtime extended graph optimisations applied offline for the CPU provider", _optimized),
+            "attention fused (com.microsoft.MultiHeadAttention), same-input projections merged, then ONNX Runtime "
+            "extended graph optimisations applied offline for the CPU provider", _optimized),
     Variant("int8", ".int8", "cpu", (0.5, 0.1), False, ("quantize", "int8"), "--quantize int8",
-            "dynamic int8 quantisation of MatMul weights for the CPU provider", _int8),
+            "attention fused (com.microsoft.MultiHeadAttention), then dynamic int8 quantisation of MatMul weights "
+            "for the CPU provider", _int8),
 )}
 NAMES: tuple[str, ...] = tuple(CATALOGUE)
 PLAIN = "fp32"  # the exported graphs every other variant is built from
