@@ -82,7 +82,8 @@ def test_default_model_is_the_shipped_transformer(cli):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_short_verify_passes_on_cpu(cli, name, tmp_path, monkeypatch, corpus_zip):
     monkeypatch.setenv("TK_DATA", str(corpus_zip))
-    result = cli("verify", EXPORTED / name, "--sentences", 4, "--json", tmp_path / "r.json")
+    # int8 too: with one weight scale per tensor it failed its tolerance on an AVX2-only CPU (no VNNI).
+    result = cli("verify", EXPORTED / name, "--sentences", 4, "--variant", "fp32", "--variant", "int8", "--json", tmp_path / "r.json")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["passed"]
