@@ -47,3 +47,17 @@ def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tin
     roofline = next(line for line in result.output.splitlines() if line.startswith("roofline:"))
     achieved, peak = (float(x) for x in re.findall(r"([0-9.]+) GFLOP/s", roofline))
     assert "fp32 greedy at batch 3" in roofline and 0 < achieved < peak
+
+
+def test_the_ct2_table_holds_ctranslate2_against_tks_faster_fp32_graphs():
+    from toolkit.bench import Result, ct2_table
+
+    def row(backend, search, seconds):
+        return Result(backend, search, 1, seconds, 10, 100, 0.0, [[1, 2]] * 10)
+
+    results = [row("onnxruntime cpu", "greedy", 1.0), row("onnxruntime cpu optimized", "greedy", 0.5),
+               row("ctranslate2 float32", "greedy", 0.8), row("onnxruntime cpu", "beam 4", 1.0),
+               row("onnxruntime cpu optimized", "beam 4", 2.0), row("ctranslate2 float32", "beam 4", 0.5)]
+    lines = {line.split()[0]: line.split() for line in ct2_table(results).splitlines()[2:]}
+    assert lines["greedy"][2:6] == ["20.0", "optimized", "12.5", "0.62"]  # the optimised graphs were faster
+    assert lines["beam"][3:7] == ["10.0", "exported", "20.0", "2.00"]

@@ -149,6 +149,8 @@ PLAIN = "fp32"  # the exported graphs every other variant is built from
 BUILT: tuple[str, ...] = tuple(n for n, v in CATALOGUE.items() if v.builder is not None)
 # The variant that trades exactness for speed on each provider (`tk bench` times it by default).
 SPEED = {"cpu": "int8", "cuda": "fp16"}
+# The fastest graphs of fp32 precision on each provider (the ones to hold against other engines' float32).
+FAST_PLAIN = {"cpu": "optimized", "cuda": PLAIN}
 
 
 def get(name: str) -> Variant:
