@@ -392,3 +392,12 @@ def test_export_records_the_digest_the_checkpoint_carried(tiny_export, tiny_chec
     record = manifest.load(tiny_export).data["checkpoint"]
     carried = torch.load(tiny_checkpoint, weights_only=False)["weights_sha256"]
     assert record["checkpoint_weights_sha256"] == carried == record["weights_sha256"]
+
+
+def test_one_line_errors_keep_tks_own_fix_and_cut_only_foreign_messages():
+    from toolkit.errors import ProviderError, first_line
+    from toolkit.runtime import CUDA_FIX
+
+    assert first_line(ProviderError(CUDA_FIX)) == CUDA_FIX  # the fix ("or use --provider cpu") is at the end
+    assert first_line(RuntimeError("x" * 500 + "\nsecond line")) == "x" * 200
+    assert first_line(RuntimeError("")) == "RuntimeError"

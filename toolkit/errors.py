@@ -30,6 +30,9 @@ class ProviderError(ToolkitError):
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message for a one-line error; its type name when the message is empty."""
+    """The first line of an exception's message for a one-line error; its type name when the message is empty.
+    Another library's message is cut at `limit`; tk's own are written as one line and kept whole (their fix is at the end)."""
     text = str(e).strip()
-    return text.splitlines()[0][:limit] if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    return text.splitlines()[0] if isinstance(e, ToolkitError) else text.splitlines()[0][:limit]
