@@ -30,7 +30,9 @@ def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_ou
     src = Tokenizer.load(m.tokenizer_path()).encode(held_out)
     opts = DecodeOptions(batch_size=16, max_len=m.max_len)
     ort = [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime").backend(), src, opts)]
-    ov = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src, opts)]
+    # Three streams, each with its own infer requests on the same compiled graphs (tk translate's default is one per core).
+    streams = DecodeOptions(batch_size=16, max_len=m.max_len, streams=3)
+    ov = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src, streams)]
     assert len(held_out) == 48 and max(map(len, ort)) >= 8  # long enough to reach the cache lengths that once broke
     assert ov == ort
     beam = DecodeOptions(beam=4, batch_size=16, max_len=m.max_len)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from toolkit.batching import GUARDED, DecodeOptions
+from toolkit.batching import GUARDED, DecodeOptions, default_streams
 from toolkit.errors import UsageError
 from toolkit.manifest import Manifest
 from toolkit.textprep import TextOptions
@@ -21,13 +21,14 @@ from toolkit.variants import PLAIN
 
 def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int = 1, max_len: int | None = None,
                    batch_size: int = 64, max_tokens: int | None = None, max_len_a: float | None = GUARDED["max_len_a"],
-                   max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int = 1) -> DecodeOptions:
-    """Decoding options as `tk translate` takes them: max_len is capped at the model's maximum, guards on by default."""
+                   max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None) -> DecodeOptions:
+    """Decoding options as `tk translate` takes them: max_len is capped at the model's maximum, guards on by default,
+    streams None: one per core (batching.default_streams)."""
     if n_best > beam:
         raise UsageError(f"n_best must be between 1 and beam (got beam {beam}, n_best {n_best})")
     return DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or m.max_len, m.max_len),
                          batch_size=batch_size, max_tokens=max_tokens, max_src_len=m.max_len,
-                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=streams)
+                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=streams or default_streams())
 
 
 class Translator:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,16 @@ class DecodeOptions:
     # sessions (CTranslate2's inter_threads). Small batches leave cores idle between a step's
     # matrix multiplies; a second stream fills them. Results do not depend on it.
     streams: int = 1
+
+
+def default_streams() -> int:
+    """What `tk translate` and the Python API use unless told: one stream per core, up to 4.
+
+    Measured on 2 cores, fp32, 256 sentences, sentences/s (threads x streams): greedy batch 1
+    75 (2 x 1), 128 (1 x 2), 117 (2 x 2); beam 4 batch 1 45, 60, 62; greedy batch 64 723, 847, 810.
+    Streams are idle with one batch (a single sentence), which then keeps every core's intra-op thread.
+    """
+    return max(1, min(os.cpu_count() or 1, 4))
 
 
 GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}  # what tk translate uses unless told otherwise

@@ -83,11 +83,6 @@ STREAMS = click.IntRange(1, 64)
 TOLERANCE = FiniteFloat(min=0.0)
 
 
-def stream_threads(threads: int | None, streams: int) -> int | None:
-    """Intra-op threads per session: the cores shared among the streams unless given."""
-    return threads if threads or streams == 1 else max(1, (os.cpu_count() or 1) // streams)
-
-
 def writable_file(path: Path | None, option: str) -> None:
     """Checks an output file path before any work, so a long run never fails at its very end."""
     if path is None:
@@ -329,9 +324,9 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 @click.option("--strict", is_flag=True, help="Refuse lines longer than the model's maximum instead of truncating them.")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Score the output against this file (one reference per line) with sacrebleu.")
-@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores, shared by the streams].")
-@click.option("--streams", type=STREAMS, default=1, show_default=True,
-              help="Batches decoded at the same time, one thread each (CTranslate2's inter_threads); pays with more batches than one.")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--streams", type=STREAMS,
+              help="Batches decoded at the same time, one thread each (CTranslate2's inter_threads) [default: one per core, up to 4].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, batch_size, max_tokens, beam,
               alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, streams, quiet):
@@ -368,7 +363,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
     with paused_gc():
-        t = open_model(model_dir, provider, variant, allow_cpu_fallback, stream_threads(threads, streams), backend, runtime)
+        t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.where}; ready in {t.startup_s:.2f}s")
