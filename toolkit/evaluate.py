@@ -14,7 +14,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     from pathlib import Path
 
     from toolkit import data
-    from toolkit.batching import GUARDED, DecodeOptions
+    from toolkit.batching import GUARDED, DecodeOptions, default_streams
     from toolkit.translate import open_model, translate_batch
 
     model = open_model(directory, "cpu", variant, threads=threads)
@@ -37,7 +37,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
             start = time.perf_counter()
             # What a user of tk translate gets: input handling and decoding guards on.
             opts = DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len,
-                                 max_src_len=model.manifest.max_len, **GUARDED)
+                                 max_src_len=model.manifest.max_len, streams=default_streams(), **GUARDED)
             hyps = [n[0].text for n in translate_batch(model, src, opts)]
             seconds = time.perf_counter() - start
             if name == "test_split":
@@ -64,7 +64,7 @@ def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: 
     import time
 
     from toolkit import data, robustness
-    from toolkit.batching import GUARDED, DecodeOptions
+    from toolkit.batching import GUARDED, DecodeOptions, default_streams
     from toolkit.textprep import TextOptions
     from toolkit.translate import open_model, translate_batch
 
@@ -75,7 +75,8 @@ def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: 
     text = TextOptions(enabled=not raw)
     words = {w.strip(".,!?;:\"'") for en, fr in corpus.splits["train"] for w in f"{en} {fr}".split()}
     sets = robustness.build_sets(english, refs, words, seed)
-    base = dict(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len, max_src_len=model.manifest.max_len)
+    base = dict(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len, max_src_len=model.manifest.max_len,
+                streams=default_streams())
     backend = model.backend()
     results: dict = {"variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}", "seed": seed,
                      "guards": GUARDED, "input_handling": not raw, "sets": {}}
