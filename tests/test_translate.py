@@ -235,16 +235,16 @@ def test_bench_compares_every_backend_on_the_same_sentences(cli, tiny_export, tm
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     got = {(r["backend"], r["search"]) for r in rows}
-    # int8 is timed by default, built in memory: the directory stores fp32 graphs only.
+    # optimized and int8 are timed by default, built in memory: the directory stores fp32 graphs only.
     assert {("pytorch textbook (full prefix)", "greedy"), ("pytorch cached", "greedy"), ("onnxruntime cpu", "greedy"),
-            ("onnxruntime cpu int8", "greedy"), ("pytorch cached", "beam 2"), ("onnxruntime cpu", "beam 2"),
-            ("onnxruntime cpu int8", "beam 2")} <= got
+            ("onnxruntime cpu optimized", "greedy"), ("onnxruntime cpu int8", "greedy"), ("pytorch cached", "beam 2"),
+            ("onnxruntime cpu", "beam 2"), ("onnxruntime cpu optimized", "beam 2"), ("onnxruntime cpu int8", "beam 2")} <= got
     assert "onnxruntime cpu int8: graphs built in memory" in result.output
     assert all(r["sentences"] == 6 and r["seconds"] > 0 and r["tokens"] >= 6 for r in rows)
     table = result.output[result.output.index("backend ") :].splitlines()[2:]
     assert len(table) == len(rows)
     exact = [line for line in table if "int8" not in line]
-    assert len(exact) == 5 and all(line.split()[-1] == "100%" for line in exact)  # fp32: the same tokens as PyTorch
+    assert len(exact) == 7 and all(line.split()[-1] == "100%" for line in exact)  # fp32 and optimized: PyTorch's tokens
 
 
 @pytest.mark.parametrize("name", ["transformer", "seq2seq"])
