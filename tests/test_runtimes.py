@@ -35,6 +35,10 @@ def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_ou
     ov = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src, streams)]
     assert len(held_out) == 48 and max(map(len, ort)) >= 8  # long enough to reach the cache lengths that once broke
     assert ov == ort
+    # int8 on OpenVINO passes verify with ONNX Runtime's own errors; its integer kernels may still flip a near-tie.
+    ort8 = [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime", "cpu", "int8").backend(), src, opts)]
+    ov8 = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino", "cpu", "int8").backend(), src, opts)]
+    assert sum(a == b for a, b in zip(ort8, ov8)) >= 46
     beam = DecodeOptions(beam=4, batch_size=16, max_len=m.max_len)
     assert ([h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src[:16], beam)]
             == [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime").backend(), src[:16], beam)])
@@ -62,11 +66,15 @@ def test_translate_states_the_runtime(cli):
 
 
 @pytest.mark.parametrize("args, exit_code, says", [
-    (["--variant", "int8"], 2, "--runtime onnxruntime for int8"),
+    (["--variant", "fp16"], 2, "planted: fp16 off by 9 on openvino"),
     (["--provider", "cuda"], 1, "OpenVINO's CPU plugin only"),
     (["--backend", "torch"], 2, "drop --runtime openvino or --backend torch"),
 ])
-def test_what_openvino_cannot_run_is_refused_in_one_line(cli, args, exit_code, says):
+def test_what_openvino_cannot_run_is_refused_in_one_line(cli, args, exit_code, says, monkeypatch):
+    from toolkit.runtimes import openvino
+
+    # No variant measures outside its tolerance on OpenVINO today; one that did would be refused like this.
+    monkeypatch.setitem(openvino.UNVERIFIED, "fp16", "planted: fp16 off by 9 on openvino; use --runtime onnxruntime")
     result = cli("translate", "--model", SHIPPED, "--runtime", "openvino", *args, "Go.")
     assert result.exit_code == exit_code
     assert result.output.count("\n") == 1 and result.output.startswith("error: ") and says in result.output
@@ -85,8 +93,7 @@ def test_bench_times_openvino_beside_onnxruntime_on_the_same_sentences(cli, tmp_
                  "--json", out)
     assert result.exit_code == 0, result.output
     rows = {r["backend"]: r for r in json.loads(out.read_text())}
-    assert {"onnxruntime cpu", "onnxruntime cpu int8", "openvino cpu"} <= set(rows)
-    assert "openvino cpu int8" not in rows and "skipping openvino cpu int8" in result.output
+    assert {"onnxruntime cpu", "onnxruntime cpu int8", "openvino cpu", "openvino cpu int8"} <= set(rows)
     same = [line for line in result.output.splitlines() if line.startswith("openvino cpu ")]
     assert same and same[0].rstrip().endswith("100%")  # the same tokens as PyTorch on the same sentences
 

@@ -127,13 +127,11 @@ class LoadedOpenVINO:
         return OvBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
 
 
-# Variants OpenVINO compiles but computes outside their verified tolerance, with what `tk verify
-# --runtime openvino --variant V` measured; translation refuses them, verify still runs them to show the numbers.
-UNVERIFIED = {
-    "int8": "OpenVINO computes ONNX Runtime's dynamic int8 operators (DynamicQuantizeLinear, MatMulInteger) with "
-            "log-probabilities off by up to 1.39 against int8's tolerance of 0.5 (tk verify --runtime openvino "
-            "--variant int8); use --variant fp32 or fp16 on openvino, or --runtime onnxruntime for int8",
-}
+# Variants OpenVINO compiles but computes outside their verified tolerance, each with what `tk verify
+# --runtime openvino --variant V` measured; translation refuses them, verify still runs them to show the
+# numbers. None today: int8 was here (log-probabilities off by 1.39 against 0.5) until int8's weights
+# got one scale per channel, after which OpenVINO passes 178/178 with ONNX Runtime's own errors.
+UNVERIFIED: dict[str, str] = {}
 
 
 def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int | None = None,
