@@ -401,3 +401,16 @@ def test_one_line_errors_keep_tks_own_fix_and_cut_only_foreign_messages():
     assert first_line(ProviderError(CUDA_FIX)) == CUDA_FIX  # the fix ("or use --provider cpu") is at the end
     assert first_line(RuntimeError("x" * 500 + "\nsecond line")) == "x" * 200
     assert first_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_commands_that_translate_refuse_a_directory_that_cannot_in_one_line(cli, random_export, tmp_path):
+    """One check owns this (Manifest.translation_tokenizer): tk translate, export --web and translate-corpus."""
+    lines = tmp_path / "in.txt"
+    lines.write_text("Go.\n")
+    no_tokenizer = random_export("transformer")
+    for model, says in ((SHIPPED / "nw", "not a translation model"), (no_tokenizer, "has no tokenizer")):
+        for args in (("translate", "--model", model, "Go."), ("export", model, "--web", tmp_path / "site"),
+                     ("translate-corpus", model, lines, tmp_path / "out")):
+            r = cli(*args)
+            assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) == 1, (args, r.output)
+    assert not (tmp_path / "site").exists() and not (tmp_path / "out").exists()

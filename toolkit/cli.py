@@ -702,8 +702,7 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
     m = manifest_mod.load(model_dir)
-    if m.kind != "seq2seq":
-        raise UsageError(f"{model_dir} holds a '{m.model}' graph, not a translation model; use exported/transformer or exported/seq2seq")
+    m.translation_tokenizer()
     decode = {"beam": beam, "alpha": alpha, "n_best": 1, "max_len": min(max_len or m.max_len, m.max_len), "batch_size": batch_size,
               "max_tokens": max_tokens, "max_src_len": m.max_len, "max_len_a": max_len_a, "max_len_b": max_len_b,
               "loop_guard": loop_guard}

@@ -191,6 +191,16 @@ class Manifest:
     def tokenizer_path(self) -> Path | None:
         return self.directory / self.tokenizer.file if self.tokenizer else None
 
+    def translation_tokenizer(self) -> Path:
+        """The tokenizer of a translation model; a usage error for any other directory."""
+        if self.kind != "seq2seq":
+            raise UsageError(f"{self.directory} holds a '{self.model}' graph, not a translation model; "
+                             "use exported/transformer or exported/seq2seq")
+        path = self.tokenizer_path()
+        if path is None:
+            raise UsageError(f"{self.directory} has no tokenizer (exported with --random-init); export a trained checkpoint")
+        return path
+
     def check_files(self, cached: bool = False) -> None:
         """Every file the manifest lists exists and has the recorded sha256.
         cached: a file unchanged since it was last hashed is not hashed again (toolkit.load_cache)."""

@@ -60,11 +60,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
     start = time.perf_counter()
     m = manifest_mod.load(directory)
-    if m.kind != "seq2seq":
-        raise UsageError(f"{directory} holds a '{m.model}' graph, not a translation model; use exported/transformer or exported/seq2seq")
-    tok_path = m.tokenizer_path()
-    if tok_path is None:
-        raise UsageError(f"{directory} has no tokenizer (exported with --random-init); export a trained checkpoint")
+    tok_path = m.translation_tokenizer()
     m.check_files(cached=True)
     tokenizer = Tokenizer.load(tok_path)
     if backend == "torch":

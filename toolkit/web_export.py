@@ -72,11 +72,7 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
 def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None) -> dict[str, int]:
     """Writes the site to out (built under a temporary name, then renamed); returns {file: bytes}."""
     m = manifest_mod.load(model_dir)
-    if m.kind != "seq2seq":
-        raise UsageError(f"{model_dir} holds a '{m.model}' graph, not a translation model; use exported/transformer or exported/seq2seq")
-    tok = m.tokenizer_path()
-    if tok is None:
-        raise UsageError(f"{model_dir} has no tokenizer (exported with --random-init); export a trained checkpoint")
+    tok = m.translation_tokenizer()
     version = ort_web_version()
     if out.exists() and not force:
         raise UsageError(f"{out} already exists; use --force to replace it")
