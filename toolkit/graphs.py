@@ -56,6 +56,10 @@ class GraphSpec:
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
 
+    def next_state(self, state: dict, outputs: dict) -> dict:
+        """The next step's state: this step's inputs with each cache input replaced by the output that updates it."""
+        return {**state, **{inp: outputs[out] for out, inp in self.updates.items()}}
+
     def symbolic_dims(self) -> set[str]:
         return {d for t in self.inputs + self.outputs for d in t.dims if isinstance(d, str)}
 

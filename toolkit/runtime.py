@@ -210,10 +210,7 @@ class OrtBackend(StepBackend):
         named = dict(zip(self.decoder_spec.output_names, self.decoder.run(None, {"token": token, **state})))
         if self.recorded:
             self.record("decoder", {n: named[n] for n in self.recorded})
-        new_state = dict(state)
-        for out_name, in_name in self.decoder_spec.updates.items():
-            new_state[in_name] = named[out_name]
-        return named["log_probs"], new_state
+        return named["log_probs"], self.decoder_spec.next_state(state, named)
 
     def _run_step(self, token: np.ndarray, state: dict[str, ort.OrtValue], log_probs_on: str):
         binding = self.decoder.io_binding()
@@ -229,10 +226,7 @@ class OrtBackend(StepBackend):
         named = dict(zip(["log_probs", *self.decoder_spec.updates, *self.recorded], binding.get_outputs()))
         if self.recorded:
             self.record("decoder", {n: named[n].numpy() for n in self.recorded})
-        new_state = dict(state)
-        for out_name, in_name in self.decoder_spec.updates.items():
-            new_state[in_name] = named[out_name]
-        return named["log_probs"], new_state
+        return named["log_probs"], self.decoder_spec.next_state(state, named)
 
     def step(self, token: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
         if not self.io_binding:

@@ -101,10 +101,7 @@ class OvBackend(StepBackend):
 
     def step(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         named = dict(zip(self.decoder_spec.output_names, self.decoder.run(None, {"token": token, **state})))
-        new_state = dict(state)
-        for out_name, in_name in self.decoder_spec.updates.items():
-            new_state[in_name] = named[out_name]
-        return named["log_probs"], new_state
+        return named["log_probs"], self.decoder_spec.next_state(state, named)
 
     def step_top_k(self, token: np.ndarray, state: dict[str, np.ndarray], k: int):
         log_probs, new_state = self.step(token, state)
