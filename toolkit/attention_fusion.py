@@ -301,11 +301,12 @@ def remove_dead(model: onnx.ModelProto) -> None:
     graph.value_info.extend(vi)
 
 
-def fuse(src: Path, dst: Path, projections: bool = True) -> int:
-    """Writes `src` with its attention fused to `dst` (self-contained); returns the attention cores fused."""
+def fuse(src: Path, dst: Path) -> int:
+    """Writes `src` with its attention and same-input projections fused to `dst` (self-contained);
+    returns the attention cores fused."""
     model = onnx.load(src)
     n = fuse_attention(model)
-    if n and projections:  # a graph without attention (the GRU) stays exactly as it was
+    if n:  # a graph without attention (the GRU) stays exactly as it was
         fuse_projections(model)
     onnx.save_model(model, dst)
     return n

@@ -74,12 +74,12 @@ def _fp16(src: Path, dst: Path) -> None:
     onnx.save_model(convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False), dst)
 
 
-def _fused(src: Path, dst: Path, projections: bool = True) -> Path:
+def _fused(src: Path, dst: Path) -> Path:
     """The graph with its attention fused (toolkit/attention_fusion.py), beside `dst`; the caller removes it."""
     from toolkit.attention_fusion import fuse
 
     fused = dst.with_name(dst.name + ".fused.onnx")
-    fuse(src, fused, projections=projections)
+    fuse(src, fused)
     return fused
 
 
