@@ -64,6 +64,16 @@ def test_alpha_changes_the_beam_scores_the_cli_prints():
     assert plain != penalised and all(a < b for a, b in zip(plain, penalised))  # dividing log-probs by length^alpha > 1
 
 
+def test_a_stream_count_below_one_is_refused_with_the_fix():
+    from toolkit import Translator
+    from toolkit.errors import UsageError
+
+    t = Translator(MODEL, provider="cpu")
+    for bad in (0, -2, 1.5):
+        with pytest.raises(UsageError, match=r"streams must be a whole number of at least 1.*leave it out"):
+            t.translate(["Hello."], streams=bad)
+
+
 def test_a_single_string_is_refused_with_the_fix():
     from toolkit import Translator
     from toolkit.errors import UsageError

@@ -70,3 +70,12 @@ def test_streams_on_the_shipped_model_translate_as_one_stream_does():
     t = Translator(MODEL, provider="cpu")
     assert t.translate(texts, batch_size=1, streams=3) == t.translate(texts, batch_size=1)
     assert t.translate(texts, beam=4, batch_size=2, streams=2) == t.translate(texts, beam=4, batch_size=2)
+
+
+def test_streams_share_the_models_sessions_instead_of_building_their_own():
+    from toolkit import manifest, runtime
+
+    backend = runtime.load_sessions(manifest.load(MODEL), "cpu").backend()
+    twin = backend.fork()
+    assert twin is not backend and twin.decoder is backend.decoder
+    assert twin.ranker is backend.ranker and twin.selector is backend.selector  # made once, on first use

@@ -26,9 +26,11 @@ def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int =
     streams None: one per core (batching.default_streams)."""
     if n_best > beam:
         raise UsageError(f"n_best must be between 1 and beam (got beam {beam}, n_best {n_best})")
+    if streams is not None and (not isinstance(streams, int) or isinstance(streams, bool) or streams < 1):
+        raise UsageError(f"streams must be a whole number of at least 1 (got {streams!r}); leave it out for one per core")
     return DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or m.max_len, m.max_len),
                          batch_size=batch_size, max_tokens=max_tokens, max_src_len=m.max_len,
-                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=streams or default_streams())
+                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=default_streams() if streams is None else streams)
 
 
 class Translator:

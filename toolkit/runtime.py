@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -173,26 +173,37 @@ class OrtBackend(StepBackend):
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
         self.device = session_provider(decoder)
         self.io_binding = self.device != "cpu" if io_binding is None else io_binding
+        self._helpers: dict[str, ort.InferenceSession] = {}  # the ranking and row-selection sessions
+        self._helpers_lock = threading.Lock()
 
-    # Both helper sessions are made on first use: one sentence decoded greedily needs neither,
-    # and building them (onnx import, two session creations) was a fifth of `tk translate`'s start-up.
-    @cached_property
+    # Both helper sessions are made on first use (one sentence decoded greedily needs neither, and
+    # building them was a fifth of `tk translate`'s start-up), once per backend and its forks:
+    # `decode_ids` forks a backend for every call with several streams.
+    @property
     def selector(self) -> ort.InferenceSession:
-        return ort.InferenceSession(selection_graph(self.decoder_spec, self.batch_axis),
-                                    _options(threads=1, spin=self.device != "cpu"), providers=self.decoder.get_providers())
+        return self._helper("selector", lambda: selection_graph(self.decoder_spec, self.batch_axis), threads=1)
 
-    @cached_property
+    @property
     def ranker(self) -> ort.InferenceSession:
         # numpy's partition takes 20 ms for 256 x 6000 log-probabilities, ONNX Runtime's TopK 1.3 ms
         # (and 0.07 against 0.2 ms for 4 x 6000, a beam of 4 at batch 1).
-        return ort.InferenceSession(top_k_graph(), _options(spin=self.device != "cpu"), providers=self.decoder.get_providers())
+        return self._helper("ranker", top_k_graph)
+
+    def _helper(self, name: str, graph, threads: int | None = None) -> ort.InferenceSession:
+        with self._helpers_lock:
+            if name not in self._helpers:
+                self._helpers[name] = ort.InferenceSession(graph(), _options(threads=threads, spin=self.device != "cpu"),
+                                                           providers=self.decoder.get_providers())
+            return self._helpers[name]
 
     def fork(self) -> OrtBackend:
-        # An ONNX Runtime session may run concurrently from several threads; each run binds its own
-        # inputs and outputs, so a stream needs only its own backend object (the helper sessions too).
+        # An ONNX Runtime session may run concurrently from several threads and each run binds its own
+        # inputs and outputs, so a stream needs only its own backend object, sharing every session.
         if self.recorded:
             raise NotImplementedError("a backend recording attention decodes one stream, in order")
-        return OrtBackend(self.encoder, self.decoder, self.encoder_spec, self.decoder_spec, self.io_binding)
+        twin = OrtBackend(self.encoder, self.decoder, self.encoder_spec, self.decoder_spec, self.io_binding)
+        twin._helpers, twin._helpers_lock = self._helpers, self._helpers_lock
+        return twin
 
     def _to_device(self, value: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), self.device, 0)
