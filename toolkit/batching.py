@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -84,7 +84,8 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) 
     return out
 
 
-def _decode_concurrently(decode, backends: list[StepBackend], batches: list[list[int]]) -> None:
+def _decode_concurrently(decode: Callable[[StepBackend, list[int]], None], backends: list[StepBackend],
+                         batches: list[list[int]]) -> None:
     """Each backend's thread takes the next batch until none is left. On an error or Ctrl-C in
     any thread the others stop after their current batch, and the error is raised here."""
     pending = iter(batches)
