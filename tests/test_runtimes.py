@@ -101,3 +101,91 @@ def test_bench_times_openvino_beside_onnxruntime_on_the_same_sentences(cli, tmp_
 def test_bench_serve_refuses_openvino_instead_of_ignoring_it(cli):
     result = cli("bench", "--serve", "--runtime", "openvino")
     assert result.exit_code == 2 and "drop --runtime openvino" in result.output
+
+
+def test_openvino_runs_one_inference_of_a_compiled_graph_at_a_time(held_out):
+    """Concurrent streams once hung for good inside OpenVINO's InferRequest.infer (two sibling requests of
+    one compiled graph running at once, under load). Streams share the compiled graph's lock: count how
+    many inferences are ever inside OpenVINO at the same time."""
+    import threading
+    import time
+
+    from toolkit.batching import DecodeOptions, decode_ids
+    from toolkit.tokenizer import Tokenizer
+
+    m = manifest_mod.load(SHIPPED)
+    src = Tokenizer.load(m.tokenizer_path()).encode(held_out)
+    loaded = runtimes.load(m, "openvino")
+    inside: dict[int, int] = {}  # per compiled graph: inferences running now, and the most ever at once
+    most: dict[int, int] = {}
+    lock = threading.Lock()
+
+    class Counting:
+        def __init__(self, request, graph: int):
+            self.request, self.graph = request, graph
+
+        def infer(self, inputs):
+            with lock:
+                inside[self.graph] = inside.get(self.graph, 0) + 1
+                most[self.graph] = max(most.get(self.graph, 0), inside[self.graph])
+            try:
+                time.sleep(0.001)  # widen the window in which a second inference could enter
+                return self.request.infer(inputs)
+            finally:
+                with lock:
+                    inside[self.graph] -= 1
+
+    original_fork = type(loaded.sessions["decoder"]).fork
+
+    def counting_fork(session):
+        forked = original_fork(session)
+        forked.request = Counting(forked.request, id(session.compiled))
+        return forked
+
+    for s in loaded.sessions.values():
+        s.request = Counting(s.request, id(s.compiled))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(loaded.sessions["decoder"]), "fork", counting_fork)
+        out = decode_ids(loaded.backend(), src, DecodeOptions(batch_size=4, max_len=m.max_len, streams=3))
+    assert len(out) == len(src) and all(h[0].tokens for h in out)
+    # The encoder and the decoder are two compiled graphs: one stream may encode while another decodes.
+    assert sorted(most.values()) == [1, 1]
+
+
+STRESS = """
+import faulthandler, sys
+from toolkit import manifest, runtimes
+from toolkit.batching import DecodeOptions, decode_ids
+from toolkit.tokenizer import Tokenizer
+m = manifest.load(sys.argv[1])
+src = Tokenizer.load(m.tokenizer_path()).encode(sys.argv[3:])
+first = None
+for i in range(int(sys.argv[2])):
+    faulthandler.dump_traceback_later(60, exit=True)  # a round that hangs prints every thread's stack and exits 1
+    tokens = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src,
+                                              DecodeOptions(batch_size=2, max_len=m.max_len, streams=3))]
+    first = first or tokens
+    assert tokens == first, f"round {i} decoded other tokens"
+faulthandler.cancel_dump_traceback_later()
+print("rounds", i + 1)
+"""
+
+
+@pytest.mark.timeout(420)
+def test_openvino_concurrent_streams_finish_many_rounds_under_load(held_out):
+    """The concurrent-stream OpenVINO path, round after round with both cores busy, in a child process:
+    a hang there is this test failing with the child's stacks, not a stuck test run."""
+    import subprocess
+    import sys
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        proc = subprocess.run([sys.executable, "-c", STRESS, str(SHIPPED), "12", *held_out[:24]],
+                              capture_output=True, text=True, timeout=360)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"OpenVINO streams hung: {(e.stderr or b'')[-4000:]!r}")
+    finally:
+        for p in busy:
+            p.kill()
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split() == ["rounds", "12"]

@@ -6,6 +6,7 @@ Imports openvino and numpy, never torch: this is a deployment path.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,16 +43,24 @@ def version() -> str:
 
 class OvSession:
     """One compiled graph, with the part of onnxruntime.InferenceSession that tk's checks call:
-    `run(None, feeds)` (outputs in the graph's order) and `get_inputs()`."""
+    `run(None, feeds)` (outputs in the graph's order) and `get_inputs()`.
 
-    def __init__(self, compiled, input_names: list[str]):
+    Forks share the compiled graph and one lock: at most one inference of a compiled graph runs at a
+    time. Sibling infer requests of one compiled model, run synchronously from several decoding threads
+    at once, hung for good under load (OpenVINO 2026.4, CPU plugin, dynamic shapes, one CPU stream:
+    every request shares the stream's graph and its TBB arena; the test suite stopped with two threads
+    inside InferRequest.infer). The lock removes that interleaving; streams still overlap the numpy work
+    between steps, and each inference already uses every core the plugin was given."""
+
+    def __init__(self, compiled, input_names: list[str], lock: threading.Lock | None = None):
         self.compiled = compiled
         self.request = compiled.create_infer_request()
         self.input_names = input_names
+        self.lock = lock or threading.Lock()
 
     def fork(self) -> OvSession:
-        """The same compiled graph with its own infer request: a request runs one inference at a time."""
-        return OvSession(self.compiled, self.input_names)
+        """The same compiled graph with its own infer request, behind the same lock."""
+        return OvSession(self.compiled, self.input_names, self.lock)
 
     def get_inputs(self) -> list[SimpleNamespace]:
         return [SimpleNamespace(name=n) for n in self.input_names]
@@ -59,8 +68,11 @@ class OvSession:
     def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         # By position, not by name: a graph's outputs keep the ONNX order, while OpenVINO may name
         # them after the node that makes them (the fp16 graphs' output casts).
-        result = self.request.infer({n: np.ascontiguousarray(v) for n, v in feeds.items()})
-        return [np.array(result[out]) for out in self.compiled.outputs]
+        inputs = {n: np.ascontiguousarray(v) for n, v in feeds.items()}
+        with self.lock:
+            result = self.request.infer(inputs)
+            # Copied inside the lock: the result views the request's own output memory.
+            return [np.array(result[out]) for out in self.compiled.outputs]
 
 
 def compile_graph(source: Path | bytes, threads: int | None = None) -> OvSession:
