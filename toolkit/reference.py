@@ -29,6 +29,11 @@ def reference_kind(source: str) -> tuple[str, str]:
     return "graphs", GRAPHS_ONLY
 
 
+def describe_checkpoint(path: str | Path, sha256: str) -> str:
+    """What a checkpoint was, not where it lay (reports and manifests travel to other machines)."""
+    return f"{Path(path).name} (sha256 {sha256[:12]})"
+
+
 def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path | None = None):
     """(registry entry, config, model in eval mode, where the weights came from).
 
@@ -49,7 +54,7 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
         if ckpt["model"] != m.model:
             raise UsageError(f"--checkpoint {checkpoint_path} holds a '{ckpt['model']}' model, but {m.directory} is a '{m.model}' model")
         _, cfg, model = checkpoint.build_model(ckpt)
-        source = f"checkpoint {ckpt['path']} (given with --checkpoint)"
+        source = f"checkpoint {describe_checkpoint(ckpt['path'], checkpoint.sha256(ckpt['path']))} (given with --checkpoint)"
         echo(f"reference: {source}")
         return entry, cfg, model.eval(), source
     if record.random_init:
@@ -57,7 +62,7 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
         model, source = entry.build(cfg), f"random init, seed {record.seed or 0}"
     elif record.path and Path(record.path).is_file() and checkpoint.sha256(record.path) == record.sha256:
         _, cfg, model = checkpoint.build_model(checkpoint.load(record.path))
-        source = f"checkpoint {record.path}"
+        source = f"checkpoint {describe_checkpoint(record.path, record.sha256)}"
     else:
         # A shipped model's checkpoint is not on this machine, or training has moved it on since export.
         why = "changed since export" if record.path and Path(record.path).is_file() else "not on this machine"
@@ -92,6 +97,15 @@ def _gru_biases(graph: onnx.GraphProto) -> dict[str, torch.Tensor]:
     inits = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
 
+    def constant(name: str) -> np.ndarray | None:
+        # The exporter may hand B to the GRU through shape-only nodes (an Unsqueeze of a folded constant).
+        while name not in inits:
+            node = producer.get(name)
+            if node is None or node.op_type not in ("Unsqueeze", "Reshape", "Identity", "Squeeze"):
+                return None
+            name = node.input[0]
+        return onnx.numpy_helper.to_array(inits[name])
+
     def parameters_behind(name: str, seen: set) -> set[str]:
         if name in seen:
             return set()
@@ -103,13 +117,14 @@ def _gru_biases(graph: onnx.GraphProto) -> dict[str, torch.Tensor]:
 
     out = {}
     for node in graph.node:
-        if node.op_type != "GRU" or len(node.input) < 4 or node.input[3] not in inits:
+        b = constant(node.input[3]) if node.op_type == "GRU" and len(node.input) >= 4 and node.input[3] else None
+        if b is None:
             continue
         weights = parameters_behind(node.input[1], set())
         if len(weights) != 1 or "weight_ih" not in next(iter(weights)):
             continue
         name = next(iter(weights))
-        b = onnx.numpy_helper.to_array(inits[node.input[3]]).reshape(-1)
+        b = b.reshape(-1)
         h = b.size // 6
         for half, kind in ((b[: 3 * h], "bias_ih"), (b[3 * h:], "bias_hh")):
             z, r, n = half[:h], half[h: 2 * h], half[2 * h:]
