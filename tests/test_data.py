@@ -253,9 +253,36 @@ def test_locate_honours_env_var_and_explicit_path_wins(tmp_path, monkeypatch):
     assert "gone.zip" in message and "TK_DATA" in message
 
 
+def test_find_order_data_env_shared_cache(tmp_path, monkeypatch):
+    """--data, then $TK_DATA, then ../shared/data beside the working directory, then the cache; each named."""
+    work = tmp_path / "clone"
+    work.mkdir()
+    shared = tmp_path / "shared" / "data" / "fra-eng.zip"
+    shared.parent.mkdir(parents=True)
+    _write_zip(shared, TINY_TEXT)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _write_zip(cache / "fra-eng.zip", TINY_TEXT)
+    explicit = tmp_path / "explicit.txt"
+    explicit.write_bytes(TINY_TEXT)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TK_CACHE_DIR", str(cache))
+    monkeypatch.setenv("TK_DATA", str(explicit))
+    assert data.find(explicit) == (explicit, "--data")
+    assert data.find() == (explicit, "$TK_DATA")
+    monkeypatch.delenv("TK_DATA")
+    monkeypatch.setattr(data, "__file__", str(tmp_path / "elsewhere" / "toolkit" / "data.py"))
+    assert data.find()[0].resolve() == shared.resolve()
+    assert "../shared/data" in data.find()[1]
+    shared.unlink()
+    assert data.find() == (cache / "fra-eng.zip", "the cache")
+    assert data.describe(data.load_corpus()).endswith("(the cache)")
+
+
 def test_locate_without_any_corpus_and_no_download(tmp_path, monkeypatch):
     monkeypatch.delenv("TK_DATA", raising=False)
-    monkeypatch.setattr(data, "CACHE", tmp_path / "cache" / "fra-eng.zip")
+    monkeypatch.setenv("TK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "shared_files", lambda: [])
     with pytest.raises(DataError) as err:
         data.locate(download=False)
     message = _one_line(err)
@@ -376,7 +403,8 @@ def test_locate_downloads_into_the_cache_when_nothing_else_is_found(tmp_path, mo
     source = _write_zip(tmp_path / "mirror.zip", TINY_TEXT)
     cache = tmp_path / "cache" / "fra-eng.zip"
     monkeypatch.delenv("TK_DATA", raising=False)
-    monkeypatch.setattr(data, "CACHE", cache)
+    monkeypatch.setenv("TK_CACHE_DIR", str(cache.parent))
+    monkeypatch.setattr(data, "shared_files", lambda: [])
     monkeypatch.setattr(data, "CORPUS_URL", source.as_uri())
     monkeypatch.setattr(data, "CORPUS_SHA256", hashlib.sha256(TINY_TEXT).hexdigest())
     assert data.locate() == cache

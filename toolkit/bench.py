@@ -105,7 +105,8 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
           textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
           runtimes: list[str] = ("onnxruntime",), threads: int | None = None, ct2: bool | None = None,
-          ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None, streams: int | None = None) -> list[Result]:
+          ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None, streams: int | None = None,
+          data: str | None = None) -> list[Result]:
     """`variants`: which graph variants to time on each runtime [default: see bench_variants].
 
     `runtimes`: onnxruntime (on every provider) and/or openvino (its CPU plugin), timed in the same turns.
@@ -120,16 +121,22 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     from toolkit.reference import load_reference
     from toolkit.tokenizer import Tokenizer
     from toolkit.torch_backend import TorchBackend
-    from toolkit.verify import test_sentences
+    from toolkit.verify import held_out_sentences
 
     m = manifest_mod.load(model_dir)
     entry, cfg, model, _ = load_reference(m)
     specs = m.specs()
     tokenizer = Tokenizer.load(m.tokenizer_path())
-    english, origin = test_sentences(m, sentences)
+    english, origin = held_out_sentences(sentences, data)
     src = [s[: m.max_len] for s in tokenizer.encode(english)]
     echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
          f"median of {repeat} timed runs per row")
+    ran = sorted({min(b, len(src)) for b in batch_sizes})
+    if ran != sorted(set(batch_sizes)):
+        # A batch larger than the sentences decoded would be timed as a smaller one: report what runs.
+        echo(f"batch sizes {', '.join(map(str, sorted(set(batch_sizes))))} run as {', '.join(map(str, ran))}: "
+             f"only {len(src)} sentences (--sentences, --data)")
+    batch_sizes = ran
     backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
     loads: dict[tuple, object] = {}
 

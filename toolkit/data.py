@@ -20,7 +20,8 @@ CORPUS_URL = "http://d2l-data.s3-accelerate.amazonaws.com/fra-eng.zip"
 # sha256 of fra-eng/fra.txt: the zip differs between mirrors, the text does not.
 CORPUS_SHA256 = "0bb85dbaa1c896844649094d7eaf2e34bee34e84fe362b26ce7e8f2e12aae104"
 ENV_VAR = "TK_DATA"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tk" / "fra-eng.zip"
+# Beside a clone of this repository, or beside the working directory: where the project's data lives.
+SHARED = Path("shared") / "data" / "fra-eng.zip"
 MEMBER = "fra-eng/fra.txt"
 
 # Split by a hash of the English sentence: stable when the corpus grows, and
@@ -36,21 +37,51 @@ class Corpus:
     source: str
     sha256: str
     info: dict = field(default_factory=dict)
+    origin: str = ""  # how the file was found: "--data", "$TK_DATA", "beside the repository", "the cache", "downloaded"
 
 
-def locate(path: str | Path | None = None, download: bool = True) -> Path:
-    """The corpus file: an explicit path, else $TK_DATA, else the user cache, else a download."""
+def cache_file() -> Path:
+    """The downloaded corpus, in tk's user cache directory (TK_CACHE_DIR moves it)."""
+    from toolkit import load_cache
+
+    return (load_cache.directory() or load_cache.default_directory()) / "fra-eng.zip"
+
+
+def shared_files() -> list[Path]:
+    """../shared/data/fra-eng.zip beside the working directory and beside this repository's clone."""
+    roots = [Path.cwd().parent, Path(__file__).resolve().parents[2]]
+    found: list[Path] = []
+    for root in roots:
+        p = root / SHARED
+        if p.is_file() and all(p.resolve() != q.resolve() for q in found):
+            found.append(p)
+    return found
+
+
+def find(path: str | Path | None = None, download: bool = True) -> tuple[Path, str]:
+    """(the corpus file, how it was found), the one search every command uses: an explicit path
+    (--data), else $TK_DATA, else ../shared/data/fra-eng.zip when it is there, else the user cache,
+    else a download into the cache whose fra.txt must match the published sha256."""
     for candidate, origin in ((path, "--data"), (os.environ.get(ENV_VAR), f"${ENV_VAR}")):
         if candidate:
             p = Path(candidate).expanduser()
             if not p.is_file():
                 raise DataError(f"corpus file {p} (from {origin}) does not exist; pass the path of fra-eng.zip or fra.txt")
-            return p
-    if CACHE.is_file():
-        return CACHE
+            return p, origin
+    shared = shared_files()
+    if shared:
+        return shared[0], "../shared/data"
+    cache = cache_file()
+    if cache.is_file():
+        return cache, "the cache"
     if not download:
-        raise DataError(f"no corpus found; pass --data PATH, set ${ENV_VAR}, or allow the download to {CACHE}")
-    return fetch(CORPUS_URL, CACHE)
+        raise DataError(f"no corpus found; pass --data PATH, set ${ENV_VAR}, or put fra-eng.zip in ../shared/data or {cache.parent}")
+    return fetch(CORPUS_URL, cache), "downloaded"
+
+
+def locate(path: str | Path | None = None, download: bool = True) -> Path:
+    """The corpus file (see find)."""
+    return find(path, download)[0]
 
 
 def fetch(url: str, dest: Path) -> Path:
@@ -135,7 +166,7 @@ def split_of(english: str) -> str:
 def load_corpus(path: str | Path | None = None, exclude: Path | None = None, download: bool = True) -> Corpus:
     """Loads and splits the corpus; English sentences of `exclude` (a held-out public
     test set) are removed from train and valid so scores on it are honest."""
-    source = locate(path, download)
+    source, origin = find(path, download)
     pairs, digest = read_pairs(source)
     banned = {en for en, _ in read_challenge_test(exclude)} if exclude else set()
     splits: dict[str, list[tuple[str, str]]] = {"train": [], "valid": [], "test": []}
@@ -154,7 +185,12 @@ def load_corpus(path: str | Path | None = None, exclude: Path | None = None, dow
         "excluded_challenge_pairs": removed,
         "test_english_sha256": hashlib.sha256("\n".join(test_en).encode()).hexdigest(),
     }
-    return Corpus(splits, str(Path(source).resolve()), digest, info)
+    return Corpus(splits, str(Path(source).resolve()), digest, info, origin)
+
+
+def describe(corpus: Corpus) -> str:
+    """How commands name the corpus they read: 'corpus: PATH (from $TK_DATA)'."""
+    return f"corpus: {corpus.source} ({corpus.origin})"
 
 
 def references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:

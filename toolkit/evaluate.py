@@ -21,6 +21,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     if model.built_s:
         echo(f"{variant} graphs: not stored in {directory}, built in memory from its fp32 graphs in {model.built_s:.2f}s")
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
+    echo(data.describe(corpus))
     trained_on = ((model.manifest.training and model.manifest.training.data) or {}).get("sha256", corpus.sha256)
     if corpus.sha256 != trained_on:
         echo("warning: this corpus differs from the one the model was trained on; the test split may not be held out")
@@ -70,6 +71,7 @@ def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: 
 
     model = open_model(directory, "cpu", variant, threads=threads)
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
+    echo(data.describe(corpus))
     english, refs = data.references(corpus.splits["test"])
     english, refs = english[:limit], refs[:limit]
     text = TextOptions(enabled=not raw)

@@ -43,6 +43,11 @@ def directory() -> Path | None:
     """The cache directory, or None when caching is turned off."""
     if os.environ.get("TK_NO_CACHE", "") not in ("", "0"):
         return None
+    return default_directory()
+
+
+def default_directory() -> Path:
+    """$TK_CACHE_DIR, else $XDG_CACHE_HOME/tk, else ~/.cache/tk."""
     if os.environ.get("TK_CACHE_DIR"):
         return Path(os.environ["TK_CACHE_DIR"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tk"

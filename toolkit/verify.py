@@ -36,11 +36,11 @@ from toolkit.verify_checks import (  # noqa: F401
     case_label,
     check_weights,
     compare_translations,
+    held_out_sentences,
     prefix_log_probs,
     static_check,
     sweep_cases,
     sweep_inputs,
-    test_sentences,
 )
 from toolkit.verify_compare import (  # noqa: F401
     RunFailure,
@@ -64,10 +64,9 @@ def environment(providers: list[str]) -> dict:
            "python": platform.python_version(), "machine": f"{platform.machine()} {platform.system()}",
            "providers": providers, "available_providers": ort.get_available_providers()}
     if "cuda" in providers:
-        try:
-            env["cuda"] = ort.get_build_info() if hasattr(ort, "get_build_info") else ort.get_device()
-        except Exception:  # informational only
-            pass
+        from toolkit.runtime import gpu_environment
+
+        env.update(gpu_environment())
     return env
 
 
@@ -77,9 +76,11 @@ def is_digest(text: str) -> bool:
 
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
            rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
-           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = "onnxruntime") -> Report:
+           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = "onnxruntime",
+           data: str | Path | None = None) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
-    in the provider column ("openvino-cpu"); ONNX Runtime's stay "cpu"/"cuda"."""
+    in the provider column ("openvino-cpu"); ONNX Runtime's stay "cpu"/"cuda". `data`: the corpus whose
+    held-out split is decoded (default: toolkit.data.find's search)."""
     from toolkit import runtime as ort_runtime
     from toolkit import runtimes
     from toolkit.tokenizer import Tokenizer
@@ -172,7 +173,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
 
     tok_path = m.tokenizer_path()
     if m.kind == "seq2seq" and tok_path is not None and sentences > 0:
-        english, origin = test_sentences(m, sentences)
+        english, origin = held_out_sentences(sentences, data)
         echo(f"decoding {len(english)} sentences from the {origin}")
         tokenizer = Tokenizer.load(tok_path)
         src_ids = [ids[:max_len] for ids in tokenizer.encode(english)]

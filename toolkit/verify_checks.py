@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from toolkit import manifest as manifest_mod
 from toolkit.decoding import StepBackend, greedy
 from toolkit.errors import UsageError
 from toolkit.graphs import NP_DTYPES, GraphSpec, make_inputs
@@ -114,17 +113,19 @@ class ParityBackend(StepBackend):
         """More checks of each run's outputs (the attention variant's probabilities)."""
 
 
-def test_sentences(m: manifest_mod.Manifest, n: int) -> tuple[list[str], str]:
-    """English sentences of the held-out test split, else a fixed fallback list."""
+def held_out_sentences(n: int, data_path: str | Path | None = None) -> tuple[list[str], str]:
+    """English sentences of the held-out test split of the corpus (found as every command finds it,
+    toolkit.data.find), else a fixed list. The second item says which, for the command's output."""
     from toolkit import data
 
-    source = ((m.training and m.training.data) or {}).get("source")
     try:
-        corpus = data.load_corpus(source if source and Path(source).is_file() else None, download=False)
-        english, _ = data.references(corpus.splits["test"])
-        return english[:n], f"test split of {corpus.source}"
+        corpus = data.load_corpus(data_path, download=False)
     except UsageError:
-        return FALLBACK_SENTENCES[:n], "built-in sentences (corpus not found)"
+        if data_path is not None:
+            raise  # asked for by name: its problem is the answer
+        return FALLBACK_SENTENCES[:n], "built-in sentences (no corpus found: pass --data PATH or set $TK_DATA for the held-out split)"
+    english, _ = data.references(corpus.splits["test"])
+    return english[:n], f"test split of {data.describe(corpus)}"
 
 
 def prefix_log_probs(backend, src: list[int], prefix: list[int]) -> np.ndarray:
