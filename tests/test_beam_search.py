@@ -95,3 +95,35 @@ def test_vectorised_beam_search_equals_the_per_sentence_loop(seed):
     got = beam_search(RandomSteps(vocab, seed), src, **args)
     want = reference_beam_search(RandomSteps(vocab, seed), src, **args)
     assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == [[(h.tokens, h.score) for h in hyps] for hyps in want]
+
+
+class Scripted(StepBackend):
+    """Each sentence (its first source token) has a fixed favourite next token: EOS, a repeated word, or a count."""
+
+    def encode(self, src, src_len):
+        return {"kind": src[:, 0].copy(), "t": np.zeros(len(src), dtype=np.int64)}
+
+    def step(self, token, state):
+        vocab = 40
+        logits = np.full((len(token), vocab), -5.0, dtype=np.float32)
+        for row, (kind, t) in enumerate(zip(state["kind"], state["t"])):
+            favourite = {1: EOS if t >= 2 else 7, 2: 9, 3: 10 + t % 20}[int(kind)]  # ends / loops / counts on
+            logits[row, favourite] = 0.0
+        return logits, {"kind": state["kind"], "t": state["t"] + 1}
+
+    def select(self, state, rows):
+        return {k: v[rows] for k, v in state.items()}
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_each_hypothesis_says_which_guard_ended_it(beam):
+    """EOS: nothing to say; a repeated word: the loop guard; a long non-repeating run: the length limit."""
+    from toolkit.decoding import translate_ids
+
+    src = [[1, 5], [2, 5], [3, 5]]
+    limits = np.array([30, 30, 6])
+    guarded = [h[0] for h in translate_ids(Scripted(), src, 30, beam=beam, limits=limits, loop_guard=True)]
+    assert [h.stopped for h in guarded] == ["", "loop", "length"]
+    assert guarded[0].tokens == [7, 7] and len(guarded[2].tokens) == 6
+    unguarded = [h[0] for h in translate_ids(Scripted(), src, 30, beam=beam, limits=None, loop_guard=False)]
+    assert [h.stopped for h in unguarded] == ["", "length", "length"]

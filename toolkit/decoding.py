@@ -7,7 +7,7 @@ beams are reordered). Everything here is numpy; no torch is imported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,8 @@ def top_k_rows(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 class Hypothesis:
     tokens: list[int]
     score: float  # sum of token log-probabilities, EOS included when finished
+    # What ended it: "" (it emitted EOS), "length" (its length limit) or "loop" (the loop guard).
+    stopped: str = field(default="", compare=False)
 
     def normalized(self, alpha: float) -> float:
         """GNMT length penalty ((5 + n) / 6)^alpha: beam search otherwise favours short output."""
@@ -86,6 +88,7 @@ def empty_cache(decoder: GraphSpec, encoder_outputs: dict, batch: int) -> dict[s
 # A hypothesis loops when its last token came 4 times in a row, or its last 2-, 3- or 4-token
 # group 3 times in a row ("bonjour bonjour bonjour" is three 2-piece groups).
 LOOP_RULES = ((1, 4), (2, 3), (3, 3), (4, 3))
+STOPPED = ("", "length", "loop")  # Hypothesis.stopped, indexed by the codes the search loops record
 
 
 def loop_cut(tokens: np.ndarray) -> np.ndarray:
@@ -124,6 +127,7 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
     max_len = int(limits.max())
     scores = np.zeros(n)
     out = np.full((n, max_len), EOS, dtype=np.int64)  # each sentence's tokens; EOS from where it stopped
+    why = np.zeros(n, dtype=np.int8)  # index into STOPPED
     alive = np.arange(n)
     token = np.full(n, BOS, dtype=np.int64)
     for t in range(max_len):
@@ -132,10 +136,12 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
         scores[alive] += values[:, 0]
         out[alive, t] = token
         running = (token != EOS) & (t + 1 < limits[alive])
+        why[alive[(token != EOS) & ~running]] = 1
         if loop_guard:
             cut = loop_cut(out[alive, : t + 1])
             for row in np.flatnonzero(cut >= 0):
                 out[alive[row], cut[row] :] = EOS
+            why[alive[cut >= 0]] = 2
             running &= cut < 0
         keep = np.flatnonzero(running)
         if len(keep) == 0:
@@ -145,7 +151,7 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
             state = backend.select(state, keep)
     stopped = out == EOS
     ends = np.where(stopped.any(1), stopped.argmax(1), max_len)
-    return [Hypothesis(out[i, : ends[i]].tolist(), float(scores[i])) for i in range(n)]
+    return [Hypothesis(out[i, : ends[i]].tolist(), float(scores[i]), STOPPED[why[i]]) for i in range(n)]
 
 
 def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 4,
@@ -179,6 +185,7 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
     done_tokens = np.zeros((n, beam, max_len), dtype=np.int64)
     done_len = np.zeros((n, beam), dtype=np.int64)
     done_scores = np.zeros((n, beam))
+    done_why = np.zeros((n, beam), dtype=np.int8)  # index into STOPPED
     done_count = np.zeros(n, dtype=np.int64)
     active = np.arange(n)  # sentences still searching, in state row order; each owns live_count rows
     token = np.full(n, BOS, dtype=np.int64)
@@ -208,10 +215,12 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
         seqs = np.concatenate([prefix, toks[..., None]], axis=-1)
         lengths = np.where(eos, step, step + 1)
         finishes = eos | (step >= limits[active] - 1)[:, None]
+        why = np.where(eos, 0, 1).astype(np.int8)
         if loop_guard:
             cut = loop_cut(seqs.reshape(a * width, step + 1)).reshape(a, width)
             lengths = np.where(cut >= 0, cut, lengths)
             finishes |= cut >= 0
+            why = np.where(~eos & (cut >= 0), 2, why).astype(np.int8)
         finishes &= valid
         going = valid & ~finishes
         # A sentence takes candidates up to and including the first that gives it `beam`
@@ -229,6 +238,7 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
         done_tokens[sents, d_slot, : step + 1] = seqs[s_idx, c_idx]
         done_len[sents, d_slot] = lengths[s_idx, c_idx]
         done_scores[sents, d_slot] = scores[s_idx, c_idx]
+        done_why[sents, d_slot] = why[s_idx, c_idx]
         done_count[active] += finishes.sum(1)
         still = (done_count[active] < beam) & going.any(1)
         going &= still[:, None]
@@ -244,10 +254,10 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
         active = active[still]
         state = backend.select(state, rows)
         token = toks[s_idx, c_idx]
-    return _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_count, alpha, n_best)
+    return _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_why, done_count, alpha, n_best)
 
 
-def _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_count,
+def _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_why, done_count,
           alpha: float, n_best: int) -> list[list[Hypothesis]]:
     """Each sentence's n_best finished hypotheses by normalised score (its live ones if none finished)."""
     # A sentence with none finished never took a step (every candidate finishes at its length
@@ -257,10 +267,12 @@ def _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scor
     count = np.where(none, live_count, done_count)
     lengths = np.where(none[:, None], 0, done_len)
     scores = np.where(none[:, None], live_scores, done_scores)
+    why = np.where(none[:, None], 1, done_why)
     norm = scores / (((5 + lengths + 1) / 6) ** alpha)
     norm[np.arange(tokens.shape[1])[None, :] >= count[:, None]] = -np.inf
     order = np.argsort(-norm, axis=1, kind="stable")[:, :n_best]
-    return [[Hypothesis(tokens[s, j, : lengths[s, j]].tolist(), float(scores[s, j])) for j in order[s, : min(n_best, count[s])]]
+    return [[Hypothesis(tokens[s, j, : lengths[s, j]].tolist(), float(scores[s, j]), STOPPED[why[s, j]])
+             for j in order[s, : min(n_best, count[s])]]
             for s in range(len(count))]
 
 

@@ -86,7 +86,8 @@ class Stats:
     lines: int = 0
     sentences: int = 0
     target_tokens: int = 0
-    truncated: list[int] = field(default_factory=list)
+    truncated: list[int] = field(default_factory=list)  # line numbers whose input was cut to the model's maximum
+    guarded: list[int] = field(default_factory=list)  # line numbers whose output a length or loop guard ended
     seconds: float = 0.0
 
 
@@ -119,19 +120,22 @@ class Translation:
     score: float  # log-probability, length-normalised with the options' alpha
     tokens: int  # target subword tokens
     source_tokens: int  # after truncation to the model's maximum; 0 for an empty line
+    sentences: int = 0  # sentences decoded for it (a line may hold several; an empty one none)
+    stopped: str = ""  # "length" or "loop" when a guard ended one of its sentences (decoding.Hypothesis.stopped)
 
 
 def translate_batch(t: Translator, texts: list[str], opts: DecodeOptions, backend: object | None = None,
                     warn: Callable[[str], None] = lambda s: None, strict: bool = False,
                     first_lineno: int = 1, truncated: list[int] | None = None,
-                    text: TextOptions = TextOptions()) -> list[list[Translation]]:
+                    text: TextOptions = TextOptions(), guarded: list[int] | None = None) -> list[list[Translation]]:
     """The n-best translations of each text, in input order: the one entry point from text to text
     that `tk translate`, `tk evaluate`, the server and corpus translation share.
 
     Each line is cleaned and split into sentences (toolkit.textprep), all sentences of all lines
     are decoded in one length-sorted batch, and each line's sentences are joined back. A sentence
     longer than the model's maximum is truncated with a warning naming its line (its number is
-    appended to `truncated`), or refused with strict.
+    appended to `truncated`), or refused with strict. A best translation that a length or loop guard
+    ended is warned about the same way (its line number appended to `guarded`).
     """
     backend = backend or t.backend()
     limit = t.manifest.max_len
@@ -151,8 +155,28 @@ def translate_batch(t: Translator, texts: list[str], opts: DecodeOptions, backen
     per_line: list[list[tuple[textprep.Segment, list[Translation]]]] = [[] for _ in texts]
     for (i, seg), seq, nbest in zip(flat, ids, decode_ids(backend, ids, opts)):
         decoded = t.tokenizer.decode([h.tokens for h in nbest])
-        per_line[i].append((seg, [Translation(out, h.normalized(opts.alpha), len(h.tokens), len(seq)) for h, out in zip(nbest, decoded)]))
+        if nbest[0].stopped and seq:
+            lineno = first_lineno + i
+            warn(f"warning: line {lineno}: {guard_note(nbest[0], len(seq), opts)}")
+            if guarded is not None and lineno not in guarded:
+                guarded.append(lineno)
+        per_line[i].append((seg, [Translation(out, h.normalized(opts.alpha), len(h.tokens), len(seq), int(bool(seq)), h.stopped)
+                                  for h, out in zip(nbest, decoded)]))
     return [_join_line(parts, opts.n_best) for parts in per_line]
+
+
+def guard_note(h, source_tokens: int, opts: DecodeOptions) -> str:
+    """Which guard ended a translation, and how to lift it."""
+    from toolkit.decoding import length_limits
+
+    if h.stopped == "loop":
+        return (f"the loop guard ended its translation after {len(h.tokens)} tokens (it began repeating itself); "
+                "--no-loop-guard turns it off")
+    limit = int(length_limits([[0] * source_tokens], opts.max_len, opts.max_len_a, opts.max_len_b)[0])
+    if opts.max_len_a is not None and limit < opts.max_len:
+        return (f"the length guard ended its translation at {limit} tokens ({opts.max_len_a:g} x {source_tokens} source "
+                f"tokens + {opts.max_len_b}); it may be cut short: raise --max-len-a or --max-len-b")
+    return f"the length limit ended its translation at {limit} tokens; it may be cut short: raise --max-len up to the model's maximum"
 
 
 def _join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int) -> list[Translation]:
@@ -165,28 +189,31 @@ def _join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: 
         picks = [(seg, hyps[min(k, len(hyps) - 1)]) for seg, hyps in parts]
         out.append(Translation(textprep.join([textprep.finish(seg, h.text) for seg, h in picks]),
                                sum(h.score for _, h in picks) / len(picks), sum(h.tokens for _, h in picks),
-                               sum(h.source_tokens for _, h in picks)))
+                               sum(h.source_tokens for _, h in picks), sum(h.sentences for _, h in picks),
+                               next((h.stopped for _, h in picks if h.stopped), "")))
     return out
 
 
 def translate_lines(t: Translator, lines: Iterable[tuple[int, str]], write: Callable[[str], None], opts: DecodeOptions,
                     strict: bool = False, warn: Callable[[str], None] = lambda s: None,
-                    progress: Callable[[int], None] = lambda n: None, text: TextOptions = TextOptions()) -> Stats:
-    """Translates line by line in input order; one output line (or n-best block) per input line."""
+                    progress: Callable[[int], None] = lambda n: None, text: TextOptions = TextOptions(),
+                    chunk_lines: int = CHUNK_LINES) -> Stats:
+    """Translates line by line in input order; one output line (or n-best block) per input line.
+    `progress` gets the number of lines of each chunk of `chunk_lines` as it is written."""
     stats = Stats()
     start = time.perf_counter()
     backend = t.backend()
-    for chunk in chunks(lines, CHUNK_LINES):
+    for chunk in chunks(lines, chunk_lines):
         texts = [text for _, text in chunk]
-        results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated, text)
+        results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated, text, stats.guarded)
         for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
                 for h in nbest:
                     write(f"{lineno - 1} ||| {one_line(h.text)} ||| {h.score:.4f}")
             else:
                 write(one_line(nbest[0].text))
-            stats.sentences += bool(nbest[0].source_tokens)
-            stats.target_tokens += nbest[0].tokens if nbest[0].source_tokens else 0
+            stats.sentences += nbest[0].sentences
+            stats.target_tokens += nbest[0].tokens
         stats.lines += len(chunk)
         progress(len(chunk))
     stats.seconds = time.perf_counter() - start
