@@ -157,3 +157,30 @@ def test_progress_rate_and_eta_count_only_this_runs_lines():
     now[0] = 10.0
     p.shard_finished(1000)
     assert seen == ["shards 2/4, 2,000/4,000 lines, 100.0 lines/s, ETA 0:00:20"]
+
+
+def test_progress_is_reported_inside_a_long_shard(cli, tiny_export, ray_address, english, tmp_path):
+    """One shard of 1,500 lines: progress lines come while it runs, not only when it ends."""
+    src = tmp_path / "long.txt"
+    src.write_text("\n".join(english[i % len(english)] for i in range(1500)) + "\n", encoding="utf-8")
+    result = run(cli, tiny_export, src, tmp_path / "out", "--progress-seconds", 0.1)
+    assert result.exit_code == 0, result.output
+    running = [line for line in result.output.splitlines() if line.endswith("(shards running)")]
+    assert running, result.output
+    assert running[0].startswith("shards 0/1, ") and "/1,500 lines" in running[0]
+    assert "shards 1/1, 1,500/1,500 lines" in result.output
+
+
+def test_progress_counts_lines_of_running_shards():
+    from toolkit.corpus.progress import Progress
+
+    now = [0.0]
+    seen: list[str] = []
+    p = Progress(2, 2000, 0, 0, seen.append, now=lambda: now[0], every=5.0)
+    now[0] = 2.0
+    assert p.translating(256) is None  # within 5 s of the start: quiet
+    now[0] = 10.0
+    assert p.translating(512) == "shards 0/2, 512/2,000 lines, 51.2 lines/s, ETA 0:00:29 (shards running)"
+    now[0] = 20.0
+    p.shard_finished(1000)
+    assert seen[-1] == "shards 1/2, 1,000/2,000 lines, 50.0 lines/s, ETA 0:00:20"

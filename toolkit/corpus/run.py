@@ -34,6 +34,7 @@ class CorpusJob:
     shard_lines: int = 8192
     column: str | None = None
     address: str | None = None
+    progress_seconds: float = 10.0  # the longest wait between two progress lines while shards run
 
 
 @dataclass
@@ -101,7 +102,8 @@ def translate_corpus(job: CorpusJob, say: Callable[[str], None] = lambda m: None
     say(f"{len(sources)} input file(s), {p.total_lines:,} lines in {len(p.shards)} shards of {job.shard_lines:,}; "
         f"{resumed} already done" + (f", {len(pending)} to translate" if pending else ""))
     start = time.perf_counter()
-    progress = Progress(len(p.shards), p.total_lines, resumed, sum(s.lines for s in p.shards if s.status == "done"), say)
+    progress = Progress(len(p.shards), p.total_lines, resumed, sum(s.lines for s in p.shards if s.status == "done"), say,
+                        every=job.progress_seconds)
     if pending:
         _run_pool(job, p, pending, progress, say)
     seconds = time.perf_counter() - start
@@ -128,14 +130,16 @@ def _run_pool(job: CorpusJob, p: shards.Plan, pending: list[shards.Shard], progr
     rows = [{"shard": s.id, "path": p.sources[s.source].path, "kind": p.sources[s.source].kind,
              "column": p.sources[s.source].column or "", "first_line": s.first_line, "lines": s.lines, "offset": s.offset,
              "input_sha256": s.input_sha256} for s in pending]
+    counter = ray.remote(num_cpus=0)(LineCounter).remote()
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # batch_size=1: a shard per call, so a shard's output reaches the driver (and its file) as soon as it is done.
     ds = ds.map_batches(ShardTranslator, batch_size=1, concurrency=workers, **resources,
                         fn_constructor_kwargs={"model_dir": str(Path(job.model_dir).resolve()), "provider": job.provider,
                                                "variant": job.variant, "threads": threads, "decode": job.decode,
                                                "text": job.text, "strict": job.strict,
-                                               "crash_once": os.environ.get(CRASH_ENV)})
+                                               "crash_once": os.environ.get(CRASH_ENV), "counter": counter})
     by_id = {s.id: s for s in pending}
+    watcher = _watch(counter, progress, min(2.0, job.progress_seconds))
     try:
         _collect(ds, by_id, p, job.out_dir, progress)
     except ray.exceptions.RayError as e:
@@ -144,6 +148,41 @@ def _run_pool(job: CorpusJob, p: shards.Plan, pending: list[shards.Shard], progr
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ShardsFailed(f"the Ray run stopped ({type(e).__name__}: {first}); rerun the same command to resume "
                            f"({done} of {len(p.shards)} shards are done and kept)") from None
+    finally:
+        watcher.set()
+        ray.kill(counter)
+
+
+class LineCounter:
+    """Lines translated by every worker of a run, so the driver can report progress inside shards."""
+
+    def __init__(self):
+        self.lines = 0
+
+    def add(self, lines: int) -> None:
+        self.lines += lines
+
+    def total(self) -> int:
+        return self.lines
+
+
+def _watch(counter, progress: Progress, every: float = 2.0):
+    """A daemon thread that polls the counter and passes it to progress; set the returned event to stop it."""
+    import threading
+
+    import ray
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(every):
+            try:
+                progress.translating(ray.get(counter.total.remote(), timeout=every))
+            except Exception:  # progress is best effort; the run's own errors surface in _collect
+                continue
+
+    threading.Thread(target=poll, name="tk-corpus-progress", daemon=True).start()
+    return stop
 
 
 def _collect(ds, by_id: dict[int, shards.Shard], p: shards.Plan, out_dir: Path, progress: Progress) -> None:

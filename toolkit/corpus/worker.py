@@ -19,6 +19,9 @@ from toolkit.corpus import inputs
 from toolkit.errors import ToolkitError
 from toolkit.textprep import TextOptions
 
+# Lines per chunk inside a shard: how often a worker reports progress (and sorts by length within).
+PROGRESS_LINES = 256
+
 # Test hook: "SHARD_ID:MARKER_FILE" makes the actor that gets that shard exit abruptly, once (the marker
 # records that it did), standing in for a node or process dying mid-shard.
 CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
@@ -26,7 +29,7 @@ CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
 
 class ShardTranslator:
     def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: dict, text: dict,
-                 strict: bool, crash_once: str | None = None):
+                 strict: bool, crash_once: str | None = None, counter=None):
         from toolkit.translate import open_model
 
         self.t = open_model(model_dir, provider, variant, threads=threads)
@@ -34,6 +37,7 @@ class ShardTranslator:
         self.text = TextOptions(**text)
         self.strict = strict
         self.crash_once = crash_once
+        self.counter = counter  # a LineCounter actor, or None
 
     def _maybe_crash(self, shard: int) -> None:
         if not self.crash_once:
@@ -57,12 +61,17 @@ class ShardTranslator:
             if len(raws) != lines or digest != row["input_sha256"]:
                 return "failed", "", f"{path} changed since the run was planned (lines {first}-{first + lines - 1}); rerun to re-plan"
             out: list[str] = []
-            translate_lines(self.t, inputs.decode(raws, first, path), out.append, self.opts, self.strict, text=self.text)
+            translate_lines(self.t, inputs.decode(raws, first, path), out.append, self.opts, self.strict, text=self.text,
+                            progress=self._report, chunk_lines=PROGRESS_LINES)
         except ToolkitError as e:
             return "failed", "", str(e)
         except OSError as e:
             return "failed", "", f"cannot read {path} ({e.strerror})"
         return "done", "".join(line + "\n" for line in out), None
+
+    def _report(self, lines: int) -> None:
+        if self.counter is not None:
+            self.counter.add.remote(lines)  # fire and forget: progress never waits on the driver
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = [{k: v[i] for k, v in batch.items()} for i in range(len(batch["shard"]))]
