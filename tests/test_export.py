@@ -63,6 +63,8 @@ def test_manifest_describes_the_directory(tiny_export, tiny_checkpoint):
     from toolkit.checkpoint import sha256
 
     assert d["checkpoint"]["sha256"] == sha256(tiny_checkpoint)
+    # What the checkpoint and corpus were, not where they lay (tests run them from a temporary directory).
+    assert d["checkpoint"]["path"] == tiny_checkpoint.name and d["training"]["data"]["source"] == "fra-eng.zip"
     assert "valid_bleu" in d["metrics"] and d["training"]["data"]["sha256"] == data.CORPUS_SHA256
     assert (tiny_export / "tokenizer.model").is_file()
     json.dumps(d)  # plain JSON, readable without tk

@@ -163,6 +163,16 @@ def locked(directory: Path):
         os.close(fd)
 
 
+def portable_path(path: str | Path) -> str:
+    """Where a checkpoint lay, as a manifest that travels may say it: relative to the directory export ran in
+    (verify finds it there on the machine that trained it), else its name alone; never another machine's path."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
 def export(opts: ExportOptions, echo=print) -> Path:
     """Writes the model directory; on any failure nothing is left at opts.out."""
     out = opts.out
@@ -268,7 +278,7 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         # Rebuilt by verify from the seed; the weights digest proves it got the same model.
         data["checkpoint"] = {"random_init": True, "seed": opts.seed, "weights_sha256": checkpoint.weights_sha256(model)}
     else:
-        data["checkpoint"] = {"path": str(Path(ckpt["path"]).resolve()), "sha256": checkpoint.sha256(ckpt["path"]),
+        data["checkpoint"] = {"path": portable_path(ckpt["path"]), "sha256": checkpoint.sha256(ckpt["path"]),
                               "weights_sha256": checkpoint.weights_sha256(model),
                               # The digest the checkpoint carried and load checked (None: an older checkpoint without one).
                               "checkpoint_weights_sha256": ckpt.get("weights_sha256")}

@@ -16,7 +16,7 @@ from toolkit.variants import BUILT, PLAIN
 
 FORMAT = "tk-export/1"
 # Revision of the layout within the format; `migrate` brings older manifests up to it.
-VERSION = 2
+VERSION = 3
 NAME = "manifest.json"
 
 
@@ -128,7 +128,9 @@ class Manifest:
     checkpoint: CheckpointRecord | None = None
     training: TrainingRecord | None = None
     metrics: dict = field(default_factory=dict)  # name -> result, e.g. "evaluation", "evaluation_int8"
-    verification: VerificationRecord | None = None  # "verify"
+    # "verify": one record per "runtime/provider" ("onnxruntime/cpu", "onnxruntime/cuda", "openvino/cpu"),
+    # so that verifying on one never erases the evidence of another.
+    verification: dict[str, VerificationRecord] = field(default_factory=dict)
     extra_files: list[FileRecord] = field(default_factory=list)
     attention: dict | None = None  # graph -> declared attention outputs
     opset: int | None = None
@@ -291,8 +293,9 @@ JSON_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", d
 
 
 def migrate(data: dict, path: Path) -> dict:
-    """The manifest in the current layout. Version 1 (the shipped models, before the version field)
-    has the same layout as version 2 and no "version"; a newer version than this tk knows is refused."""
+    """The manifest in the current layout. Version 1 (before the version field) has version 2's layout;
+    version 2 held one verification record, version 3 one per runtime and provider. A newer version
+    than this tk knows is refused."""
     version = data.get("version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise UsageError(f"{path}: 'version' must be a positive integer, got {version!r}; re-export the model directory")
@@ -300,7 +303,30 @@ def migrate(data: dict, path: Path) -> dict:
         raise UsageError(f"{path} has manifest version {version}, this tk reads up to {VERSION}; upgrade tk")
     if version == 1:
         data = {**data, "version": 2}
+    if data["version"] == 2:
+        data = {**data, "version": 3}
+        if isinstance(data.get("verify"), dict):
+            data["verify"] = split_verification(data["verify"])
     return data
+
+
+def verification_key(runtime: str, provider: str) -> str:
+    """'onnxruntime/cpu', 'openvino/cpu': a report row's provider column is 'cpu', 'cuda' or 'openvino-cpu'."""
+    return f"{runtime}/{provider.split('-', 1)[-1]}"
+
+
+def split_verification(record: dict) -> dict[str, dict]:
+    """A version-2 verification record (every provider of one run together) as version 3's per-provider records."""
+    runtime = "openvino" if "openvino" in record.get("environment", {}) else "onnxruntime"
+    providers = sorted({key.split("/")[2] for key in record.get("worst", {})}) or list(record.get("environment", {}).get("providers", ["cpu"]))
+    out = {}
+    for p in providers:
+        worst = {k: v for k, v in record.get("worst", {}).items() if k.split("/")[2] == p}
+        failures = sum(w.get("failed", 0) for w in worst.values())
+        out[verification_key(runtime, p)] = {**record, "worst": worst, "passed": record.get("passed", False) and not failures,
+                                             "checks": sum(w.get("checks", 0) for w in worst.values()) or record.get("checks", 0),
+                                             "failures": failures}
+    return out
 
 
 def load(directory: str | Path) -> Manifest:

@@ -262,6 +262,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     device = pick_device(opts.device)
 
     corpus = data.load_corpus(opts.data, Path(opts.exclude) if opts.exclude else None)
+    echo(data.describe(corpus))
     train_pairs = corpus.splits["train"]
     limit = opts.setting("limit_pairs")
     if limit:
@@ -318,7 +319,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
             "state_dict": final_state or live, "train_state_dict": live if final_state else None,
             "optimizer": optimizer.state_dict(), "progress": state, "rng": torch.get_rng_state(),
             "tokenizer": tokenizer.model_proto,
-            "data": {"source": corpus.source, "sha256": corpus.sha256, "split": corpus.info,
+            "data": {"source": Path(corpus.source).name, "sha256": corpus.sha256, "split": corpus.info,
                      "train_pairs_used": len(train_pairs), "exclude": opts.exclude},
             "train": {**provenance, "elapsed_s": state["elapsed"]},
             "metrics": state.get("metrics", {}),
