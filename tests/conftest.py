@@ -107,3 +107,17 @@ def assert_torch_free():
         assert proc.stdout.strip().endswith("torch-free")
 
     return run
+
+
+@pytest.fixture()
+def cuda_falls_back(monkeypatch):
+    """ONNX Runtime as it behaves where its CUDA provider cannot load: every session quietly runs on CPU."""
+    from toolkit import runtime
+
+    real = runtime.ort.InferenceSession
+
+    def cpu_only(path, options=None, providers=None, **kwargs):
+        return real(path, options, providers=["CPUExecutionProvider"], **kwargs)
+
+    monkeypatch.setattr(runtime.ort, "InferenceSession", cpu_only)
+    monkeypatch.setattr(runtime, "_cuda_probe", None)

@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -167,18 +168,55 @@ def test_non_utf8_input_fails_with_the_line_number_and_keeps_the_old_output(cli,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
 
 
-def test_cuda_fallback_is_refused_unless_allowed(cli, tiny_export):
-    from toolkit.runtime import cuda_available
-
+def test_cuda_fallback_is_refused_with_its_reason_unless_allowed(cli, tiny_export, cuda_falls_back):
     refused = cli("translate", "--model", tiny_export, "--provider", "cuda", "Go.")
-    if cuda_available():  # nothing falls back where CUDA loads
-        assert refused.exit_code == 0 and "on cuda" in refused.output
-        return
     assert refused.exit_code == 1
-    assert "fell back to CPU" in refused.output and "Traceback" not in refused.output
+    message = refused.output.strip().splitlines()[-1]
+    assert message.startswith("error: ONNX Runtime could not load its CUDA provider") and message.endswith("--allow-cpu-fallback runs on CPU)")
+    assert "Traceback" not in refused.output
     allowed = cli("translate", "--model", tiny_export, "--provider", "cuda", "--allow-cpu-fallback", "Go.")
     assert allowed.exit_code == 0
-    assert "CUDA unavailable, running on CPU" in allowed.output
+    assert "CUDA unavailable, running on CPU" in allowed.output and "on cpu (onnxruntime" in allowed.output
+
+
+def test_the_cuda_problem_is_named(monkeypatch):
+    """Which of the three usual reasons stops the CUDA provider: a CPU-only build, no driver, a missing library."""
+    import ctypes
+
+    from toolkit import runtime
+
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert "build without the CUDA provider" in runtime.cuda_problem() and ".[cuda]" in runtime.cuda_problem()
+    monkeypatch.undo()
+    monkeypatch.setattr(runtime, "_no_nvidia_device", lambda: True)
+    assert runtime.cuda_problem() == "no NVIDIA GPU or driver is visible (/dev/nvidiactl is missing)"
+    # With a driver: the library the provider cannot load, as the dynamic loader names it.
+    monkeypatch.setattr(runtime, "_no_nvidia_device", lambda: False)
+    capi = Path(runtime.ort.__file__).parent / "capi"
+    try:
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_cuda.so"))
+        loader_says = ""
+    except OSError as e:
+        loader_says = str(e).split(":")[0]
+    problem = runtime.cuda_problem()
+    assert (loader_says in problem and "LD_LIBRARY_PATH" in problem) if loader_says else problem == ""
+
+
+def test_cuda_sessions_preload_the_pip_cuda_libraries(monkeypatch, tiny_export):
+    """The cuda extra's nvidia-* packages are found without LD_LIBRARY_PATH: preload_dlls runs before a CUDA session."""
+    from toolkit import runtime
+
+    calls = []
+    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda *a, **k: calls.append(1) or print("noise"), raising=False)
+    monkeypatch.setattr(runtime, "_preloaded", False)
+    try:
+        runtime.create_session(tiny_export / "encoder.onnx", "cuda")
+    except runtime.ProviderError:
+        pass  # no GPU here: what matters is that the libraries were loaded before the session
+    assert calls == [1]
+    runtime.create_session(tiny_export / "encoder.onnx", "cpu")
+    assert calls == [1]  # once per process, and never for CPU sessions
 
 
 def test_default_provider_choice_is_printed(cli, tiny_export):
@@ -282,3 +320,21 @@ def test_the_cuda_io_binding_path_decodes_as_the_cpu_host_path(model, english):
                  DecodeOptions(beam=4, n_best=2, batch_size=8, max_len=model.manifest.max_len, loop_guard=True)):
         got = [[(h.tokens, round(h.score, 4)) for h in n] for n in decode_ids(bound, ids, opts)]
         assert got == [[(h.tokens, round(h.score, 4)) for h in n] for n in decode_ids(host, ids, opts)]
+
+
+def test_an_output_ended_by_a_guard_is_warned_about_and_counted(cli, tmp_path):
+    """A translation the length guard cut is named (line and guard) and counted; the summary counts sentences."""
+    src = tmp_path / "in.txt"
+    src.write_text("Go.\nThe old man who lived in the small house near the river said that he would come back tomorrow.\n"
+                   "Hello. How are you?\n", encoding="utf-8")
+    cut = cli("translate", "-i", src, "--max-len-a", "0.3", "--max-len-b", "0")
+    assert cut.exit_code == 0, cut.output
+    warnings = [line for line in cut.output.splitlines() if line.startswith("warning: line ")]
+    assert any(w.startswith("warning: line 2: the length guard ended its translation at") for w in warnings), cut.output
+    assert "raise --max-len-a or --max-len-b" in warnings[0]
+    lines_cut = {w.split(":")[1] for w in warnings}
+    summary = cut.output.strip().splitlines()[-1]
+    assert summary.startswith("3 lines, 4 sentences in ")
+    assert summary.endswith(f"; {len(lines_cut)} line{'s' if len(lines_cut) > 1 else ''} ended by a guard")
+    plain = cli("translate", "-i", src)
+    assert plain.exit_code == 0 and "warning" not in plain.output and "guard" not in plain.output

@@ -25,6 +25,7 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_FIX = ("ONNX Runtime could not load its CUDA provider and fell back to CPU; install the CUDA 13 and cuDNN 9 "
             "runtime libraries (or call onnxruntime.preload_dlls() with a CUDA build of torch installed), "
             "or use --provider cpu")
+CUDA_INSTALL = "pip install -e '.[cuda]' (onnxruntime-gpu with its CUDA and cuDNN pip packages)"
 
 # ONNX Runtime prints a multi-line warning when CUDA libraries are missing; tk reports it in one line instead.
 ort.set_default_logger_severity(4)
@@ -33,6 +34,92 @@ ort.set_default_logger_severity(4)
 def cuda_available() -> bool:
     """True only if a session really runs on CUDA, not merely if the provider is compiled in."""
     return PROVIDERS["cuda"] in ort.get_available_providers() and not _no_nvidia_device() and _probe_cuda()
+
+
+_preloaded = False
+
+
+def preload_cuda_libraries() -> None:
+    """Loads the CUDA and cuDNN libraries of the nvidia-* pip packages (the cuda extra), so the CUDA
+    provider finds them without LD_LIBRARY_PATH. Once per process; a no-op where ONNX Runtime lacks it."""
+    global _preloaded
+    if _preloaded or not hasattr(ort, "preload_dlls"):
+        return
+    _preloaded = True
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # its notes go to stdout, where translations go
+        try:
+            ort.preload_dlls()
+        except Exception:  # what is still missing is named by cuda_problem()
+            pass
+
+
+def cuda_problem() -> str:
+    """Why ONNX Runtime's CUDA provider cannot run here, in one clause with its fix ("" if nothing is found)."""
+    if PROVIDERS["cuda"] not in ort.get_available_providers():
+        return f"onnxruntime {ort.__version__} is a build without the CUDA provider; {CUDA_INSTALL}"
+    if _no_nvidia_device():
+        return "no NVIDIA GPU or driver is visible (/dev/nvidiactl is missing)"
+    preload_cuda_libraries()
+    missing = _missing_cuda_library()
+    if missing:
+        return f"the CUDA provider needs {missing}, which is not found; {CUDA_INSTALL}, or put its directory on LD_LIBRARY_PATH"
+    return ""
+
+
+def _missing_cuda_library() -> str:
+    """The first shared library the CUDA provider cannot load (Linux; '' elsewhere or when it loads)."""
+    import ctypes
+    import re
+
+    if sys.platform != "linux":
+        return ""
+    capi = Path(ort.__file__).parent / "capi"
+    try:
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_cuda.so"))
+    except OSError as e:
+        found = re.search(r"(lib[\w.+-]+\.so[\w.]*)", str(e))
+        return found.group(1) if found else first_line(e)
+    return ""
+
+
+def gpu_environment() -> dict:
+    """The GPU a CUDA result was measured on: its name, the driver and the CUDA runtime versions (what is found)."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    env: dict = {}
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+            if out:
+                name, driver, memory = (x.strip() for x in out[0].split(",")[:3])
+                env.update(gpu=name, gpu_driver=driver, gpu_memory=memory)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass  # informational: the record still names the provider
+    preload_cuda_libraries()
+    for lib in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            version = ctypes.c_int()
+            ctypes.CDLL(lib).cudaRuntimeGetVersion(ctypes.byref(version))
+            env["cuda_runtime"] = f"{version.value // 1000}.{version.value % 1000 // 10}"
+            break
+        except (OSError, AttributeError):
+            continue
+    return env
+
+
+def cuda_fix() -> str:
+    """The one-line error for a CUDA session that fell back to CPU: the reason found, then the way out."""
+    problem = cuda_problem()
+    if not problem:
+        return CUDA_FIX
+    return f"ONNX Runtime could not load its CUDA provider: {problem}; or use --provider cpu (--allow-cpu-fallback runs on CPU)"
 
 
 def _no_nvidia_device() -> bool:
@@ -48,6 +135,8 @@ def _probe_cuda() -> bool:
     global _cuda_probe
     if _cuda_probe is None:
         from onnx import TensorProto, helper
+
+        preload_cuda_libraries()
 
         probe = _serialized([helper.make_node("Identity", ["x"], ["y"])], "probe",
                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -82,6 +171,8 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
         raise UsageError(f"unknown provider '{provider}'; choose cpu or cuda")
     providers = [PROVIDERS["cuda"], PROVIDERS["cpu"]] if provider == "cuda" else [PROVIDERS["cpu"]]
     cpu = provider == "cpu"
+    if not cpu:
+        preload_cuda_libraries()
     disabled = list(CPU_DISABLED_OPTIMIZERS) if cpu else []
     try:
         # CPU: worker threads sleep between runs instead of spinning. The encoder, decoder and row
@@ -98,7 +189,7 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
         first = first_line(e)
         raise UsageError(f"cannot load {describe(path)}: {first}; re-export the model directory") from None
     if provider == "cuda" and session.get_providers()[0] != PROVIDERS["cuda"] and not allow_fallback:
-        raise ProviderError(CUDA_FIX)
+        raise ProviderError(cuda_fix())
     return session
 
 
