@@ -80,6 +80,10 @@ BEAM = click.IntRange(1, 64)
 BATCH = click.IntRange(1, 4096)
 THREADS = click.IntRange(1, 256)
 STREAMS = click.IntRange(1, 64)
+# One search for the corpus in every command (toolkit.data.find); each command names the file it used.
+DATA_OPTION = click.option("--data", "data_path", metavar="PATH",
+                           help="fra-eng.zip or fra.txt [default: $TK_DATA, else ../shared/data/fra-eng.zip, else the cache "
+                                "(tk train downloads into it)].")
 TOLERANCE = FiniteFloat(min=0.0)
 
 
@@ -129,7 +133,7 @@ def main() -> None:
 @main.command()
 @click.argument("model")
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory for checkpoint.pt [default: runs/MODEL].")
-@click.option("--data", "data_path", help="fra-eng.zip or fra.txt [default: $TK_DATA, the cache, or a download].")
+@DATA_OPTION
 @click.option("--exclude", type=click.Path(exists=True, dir_okay=False),
               help="A public test set (eng<TAB>fra<TAB>English<TAB>French) whose English sentences are kept out of training.")
 @click.option("--preset", type=click.Choice(["tiny", "base"]), default="base", show_default=True,
@@ -257,12 +261,13 @@ def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, ot
 @click.option("--rtol", type=TOLERANCE, help="Relative tolerance [default: per variant].")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random sweep inputs.")
 @click.option("--sentences", type=click.IntRange(0, 10000), default=16, show_default=True, help="Test-split sentences to decode.")
+@DATA_OPTION
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
 @click.option("--record", is_flag=True, help="Store a summary of the verdict in the directory's manifest.json.")
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
               help="Compare against this checkpoint (its weights digest must match the graphs' weights).")
 @click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
-def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, json_path, record, checkpoint_path, expect_digest):
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path, expect_digest):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
     \b
@@ -279,7 +284,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     start = time.time()
     report = v.verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
                       echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest,
-                      runtime=runtime)
+                      runtime=runtime, data=data_path)
     click.echo(v.render(report))
     for p, why in report.skipped.items():
         click.echo(f"skipped provider {p}: {why}", err=True)
@@ -290,7 +295,8 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     click.echo(f"reference ({report.reference_kind}): {report.reference_proves}", err=True)
     click.echo(f"{n - len(report.failures)}/{n} checks passed in {seconds:.1f}s (seed {seed}, {report.runtime})", err=True)
     if record:
-        v.record_summary(report, model_dir, seconds)
+        keys = v.record_summary(report, model_dir, seconds)
+        click.echo(f"recorded {', '.join(keys)} in {Path(model_dir) / 'manifest.json'} (other runtimes' and providers' records kept)", err=True)
     v.raise_on_failure(report)
 
 
@@ -409,7 +415,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
         bar = tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True, leave=False)
     try:
-        stats = translate_lines(t, lines, write, opts, strict, warn=say, progress=bar.update if bar else lambda n: None, text=text_opts)
+        # With a progress bar on stderr, warnings go above it instead of through it.
+        warn = (lambda m: bar.write(m, file=sys.stderr)) if bar else say
+        stats = translate_lines(t, lines, write, opts, strict, warn=warn, progress=bar.update if bar else lambda n: None, text=text_opts)
     except BaseException:
         if out:
             out.abort()
@@ -426,11 +434,16 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if references is not None:
         scores = score_file(collected, reference, references)
     rate = stats.sentences / stats.seconds if stats.seconds else 0.0
-    say(f"{stats.lines} lines, {stats.sentences} sentences in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
+    say(f"{plural(stats.lines, 'line')}, {plural(stats.sentences, 'sentence')} in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
         f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.where}"
-        + (f"; {len(stats.truncated)} truncated" if stats.truncated else ""))
+        + (f"; {plural(len(stats.truncated), 'line')} truncated" if stats.truncated else "")
+        + (f"; {plural(len(stats.guarded), 'line')} ended by a guard" if stats.guarded else ""))
     if reference:
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _interrupt(signum, frame):
@@ -439,7 +452,7 @@ def _interrupt(signum, frame):
 
 @main.command()
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--data", "data_path", help="fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
+@DATA_OPTION
 @click.option("--challenge", type=click.Path(exists=True, dir_okay=False), help="Tatoeba Challenge test file (eng-fra).")
 @click.option("--beam", "beams", type=BEAM, multiple=True, help="Beam sizes to score [default: 1 and 4].")
 @click.option("--limit", type=POSITIVE, help="Score only the first N sentences of each set.")
@@ -493,7 +506,7 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
-@click.option("--data", "data_path", help="With --serve: fra-eng.zip for the held-out test split [default: $TK_DATA or the cache].")
+@DATA_OPTION
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: with --streams, measured first].")
 @click.option("--streams", type=STREAMS, help="tk's concurrent decoding streams [default: the fastest (threads, streams) pair, measured first].")
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
@@ -516,11 +529,13 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if serve and set(runtimes) - {"onnxruntime"}:
         raise UsageError("--serve load-tests `tk serve`, which runs on onnxruntime only; drop --runtime openvino")
     if serve:
-        from toolkit.data import load_corpus, references
+        from toolkit.data import describe, load_corpus, references
         from toolkit.serve.load import bench_serve
         from toolkit.serve.load import table as load_table
 
-        english, _ = references(load_corpus(data_path).splits["test"])
+        corpus = load_corpus(data_path, download=False)
+        click.echo(describe(corpus), err=True)
+        english, _ = references(corpus.splits["test"])
         args = [a for v in variants[:1] for a in ("--variant", v)]
         results = bench_serve(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
         click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
@@ -536,7 +551,8 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     notes: list[str] = []
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
-                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes, streams=streams)
+                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes, streams=streams,
+                      data=data_path)
     for note in notes:
         click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
@@ -681,8 +697,10 @@ def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_b
 @click.option("--raw", is_flag=True, help="No input handling, as tk translate --raw.")
 @click.option("--strict", is_flag=True, help="Fail the shard of a line longer than the model's maximum instead of truncating it.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.option("--progress-seconds", type=FiniteFloat(0.1, 3600.0), default=10.0, show_default=True,
+              help="Longest wait between two progress lines while shards run.")
 def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, shard_lines, column, provider, variant, batch_size,
-                     max_tokens, beam, alpha, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, quiet):
+                     max_tokens, beam, alpha, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, quiet, progress_seconds):
     """Translate a corpus on Ray Data: shards, one ordered output file, resumable.
 
     INPUTS are text files (one sentence per line), directories or globs of them, or Parquet files
@@ -715,7 +733,7 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     settings = {"model": str(Path(model_dir).resolve()), "model_files_sha256": model_sha256, "variant": variant,
                 **{k: v for k, v in decode.items()}, "keep": list(keep), "split": split, "raw": raw, "strict": strict}
     job = CorpusJob(str(model_dir), list(inputs), output_dir, settings, decode, text, strict, provider, variant, workers, threads,
-                    shard_lines, column, address)
+                    shard_lines, column, address, progress_seconds)
     result = run(job, say)
     rate = f", {result.lines_per_s:,.1f} lines/s" if result.resumed < result.shards else ""
     say(f"wrote {result.merged}: {result.lines:,} lines from {result.shards} shards ({result.resumed} done earlier) "
