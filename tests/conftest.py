@@ -16,7 +16,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 @pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory) -> Path:
-    """tk's start-up cache (toolkit.load_cache) goes to a fresh directory, not the user's, for every test run
+    """tk's start-up cache (toolkit.core.load_cache) goes to a fresh directory, not the user's, for every test run
     (set in the environment, so subprocesses started by tests use it too)."""
     path = tmp_path_factory.mktemp("user-cache")
     previous = os.environ.get("TK_CACHE_DIR")
@@ -43,7 +43,7 @@ def challenge_test() -> Path:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, corpus_zip) -> Path:
     """A transformer trained for a few seconds on a few hundred pairs: real tokenizer, real sentences."""
-    from toolkit.train import TrainOptions, train
+    from toolkit.build.train import TrainOptions, train
 
     out = tmp_path_factory.mktemp("tiny-run")
     train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=8, seed=0),
@@ -53,7 +53,7 @@ def tiny_checkpoint(tmp_path_factory, corpus_zip) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory, tiny_checkpoint) -> Path:
-    from toolkit.export import ExportOptions, export
+    from toolkit.build.export import ExportOptions, export
 
     out = tmp_path_factory.mktemp("tiny-export") / "transformer"
     export(ExportOptions(out=out, checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
@@ -63,7 +63,7 @@ def tiny_export(tmp_path_factory, tiny_checkpoint) -> Path:
 @pytest.fixture(scope="session")
 def random_export(tmp_path_factory):
     """Exports a registry model with small random weights, once per model per session."""
-    from toolkit.export import ExportOptions, export
+    from toolkit.build.export import ExportOptions, export
 
     root = tmp_path_factory.mktemp("random-exports")
     cache: dict[str, Path] = {}
@@ -112,7 +112,7 @@ def assert_torch_free():
 @pytest.fixture()
 def cuda_falls_back(monkeypatch):
     """ONNX Runtime as it behaves where its CUDA provider cannot load: every session quietly runs on CPU."""
-    from toolkit import runtime
+    from toolkit.runtimes import onnxruntime as runtime
 
     real = runtime.ort.InferenceSession
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolkit import attention_graphs, manifest
-from toolkit.decoding import greedy
-from toolkit.runtime import create_session, load_sessions
-from toolkit.verify_attention import probability_check
+from toolkit.core import manifest
+from toolkit.core.decoding import greedy
+from toolkit.deploy import attention_graphs
+from toolkit.runtimes.onnxruntime import create_session, load_sessions
+from toolkit.verify.attention import probability_check
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Go.", "I lost.", "Tom bought a new car last week.", "Where is the station?", "I'm home."]
@@ -42,7 +43,7 @@ def test_export_declares_the_attention_outputs_with_named_axes(tiny_export):
 
 def test_attention_variant_gives_the_same_tokens_as_the_plain_graphs(tiny_export, translated):
     m = manifest.load(tiny_export)
-    from toolkit.tokenizer import Tokenizer
+    from toolkit.core.tokenizer import Tokenizer
 
     ids = [i[: m.max_len] for i in Tokenizer.load(m.tokenizer_path()).encode(SENTENCES)]
     plain = greedy(load_sessions(m).backend(), ids, m.max_len)
@@ -77,7 +78,7 @@ def test_a_sentence_gets_the_same_weights_alone_as_in_a_batch(tiny_export, trans
 
 
 def test_verify_checks_the_attention_outputs_against_pytorch(tiny_export):
-    from toolkit.verify import verify
+    from toolkit.verify.run import verify
 
     report = verify(tiny_export, variants=["attention"], sentences=4, echo=lambda m: None)
     assert not report.failures, report.failures[:3]
@@ -92,8 +93,8 @@ def test_verify_checks_the_attention_outputs_against_pytorch(tiny_export):
 
 def test_verify_fails_when_the_graph_weights_differ_from_pytorch(tiny_export, monkeypatch):
     """The weights of another layer (same shape, different values) must not pass as these."""
-    from toolkit import registry
-    from toolkit.verify import verify
+    from toolkit.build import registry
+    from toolkit.verify.run import verify
 
     entry = registry.get("transformer")
     honest = entry.read_attention
@@ -105,7 +106,7 @@ def test_verify_fails_when_the_graph_weights_differ_from_pytorch(tiny_export, mo
 
 
 def test_probability_check_flags_rows_that_do_not_sum_to_one_and_weight_on_masked_keys():
-    from toolkit.graphs import GraphSpec, TensorSpec
+    from toolkit.core.graphs import GraphSpec, TensorSpec
 
     t = TensorSpec("cross_attention", "float32", ("batch", "src_len"))
     spec = GraphSpec("decoder", (), (t,))
@@ -206,7 +207,7 @@ def test_tk_attention_never_imports_torch(tiny_export, tmp_path, assert_torch_fr
 
 
 def test_training_records_history_json_and_tk_plot_draws_it(cli, tiny_checkpoint, tmp_path):
-    from toolkit import checkpoint
+    from toolkit.build import checkpoint
 
     run = tiny_checkpoint.parent
     recorded = json.loads((run / "history.json").read_text())

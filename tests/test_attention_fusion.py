@@ -10,8 +10,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from toolkit import attention_graphs, manifest
-from toolkit.attention_fusion import fuse_attention, fuse_projections
+from toolkit.core import manifest
+from toolkit.core.attention_fusion import fuse_attention, fuse_projections
+from toolkit.deploy import attention_graphs
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "exported" / "transformer"

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from toolkit.decoding import Hypothesis, StepBackend, beam_search, loop_cut, pad_batch
-from toolkit.tokenizer import BOS, EOS
+from toolkit.core.decoding import Hypothesis, StepBackend, beam_search, loop_cut, pad_batch
+from toolkit.core.tokenizer import BOS, EOS
 
 
 class RandomSteps(StepBackend):
@@ -118,7 +118,7 @@ class Scripted(StepBackend):
 @pytest.mark.parametrize("beam", [1, 4])
 def test_each_hypothesis_says_which_guard_ended_it(beam):
     """EOS: nothing to say; a repeated word: the loop guard; a long non-repeating run: the length limit."""
-    from toolkit.decoding import translate_ids
+    from toolkit.core.decoding import translate_ids
 
     src = [[1, 5], [2, 5], [3, 5]]
     limits = np.array([30, 30, 6])

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from toolkit import data
+from toolkit.core import data
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -9,10 +9,12 @@ pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctran
 
 
 def test_converted_shipped_model_decodes_the_same_tokens_as_onnx_runtime(tmp_path):
-    from toolkit import ct2_engine, manifest, runtime
-    from toolkit.batching import DecodeOptions, decode_ids
-    from toolkit.tokenizer import Tokenizer
-    from toolkit.verify import FALLBACK_SENTENCES
+    from toolkit.core import manifest
+    from toolkit.core.batching import DecodeOptions, decode_ids
+    from toolkit.core.tokenizer import Tokenizer
+    from toolkit.runtimes import ctranslate2 as ct2_engine
+    from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.verify.checks import FALLBACK_SENTENCES
 
     m = manifest.load("exported/transformer")
     english = FALLBACK_SENTENCES + ["Where did you put the keys?", "It is raining again today.", "I have never seen a whale.",
@@ -25,8 +27,9 @@ def test_converted_shipped_model_decodes_the_same_tokens_as_onnx_runtime(tmp_pat
 
 
 def test_ct2_refuses_a_model_it_cannot_express(random_export, tmp_path):
-    from toolkit import ct2_engine, manifest
-    from toolkit.errors import UsageError
+    from toolkit.core import manifest
+    from toolkit.core.errors import UsageError
+    from toolkit.runtimes import ctranslate2 as ct2_engine
 
     with pytest.raises(UsageError, match="needs a Transformer"):
         ct2_engine.convert(manifest.load(random_export("seq2seq")), tmp_path / "ct2")
@@ -50,7 +53,7 @@ def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tin
 
 
 def test_the_ct2_table_holds_ctranslate2_against_tks_faster_fp32_graphs():
-    from toolkit.bench import Result, ct2_table
+    from toolkit.build.bench import Result, ct2_table
 
     def row(backend, search, seconds):
         return Result(backend, search, 1, seconds, 10, 100, 0.0, [[1, 2]] * 10)

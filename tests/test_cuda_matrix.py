@@ -18,7 +18,7 @@ def test_the_matrix_writes_verify_translation_and_bench_results_and_records_veri
     exported = tmp_path / "exported"
     shutil.copytree(REPO / "exported", exported)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "toolkit.cuda_matrix", out, "--provider", "cpu", "--sentences", "16",
+    proc = subprocess.run([sys.executable, "-m", "toolkit.build.cuda_matrix", out, "--provider", "cpu", "--sentences", "16",
                            "--bench-sentences", "4", "--verify-sentences", "2", "--exported", exported],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -38,7 +38,7 @@ def test_the_matrix_writes_verify_translation_and_bench_results_and_records_veri
 
 def test_without_cuda_the_matrix_stops_in_one_line_before_measuring(tmp_path):
     """CUDA_VISIBLE_DEVICES='' hides any GPU, as on a machine without one."""
-    proc = subprocess.run([sys.executable, "-m", "toolkit.cuda_matrix", tmp_path / "out"], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-m", "toolkit.build.cuda_matrix", tmp_path / "out"], capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 1 and proc.stdout.startswith("error: ONNX Runtime could not load its CUDA provider")
     assert not (tmp_path / "out").exists()

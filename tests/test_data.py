@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import data
-from toolkit.errors import DataError
-from toolkit.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, normalize
+from toolkit.core import data
+from toolkit.core.errors import DataError
+from toolkit.core.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, normalize
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CORPUS_ZIP = Path(os.environ.get("TK_DATA") or SHARED / "fra-eng.zip")
@@ -72,7 +72,20 @@ def test_split_is_a_pure_function_of_the_english_sentence(corpus):
     for name, pairs in corpus.splits.items():
         for en, _ in pairs[:2000]:
             assert data.split_of(en) == name
-    assert data.split_of("I'm home.") == data.split_of("I'm home.")
+    # The rule is sha256 of the English sentence, the same in every process and on every machine
+    # (Python's own hash() of a string changes with each interpreter start).
+    import hashlib
+    import subprocess
+    import sys
+
+    sentences = ["I'm home.", "Go.", "Where is the station?", "Tom bought a new car last week."]
+    for en in sentences:
+        per_mille = int(hashlib.sha256(en.encode()).hexdigest()[:8], 16) % 1000
+        assert data.split_of(en) == ("test" if per_mille < 20 else "valid" if per_mille < 30 else "train")
+    code = f"from toolkit.core import data; print([data.split_of(s) for s in {sentences!r}])"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": "12345"})
+    assert other.stdout.strip() == str([data.split_of(s) for s in sentences])
     # The per-mille rule gives roughly 2% test, 1% valid.
     total = sum(len(v) for v in corpus.splits.values())
     assert 0.015 < len(corpus.splits["test"]) / total < 0.025
@@ -271,7 +284,7 @@ def test_find_order_data_env_shared_cache(tmp_path, monkeypatch):
     assert data.find(explicit) == (explicit, "--data")
     assert data.find() == (explicit, "$TK_DATA")
     monkeypatch.delenv("TK_DATA")
-    monkeypatch.setattr(data, "__file__", str(tmp_path / "elsewhere" / "toolkit" / "data.py"))
+    monkeypatch.setattr(data, "__file__", str(tmp_path / "elsewhere" / "clone" / "toolkit" / "core" / "data.py"))
     assert data.find()[0].resolve() == shared.resolve()
     assert "../shared/data" in data.find()[1]
     shared.unlink()

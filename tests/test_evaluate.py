@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 
-from toolkit import data, manifest
-from toolkit.batching import GUARDED, DecodeOptions
-from toolkit.scoring import bleu_chrf
-from toolkit.translate import open_model, translate_batch
+from toolkit.core import data, manifest
+from toolkit.core.batching import GUARDED, DecodeOptions
+from toolkit.core.scoring import bleu_chrf
+from toolkit.deploy.translate import open_model, translate_batch
 
 
 def test_evaluate_scores_the_test_split_and_record_stores_the_same_scores(cli, tiny_export, corpus_zip, tmp_path):

@@ -10,10 +10,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from toolkit import data, manifest, registry
-from toolkit.export import EXAMPLE_SIZES
-from toolkit.graphs import make_inputs
-from toolkit.reference import load_reference
+from toolkit.build import registry
+from toolkit.build.export import EXAMPLE_SIZES
+from toolkit.build.reference import load_reference
+from toolkit.core import data, manifest
+from toolkit.core.graphs import make_inputs
 
 # Batch 1, an odd batch, and lengths from 1 to the maximum, including ones the export never traced.
 SIZES = [(1, 1), (5, 2), (1, EXAMPLE_SIZES["src_len"]), (5, 11), (2, 24)]
@@ -60,7 +61,7 @@ def test_manifest_describes_the_directory(tiny_export, tiny_checkpoint):
     assert d["graphs"]["decoder"]["spec"]["updates"] == {f"new_{n}_{i}": f"{n}_{i}" for i in layers for n in ("self_k", "self_v")}
     assert d["opset"] >= 18
     assert {"torch", "onnx", "onnxruntime", "onnxscript"} <= set(d["versions"])
-    from toolkit.checkpoint import sha256
+    from toolkit.build.checkpoint import sha256
 
     assert d["checkpoint"]["sha256"] == sha256(tiny_checkpoint)
     # What the checkpoint and corpus were, not where they lay (tests run them from a temporary directory).
@@ -80,8 +81,8 @@ def test_shared_embedding_is_stored_once(tiny_export):
 
 def test_decoder_step_graph_reproduces_the_full_prefix_decoder_on_real_sentences(tiny_export, corpus_zip):
     """Step by step through the cached decoder graph == one full-prefix PyTorch pass, position by position."""
-    from toolkit.decoding import empty_cache, pad_batch
-    from toolkit.tokenizer import BOS, Tokenizer
+    from toolkit.core.decoding import empty_cache, pad_batch
+    from toolkit.core.tokenizer import BOS, Tokenizer
 
     m = manifest.load(tiny_export)
     _, cfg, model, _ = load_reference(m)
@@ -136,7 +137,7 @@ def test_unknown_model_lists_the_known_ones(cli, tmp_path):
 
 
 def test_failed_export_leaves_nothing_behind(cli, tmp_path, monkeypatch):
-    from toolkit import export as export_mod
+    from toolkit.build import export as export_mod
 
     real = export_mod.export_graph
 
@@ -190,7 +191,7 @@ def test_a_variant_the_directory_lacks_is_built_in_memory_as_export_would_store_
     either verifies both, and building them must not write into the model directory."""
     import shutil
 
-    from toolkit.variants import graph_source
+    from toolkit.core.variants import graph_source
 
     stored = tmp_path / "stored"
     shutil.copytree(tiny_export, stored)

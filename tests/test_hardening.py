@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit import checkpoint, manifest, registry
-from toolkit.errors import UsageError
+from toolkit.build import checkpoint, registry
+from toolkit.core import manifest
+from toolkit.core.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "exported"
@@ -192,7 +193,7 @@ def test_force_replaces_only_a_tk_model_directory(cli, tmp_path):
 
 def test_an_export_that_finds_its_output_written_meanwhile_refuses_to_replace_it(cli, tmp_path, monkeypatch):
     """Two exports to one --out: the one that commits second must not silently remove the first one's directory."""
-    from toolkit import export as export_mod
+    from toolkit.build import export as export_mod
 
     out = tmp_path / "model"
     original = export_mod.write_directory
@@ -249,7 +250,7 @@ def test_output_to_a_fifo_writes_into_it_instead_of_replacing_it(cli, tiny_expor
 
 
 def test_ctrl_c_exits_130_and_leaves_the_old_output_and_no_temporary_file(cli, tiny_export, tmp_path, monkeypatch):
-    from toolkit import translate as translate_mod
+    from toolkit.deploy import translate as translate_mod
 
     out = tmp_path / "out.txt"
     out.write_text("previous run\n")
@@ -354,7 +355,7 @@ def _tamper(directory: Path) -> None:
     for g in d["graphs"].values():
         g["sha256"] = manifest.file_sha256(directory / g["file"])
         g["weights"]["sha256"] = manifest.file_sha256(directory / "weights.bin")
-    from toolkit.reference import weights_from_graphs
+    from toolkit.build.reference import weights_from_graphs
 
     m = manifest.Manifest.from_dict(directory, d)
     entry = registry.get(d["model"])
@@ -395,8 +396,8 @@ def test_export_records_the_digest_the_checkpoint_carried(tiny_export, tiny_chec
 
 
 def test_one_line_errors_keep_tks_own_fix_and_cut_only_foreign_messages():
-    from toolkit.errors import ProviderError, first_line
-    from toolkit.runtime import CUDA_FIX
+    from toolkit.core.errors import ProviderError, first_line
+    from toolkit.runtimes.onnxruntime import CUDA_FIX
 
     assert first_line(ProviderError(CUDA_FIX)) == CUDA_FIX  # the fix ("or use --provider cpu") is at the end
     assert first_line(RuntimeError("x" * 500 + "\nsecond line")) == "x" * 200

@@ -1,4 +1,4 @@
-"""The start-up cache (toolkit.load_cache): a changed model file is still caught, and a changed or
+"""The start-up cache (toolkit.core.load_cache): a changed model file is still caught, and a changed or
 corrupt cache entry is ignored, never trusted and never an error; the cached graphs compute exactly
 what the model's own graphs compute."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolkit import load_cache, manifest
-from toolkit.api import decode_options
-from toolkit.errors import UsageError
-from toolkit.runtime import create_session
-from toolkit.translate import open_model, translate_batch
+from toolkit.core import load_cache, manifest
+from toolkit.core.errors import UsageError
+from toolkit.deploy.api import decode_options
+from toolkit.deploy.translate import open_model, translate_batch
+from toolkit.runtimes.onnxruntime import create_session
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 SRC = np.array([[12, 57, 300, 9, 3], [40, 41, 3, 0, 0]], dtype=np.int64)

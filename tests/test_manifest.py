@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import manifest
-from toolkit.errors import UsageError
+from toolkit.core import manifest
+from toolkit.core.errors import UsageError
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported"
 

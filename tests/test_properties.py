@@ -207,6 +207,7 @@ def corrupt(directory: Path, kind: str, target: str, how) -> None:
 @example(corruption=("json", "manifest.json", (3, "seq2seq", False)), command="translate")
 @example(corruption=("json", "manifest.json", (18, "", False)), command="verify")  # once found: an emptied tensor name crashed verify
 @example(corruption=("json", "manifest.json", (5375, None, False)), command="verify")  # once found: a nulled attention output crashed verify
+@example(corruption=("json", "manifest.json", (167569, [], False)), command="translate")  # once found: a list in place of a string crashed translate
 @given(corruption=corruptions(), command=st.sampled_from(["translate", "translate", "translate", "verify", "add-variant"]))
 def test_generated_corruptions_of_a_model_directory(tiny_export, corruption, command):
     with tempfile.TemporaryDirectory() as tmp:

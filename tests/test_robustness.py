@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolkit import noise, placeholders, robustness, textprep
-from toolkit.batching import GUARDED, DecodeOptions
-from toolkit.decoding import EOS, StepBackend, beam_search, greedy, length_limits, loop_cut
-from toolkit.translate import open_model, translate_batch
+from toolkit.core import noise, placeholders, textprep
+from toolkit.core.batching import GUARDED, DecodeOptions
+from toolkit.core.decoding import EOS, StepBackend, beam_search, greedy, length_limits, loop_cut
+from toolkit.deploy import robustness
+from toolkit.deploy.translate import open_model, translate_batch
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 
@@ -77,7 +78,7 @@ def test_several_sentences_on_a_line_translate_as_each_sentence_alone(shipped):
 
 
 def test_no_split_sends_the_line_whole(shipped):
-    from toolkit.textprep import TextOptions
+    from toolkit.core.textprep import TextOptions
 
     line = "I'm home. Where is the station? I lost."
     whole = translate_batch(shipped, [line], DecodeOptions(max_len=64, **GUARDED), text=TextOptions(split=False))[0][0]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import manifest as manifest_mod
 from toolkit import runtimes
+from toolkit.core import manifest as manifest_mod
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 
@@ -16,15 +16,15 @@ SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 @pytest.fixture(scope="module")
 def held_out(corpus_zip) -> list[str]:
     """The held-out test split `tk evaluate` scores, every few sentences so lengths vary."""
-    from toolkit import data
+    from toolkit.core import data
 
     english, _ = data.references(data.load_corpus(str(corpus_zip), download=False).splits["test"])
     return english[::40][:48]
 
 
 def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_out):
-    from toolkit.batching import DecodeOptions, decode_ids
-    from toolkit.tokenizer import Tokenizer
+    from toolkit.core.batching import DecodeOptions, decode_ids
+    from toolkit.core.tokenizer import Tokenizer
 
     m = manifest_mod.load(SHIPPED)
     src = Tokenizer.load(m.tokenizer_path()).encode(held_out)
@@ -48,7 +48,7 @@ def test_verify_on_openvino_passes_and_catches_its_attention_kernel_bug(monkeypa
     """With OpenVINO's MHA snippets on (its default), the decoder's log-probabilities go wrong once the
     cache holds 7 positions; verify must name that, and pass with the settings tk uses."""
     from toolkit.runtimes import openvino
-    from toolkit.verify import verify
+    from toolkit.verify.run import verify
 
     report = verify(SHIPPED, runtime="openvino", sentences=4, echo=lambda m: None)
     assert not report.failures and report.runtime.startswith("openvino ")
@@ -110,8 +110,8 @@ def test_openvino_runs_one_inference_of_a_compiled_graph_at_a_time(held_out):
     import threading
     import time
 
-    from toolkit.batching import DecodeOptions, decode_ids
-    from toolkit.tokenizer import Tokenizer
+    from toolkit.core.batching import DecodeOptions, decode_ids
+    from toolkit.core.tokenizer import Tokenizer
 
     m = manifest_mod.load(SHIPPED)
     src = Tokenizer.load(m.tokenizer_path()).encode(held_out)
@@ -154,9 +154,10 @@ def test_openvino_runs_one_inference_of_a_compiled_graph_at_a_time(held_out):
 
 STRESS = """
 import faulthandler, sys
-from toolkit import manifest, runtimes
-from toolkit.batching import DecodeOptions, decode_ids
-from toolkit.tokenizer import Tokenizer
+from toolkit import runtimes
+from toolkit.core import manifest
+from toolkit.core.batching import DecodeOptions, decode_ids
+from toolkit.core.tokenizer import Tokenizer
 m = manifest.load(sys.argv[1])
 src = Tokenizer.load(m.tokenizer_path()).encode(sys.argv[3:])
 first = None

@@ -22,12 +22,12 @@ import pytest
 httpx = pytest.importorskip("httpx", reason="the serve extra is not installed: pip install -e '.[serve]'")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from toolkit import data  # noqa: E402
-from toolkit.batching import DecodeOptions  # noqa: E402
+from toolkit.core import data  # noqa: E402
+from toolkit.core.batching import DecodeOptions  # noqa: E402
+from toolkit.deploy.translate import open_model, translate_batch  # noqa: E402
 from toolkit.serve.app import ServeConfig, create_app  # noqa: E402
 from toolkit.serve.batcher import BatchPolicy  # noqa: E402
 from toolkit.serve.server import bind, uvicorn_server  # noqa: E402
-from toolkit.translate import open_model, translate_batch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolkit.batching import DecodeOptions, decode_ids
-from toolkit.decoding import StepBackend
-from toolkit.tokenizer import EOS
+from toolkit.core.batching import DecodeOptions, decode_ids
+from toolkit.core.decoding import StepBackend
+from toolkit.core.tokenizer import EOS
 
 MODEL = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 
@@ -73,7 +73,8 @@ def test_streams_on_the_shipped_model_translate_as_one_stream_does():
 
 
 def test_streams_share_the_models_sessions_instead_of_building_their_own():
-    from toolkit import manifest, runtime
+    from toolkit.core import manifest
+    from toolkit.runtimes import onnxruntime as runtime
 
     backend = runtime.load_sessions(manifest.load(MODEL), "cpu").backend()
     twin = backend.fork()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import data
-from toolkit.batching import DecodeOptions, decode_ids
-from toolkit.decoding import beam_search, greedy
-from toolkit.translate import open_model
+from toolkit.core import data
+from toolkit.core.batching import DecodeOptions, decode_ids
+from toolkit.core.decoding import beam_search, greedy
+from toolkit.deploy.translate import open_model
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,8 @@ def test_batched_output_equals_one_sentence_at_a_time(model, english):
 
 
 def test_torch_and_onnxruntime_backends_give_the_same_greedy_output(model, english, tiny_export):
-    from toolkit.reference import load_reference
-    from toolkit.torch_backend import TorchBackend
+    from toolkit.build.reference import load_reference
+    from toolkit.build.torch_backend import TorchBackend
 
     _, _, torch_model, _ = load_reference(model.manifest)
     specs = model.manifest.specs()
@@ -86,8 +86,8 @@ def textbook_beam(backend, src: list[int], max_len: int, beam: int, alpha: float
     """The oracle: one sentence, every (hypothesis, token) pair ranked on the host at every step."""
     import numpy as np
 
-    from toolkit.decoding import Hypothesis, pad_batch
-    from toolkit.tokenizer import BOS, EOS
+    from toolkit.core.decoding import Hypothesis, pad_batch
+    from toolkit.core.tokenizer import BOS, EOS
 
     state = backend.encode(*pad_batch([src]))
     live, done, token = [Hypothesis([], 0.0)], [], np.array([BOS])
@@ -114,7 +114,7 @@ def test_batched_beam_search_equals_the_textbook_one_sentence_search(model, engl
     TopK graph on the decoder's device; it must find exactly what the exhaustive host-side search finds."""
     import numpy as np
 
-    from toolkit.decoding import top_k_rows
+    from toolkit.core.decoding import top_k_rows
 
     ids = [s for s in model.tokenizer.encode(english[:16]) if s]
     backend, max_len = model.backend(), model.manifest.max_len
@@ -183,7 +183,7 @@ def test_the_cuda_problem_is_named(monkeypatch):
     """Which of the three usual reasons stops the CUDA provider: a CPU-only build, no driver, a missing library."""
     import ctypes
 
-    from toolkit import runtime
+    from toolkit.runtimes import onnxruntime as runtime
 
     monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert "build without the CUDA provider" in runtime.cuda_problem() and ".[cuda]" in runtime.cuda_problem()
@@ -205,7 +205,7 @@ def test_the_cuda_problem_is_named(monkeypatch):
 
 def test_cuda_sessions_preload_the_pip_cuda_libraries(monkeypatch, tiny_export):
     """The cuda extra's nvidia-* packages are found without LD_LIBRARY_PATH: preload_dlls runs before a CUDA session."""
-    from toolkit import runtime
+    from toolkit.runtimes import onnxruntime as runtime
 
     calls = []
     monkeypatch.setattr(runtime.ort, "preload_dlls", lambda *a, **k: calls.append(1) or print("noise"), raising=False)
@@ -291,8 +291,9 @@ def test_device_side_row_selection_matches_numpy(name, random_export):
     never visits the host on CUDA); it must pick exactly the rows numpy would, on each tensor's batch axis."""
     import numpy as np
 
-    from toolkit import manifest, runtime
-    from toolkit.decoding import pad_batch
+    from toolkit.core import manifest
+    from toolkit.core.decoding import pad_batch
+    from toolkit.runtimes import onnxruntime as runtime
 
     plain = runtime.load_sessions(manifest.load(random_export(name)), "cpu").backend()
     backend = runtime.OrtBackend(plain.encoder, plain.decoder, plain.encoder_spec, plain.decoder_spec, io_binding=True)
@@ -310,7 +311,7 @@ def test_device_side_row_selection_matches_numpy(name, random_export):
 def test_the_cuda_io_binding_path_decodes_as_the_cpu_host_path(model, english):
     """CUDA keeps the cache in device memory through I/O binding, with TopK and Gather graphs on the
     device; CPU runs plain numpy steps. Run on CPU, the binding path must give the same search."""
-    from toolkit.runtime import OrtBackend
+    from toolkit.runtimes.onnxruntime import OrtBackend
 
     ids = model.tokenizer.encode(english)
     host, bound = model.backend(), model.backend()

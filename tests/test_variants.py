@@ -7,9 +7,10 @@ import shlex
 import click
 import pytest
 
-from toolkit import cli, variants
-from toolkit.export import ExportOptions, wanted_variants
-from toolkit.verify import tolerance
+from toolkit import cli
+from toolkit.build.export import ExportOptions, wanted_variants
+from toolkit.core import variants
+from toolkit.verify.compare import tolerance
 
 
 def _choices(command: click.Command, option: str) -> set[str]:
@@ -18,7 +19,7 @@ def _choices(command: click.Command, option: str) -> set[str]:
 
 
 @pytest.mark.parametrize("command,option", [(cli.translate, "variant"), (cli.evaluate, "variant"), (cli.bench, "variants"),
-                                            (cli.serve, "variant"), (cli.verify, "variants")])
+                                            (cli.serve, "variant"), (cli.verify, "variants"), (cli.translate_corpus, "variant")])
 def test_every_variant_choice_list_is_the_catalogue(command, option):
     assert _choices(command, option) - {"attention"} == set(variants.NAMES)
 

@@ -9,8 +9,9 @@ import numpy as np
 import onnx
 import pytest
 
-from toolkit import manifest, verify
-from toolkit.export import ExportOptions, export
+from toolkit.build.export import ExportOptions, export
+from toolkit.core import manifest
+from toolkit.verify.compare import compare
 
 
 def test_passes_on_the_tiny_transformer_and_writes_json(cli, tiny_export, tmp_path):
@@ -31,9 +32,21 @@ def test_passes_on_the_tiny_transformer_and_writes_json(cli, tiny_export, tmp_pa
 
 
 @pytest.mark.parametrize("name", ["masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw"])
-def test_passes_on_every_attention_module(cli, random_export, name):
-    result = cli("verify", random_export(name))
+def test_passes_on_every_attention_module(cli, random_export, name, tmp_path):
+    from toolkit.core import manifest
+
+    result = cli("verify", random_export(name), "--json", tmp_path / "r.json")
     assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["passed"] and not report["failures"]
+    # Every output of every graph was compared with PyTorch, over a sweep of sizes.
+    specs = manifest.load(random_export(name)).specs()
+    swept = {(r["graph"], r["output"]) for r in report["rows"] if r["check"] == "sweep" and r["ok"]}
+    assert swept == {(g, o) for g, spec in specs.items() for o in spec.output_names}
+    # The smallest and the largest sizes of the free axes (nw has no batch axis).
+    cases = {r["case"] for r in report["rows"] if r["check"] == "sweep"}
+    sizes = {int(part.split("=")[1]) for c in cases for part in c.split()}
+    assert len(cases) >= 5 and min(sizes) == 1 and max(sizes) >= 64
 
 
 def _rehash(directory):
@@ -124,7 +137,7 @@ def test_fails_on_a_decoder_whose_cache_position_is_off_by_one(cli, tiny_checkpo
 
 
 def test_fails_on_a_sequence_axis_frozen_at_export(cli, tiny_checkpoint, tmp_path, monkeypatch):
-    from toolkit import export as export_mod
+    from toolkit.build import export as export_mod
 
     real = export_mod.dynamic_shapes
 
@@ -172,14 +185,14 @@ def test_nan_fails_whatever_the_tolerance():
     ref = np.zeros((2, 3), np.float32)
     got = ref.copy()
     got[1, 2] = np.nan
-    assert not verify.compare(ref, got, atol=1e9, rtol=1e9)["ok"]
+    assert not compare(ref, got, atol=1e9, rtol=1e9)["ok"]
     got[1, 2] = np.inf
-    assert not verify.compare(ref, got, atol=1e9, rtol=1e9)["ok"]
+    assert not compare(ref, got, atol=1e9, rtol=1e9)["ok"]
 
 
 def test_tolerance_is_applied_elementwise():
     ref = np.array([1.0, 100.0], np.float32)
-    stats = verify.compare(ref, ref + np.array([2e-4, 2e-3], np.float32), atol=1e-4, rtol=1e-4)
+    stats = compare(ref, ref + np.array([2e-4, 2e-3], np.float32), atol=1e-4, rtol=1e-4)
     assert not stats["ok"] and stats["outside"] == 0.5  # 2e-4 > 1e-4 + 1e-4; 2e-3 < 1e-4 + 1e-2
 
 

@@ -1,6 +1,6 @@
 """tk: export attention models to ONNX, prove parity, and translate with the graphs alone.
 
-The public API: `from toolkit import Translator` (see toolkit.api). Loaded on first use, so that
+The public API: `from toolkit import Translator` (see toolkit.deploy.api). Loaded on first use, so that
 `import toolkit` (and `tk --help`) stays instant.
 """
 
@@ -10,7 +10,7 @@ __all__ = ["Translator", "__version__"]
 
 def __getattr__(name: str):
     if name == "Translator":
-        from toolkit.api import Translator
+        from toolkit.deploy.api import Translator
 
         return Translator
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

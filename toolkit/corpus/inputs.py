@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.errors import DataError, UsageError
+from toolkit.core.errors import DataError, UsageError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 

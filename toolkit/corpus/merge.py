@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.atomic import atomic_file
+from toolkit.core.atomic import atomic_file
+from toolkit.core.errors import DataError
 from toolkit.corpus.shards import Plan, file_sha256
-from toolkit.errors import DataError
 
 MERGED = "translations.txt"
 

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.atomic import write_atomic
+from toolkit.core.atomic import write_atomic
+from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.corpus import shards
 from toolkit.corpus.merge import merge
 from toolkit.corpus.progress import Progress
 from toolkit.corpus.worker import CRASH_ENV, ShardTranslator
-from toolkit.errors import ToolkitError, UsageError
 
 
 @dataclass
@@ -24,8 +24,8 @@ class CorpusJob:
     inputs: list[str]
     out_dir: Path
     settings: dict  # recorded in the manifest: a rerun with other values is refused
-    decode: dict  # toolkit.batching.DecodeOptions fields
-    text: dict  # toolkit.textprep.TextOptions fields
+    decode: dict  # toolkit.core.batching.DecodeOptions fields
+    text: dict  # toolkit.core.textprep.TextOptions fields
     strict: bool = False
     provider: str = "cpu"
     variant: str = "fp32"

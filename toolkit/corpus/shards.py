@@ -11,11 +11,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from toolkit.atomic import write_atomic
+from toolkit.core.atomic import write_atomic
+from toolkit.core.errors import UsageError
+from toolkit.core.manifest import file_sha256 as manifest_sha256
 from toolkit.corpus import inputs
 from toolkit.corpus.inputs import Source
-from toolkit.errors import UsageError
-from toolkit.manifest import file_sha256 as manifest_sha256
 
 MANIFEST = "corpus.json"
 SHARD_DIR = "shards"

@@ -2,7 +2,7 @@
 
 The sessions are created in the actor's constructor, on the node that runs it (sessions cannot be
 pickled, and shipping a model per call would cost more than translating). Each shard is translated by
-toolkit.translate.translate_lines, the loop of `tk translate -i`, over translate_batch, so a shard's
+toolkit.deploy.translate.translate_lines, the loop of `tk translate -i`, over translate_batch, so a shard's
 output is what `tk translate` writes for the same lines.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit.batching import DecodeOptions
+from toolkit.core.batching import DecodeOptions
+from toolkit.core.errors import ToolkitError
+from toolkit.core.textprep import TextOptions
 from toolkit.corpus import inputs
-from toolkit.errors import ToolkitError
-from toolkit.textprep import TextOptions
 
 # Lines per chunk inside a shard: how often a worker reports progress (and sorts by length within).
 PROGRESS_LINES = 256
@@ -30,7 +30,7 @@ CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
 class ShardTranslator:
     def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: dict, text: dict,
                  strict: bool, crash_once: str | None = None, counter=None):
-        from toolkit.translate import open_model
+        from toolkit.deploy.translate import open_model
 
         self.t = open_model(model_dir, provider, variant, threads=threads)
         self.opts = DecodeOptions(**decode)
@@ -49,7 +49,7 @@ class ShardTranslator:
 
     def translate_shard(self, row: dict) -> tuple[str, str, str | None]:
         """(status, output text, error) for one shard row of the plan."""
-        from toolkit.translate import translate_lines
+        from toolkit.deploy.translate import translate_lines
 
         self._maybe_crash(int(row["shard"]))
         path, first, lines = str(row["path"]), int(row["first_line"]), int(row["lines"])

@@ -1,13 +1,30 @@
-"""The runtimes that run the exported graphs: ONNX Runtime (toolkit.runtime) and OpenVINO
-(toolkit.runtimes.openvino), each giving sessions and a step backend for the one decoding loop.
+"""The runtimes that run the exported graphs, one module each: onnxruntime (CPU and CUDA), openvino (its CPU
+plugin), web (onnxruntime-web in a browser, exported as a static site) and ctranslate2 (tk bench's comparison).
+`load` gives what every runtime loads a model directory into: a LoadedRuntime.
 
 Torch-free; a runtime's package is imported only when it is chosen.
 """
 
 from __future__ import annotations
 
-from toolkit.errors import UsageError
-from toolkit.manifest import Manifest
+from typing import Protocol
+
+from toolkit.core.decoding import StepBackend
+from toolkit.core.errors import UsageError
+from toolkit.core.manifest import Manifest
+
+
+class LoadedRuntime(Protocol):
+    """A model directory loaded on one runtime: its sessions, what they run on, and step backends over them
+    for the one decoding loop (toolkit.core.decoding), each fresh from `backend()`."""
+
+    manifest: Manifest
+    sessions: dict  # graph name -> the runtime's session (run(None, feeds), get_inputs())
+    provider: str  # "cpu" or "cuda"
+    built_s: float  # seconds spent building a variant the directory does not store
+
+    def backend(self) -> StepBackend: ...
+
 
 RUNTIMES = ("onnxruntime", "openvino")
 
@@ -33,15 +50,15 @@ def label(runtime: str) -> str:
 
 
 def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", variant: str = "fp32",
-         allow_fallback: bool = False, threads: int | None = None, unverified: bool = False, cache: bool = False):
+         allow_fallback: bool = False, threads: int | None = None, unverified: bool = False, cache: bool = False) -> LoadedRuntime:
     """Sessions and a step-backend factory (`.backend()`) for every graph of the directory on `runtime`.
     `unverified`: also load a variant the runtime is known to compute outside its tolerance (for verify).
-    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.load_cache)."""
+    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.core.load_cache)."""
     check(runtime)
     if runtime == "openvino":
         from toolkit.runtimes import openvino
 
         return openvino.load(m, provider, variant, threads, unverified)
-    from toolkit import runtime as ort_runtime
+    from toolkit.runtimes import onnxruntime as ort_runtime
 
     return ort_runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache)

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from toolkit.decoding import StepBackend, empty_cache, top_k_rows
-from toolkit.errors import ProviderError, UsageError, first_line
-from toolkit.graphs import GraphSpec
-from toolkit.manifest import Manifest
-from toolkit.variants import describe, graph_source
+from toolkit.core.decoding import StepBackend, empty_cache, top_k_rows
+from toolkit.core.errors import ProviderError, UsageError, first_line
+from toolkit.core.graphs import GraphSpec
+from toolkit.core.manifest import Manifest
+from toolkit.core.variants import describe, graph_source
 
-INSTALL = "pip install 'tk[openvino]' (or pip install openvino), or use --runtime onnxruntime"
+INSTALL = "pip install 'tk-onnx-deploy[openvino]' (or pip install openvino), or use --runtime onnxruntime"
 
 # f32 explicitly: on a CPU with bf16 units the plugin would otherwise compute in bf16 by default, and
 # the graphs would no longer be the ones checked against PyTorch. Snippets off: with them (OpenVINO

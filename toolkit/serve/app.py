@@ -21,9 +21,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 
+from toolkit.deploy.translate import TranslationModel
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull
 from toolkit.serve.metrics import Metrics
-from toolkit.translate import Translator
 
 log = logging.getLogger("tk.serve")
 PAGE = Path(__file__).with_name("page.html")
@@ -80,7 +80,8 @@ def error(status: int, message: str, headers: dict | None = None) -> JSONRespons
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def create_app(load: Callable[[], Translator], config: ServeConfig | None = None) -> FastAPI:
+# Over 60 lines: FastAPI routes are closures over this app's batcher, limits and metrics, declared inside the factory.
+def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None = None) -> FastAPI:
     """The server's ASGI app; `load` opens the model on the decoding worker (use translate.open_model)."""
     config = config or ServeConfig()
     metrics = Metrics()

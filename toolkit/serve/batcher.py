@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from toolkit.batching import DecodeOptions
+from toolkit.core.batching import DecodeOptions
+from toolkit.deploy.translate import Translation, TranslationModel, translate_batch
 from toolkit.serve.metrics import Metrics
-from toolkit.translate import Translation, Translator, translate_batch
 
 log = logging.getLogger("tk.serve")
 
@@ -68,11 +68,11 @@ class Batcher:
     it by length and restores the order, so a sentence's translation does not depend on its batch.
     """
 
-    def __init__(self, load: Callable[[], Translator], policy: BatchPolicy, metrics: Metrics):
+    def __init__(self, load: Callable[[], TranslationModel], policy: BatchPolicy, metrics: Metrics):
         self.load = load
         self.policy = policy
         self.metrics = metrics
-        self.translator: Translator | None = None
+        self.translator: TranslationModel | None = None
         self.ready = threading.Event()
         self.failed: str | None = None
         self._pending: deque[_Item] = deque()

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from toolkit.errors import ToolkitError
+from toolkit.core.errors import ToolkitError
 
 
 @dataclass

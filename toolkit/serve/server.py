@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import uvicorn
 
-from toolkit.errors import UsageError
+from toolkit.core.errors import UsageError
+from toolkit.deploy.translate import TranslationModel
 from toolkit.serve.app import ServeConfig, create_app
-from toolkit.translate import Translator
 
 log = logging.getLogger("tk.serve")
 
@@ -46,7 +46,7 @@ def uvicorn_server(app, config: ServeConfig) -> uvicorn.Server:
                                          timeout_graceful_shutdown=config.timeout_s + 5, timeout_keep_alive=5))
 
 
-def serve(load: Callable[[], Translator], host: str, port: int, config: ServeConfig) -> None:
+def serve(load: Callable[[], TranslationModel], host: str, port: int, config: ServeConfig) -> None:
     """Serves until SIGTERM or Ctrl-C: then it stops accepting connections, finishes the requests
     in flight, stops the decoding worker and exits 0 (130 for Ctrl-C)."""
     sock = bind(host, port)

@@ -1,0 +1,123 @@
+"""The layout holds what it says: the folders on the deploy side never import torch, and no module of
+toolkit imports another that (directly or through others) imports it back, function-level imports included."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLKIT = REPO / "toolkit"
+# What `tk translate`, `tk serve`, corpus translation, the Python API and the other runtimes load.
+TORCH_FREE = ("core", "deploy", "runtimes", "serve", "corpus", "cli")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules_in(*folders: str) -> list[str]:
+    return sorted(module_name(p) for f in folders for p in (TOOLKIT / f).rglob("*.py") if p.name != "__main__.py")
+
+
+def test_every_module_of_the_torch_free_folders_imports_without_torch():
+    names = modules_in(*TORCH_FREE)
+    assert len(names) > 30 and "toolkit.deploy.translate" in names and "toolkit.runtimes.onnxruntime" in names
+    code = ("import importlib, sys\n" + "".join(f"importlib.import_module({n!r})\n" for n in names)
+            + "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_top_of_the_package_holds_only_the_entry_points():
+    """Each module lives in the folder that says which side it is on."""
+    assert sorted(p.name for p in TOOLKIT.glob("*.py")) == ["__init__.py"]
+    assert {p.name for p in TOOLKIT.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "build", "cli", "core", "corpus", "deploy", "runtimes", "serve", "verify"}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the toolkit modules it imports anywhere in its body (type-only imports, which never run, aside)."""
+    paths = {module_name(p): p for p in TOOLKIT.rglob("*.py")}
+
+    def owner(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in paths}
+    for mod, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+                     for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("toolkit"):
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("toolkit")]
+            graph[mod] |= {t for t in map(owner, targets) if t and t != mod and t != "toolkit"}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert "toolkit.core.manifest" in graph["toolkit.runtimes.onnxruntime"]  # the graph sees real imports
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_planted_circle():
+    graph = import_graph()
+    graph["toolkit.core.errors"] = graph["toolkit.core.errors"] | {"toolkit.deploy.translate"}
+    assert any("toolkit.core.errors" in c and "toolkit.deploy.translate" in c for c in cycles(graph))
+
+
+def test_a_function_over_60_lines_says_why_beside_it():
+    long = []
+    for path in TOOLKIT.rglob("*.py"):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                above = [line.strip() for line in lines[max(0, first - 4): first - 1]]
+                if not any(line.startswith("# Over 60 lines:") for line in above):
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []

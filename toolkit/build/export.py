@@ -1,0 +1,380 @@
+"""`tk export`: checkpoint -> self-contained directory of ONNX graphs, tokenizer and manifest.json.
+
+Exporter: torch.onnx.export with dynamo=True (torch.export + onnxscript). It is
+PyTorch's supported path, and it fails at export time when a dimension declared
+dynamic would be specialised, instead of silently freezing it the way a trace can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import warnings
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import torch
+
+from toolkit.build import checkpoint
+from toolkit.core import manifest
+from toolkit.build import registry
+from toolkit.core import variants
+from toolkit.core.data import CORPUS_SHA256
+from toolkit.core.errors import ToolkitError, UsageError, first_line
+from toolkit.core.graphs import GraphSpec, make_inputs
+from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
+
+# Sizes of the example inputs traced at export: all distinct and >= 2, so the
+# exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
+EXAMPLE_SIZES = {"batch": 3, "src_len": 7, "past_len": 5, "n_q": 4, "n_kv": 6}
+# Configs for --random-init: small enough that tests export every model in seconds.
+SMALL = {"vocab_size": 97, "num_hiddens": 32, "ffn_num_hiddens": 64, "num_heads": 4, "num_layers": 2,
+         "embed_size": 24, "max_len": 24, "dropout": 0.0}
+
+
+@dataclass
+class ExportOptions:
+    out: Path
+    checkpoint: str | None = None
+    model: str | None = None  # with random_init: a registry name
+    random_init: bool = False
+    seed: int = 0
+    opset: int = 18
+    fp16: bool = False
+    optimize: bool = False
+    quantize: str | None = None  # a quantised variant's name (toolkit.core.variants)
+    attention: bool = False  # on an exported directory: record the attention variant's declaration
+    force: bool = False
+    command: str = ""
+
+
+def dynamic_shapes(spec: GraphSpec, max_len: int) -> tuple[dict, ...]:
+    """torch.export Dims for every named input axis; one Dim object per name so shared axes stay tied."""
+    bounds = {"src_len": (1, max_len), "past_len": (0, max_len - 1), "batch": (1, 4096)}
+    dims = {name: torch.export.Dim(name, min=bounds.get(name, (1, 4096))[0], max=bounds.get(name, (1, 4096))[1])
+            for name in spec.symbolic_dims() if "+" not in name}
+    # One entry: the wrappers' forward(*inputs) is a single variadic parameter.
+    return (tuple({i: dims[d] for i, d in enumerate(t.dims) if isinstance(d, str)} or None for t in spec.inputs),)
+
+
+def name_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:
+    """Writes the declared dim names into the graph's inputs and outputs.
+
+    Inputs keep a number wherever the exporter froze an axis, so `tk verify`
+    sees and reports it; outputs take the declaration, because the exporter's
+    own output shapes are sometimes stale (its GRU keeps the example length).
+    """
+    for values, tensors, is_input in ((model.graph.input, spec.inputs, True), (model.graph.output, spec.outputs, False)):
+        by_name = {t.name: t for t in tensors}
+        for value in values:
+            declared = by_name[value.name]
+            for dim, want in zip(value.type.tensor_type.shape.dim, declared.dims):
+                if isinstance(want, int):
+                    dim.dim_value = want
+                elif not (is_input and dim.HasField("dim_value")):
+                    dim.dim_param = want
+
+
+def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: int, max_len: int, vocab: int) -> None:
+    rng = np.random.default_rng(0)
+    feeds = make_inputs(spec, EXAMPLE_SIZES, rng, vocab)
+    args = tuple(torch.from_numpy(feeds[n]) for n in spec.input_names)
+    log = io.StringIO()
+    try:
+        # The exporter narrates every stage on stdout; keep it for the error message only.
+        with warnings.catch_warnings(), redirect_stdout(log), redirect_stderr(log):
+            warnings.simplefilter("ignore")
+            logging.getLogger("torch").setLevel(logging.ERROR)
+            program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes(spec, max_len),
+                                        input_names=spec.input_names, output_names=spec.output_names,
+                                        opset_version=opset, optimize=False, verbose=False)
+    except Exception as e:
+        raise ToolkitError(f"torch.onnx.export failed for graph '{spec.name}': {first_line(e)}") from e
+    # Fold only small constants: folding a weight's transpose would store a second,
+    # renamed copy of it, doubling the file and hiding which parameter it came from.
+    import onnxscript.optimizer
+
+    onnxscript.optimizer.optimize_ir(program.model, input_size_limit=1024, output_size_limit=1024,
+                                     should_fold=lambda node: False if node.op_type == "Transpose" else None)
+    model = program.model_proto
+    for node in model.graph.node:
+        # The exporter annotates every node with a Python stack trace; they triple the file size.
+        del node.metadata_props[:]
+        node.doc_string = ""
+    name_dims(model, spec)
+    onnx.save_model(model, path)
+    onnx.checker.check_model(str(path), full_check=True)
+    onnx.shape_inference.infer_shapes_path(str(path), check_type=True, strict_mode=True)
+
+
+def load_model(opts: ExportOptions):
+    """(entry, config, model, checkpoint-or-None) from a checkpoint or a random init."""
+    if opts.random_init:
+        if not opts.model:
+            raise UsageError("--random-init needs a model name, e.g. tk export transformer --random-init --out DIR")
+        entry = registry.get(opts.model)
+        torch.manual_seed(opts.seed)
+        cfg = entry.config(**SMALL)
+        return entry, cfg, entry.build(cfg).eval(), None
+    ckpt = checkpoint.load(opts.checkpoint)
+    entry, cfg, model = checkpoint.build_model(ckpt)
+    return entry, cfg, model, ckpt
+
+
+def replaceable(out: Path, force: bool) -> None:
+    """--force replaces only what export itself makes: a directory holding a tk manifest (or an empty one)."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not force:
+        raise UsageError(f"output directory {out} already exists; use --force to overwrite")
+    if out.is_symlink() or not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory; --force replaces only an exported tk model directory")
+    if any(out.iterdir()) and not is_model_directory(out):
+        raise UsageError(f"{out} is not an exported tk model directory (no tk manifest.json); "
+                         "--force will not delete it: choose another --out or remove it yourself")
+
+
+def is_model_directory(path: Path) -> bool:
+    try:
+        data = json.loads((path / manifest.NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == manifest.FORMAT
+
+
+@contextmanager
+def locked(directory: Path):
+    """An exclusive lock on a directory, held while a writer renames into it, so concurrent exports take turns."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def portable_path(path: str | Path) -> str:
+    """Where a checkpoint lay, as a manifest that travels may say it: relative to the directory export ran in
+    (verify finds it there on the machine that trained it), else its name alone; never another machine's path."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
+def export(opts: ExportOptions, echo=print) -> Path:
+    """Writes the model directory; on any failure nothing is left at opts.out."""
+    out = opts.out
+    replaceable(out, opts.force)
+    if opts.opset < 18:
+        raise UsageError(f"--opset {opts.opset} is too old; the dynamo exporter needs opset 18 or newer")
+    entry, cfg, model, ckpt = load_model(opts)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise UsageError(f"cannot write to {out.parent} ({e.strerror}); choose another --out") from None
+    try:
+        data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
+        manifest.write(tmp, data)
+        with locked(out.parent):
+            # Checked again under the lock: another export may have written `out` while this one ran.
+            replaceable(out, opts.force)
+            old = None
+            if out.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+                os.replace(out, old / out.name)
+            os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def wanted_variants(opts: ExportOptions) -> list[str]:
+    """The variants whose export option (declared in the catalogue) is set."""
+    return [v for v in variants.BUILT if getattr(opts, variants.CATALOGUE[v].export_option[0]) == variants.CATALOGUE[v].export_option[1]]
+
+
+def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
+    """Adds variants to an exported directory, from its own fp32 graphs (no checkpoint needed).
+
+    This is how a fresh clone gets the int8 graphs of a shipped model. The manifest
+    is rewritten only after every new file is complete; on failure they are removed.
+    """
+    m = manifest.load(directory)
+    m.check_files()
+    wanted = wanted_variants(opts)
+    if not wanted and not opts.attention:
+        flags = ", ".join(variants.CATALOGUE[v].export_flag for v in variants.BUILT)
+        raise UsageError(f"{directory} is already exported; to add graphs to it pass {flags} or --attention")
+    present = [v for v in wanted if v in m.stored]
+    if present and not opts.force:
+        raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
+    graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
+    written: list[Path] = []
+    try:
+        for variant in wanted:
+            echo(f"writing the {variant} variant ...")
+            made = make_variant(directory, graphs, variant, written)
+            m.stored[variant] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()},
+                                                       **variants.CATALOGUE[variant].record(), command=opts.command)
+        if opts.attention:
+            echo("declaring the attention outputs ...")
+            m.attention = attention_declaration(m.model, m.config).get("attention")
+        m.save()
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return directory
+
+
+def attention_declaration(model: str, config: dict) -> dict:
+    """The manifest entry of the attention variant (built in memory from the fp32 graphs when used)."""
+    entry = registry.get(model)
+    if entry.attention is None:
+        return {}
+    extra = entry.attention(entry.config(**config))
+    return {"attention": {g: [dataclasses.asdict(t) for t in ts] for g, ts in extra.items()}}
+
+
+def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
+    max_len = getattr(cfg, "max_len", 64)
+    vocab = getattr(cfg, "vocab_size", 2)
+    graphs = {}
+    for spec in entry.graphs(cfg):
+        path = tmp / f"{spec.name}.onnx"
+        echo(f"exporting {spec.name} ...")
+        export_graph(registry.graph_module(entry, model, spec), spec, path, opts.opset, max_len, vocab)
+        graphs[spec.name] = {"file": path.name, "sha256": manifest.file_sha256(path), "spec": spec.to_dict(),
+                             "bytes": path.stat().st_size}
+    share_weights(tmp, graphs)
+    made = {}
+    for variant in wanted_variants(opts):
+        echo(f"writing the {variant} variant ...")
+        made[variant] = {"graphs": make_variant(tmp, graphs, variant), **variants.CATALOGUE[variant].record()}
+    data = {
+        "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
+        "variants": made, "opset": opts.opset, "versions": versions(),
+        "tokenizer": None, "special_tokens": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
+        "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **attention_declaration(entry.name, dataclasses.asdict(cfg)),
+    }
+    if ckpt is None:
+        # Rebuilt by verify from the seed; the weights digest proves it got the same model.
+        data["checkpoint"] = {"random_init": True, "seed": opts.seed, "weights_sha256": checkpoint.weights_sha256(model)}
+    else:
+        data["checkpoint"] = {"path": portable_path(ckpt["path"]), "sha256": checkpoint.sha256(ckpt["path"]),
+                              "weights_sha256": checkpoint.weights_sha256(model),
+                              # The digest the checkpoint carried and load checked (None: an older checkpoint without one).
+                              "checkpoint_weights_sha256": ckpt.get("weights_sha256")}
+        data["training"] = {**ckpt.get("train", {}), "history": ckpt.get("progress", {}).get("history", []),
+                            "data": {k: v for k, v in ckpt.get("data", {}).items() if k not in ("x_train", "y_train")}}
+        data["metrics"] = ckpt.get("metrics", {})
+        if ckpt.get("tokenizer"):
+            (tmp / "tokenizer.model").write_bytes(ckpt["tokenizer"])
+            data["tokenizer"] = {"file": "tokenizer.model", "sha256": manifest.file_sha256(tmp / "tokenizer.model"),
+                                 "type": "sentencepiece unigram, shared English/French"}
+        if ckpt.get("data", {}).get("sha256") == CORPUS_SHA256:
+            # CC BY 2.0 FR asks for attribution wherever a model trained on the data is shipped.
+            (tmp / "LICENSE-DATA.md").write_text(DATA_LICENSE, encoding="utf-8")
+            data.setdefault("extra_files", []).append({"file": "LICENSE-DATA.md", "sha256": manifest.file_sha256(tmp / "LICENSE-DATA.md")})
+        if "x_train" in ckpt.get("data", {}):
+            # The kernel regression's keys and values are its training points.
+            np.savez(tmp / "train_points.npz", x=np.array(ckpt["data"]["x_train"], np.float32),
+                     y=np.array(ckpt["data"]["y_train"], np.float32))
+            data.setdefault("extra_files", []).append({"file": "train_points.npz", "sha256": manifest.file_sha256(tmp / "train_points.npz")})
+    return data
+
+
+WEIGHTS = "weights.bin"
+
+DATA_LICENSE = """# Training data
+
+This model was trained on the Tatoeba English-French sentence pairs as packaged by
+manythings.org/anki (fra-eng.zip, fra.txt sha256 0bb85dbaa1c896844649094d7eaf2e34bee34e84fe362b26ce7e8f2e12aae104).
+
+License of the data: Creative Commons Attribution 2.0 France (CC BY 2.0 FR),
+https://creativecommons.org/licenses/by/2.0/fr/
+
+Attribution: www.manythings.org/anki and tatoeba.org.
+"""
+
+
+def share_weights(tmp: Path, graphs: dict) -> None:
+    """Moves every large initializer into one weights.bin that all graphs point into.
+
+    The encoder and decoder hold the same embedding (and, in the decoder, the
+    tied output projection); stored once, a model directory is about a fifth smaller.
+    """
+    offsets: dict[tuple[str, bytes], tuple[int, int]] = {}
+    with open(tmp / WEIGHTS, "wb") as blob:
+        for g in graphs.values():
+            path = tmp / g["file"]
+            model = onnx.load(path)
+            for init in model.graph.initializer:
+                raw = onnx.numpy_helper.to_array(init).tobytes()
+                if len(raw) < 1024:
+                    continue
+                key = (init.name, hashlib.sha256(raw).digest())
+                if key not in offsets:
+                    blob.seek(0, os.SEEK_END)
+                    start = blob.tell() + (-blob.tell() % 64)  # aligned, so the runtime can map it directly
+                    blob.seek(start)
+                    blob.write(raw)
+                    offsets[key] = (start, len(raw))
+                start, length = offsets[key]
+                init.ClearField("raw_data")
+                for field in ("float_data", "int64_data", "int32_data", "double_data"):
+                    init.ClearField(field)
+                init.data_location = onnx.TensorProto.EXTERNAL
+                del init.external_data[:]
+                for k, v in (("location", WEIGHTS), ("offset", str(start)), ("length", str(length))):
+                    init.external_data.add(key=k, value=v)
+            onnx.save_model(model, path)
+            g["sha256"], g["bytes"] = manifest.file_sha256(path), path.stat().st_size
+    if not offsets:  # nothing large enough to share (the kernel regression has one scalar)
+        (tmp / WEIGHTS).unlink()
+        return
+    for g in graphs.values():
+        onnx.checker.check_model(str(tmp / g["file"]), full_check=True)
+    graphs_extra = {"file": WEIGHTS, "sha256": manifest.file_sha256(tmp / WEIGHTS)}
+    for g in graphs.values():
+        g["weights"] = graphs_extra
+
+
+def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | None = None) -> dict:
+    """Writes `variant` of each graph beside it; appends every file it creates to `written`."""
+    out = {}
+    for name, g in graphs.items():
+        src, dst = tmp / g["file"], tmp / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
+        if written is not None:
+            written.append(dst)
+        variants.build(src, dst, variant)
+        out[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
+    return out
+
+
+def versions() -> dict:
+    import onnxruntime
+    import onnxscript
+
+    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "onnxscript": onnxscript.__version__, "python": platform.python_version(), "numpy": np.__version__}

@@ -1,0 +1,163 @@
+"""The PyTorch reference for an exported directory: the model verify and bench compare against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import torch
+
+from toolkit.build import checkpoint
+from toolkit.build import registry
+from toolkit.core.errors import UsageError
+from toolkit.core.manifest import CheckpointRecord, Manifest
+
+PREFIX = "model."  # the graph wrappers hold the model as `.model`, so initializers are named model.<parameter>
+
+
+# What a reference read back from the graphs can prove, said wherever verify reports its reference.
+GRAPHS_ONLY = "the graphs' own weights: parity of the computation only, not of the weights"
+
+
+def reference_kind(source: str) -> tuple[str, str]:
+    """(kind, what a pass against this reference proves) for a source string from load_reference."""
+    if source.startswith("checkpoint"):
+        return "checkpoint", "the graphs compute what the checkpoint's model computes, with the checkpoint's weights"
+    if source.startswith("random init"):
+        return "random_init", "the graphs compute what the model rebuilt from its seed computes, with those weights"
+    return "graphs", GRAPHS_ONLY
+
+
+def describe_checkpoint(path: str | Path, sha256: str) -> str:
+    """What a checkpoint was, not where it lay (reports and manifests travel to other machines)."""
+    return f"{Path(path).name} (sha256 {sha256[:12]})"
+
+
+def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path | None = None):
+    """(registry entry, config, model in eval mode, where the weights came from).
+
+    In order: a random init rebuilt from its seed, the checkpoint recorded at
+    export if it is here with the same sha256, or else (a shipped model, or a
+    checkpoint that training has moved on since) the weights read back from the
+    fp32 graphs. The weights must match the digest recorded at export in every
+    case, so a graph whose weights were altered after export still fails.
+    """
+    entry = registry.get(m.model)
+    cfg = entry.checked_config(m.config, str(m.directory / "manifest.json"))
+    record = m.checkpoint or CheckpointRecord(weights_sha256="")
+    if not 0 <= (record.seed or 0) < 2**32:
+        raise UsageError(f"{m.directory}/manifest.json: checkpoint.seed must be an integer in [0, 2^32); re-export")
+    if checkpoint_path is not None:
+        # Given explicitly: its own digest is checked at load, and verify compares it with the graphs' weights.
+        ckpt = checkpoint.load(checkpoint_path, warn=echo)
+        if ckpt["model"] != m.model:
+            raise UsageError(f"--checkpoint {checkpoint_path} holds a '{ckpt['model']}' model, but {m.directory} is a '{m.model}' model")
+        _, cfg, model = checkpoint.build_model(ckpt)
+        source = f"checkpoint {describe_checkpoint(ckpt['path'], checkpoint.sha256(ckpt['path']))} (given with --checkpoint)"
+        echo(f"reference: {source}")
+        return entry, cfg, model.eval(), source
+    if record.random_init:
+        torch.manual_seed(record.seed or 0)
+        model, source = entry.build(cfg), f"random init, seed {record.seed or 0}"
+    elif record.path and Path(record.path).is_file() and checkpoint.sha256(record.path) == record.sha256:
+        _, cfg, model = checkpoint.build_model(checkpoint.load(record.path))
+        source = f"checkpoint {describe_checkpoint(record.path, record.sha256)}"
+    else:
+        # A shipped model's checkpoint is not on this machine, or training has moved it on since export.
+        why = "changed since export" if record.path and Path(record.path).is_file() else "not on this machine"
+        model, source = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs (checkpoint {why}): {GRAPHS_ONLY}"
+    model.eval()
+    digest = checkpoint.weights_sha256(model)
+    if record.weights_sha256 and digest != record.weights_sha256:
+        raise UsageError(f"reference weights ({source}) differ from the ones exported (weights digest mismatch); re-export")
+    echo(f"reference: {source}")
+    return entry, cfg, model, source
+
+
+def graph_parameters(directory: Path, files: list[str]) -> dict[str, torch.Tensor]:
+    """Model parameters stored in the given graphs: named initializers, plus the GRU biases
+    that the exporter folds into each ONNX GRU node's unnamed bias input."""
+    found = {}
+    for file in files:
+        graph = onnx.load(directory / file, load_external_data=True).graph
+        for init in graph.initializer:
+            if init.name.startswith(PREFIX):
+                found[init.name[len(PREFIX):]] = torch.from_numpy(onnx.numpy_helper.to_array(init).copy())
+        found.update(_gru_biases(graph))
+    return found
+
+
+def _gru_biases(graph: onnx.GraphProto) -> dict[str, torch.Tensor]:
+    """bias_ih/bias_hh of each exported nn.GRU layer, read back from its ONNX GRU node.
+
+    ONNX stores B = [Wb_z, Wb_r, Wb_h, Rb_z, Rb_r, Rb_h]; PyTorch orders the gates r, z, n.
+    The layer's name comes from the named weight its W input is computed from.
+    """
+    inits = {i.name: i for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def constant(name: str) -> np.ndarray | None:
+        # The exporter may hand B to the GRU through shape-only nodes (an Unsqueeze of a folded constant).
+        while name not in inits:
+            node = producer.get(name)
+            if node is None or node.op_type not in ("Unsqueeze", "Reshape", "Identity", "Squeeze"):
+                return None
+            name = node.input[0]
+        return onnx.numpy_helper.to_array(inits[name])
+
+    def parameters_behind(name: str, seen: set) -> set[str]:
+        if name in seen:
+            return set()
+        seen.add(name)
+        if name in inits:
+            return {name[len(PREFIX):]} if name.startswith(PREFIX) else set()
+        node = producer.get(name)
+        return set().union(*(parameters_behind(i, seen) for i in node.input if i)) if node else set()
+
+    out = {}
+    for node in graph.node:
+        b = constant(node.input[3]) if node.op_type == "GRU" and len(node.input) >= 4 and node.input[3] else None
+        if b is None:
+            continue
+        weights = parameters_behind(node.input[1], set())
+        if len(weights) != 1 or "weight_ih" not in next(iter(weights)):
+            continue
+        name = next(iter(weights))
+        b = b.reshape(-1)
+        h = b.size // 6
+        for half, kind in ((b[: 3 * h], "bias_ih"), (b[3 * h:], "bias_hh")):
+            z, r, n = half[:h], half[h: 2 * h], half[2 * h:]
+            out[name.replace("weight_ih", kind)] = torch.from_numpy(np.concatenate([r, z, n]).copy())
+    return out
+
+
+def resolve_parameters(model: torch.nn.Module, found: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """A full state dict from the parameters found, and the names that could not be found.
+
+    Tied parameters appear under several names in the state dict but once in a graph;
+    non-persistent buffers (the positional-encoding table) are rebuilt by the model.
+    """
+    state = model.state_dict(keep_vars=True)
+    out = {k: v for k, v in found.items() if k in state}
+    missing = []
+    for alias in state:
+        if alias not in out:
+            twin = next((k for k in out if state[k] is state[alias]), None)
+            if twin is None:
+                missing.append(alias)
+            else:
+                out[alias] = out[twin]
+    return out, missing
+
+
+def weights_from_graphs(m: Manifest, entry, cfg) -> torch.nn.Module:
+    """The model rebuilt from the parameters its exported graphs hold."""
+    model = entry.build(cfg)
+    found = graph_parameters(m.directory, [g.file for g in m.graphs.values()])
+    state, missing = resolve_parameters(model, found)
+    if missing:
+        raise UsageError(f"parameter {missing[0]} is in no graph of {m.directory}; verify needs the training checkpoint")
+    model.load_state_dict(state)
+    return model

@@ -1,0 +1,55 @@
+"""PyTorch step backend for the shared decoding loop: the reference that the graphs are held to."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from toolkit.core.decoding import StepBackend, empty_cache
+from toolkit.core.graphs import GraphSpec
+
+
+class TorchBackend(StepBackend):
+    """Runs a seq2seq model's `encode` / `decode_step` with the cache the graphs declare."""
+
+    def __init__(self, model: torch.nn.Module, encoder: GraphSpec, decoder: GraphSpec):
+        self.model = model.eval()
+        self.encoder, self.decoder = encoder, decoder
+        # Which axis of each state tensor is the batch, read from the declaration.
+        self.batch_axis = {t.name: t.dims.index("batch") for t in decoder.inputs[1:]}
+
+    @torch.inference_mode()
+    def encode_outputs(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
+        """Everything the model's encode returns (verify compares it with the encoder graph)."""
+        return self.model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
+
+    def initial_state(self, encoded: dict[str, torch.Tensor], batch: int) -> dict[str, torch.Tensor]:
+        """The decoder state: encoder outputs plus empty caches, as the decoder graph declares."""
+        state = {**encoded, **{k: torch.from_numpy(v) for k, v in empty_cache(self.decoder, encoded, batch).items()}}
+        return {name: state[name] for name in self.batch_axis}
+
+    def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
+        return self.initial_state(self.encode_outputs(src, src_len), len(src))
+
+    def _decode_step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
+        log_probs, cache = self.model.decode_step(torch.from_numpy(token), state)
+        return log_probs, {name: cache[name] for name in self.batch_axis}
+
+    @torch.inference_mode()
+    def step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
+        log_probs, state = self._decode_step(token, state)
+        return log_probs.numpy(), state
+
+    @torch.inference_mode()
+    def step_top_k(self, token: np.ndarray, state: dict[str, torch.Tensor], k: int):
+        log_probs, state = self._decode_step(token, state)
+        values, indices = torch.topk(log_probs, min(k, log_probs.shape[-1]), dim=-1)
+        return values.numpy(), indices.numpy(), state
+
+    def fork(self) -> TorchBackend:
+        # Inference-mode forward passes share no state between calls.
+        return self
+
+    def select(self, state: dict[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
+        index = torch.from_numpy(rows)
+        return {k: v.index_select(self.batch_axis[k], index) for k, v in state.items()}

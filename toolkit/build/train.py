@@ -1,0 +1,481 @@
+"""Training: kernel regression on synthetic data, seq2seq models on fra-eng; atomic, resumable checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from toolkit.build import checkpoint
+from toolkit.core import data
+from toolkit.core import history
+from toolkit.build import registry
+from toolkit.core.batching import DecodeOptions, translate_texts
+from toolkit.build.epoch_data import EpochData
+from toolkit.core.errors import ToolkitError, UsageError
+from toolkit.core.noise import NoiseConfig
+from toolkit.core.tokenizer import PAD, Tokenizer
+
+PRESETS = {
+    # A few hundred pairs and a small model: the loss visibly falls in about a minute on 2 cores.
+    "tiny": dict(limit_pairs=400, vocab_size=600, num_hiddens=64, ffn_num_hiddens=128, num_heads=4, num_layers=2,
+                 embed_size=64, epochs=12, max_tokens=1500, lr=3e-3, warmup=30, eval_sentences=50),
+    # The shipped models: sized for a few hours on 2 CPU cores.
+    "base": dict(vocab_size=6000, num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_layers=3,
+                 embed_size=256, epochs=12, max_tokens=6000, lr=1e-3, warmup=1500, eval_sentences=500,
+                 noise=True, average_last=1),
+}
+# What differs per model from the size preset. The Transformer keeps the paper's schedule and
+# averages its last epochs; the GRU halves its rate when validation loss stalls and stops early.
+MODEL_PRESETS = {
+    ("transformer", "base"): dict(epochs=30, average_last=5),
+    ("seq2seq", "base"): dict(num_hiddens=224, embed_size=224, num_layers=2, tie_embeddings=True, dropout=0.2,
+                              epochs=30, lr=1e-3, warmup=500, schedule="plateau", patience=3),
+}
+# Training settings `--set` accepts besides the model's config fields, with their types.
+SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int,
+            "average_last": int, "patience": int}
+
+
+@dataclass
+class TrainOptions:
+    model: str
+    out: Path
+    data: str | None = None
+    exclude: str | None = None  # a public test set whose English sentences must not be trained on
+    preset: str = "base"
+    pre_ln: bool = False
+    epochs: int | None = None
+    lr: float | None = None
+    seed: int = 0
+    resume: bool = False
+    limit_pairs: int | None = None
+    max_minutes: float | None = None  # stop cleanly (with a checkpoint) after this long
+    save_every: float = 300.0  # seconds between periodic checkpoints
+    threads: int | None = None
+    precision: str = "auto"  # "auto": bf16 autocast where the device has fast bf16, else fp32
+    device: str = "auto"  # "auto": cuda when torch sees a GPU, else cpu
+    noise: bool | None = None  # robustness noise on the training pairs [preset]
+    tokenizer: str | None = None  # reuse this SentencePiece model (or train it and write it there)
+    overrides: dict = dataclasses.field(default_factory=dict)  # config fields from the command line
+    command: str = ""
+
+    def setting(self, key: str):
+        value = {"epochs": self.epochs, "lr": self.lr, "limit_pairs": self.limit_pairs, "noise": self.noise}.get(key)
+        if value is None:
+            preset = {**PRESETS[self.preset], **MODEL_PRESETS.get((self.model, self.preset), {})}
+            value = self.overrides.get(key, preset.get(key))
+        return value
+
+
+class Interrupted(ToolkitError):
+    exit_code = 130
+
+
+def check_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {out} ({e.strerror}); choose another --out") from None
+
+
+def check_settings(opts: TrainOptions, entry: registry.ModelEntry) -> None:
+    """Parses and checks every --set before any work, so a bad size fails now, not after hours of training."""
+    opts.overrides = entry.parse_overrides(opts.overrides, SETTINGS)
+    for key in SETTINGS:
+        value = opts.setting(key)
+        if value is not None and value <= 0:
+            raise UsageError(f"{key} must be positive, got {value}")
+    registry.check_config(opts.model, entry.config(**config_fields(opts, entry)), "--set")
+
+
+def config_fields(opts: TrainOptions, entry: registry.ModelEntry) -> dict:
+    """The model's config fields that the preset, the model's preset or --set give a value."""
+    return {k: v for k in entry.field_types() if (v := opts.setting(k)) is not None}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def bf16_is_fast() -> bool:
+    """True on CPUs with native bf16 matmuls (AVX512-BF16 or AMX), where autocast halves training time."""
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(check and check())
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA GPU (torch " + torch.__version__ + "); use --device cpu")
+    return torch.device(name)
+
+
+def hardware(device: torch.device | None = None) -> str:
+    where = f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    if device is not None and device.type == "cuda":
+        where += f", {torch.cuda.get_device_name(device)}"
+    return where
+
+
+def train(opts: TrainOptions, echo=print) -> dict:
+    """Runs training as configured; returns the final metrics."""
+    if opts.preset not in PRESETS:
+        raise UsageError(f"unknown preset '{opts.preset}'; choose one of: {', '.join(PRESETS)}")
+    entry = registry.get(opts.model)
+    if entry.train is None:
+        raise UsageError(f"model '{opts.model}' has no training task; train one of: {', '.join(registry.trainable())}")
+    check_settings(opts, entry)
+    check_out_dir(opts.out)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    seed_everything(opts.seed)
+    return TASKS[entry.train](opts, entry, echo)
+
+
+def train_kernel_regression(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
+    from models.kernel_regression import fit, synthetic_data, test_mse
+
+    cfg = entry.config()
+    model = entry.build(cfg)
+    x_train, y_train, x_test, y_truth = synthetic_data(seed=opts.seed)
+    baseline = test_mse(entry.build(entry.config(learn_width=False)), x_train, y_train, x_test, y_truth)
+    epochs = opts.epochs or 5
+    epochs_seen = []
+    for epoch, loss in fit(model, x_train, y_train, epochs=epochs, lr=opts.lr or 0.5):
+        echo(f"epoch {epoch + 1}/{epochs}  loss {loss:.4f}  w {model.w.item():.3f}")
+        epochs_seen.append({"epoch": epoch + 1, "train_loss": loss, "w": model.w.item()})
+        history.write(opts.out, entry.name, epochs_seen)  # for `tk plot`
+    mse = test_mse(model, x_train, y_train, x_test, y_truth)
+    metrics = {"test_mse": mse, "test_mse_nonparametric": baseline, "w": model.w.item()}
+    checkpoint.save({
+        "model": entry.name, "config": dataclasses.asdict(cfg), "state_dict": model.state_dict(), "metrics": metrics,
+        "train": {"command": opts.command, "seed": opts.seed, "hardware": hardware()},
+        "data": {"x_train": x_train.tolist(), "y_train": y_train.tolist(), "source": "synthetic 2 sin(x) + x^0.8 + N(0, 0.5)"},
+    }, opts.out / "checkpoint.pt")
+    echo(f"done: test MSE {mse:.4f} (non-parametric: {baseline:.4f}), learned w {model.w.item():.3f}; checkpoint {opts.out / 'checkpoint.pt'}")
+    return metrics
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def lr_at(step: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then inverse square-root decay (the paper's schedule, scaled to a peak)."""
+    step = max(step, 1)
+    return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def label_smoothed_nll(log_probs: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(smoothed loss summed, plain NLL summed) over non-pad target tokens."""
+    mask = target != PAD
+    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -log_probs.mean(-1)
+    loss = ((1 - eps) * nll + eps * smooth)[mask].sum()
+    return loss, nll[mask].sum()
+
+
+def to_tensors(examples, idx, device: torch.device | str = "cpu"):
+    src = [examples[i][0] for i in idx]
+    tgt_in, tgt_out = data.teacher_forcing([examples[i][1] for i in idx])
+    return tuple(torch.tensor(x).to(device, non_blocking=True)
+                 for x in (data.pad(src), [len(s) for s in src], tgt_in, tgt_out))
+
+
+def load_tokenizer(opts: TrainOptions, train_pairs, echo) -> Tokenizer:
+    """A shared tokenizer file is reused (both translation models then have one vocabulary);
+    otherwise one is trained on the training pairs (and written to --tokenizer if given)."""
+    path = Path(opts.tokenizer) if opts.tokenizer else None
+    if path and path.is_file():
+        echo(f"using the tokenizer {path}")
+        return Tokenizer.load(path)
+    echo(f"training the tokenizer on {len(train_pairs)} training pairs ...")
+    tokenizer = Tokenizer.train([s for p in train_pairs for s in p], opts.setting("vocab_size"), opts.seed)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tokenizer.save(tmp)
+        os.replace(tmp, path)
+    return tokenizer
+
+
+def build_config(opts: TrainOptions, entry: registry.ModelEntry, tokenizer: Tokenizer):
+    """The presets' sizes and any --set field (already parsed and checked), with the tokenizer's vocabulary."""
+    fields = config_fields(opts, entry)
+    return entry.config(**{**fields, "vocab_size": tokenizer.vocab_size, "pre_ln": opts.pre_ln or bool(fields.get("pre_ln"))})
+
+
+def average_state_dicts(paths: list[Path]) -> dict:
+    """Element-wise mean of the weights saved at the end of several epochs (checkpoint averaging)."""
+    states = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
+    return {k: sum(sd[k].float() for sd in states) / len(states) if states[0][k].is_floating_point() else states[-1][k]
+            for k in states[0]}
+
+
+class Schedule:
+    """Learning rate per step: the paper's warm-up + inverse square root, or warm-up then a
+    constant rate halved whenever validation loss fails to improve (with early stopping)."""
+
+    def __init__(self, kind: str, peak: float, warmup: int, patience: int | None):
+        self.kind, self.peak, self.warmup, self.patience = kind, peak, warmup, patience
+
+    def lr(self, step: int, state: dict) -> float:
+        if self.kind == "plateau":
+            return self.peak * min(1.0, max(step, 1) / self.warmup) * state.get("lr_scale", 1.0)
+        return lr_at(step, self.peak, self.warmup)
+
+    def after_epoch(self, valid_loss: float, state: dict) -> bool:
+        """Records the epoch's validation loss; True when training should stop early."""
+        best = state.get("best_valid_loss")
+        if best is None or valid_loss < best - 1e-4:
+            state["best_valid_loss"], state["best_epoch"], state["bad_epochs"] = valid_loss, state["epoch"] + 1, 0
+            return False
+        state["bad_epochs"] = state.get("bad_epochs", 0) + 1
+        if self.kind == "plateau":
+            state["lr_scale"] = state.get("lr_scale", 1.0) * 0.5
+        return bool(self.patience) and state["bad_epochs"] >= self.patience
+
+
+# Over 60 lines: one training run's mutable state (model, optimizer, schedule, averaging, RNG, progress, the
+# signal flag) lives in this frame so that every checkpoint saves all of it at once.
+def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
+    ckpt_path = opts.out / "checkpoint.pt"
+    resumed = checkpoint.load(ckpt_path) if opts.resume else None
+    if opts.resume and resumed.get("model") != opts.model:
+        raise UsageError(f"{ckpt_path} holds a '{resumed.get('model')}' model, not '{opts.model}'")
+    if not opts.resume and ckpt_path.exists():
+        raise UsageError(f"{ckpt_path} already exists; pass --resume to continue it or choose another --out")
+    device = pick_device(opts.device)
+
+    corpus = data.load_corpus(opts.data, Path(opts.exclude) if opts.exclude else None)
+    echo(data.describe(corpus))
+    train_pairs = corpus.splits["train"]
+    limit = opts.setting("limit_pairs")
+    if limit:
+        train_pairs = random.Random(opts.seed).sample(train_pairs, min(limit, len(train_pairs)))
+    valid_pairs = corpus.splits["valid"][: max(200, limit or 0)] if limit else corpus.splits["valid"]
+
+    if resumed:
+        tokenizer = Tokenizer(resumed["tokenizer"])
+        cfg = entry.config(**resumed["config"])
+    else:
+        tokenizer = load_tokenizer(opts, train_pairs, echo)
+        cfg = build_config(opts, entry, tokenizer)
+    model = entry.build(cfg).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    state = {"epoch": 0, "batch": 0, "step": 0, "elapsed": 0.0, "history": []}
+    if resumed:
+        model.load_state_dict(resumed.get("train_state_dict") or resumed["state_dict"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        state = resumed["progress"]
+        torch.set_rng_state(resumed["rng"])
+        if state["epoch"] < opts.setting("epochs"):
+            # Training goes on: the finished run's metrics and averaged weights no longer describe it.
+            for key in ("metrics", "final_weights"):
+                state.pop(key, None)
+
+    noise_cfg = NoiseConfig() if opts.setting("noise") else None
+    epochs_data = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed)
+    valid_examples = data.encode_pairs(tokenizer, valid_pairs, cfg.max_len)
+    epochs, max_tokens = opts.setting("epochs"), opts.setting("max_tokens")
+    schedule = Schedule(opts.setting("schedule") or "inverse_sqrt", opts.setting("lr"), opts.setting("warmup"), opts.setting("patience"))
+    average_last = opts.setting("average_last") or 1
+    use_bf16 = opts.precision == "bf16" or (opts.precision == "auto" and (device.type == "cuda" or bf16_is_fast()))
+    n_params = sum(p.numel() for p in model.parameters())
+    echo(f"{opts.model}: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, {len(train_pairs)} training pairs, "
+         f"{len(valid_examples)} validation pairs, {epochs} epochs, {'bf16 autocast' if use_bf16 else 'fp32'}, "
+         f"noise {'on' if noise_cfg else 'off'}; {hardware(device)}")
+
+    # The command that started the run stays recorded; each --resume is appended after it.
+    provenance = {"command": opts.command, "seed": opts.seed, "hardware": hardware(device),
+                  "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()}, "resumed_with": [],
+                  "noise": noise_cfg.asdict() if noise_cfg else None,
+                  "recipe": {k: opts.setting(k) for k in ("epochs", "lr", "warmup", "max_tokens", "schedule", "patience", "average_last")}}
+    if resumed:
+        first = resumed.get("train", {})
+        provenance.update(command=first.get("command", opts.command), options=first.get("options", provenance["options"]),
+                          noise=first.get("noise", provenance["noise"]), recipe=first.get("recipe", provenance["recipe"]),
+                          resumed_with=[*first.get("resumed_with", []), opts.command])
+
+    def save(final_state: dict | None = None) -> None:
+        live = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        checkpoint.save({
+            "model": opts.model, "config": dataclasses.asdict(cfg),
+            # state_dict is the model to use (averaged at the end); train_state_dict the weights training continues from.
+            "state_dict": final_state or live, "train_state_dict": live if final_state else None,
+            "optimizer": optimizer.state_dict(), "progress": state, "rng": torch.get_rng_state(),
+            "tokenizer": tokenizer.model_proto,
+            "data": {"source": Path(corpus.source).name, "sha256": corpus.sha256, "split": corpus.info,
+                     "train_pairs_used": len(train_pairs), "exclude": opts.exclude},
+            "train": {**provenance, "elapsed_s": state["elapsed"]},
+            "metrics": state.get("metrics", {}),
+        }, ckpt_path)
+
+    started, last_save = time.time(), time.time()
+    elapsed0 = state["elapsed"]
+    stopped_early = False
+    bar = _progress_bar(epochs, len(data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed)), state)
+    # SIGTERM (a scheduler, `kill`, a background job whose SIGINT is ignored) stops like Ctrl-C: checkpoint first.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    try:
+        while state["epoch"] < epochs and not state.get("stopped_early"):
+            model.train()
+            batches = data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed + state["epoch"])
+            examples = epochs_data.examples(state["epoch"])
+            window_tokens, window_start = 0, time.time()
+            # Resuming mid-epoch (or after its last batch) continues the epoch's running loss.
+            loss_avg = state.get("loss_avg") if state["batch"] else None
+            for b in range(state["batch"], len(batches)):
+                src, src_len, tgt_in, tgt_out = to_tensors(examples, batches[b], device)
+                for group in optimizer.param_groups:
+                    group["lr"] = schedule.lr(state["step"] + 1, state)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    log_probs = model(src, src_len, tgt_in)
+                loss, _ = label_smoothed_nll(log_probs.float(), tgt_out, 0.1)
+                n_tokens = int((tgt_out != PAD).sum())
+                optimizer.zero_grad(set_to_none=True)
+                (loss / n_tokens).backward()
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                state["step"] += 1
+                state["batch"] = b + 1
+                per_token = loss.item() / n_tokens
+                loss_avg = per_token if loss_avg is None else 0.98 * loss_avg + 0.02 * per_token
+                state["loss_avg"] = loss_avg
+                window_tokens += n_tokens + int(src_len.sum())
+                bar.update(1)
+                bar.set_postfix_str(f"epoch {state['epoch'] + 1}/{epochs} loss {loss_avg:.3f} "
+                                    f"{window_tokens / max(time.time() - window_start, 1e-6):,.0f} tok/s", refresh=False)
+                state["elapsed"] = elapsed0 + time.time() - started
+                if time.time() - last_save > opts.save_every:
+                    save()
+                    last_save = time.time()
+                if opts.max_minutes and state["elapsed"] - elapsed0 > 60 * opts.max_minutes:
+                    save()
+                    bar.close()
+                    echo(f"stopped after --max-minutes {opts.max_minutes}; checkpoint {ckpt_path}; continue with --resume")
+                    return state.get("metrics", {})
+            valid_loss = evaluate_loss(model, valid_examples, max_tokens, device)
+            _save_epoch_weights(model, opts.out, state["epoch"] + 1, max(average_last, 1))
+            state["history"].append({"epoch": state["epoch"] + 1, "train_loss": loss_avg, "valid_loss": valid_loss,
+                                     "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(state["elapsed"])})
+            history.write(opts.out, opts.model, state["history"])  # for `tk plot`
+            train_loss = "n/a" if loss_avg is None else f"{loss_avg:.3f}"
+            bar.write(f"epoch {state['epoch'] + 1}: train loss {train_loss}, valid loss {valid_loss:.3f}")
+            state["stopped_early"] = schedule.after_epoch(valid_loss, state)
+            state["epoch"] += 1
+            state["batch"] = 0
+            save()
+            if state["stopped_early"]:
+                bar.write(f"valid loss has not improved for {state['bad_epochs']} epochs; stopping early "
+                          f"(best: epoch {state['best_epoch']})")
+                stopped_early = True
+    except KeyboardInterrupt:
+        bar.close()
+        save()
+        raise Interrupted(f"interrupted; checkpoint saved to {ckpt_path}; continue with --resume") from None
+    finally:
+        epochs_data.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    bar.close()
+    final = _final_weights(opts.out, state, average_last, stopped_early or schedule.kind == "plateau")
+    state["final_weights"] = final["how"]
+    live = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(final["state_dict"])
+    model.cpu()
+    metrics = final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max_tokens, opts.setting("eval_sentences"))
+    state["metrics"] = metrics
+    model.load_state_dict(live)
+    save(final_state={k: v.cpu() for k, v in final["state_dict"].items()})
+    echo(f"done: valid loss {metrics['valid_loss']:.3f}, valid BLEU {metrics['valid_bleu']:.1f} "
+         f"(greedy, {metrics['bleu_sentences']} sentences, {final['how']}); checkpoint {ckpt_path}")
+    return metrics
+
+
+def _progress_bar(epochs: int, batches_per_epoch: int, state: dict):
+    from tqdm import tqdm
+
+    # Noise changes each epoch's batch count a little; the bar's total is an estimate.
+    return tqdm(total=epochs * batches_per_epoch, initial=state["epoch"] * batches_per_epoch + state["batch"], unit="batch",
+                dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+
+
+def _epoch_path(out: Path, epoch: int) -> Path:
+    return out / f"weights-epoch{epoch:03d}.pt"
+
+
+def _save_epoch_weights(model: nn.Module, out: Path, epoch: int, keep: int) -> None:
+    """Weights at the end of each epoch (fp32, no optimizer), the last `keep` of them, for
+    checkpoint averaging and for early stopping's best epoch."""
+    path = _epoch_path(out, epoch)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    os.replace(tmp, path)
+    for old in sorted(out.glob("weights-epoch*.pt"))[:-max(keep, 1)]:
+        old.unlink()
+
+
+def _final_weights(out: Path, state: dict, average_last: int, use_best: bool) -> dict:
+    """The weights to ship: the best epoch by validation loss (plateau schedule or early stop),
+    else the mean of the last `average_last` epochs' weights."""
+    if use_best and state.get("best_epoch") and _epoch_path(out, state["best_epoch"]).is_file():
+        epoch = state["best_epoch"]
+        return {"state_dict": torch.load(_epoch_path(out, epoch), weights_only=True), "how": f"best epoch {epoch}"}
+    last = state["epoch"]
+    paths = [_epoch_path(out, e) for e in range(max(1, last - average_last + 1), last + 1) if _epoch_path(out, e).is_file()]
+    if not paths:
+        raise UsageError(f"no epoch weights in {out}; the run finished no epoch")
+    how = f"mean of epochs {last - len(paths) + 1}-{last}" if len(paths) > 1 else f"epoch {last}"
+    return {"state_dict": average_state_dicts(paths), "how": how}
+
+
+@torch.no_grad()
+def evaluate_loss(model, examples, max_tokens: int, device: torch.device | str = "cpu") -> float:
+    """Mean per-token negative log-likelihood (no smoothing) on held-out pairs."""
+    model.eval()
+    total, count = 0.0, 0
+    for idx in data.length_batches(examples, max_tokens, seed=0):
+        src, src_len, tgt_in, tgt_out = to_tensors(examples, idx, device)
+        _, nll = label_smoothed_nll(model(src, src_len, tgt_in), tgt_out, 0.0)
+        total += nll.item()
+        count += int((tgt_out != PAD).sum())
+    model.train()
+    return total / max(count, 1)
+
+
+def final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max_tokens, n_sentences) -> dict:
+    from toolkit.core.scoring import bleu_chrf
+    from toolkit.build.torch_backend import TorchBackend
+
+    model.eval()
+    english, refs = data.references(valid_pairs)
+    english, refs = english[:n_sentences], refs[:n_sentences]
+    backend = TorchBackend(model, *entry.graphs(cfg))
+    hyps = translate_texts(backend, tokenizer, english, DecodeOptions(max_len=cfg.max_len, max_src_len=cfg.max_len))
+    scores = bleu_chrf(hyps, refs)
+    return {"valid_loss": evaluate_loss(model, valid_examples, max_tokens), "valid_bleu": scores["bleu"],
+            "valid_chrf": scores["chrf"], "bleu_sentences": len(english)}
+
+
+# The training code of each task a registry entry names (registry.ModelEntry.train).
+TASKS: dict[str, Callable[..., dict]] = {"translation": train_seq2seq, "regression": train_kernel_regression}

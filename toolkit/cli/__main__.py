@@ -1,0 +1,5 @@
+"""`python -m toolkit.cli`: the `tk` command."""
+
+from toolkit.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""One module per command (attention.py holds `tk attention` and `tk plot`)."""

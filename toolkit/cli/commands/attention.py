@@ -1,0 +1,71 @@
+"""`tk attention and tk plot`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.core.errors import UsageError
+
+
+@click.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.argument("text", nargs=-1)
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path),
+              help="PNG to write [default: attention-MODEL.png]; the Transformer writes PNG-encoder, -decoder-self and -cross.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the weights and tokens as JSON.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+def attention(model_dir, text, output_path, json_path, provider):
+    """Draw attention heatmaps from the exported graphs (no PyTorch needed; needs the plot extra).
+
+    Translation models translate the sentence with the attention variant of their graphs and draw
+    each output piece's attention; exported/nw draws its attention weights and regression fit.
+
+    \b
+    Example: tk attention exported/transformer "I'm home." -o docs/attention.png
+             tk attention exported/nw -o docs/nw.png
+    """
+    import json
+
+    from toolkit.core import manifest
+    from toolkit.deploy import attention_graphs, pictures
+
+    m = manifest.load(model_dir)
+    out = output_path or Path(f"attention-{m.model}.png")
+    if m.model == "nw":
+        if text:
+            raise UsageError("exported/nw takes no sentence: it draws its test grid's attention over its training points")
+        nw = attention_graphs.nadaraya_watson(model_dir)
+        drawn = [pictures.nadaraya_watson_figure(nw, out)]
+        payload = {k: v.tolist() for k, v in nw.items()}
+    else:
+        if len(text) != 1:
+            raise UsageError("give one English sentence, in quotes: tk attention exported/transformer \"I'm home.\"")
+        result = attention_graphs.translate(model_dir, list(text), provider)[0]
+        click.echo(f"{result.sentence} -> {result.translation}", err=True)
+        for piece, source, weight in attention_graphs.alignment(result):
+            click.echo(f"  {piece:<16} <- {source:<16} {weight:.2f}", err=True)
+        drawn = pictures.translation_figures(result, out)
+        payload = result.to_json()
+    if json_path:
+        json_path.write_text(json.dumps(payload) + "\n", encoding="utf-8")
+        drawn.append(json_path)
+    for path in drawn:
+        click.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="PNG to write [default: RUN_DIR/history.png].")
+def plot(run_dir, output_path):
+    """Draw the loss curves that `tk train` recorded in RUN_DIR/history.json.
+
+    Example: tk plot runs/tiny
+    """
+    from toolkit.core import history
+    from toolkit.deploy import pictures
+
+    data = history.read(run_dir)
+    path = pictures.training_figure(data["epochs"], f"{data.get('model', '')}: {run_dir}", output_path or Path(run_dir) / "history.png")
+    click.echo(f"wrote {path} ({len(data['epochs'])} epochs)")

@@ -1,0 +1,94 @@
+"""`tk bench`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from toolkit.cli.options import (
+    BATCH,
+    BEAM,
+    DATA_OPTION,
+    DEFAULT_MODEL,
+    STREAMS,
+    THREADS,
+    writable_file,
+)
+from toolkit.core.errors import UsageError
+from toolkit.core.variants import NAMES
+
+
+@click.command()
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL, show_default="exported/transformer")
+@click.option("--sentences", type=click.IntRange(1, 100000), default=64, show_default=True, help="Held-out test sentences to decode.")
+@click.option("--batch-size", "batch_sizes", type=BATCH, multiple=True, help="Batch sizes [default: 1 and 64].")
+@click.option("--beam", "beams", type=BEAM, multiple=True, help="Beam sizes [default: 1 (greedy) and 4].")
+@click.option("--no-textbook", is_flag=True, help="Skip the slow full-prefix PyTorch loop.")
+@click.option("--repeat", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Timed runs per row, taken in turns across backends; the median is reported.")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(NAMES),
+              help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
+@click.option("--runtime", "runtimes", multiple=True, type=click.Choice(["onnxruntime", "openvino"]),
+              help="Runtimes to time, interleaved in one run (repeatable) [default: onnxruntime].")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
+@click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
+@click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
+@DATA_OPTION
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: with --streams, measured first].")
+@click.option("--streams", type=STREAMS, help="tk's concurrent decoding streams [default: the fastest (threads, streams) pair, measured first].")
+@click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
+@click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
+              help="CTranslate2 intra and inter threads [default: the fastest measured first].")
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, serve, clients, data_path,
+          threads, streams, ct2, ct2_threads):
+    """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
+
+    With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
+    requests, with dynamic batching and with batching off.
+
+    \b
+    Example: tk bench --model exported/transformer --sentences 64
+             tk bench --serve --clients 32 --sentences 2048
+    """
+    import json
+    import platform
+
+    if serve and set(runtimes) - {"onnxruntime"}:
+        raise UsageError("--serve load-tests `tk serve`, which runs on onnxruntime only; drop --runtime openvino")
+    if serve:
+        from toolkit.core.data import describe, load_corpus, references
+        from toolkit.serve.load import bench_serve
+        from toolkit.serve.load import table as load_table
+
+        corpus = load_corpus(data_path, download=False)
+        click.echo(describe(corpus), err=True)
+        english, _ = references(corpus.splits["test"])
+        args = [a for v in variants[:1] for a in ("--variant", v)]
+        results = bench_serve(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
+        click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
+        click.echo(load_table(results))
+        if json_path:
+            rows = [{**r.__dict__, "throughput": r.throughput} for r in results]
+            json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        return
+
+    from toolkit.build import bench as b
+
+    writable_file(json_path, "--json")
+    notes: list[str] = []
+    results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
+                      repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
+                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes, streams=streams,
+                      data=data_path)
+    for note in notes:
+        click.echo(note)
+    click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
+    click.echo(b.table(results))
+    if any(r.backend.startswith("ctranslate2") for r in results):
+        click.echo("\nCTranslate2 against tk (ONNX Runtime CPU), sentences/s:")
+        click.echo(b.ct2_table(results))
+    if json_path:
+        rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
+        json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

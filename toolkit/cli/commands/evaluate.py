@@ -1,0 +1,57 @@
+"""`tk evaluate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.cli.options import (
+    BEAM,
+    DATA_OPTION,
+    POSITIVE,
+    SEED,
+    THREADS,
+)
+from toolkit.core.variants import NAMES
+
+
+@click.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@DATA_OPTION
+@click.option("--challenge", type=click.Path(exists=True, dir_okay=False), help="Tatoeba Challenge test file (eng-fra).")
+@click.option("--beam", "beams", type=BEAM, multiple=True, help="Beam sizes to score [default: 1 and 4].")
+@click.option("--limit", type=POSITIVE, help="Score only the first N sentences of each set.")
+@click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True,
+              help="Which exported graphs to score (recorded per variant).")
+@click.option("--robustness", is_flag=True,
+              help="Instead: score the held-out split as people type it (no final punctuation, lowercase, capitals, "
+                   "short phrases, names/numbers/URLs, several sentences per line) and the runaway rate.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the robustness sets.")
+@click.option("--raw", is_flag=True, help="With --robustness: no input handling (as tk translate --raw), to measure what it adds.")
+def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw):
+    """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
+
+    Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
+    """
+    import json
+
+    from toolkit.core import manifest as manifest_mod
+    from toolkit.deploy.evaluate import evaluate_model, evaluate_robustness
+
+    if robustness:
+        from toolkit.deploy.robustness import table
+
+        results = evaluate_robustness(model_dir, data_path, beams[0] if beams else 4, limit=limit, threads=threads,
+                                      variant=variant, seed=seed, raw=raw, echo=lambda m: click.echo(m, err=True))
+        click.echo(table(results))
+        if record:
+            manifest_mod.record_metric(model_dir, "robustness", variant, results)
+        return
+    scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
+                            variant=variant, echo=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(scores, indent=2))
+    if record:
+        manifest_mod.record_metric(model_dir, "evaluation", variant, scores)

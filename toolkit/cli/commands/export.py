@@ -1,0 +1,86 @@
+"""`tk export`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.cli.options import (
+    SEED,
+    command_line,
+)
+from toolkit.core.errors import UsageError
+from toolkit.core.variants import BUILT
+
+
+@click.command()
+@click.argument("source")
+@click.option("--out", type=click.Path(path_type=Path), help="Model directory to write, e.g. exported/transformer.")
+@click.option("--random-init", is_flag=True, help="SOURCE is a model name; export small random weights (for tests).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed for --random-init.")
+@click.option("--opset", type=click.IntRange(18, 23), default=18, show_default=True, help="ONNX opset (18 or newer).")
+@click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
+@click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
+@click.option("--quantize", type=click.Choice([v for v in BUILT if v.startswith("int")]), help="Also write a dynamic int8 copy for the CPU provider.")
+@click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
+              "and `tk verify` use (new exports declare them already).")
+@click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
+@click.option("--web", "web_dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="On an exported directory: write a static site to DIR that translates in the browser (needs `npm ci --prefix web`; "
+              "--force replaces an existing site).")
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force, web_dir):
+    """Export a checkpoint (or, with --random-init, a model name) to ONNX.
+
+    SOURCE may also be an exported model directory: the variants asked for are
+    added to it, built from its own fp32 graphs.
+
+    \b
+    Example: tk export runs/transformer/checkpoint.pt --out exported/transformer
+             tk export exported/transformer --quantize int8
+             tk export exported/transformer --web site/  (then: python -m http.server -d site/)
+    """
+    import time
+
+    is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
+    if web_dir is not None:
+        return _export_web(Path(source), web_dir, force, is_model_dir, out or random_init or fp16 or optimize or quantize or attention)
+
+    from toolkit.build.export import ExportOptions, add_variants
+    from toolkit.build.export import export as run
+
+    if out is None and not is_model_dir:
+        raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
+    opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
+                         random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
+                         quantize=quantize, attention=attention, force=force, command=command_line())
+    start = time.time()
+    if is_model_dir:
+        if out is not None and out.resolve() != Path(source).resolve():
+            raise UsageError(f"{source} is an exported model directory; variants are added in place, so drop --out")
+        path = add_variants(Path(source), opts, echo=lambda m: click.echo(m, err=True))
+    else:
+        path = run(opts, echo=lambda m: click.echo(m, err=True))
+    files = sorted(p for p in path.iterdir())
+    click.echo(f"wrote {path} in {time.time() - start:.1f}s:")
+    for f in files:
+        click.echo(f"  {f.name:<22} {f.stat().st_size / 1024:>10,.1f} KiB")
+
+
+def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
+    import time
+
+    from toolkit.runtimes.web import downloads, export_web
+
+    if not is_model_dir:
+        raise UsageError(f"--web needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")
+    if other_options:
+        raise UsageError("--web writes a site from the directory as it is; run it without --out, --fp16, --optimize, --quantize or --attention")
+    start = time.time()
+    files = export_web(source, web_dir, force, echo=lambda m: click.echo(m, err=True))
+    click.echo(f"wrote {web_dir} in {time.time() - start:.1f}s:")
+    for name, size in files.items():
+        click.echo(f"  {name:<38} {size / 1024:>10,.1f} KiB")
+    sizes = ", ".join(f"{v} {n / 2**20:,.1f} MiB" for v, n in downloads(web_dir).items())
+    click.echo(f"download per page load (runtime, tokenizer and one variant's graphs): {sizes} (index.html?variant=int8); "
+               f"serve it with any static file server, e.g. python -m http.server -d {web_dir}")

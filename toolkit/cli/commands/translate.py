@@ -1,0 +1,161 @@
+"""`tk translate`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from toolkit.cli.options import (
+    BEAM,
+    DECODING,
+    DEFAULT_MODEL,
+    PROVIDER,
+    STREAMS,
+    TEXT,
+    THREADS,
+    paused_gc,
+    plural,
+)
+from toolkit.core.errors import UsageError
+from toolkit.core.variants import NAMES
+
+
+# Over 60 lines: a command's checks of its 26 options come before any model loads (one-line errors in a second),
+# then one streaming run whose output file is committed or removed in the same frame.
+@click.command()
+@click.argument("text", nargs=-1)
+@click.option("-i", "--input", "input_path", type=click.Path(path_type=Path), help="Read sentences from FILE, one per line ('-': standard input).")
+@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="Write translations to FILE ('-': standard output).")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), envvar="TK_MODEL", default=DEFAULT_MODEL,
+              show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
+@PROVIDER
+@click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
+@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
+@click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
+              help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
+@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
+              help="Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra).")
+@DECODING
+@TEXT
+@click.option("--n-best", type=BEAM, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
+@click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Score the output against this file (one reference per line) with sacrebleu.")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--streams", type=STREAMS,
+              help="Batches decoded at the same time, one thread each (CTranslate2's inter_threads) [default: one per core, up to 4].")
+@click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
+def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, batch_size, max_tokens, beam,
+              alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, streams, quiet):
+    """Translate English to French with the exported graphs (no PyTorch needed).
+
+    Sentences come from arguments, -i FILE, or standard input, one per line;
+    translations go out in the same order, one line each.
+
+    Example: tk translate "I'm home." "He's calm."
+    """
+    # numpy's OpenBLAS starts a worker thread per extra core at import, which then busy-waits for
+    # work for a while, taking a core from the rest of start-up; translating does no BLAS work.
+    # (Only before numpy's import: afterwards it changes nothing here and would reach child processes.)
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    with paused_gc():
+        from toolkit.core.textprep import TextOptions
+        from toolkit.deploy.api import decode_options
+        from toolkit.deploy.translate import AtomicOutput, open_model, read_lines, read_references, score_file, translate_lines
+
+    say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
+    if input_path is not None and str(input_path) == "-":
+        input_path = None  # '-' is standard input, as for every Unix tool
+    if output_path is not None and str(output_path) == "-":
+        output_path = None
+    if text and input_path:
+        raise UsageError("give sentences as arguments or with -i FILE, not both")
+    if n_best > beam:
+        raise UsageError(f"--n-best must be between 1 and --beam (got beam {beam}, n-best {n_best})")  # before the model loads
+    if input_path and not input_path.is_file():
+        what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
+        raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
+    AtomicOutput.check(output_path)
+    # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
+    references = read_references(reference) if reference else None
+    with paused_gc():
+        t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
+    if provider == "cuda" and t.provider != "cuda":
+        say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
+    say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.where}; ready in {t.startup_s:.2f}s")
+    if t.built_s:
+        from toolkit.core.variants import export_flag
+
+        say(f"built the {variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s "
+            f"(`tk export {model_dir} {export_flag(variant)}` stores them)")
+    opts = decode_options(t.manifest, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len, batch_size=batch_size,
+                          max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard,
+                          streams=streams)
+    text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
+    total = None
+    if text:
+        lines = iter(enumerate(text, 1))
+        total = len(text)
+    elif input_path:
+        with open(input_path, "rb") as f:
+            total = sum(1 for _ in f)
+        stream = open(input_path, "rb")  # closed in the finally below, once streamed
+        lines = read_lines(stream)
+    else:
+        lines = read_lines(sys.stdin.buffer)
+    import signal
+    import threading
+
+    # SIGTERM stops like Ctrl-C: the temporary output is removed and the exit is 130.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    out = AtomicOutput(output_path) if output_path else None
+    collected: list[str] = []
+
+    def write(line: str) -> None:
+        if reference:
+            collected.append(line)
+        if out:
+            out.write(line)
+        else:
+            click.echo(line)
+
+    bar = None
+    if not quiet and input_path:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True, leave=False)
+    try:
+        # With a progress bar on stderr, warnings go above it instead of through it.
+        warn = (lambda m: bar.write(m, file=sys.stderr)) if bar else say
+        stats = translate_lines(t, lines, write, opts, strict, warn=warn, progress=bar.update if bar else lambda n: None, text=text_opts)
+    except BaseException:
+        if out:
+            out.abort()
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if bar:
+            bar.close()
+        if input_path:
+            stream.close()
+    if out:
+        out.commit()
+    if references is not None:
+        scores = score_file(collected, reference, references)
+    rate = stats.sentences / stats.seconds if stats.seconds else 0.0
+    say(f"{plural(stats.lines, 'line')}, {plural(stats.sentences, 'sentence')} in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
+        f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.where}"
+        + (f"; {plural(len(stats.truncated), 'line')} truncated" if stats.truncated else "")
+        + (f"; {plural(len(stats.guarded), 'line')} ended by a guard" if stats.guarded else ""))
+    if reference:
+        click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
+
+
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,69 @@
+"""`tk verify`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.cli.options import (
+    DATA_OPTION,
+    SEED,
+    TOLERANCE,
+    writable_file,
+)
+from toolkit.core.errors import UsageError
+from toolkit.core.variants import NAMES
+
+
+@click.command()
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
+@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
+              help="Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra).")
+@click.option("--variant", "variants", multiple=True, type=click.Choice([*NAMES, "attention"]),
+              help="Graph variants to check [default: every variant in the directory, and attention where declared].")
+@click.option("--atol", type=TOLERANCE, help="Absolute tolerance [default: per variant, see README].")
+@click.option("--rtol", type=TOLERANCE, help="Relative tolerance [default: per variant].")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random sweep inputs.")
+@click.option("--sentences", type=click.IntRange(0, 10000), default=16, show_default=True, help="Test-split sentences to decode.")
+@DATA_OPTION
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
+@click.option("--record", is_flag=True, help="Store a summary of the verdict in the directory's manifest.json.")
+@click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
+              help="Compare against this checkpoint (its weights digest must match the graphs' weights).")
+@click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path, expect_digest):
+    """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
+
+    \b
+    Example: tk verify exported/transformer --provider all --json report.json
+             tk verify exported/transformer --runtime openvino
+    """
+    import time
+
+    from toolkit.verify.record import raise_on_failure, record_summary, write_json
+    from toolkit.verify.render import render
+    from toolkit.verify.run import is_digest
+    from toolkit.verify.run import verify as run_verify
+
+    writable_file(json_path, "--json")
+    if expect_digest is not None and not is_digest(expect_digest):
+        raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
+    start = time.time()
+    report = run_verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
+                      echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest,
+                      runtime=runtime, data=data_path)
+    click.echo(render(report))
+    for p, why in report.skipped.items():
+        click.echo(f"skipped provider {p}: {why}", err=True)
+    if json_path:
+        write_json(report, json_path)
+    n = len(report.rows)
+    seconds = time.time() - start
+    click.echo(f"reference ({report.reference_kind}): {report.reference_proves}", err=True)
+    click.echo(f"{n - len(report.failures)}/{n} checks passed in {seconds:.1f}s (seed {seed}, {report.runtime})", err=True)
+    if record:
+        keys = record_summary(report, model_dir, seconds)
+        click.echo(f"recorded {', '.join(keys)} in {Path(model_dir) / 'manifest.json'} (other runtimes' and providers' records kept)", err=True)
+    raise_on_failure(report)

@@ -1,0 +1,120 @@
+"""What the commands share: argument types with declared ranges, the corpus option, the model default,
+and helpers for output paths, start-up and wording."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from toolkit.core.errors import UsageError
+
+# Mirrors toolkit.core.batching.GUARDED (imported lazily there, so `tk --help` stays instant).
+GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "exported" / "transformer"
+
+
+class FiniteFloat(click.FloatRange):
+    """A float within a range that is also finite: click's FloatRange lets NaN through (NaN < min is False)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if rv != rv or rv in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
+# Declared ranges of the numeric options. Beam and threads are capped where a larger value only burns
+# memory and time (beam 5000 took a minute and 3 GB for one sentence); batch at the graphs' batch bound.
+POSITIVE = click.IntRange(min=1)
+SEED = click.IntRange(0, 2**32 - 1)
+BEAM = click.IntRange(1, 64)
+BATCH = click.IntRange(1, 4096)
+THREADS = click.IntRange(1, 256)
+STREAMS = click.IntRange(1, 64)
+# One search for the corpus in every command (toolkit.core.data.find); each command names the file it used.
+DATA_OPTION = click.option("--data", "data_path", metavar="PATH",
+                           help="fra-eng.zip or fra.txt [default: $TK_DATA, else ../shared/data/fra-eng.zip, else the cache "
+                                "(tk train downloads into it)].")
+TOLERANCE = FiniteFloat(min=0.0)
+
+
+def option_group(*options):
+    """Several click options as one decorator, applied in the order given (as Polygraphy's argument groups)."""
+    def decorate(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
+
+
+# How a translation is searched for and where it stops: the same options for tk translate and tk translate-corpus.
+DECODING = option_group(
+    click.option("--batch-size", type=BATCH, default=64, show_default=True, help="Sentences per batch."),
+    click.option("--max-tokens", type=POSITIVE, help="Or a budget of padded source tokens per batch."),
+    click.option("--beam", type=BEAM, default=1, show_default=True, help="Beam size; 1 is greedy search."),
+    click.option("--alpha", type=FiniteFloat(0.0, 10.0), default=0.6, show_default=True, help="Length penalty exponent for beam search."),
+    click.option("--max-len", type=POSITIVE, help="Longest translation in subword tokens [default: the model's maximum]."),
+    click.option("--max-len-a", type=FiniteFloat(0.0, 100.0), default=GUARDED["max_len_a"], show_default=True,
+                 help="Guard: an output is at most A * source tokens + B long (with --max-len-b)."),
+    click.option("--max-len-b", type=click.IntRange(0, 1000), default=GUARDED["max_len_b"], show_default=True, help="See --max-len-a."),
+    click.option("--loop-guard/--no-loop-guard", default=GUARDED["loop_guard"], show_default=True,
+                 help="Stop a hypothesis whose last token repeats 4 times, or last 2-4 tokens 3 times."),
+)
+# How typed text becomes model input and back.
+TEXT = option_group(
+    click.option("--keep", multiple=True, metavar="TERM", help="Copy TERM verbatim, like URLs, e-mail addresses and numbers (repeatable)."),
+    click.option("--split/--no-split", default=True, show_default=True, help="Translate each sentence of a line separately."),
+    click.option("--raw", is_flag=True, help="No input handling: no sentence splitting, capitals folding or placeholders."),
+    click.option("--strict", is_flag=True, help="Refuse a line longer than the model's maximum instead of truncating it "
+                                                "(translate-corpus: fail its shard)."),
+)
+# Where the graphs run, for the commands that translate.
+PROVIDER = click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
+
+
+def writable_file(path: Path | None, option: str) -> None:
+    """Checks an output file path before any work, so a long run never fails at its very end."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {parent} does not exist; create it or choose another path")
+    if not os.access(parent if not path.exists() else path, os.W_OK):
+        raise UsageError(f"{option} {path} is not writable; choose another path")
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No garbage collection inside the block, and what it allocated is then left out of later ones.
+
+    Loading the modules and the model allocates much and frees little: the ~35 collections it
+    triggered cost 10 ms of CPU in `tk translate`'s start and found next to nothing. Merely pausing
+    would hand the whole heap to the first collection after the block; gc.freeze() moves it out of
+    the collector's reach instead (those objects live as long as the process; refcounting still
+    frees them).
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
+
+
+def command_line() -> str:
+    return "tk " + shlex.join(sys.argv[1:])
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

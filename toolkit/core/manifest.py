@@ -1,0 +1,483 @@
+"""manifest.json: an exported model directory describes itself. Torch-free: translate reads it."""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+
+from toolkit.core.atomic import write_atomic
+from toolkit.core.digests import file_sha256
+from toolkit.core.errors import UsageError
+from toolkit.core.graphs import GraphSpec
+from toolkit.core.variants import BUILT, PLAIN
+
+FORMAT = "tk-export/1"
+# Revision of the layout within the format; `migrate` brings older manifests up to it.
+VERSION = 3
+NAME = "manifest.json"
+
+
+@dataclass
+class FileRecord:
+    file: str
+    sha256: str
+    bytes: int | None = None
+
+
+@dataclass
+class GraphRecord:
+    """One exported fp32 graph: its file, digest, declaration and (shared) external weights file."""
+
+    file: str
+    sha256: str
+    spec: dict
+    bytes: int | None = None
+    weights: FileRecord | None = None
+
+
+@dataclass
+class VariantRecord:
+    """A stored variant's graphs (see toolkit.core.variants for what each variant is)."""
+
+    graphs: dict[str, FileRecord]
+    provider: str | None = None
+    note: str | None = None
+    command: str | None = None
+
+
+@dataclass
+class TokenizerRecord:
+    file: str
+    sha256: str
+    type: str | None = None
+
+
+@dataclass
+class CheckpointRecord:
+    """What the graphs were exported from: a checkpoint (path and digest) or a seeded random init."""
+
+    weights_sha256: str
+    path: str | None = None
+    sha256: str | None = None
+    checkpoint_weights_sha256: str | None = None  # the digest the checkpoint itself carried
+    random_init: bool | None = None
+    seed: int | None = None
+
+
+@dataclass
+class TrainingRecord:
+    """Training provenance, copied from the checkpoint at export."""
+
+    command: str | None = None
+    seed: int | None = None
+    hardware: str | None = None
+    options: dict | None = None
+    resumed_with: list | None = None
+    noise: dict | None = None
+    recipe: dict | None = None
+    elapsed_s: float | None = None
+    history: list | None = None
+    data: dict | None = None
+
+
+@dataclass
+class VerificationRecord:
+    """`tk verify --record`: the verdict and the worst error per (check, variant, provider)."""
+
+    passed: bool
+    checks: int
+    failures: int
+    seed: int
+    seconds: float
+    reference: str
+    environment: dict
+    skipped_providers: dict
+    worst: dict
+
+
+# JSON key -> field name where the two differ (a method or a clearer name took the key).
+RENAMED = {"variants": "stored", "verify": "verification"}
+
+
+@dataclass
+class Manifest:
+    """A model directory's manifest.json, typed. Load with `load`, change its sections, then `save()`."""
+
+    directory: Path
+    model: str
+    kind: str
+    config: dict
+    graphs: dict[str, GraphRecord]
+    version: int  # of the layout: `migrate` brings an older manifest up to VERSION before this is built
+    stored: dict[str, VariantRecord] = field(default_factory=dict)  # "variants": the variants stored beside fp32
+    tokenizer: TokenizerRecord | None = None
+    special_tokens: dict[str, int] | None = None
+    checkpoint: CheckpointRecord | None = None
+    training: TrainingRecord | None = None
+    metrics: dict = field(default_factory=dict)  # name -> result, e.g. "evaluation", "evaluation_int8"
+    # "verify": one record per "runtime/provider" ("onnxruntime/cpu", "onnxruntime/cuda", "openvino/cpu"),
+    # so that verifying on one never erases the evidence of another.
+    verification: dict[str, VerificationRecord] = field(default_factory=dict)
+    extra_files: list[FileRecord] = field(default_factory=list)
+    attention: dict | None = None  # graph -> declared attention outputs
+    opset: int | None = None
+    versions: dict | None = None
+    export_command: str | None = None
+    created: str | None = None
+
+    @classmethod
+    def from_dict(cls, directory: str | Path, data: dict) -> Manifest:
+        """The typed manifest; an unknown, missing or mistyped field is a UsageError naming the file and field."""
+        directory = Path(directory)
+        where = directory / NAME
+        body = {RENAMED.get(k, k): v for k, v in data.items() if k != "format"}
+        return _build(cls, {"directory": directory, **body}, "", where)
+
+    def to_dict(self) -> dict:
+        """The JSON layout (fields left None are omitted)."""
+        out = {"format": FORMAT}
+        for f in fields(self):
+            if f.name == "directory":
+                continue
+            value = _plain(getattr(self, f.name))
+            if value is not None:
+                out[{v: k for k, v in RENAMED.items()}.get(f.name, f.name)] = value
+        return out
+
+    @property
+    def data(self) -> dict:
+        """The manifest as JSON data: a read-only view (change the typed fields, then save())."""
+        return self.to_dict()
+
+    def save(self) -> None:
+        """Atomically: a crash mid-write (or a full disk) leaves the previous manifest intact."""
+        problem = schema_problem(self.to_dict())
+        if problem:
+            raise ValueError(f"refusing to write an invalid {self.directory / NAME}: {problem}")
+        write_atomic(self.directory / NAME, (json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    @property
+    def max_len(self) -> int:
+        return int(self.config.get("max_len", 64))
+
+    def specs(self) -> dict[str, GraphSpec]:
+        return {name: GraphSpec.from_dict(g.spec) for name, g in self.graphs.items()}
+
+    def variants(self) -> list[str]:
+        return [PLAIN, *self.stored]
+
+    def variants_for(self, provider: str) -> list[str]:
+        """fp32 and the variants exported for this provider (fp16 for cuda; optimized and int8 for cpu)."""
+        return [PLAIN, *(v for v, d in self.stored.items() if d.provider == provider)]
+
+    def graph_path(self, graph: str, variant: str = PLAIN) -> Path:
+        if variant != PLAIN and variant not in self.stored:
+            have = ", ".join(self.variants())
+            raise UsageError(f"{self.directory} has no {variant} variant (has: {have}); re-export with the matching option")
+        entry = self.graphs[graph] if variant == PLAIN else self.stored[variant].graphs[graph]
+        return self.directory / entry.file
+
+    def tokenizer_path(self) -> Path | None:
+        return self.directory / self.tokenizer.file if self.tokenizer else None
+
+    def translation_tokenizer(self) -> Path:
+        """The tokenizer of a translation model; a usage error for any other directory."""
+        if self.kind != "seq2seq":
+            raise UsageError(f"{self.directory} holds a '{self.model}' graph, not a translation model; "
+                             "use exported/transformer or exported/seq2seq")
+        path = self.tokenizer_path()
+        if path is None:
+            raise UsageError(f"{self.directory} has no tokenizer (exported with --random-init); export a trained checkpoint")
+        return path
+
+    def check_files(self, cached: bool = False) -> None:
+        """Every file the manifest lists exists and has the recorded sha256.
+        cached: a file unchanged since it was last hashed is not hashed again (toolkit.core.load_cache)."""
+        paths = {}
+        for rel, digest in self.files().items():
+            path = self.directory / rel
+            if not path.is_file():
+                raise UsageError(f"{path} is listed in {NAME} but missing; re-export the model directory")
+            paths[path] = digest
+        if cached:
+            from toolkit.core.load_cache import file_digests
+
+            got = file_digests(list(paths))
+        for path, digest in paths.items():
+            if (got[path] if cached else file_sha256(path)) != digest:
+                raise UsageError(f"{path} does not match the sha256 in {NAME} (modified or corrupt); re-export it")
+
+    def files(self) -> dict[str, str]:
+        out = {g.file: g.sha256 for g in self.graphs.values()}
+        out.update({g.weights.file: g.weights.sha256 for g in self.graphs.values() if g.weights})
+        for v in self.stored.values():
+            out.update({g.file: g.sha256 for g in v.graphs.values()})
+        out.update({e.file: e.sha256 for e in self.extra_files})
+        if self.tokenizer:
+            out[self.tokenizer.file] = self.tokenizer.sha256
+        return out
+
+
+def _plain(value):
+    """Typed sections back to JSON data, dropping fields left None."""
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if getattr(value, f.name) is not None}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _build(cls, data, where: str, path: Path):
+    """Instance of dataclass `cls` from JSON data: every field checked against its type hint."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: '{where}' must be a JSON object; re-export the model directory")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        key = {v: k for k, v in RENAMED.items()}.get(unknown[0], unknown[0]) if cls is Manifest else unknown[0]
+        raise UsageError(f"{path}: unknown field '{where}{key}' (written by a newer tk?); re-export the model directory")
+    values = {}
+    for f in fields(cls):
+        name = {v: k for k, v in RENAMED.items()}.get(f.name, f.name) if cls is Manifest else f.name
+        if f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise UsageError(f"{path}: required field '{where}{name}' is missing; re-export the model directory")
+            continue
+        values[f.name] = _value(hints[f.name], data[f.name], f"{where}{name}", path)
+    return cls(**values)
+
+
+def _value(hint, value, where: str, path: Path):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if is_dataclass(hint):
+        return _build(hint, value, f"{where}.", path)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UsageError(f"{path}: '{where}' must be a JSON object; re-export the model directory")
+        return {k: _value(args[1], v, f"{where}.{k}", path) for k, v in value.items()} if args else value
+    if origin is list:
+        if not isinstance(value, list):
+            raise UsageError(f"{path}: '{where}' must be a JSON list; re-export the model directory")
+        return [_value(args[0], v, f"{where}[{i}]", path) for i, v in enumerate(value)] if args else value
+    accepted = {float: (int, float), int: (int,)}.get(hint, (hint,))
+    if hint is Path:
+        return value
+    if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
+        raise UsageError(f"{path}: '{where}' must be a JSON {JSON_NAMES.get(hint, hint.__name__)}, got {value!r:.40}; "
+                         "re-export the model directory")
+    return value
+
+
+JSON_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "list"}
+
+
+def migrate(data: dict, path: Path) -> dict:
+    """The manifest in the current layout. Version 1 (before the version field) has version 2's layout;
+    version 2 held one verification record, version 3 one per runtime and provider. A newer version
+    than this tk knows is refused."""
+    version = data.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise UsageError(f"{path}: 'version' must be a positive integer, got {version!r}; re-export the model directory")
+    if version > VERSION:
+        raise UsageError(f"{path} has manifest version {version}, this tk reads up to {VERSION}; upgrade tk")
+    if version == 1:
+        data = {**data, "version": 2}
+    if data["version"] == 2:
+        data = {**data, "version": 3}
+        if isinstance(data.get("verify"), dict):
+            data["verify"] = split_verification(data["verify"])
+    return data
+
+
+def verification_key(runtime: str, provider: str) -> str:
+    """'onnxruntime/cpu', 'openvino/cpu': a report row's provider column is 'cpu', 'cuda' or 'openvino-cpu'."""
+    return f"{runtime}/{provider.split('-', 1)[-1]}"
+
+
+def split_verification(record: dict) -> dict[str, dict]:
+    """A version-2 verification record (every provider of one run together) as version 3's per-provider records."""
+    runtime = "openvino" if "openvino" in record.get("environment", {}) else "onnxruntime"
+    providers = sorted({key.split("/")[2] for key in record.get("worst", {})}) or list(record.get("environment", {}).get("providers", ["cpu"]))
+    out = {}
+    for p in providers:
+        worst = {k: v for k, v in record.get("worst", {}).items() if k.split("/")[2] == p}
+        failures = sum(w.get("failed", 0) for w in worst.values())
+        out[verification_key(runtime, p)] = {**record, "worst": worst, "passed": record.get("passed", False) and not failures,
+                                             "checks": sum(w.get("checks", 0) for w in worst.values()) or record.get("checks", 0),
+                                             "failures": failures}
+    return out
+
+
+def load(directory: str | Path) -> Manifest:
+    directory = Path(directory)
+    path = directory / NAME
+    if not directory.is_dir():
+        raise UsageError(f"model directory {directory} does not exist; export one with `tk export`")
+    if not path.is_file():
+        raise UsageError(f"{directory} has no {NAME}; it is not an exported tk model (run `tk export` to make one)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e}); re-export the model directory") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {path} ({e.strerror}); re-export the model directory") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} holds a JSON {type(data).__name__}, not an object; re-export the model directory")
+    if data.get("format") != FORMAT:
+        raise UsageError(f"{path} has format {data.get('format')!r}, expected {FORMAT!r}; re-export with this tk")
+    data = migrate(data, path)
+    problem = schema_problem(data)
+    if problem:
+        raise UsageError(f"{path} is not a valid tk manifest: {problem}; re-export the model directory")
+    return Manifest.from_dict(directory, data)
+
+
+# The models a manifest may name: kind, graph names, and the cache each decoder carries from step to step.
+# Torch-free on purpose (translate reads manifests); tests check it against the registry.
+MODELS = {
+    "transformer": ("seq2seq", lambda c: {f"self_{kv}_{i}" for i in range(c["num_layers"]) for kv in "kv"}),
+    "seq2seq": ("seq2seq", lambda c: {"state"}),
+    **{name: ("module", None) for name in ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw")},
+}
+GRAPHS = {"seq2seq": {"encoder", "decoder"}, "module": {"model"}}
+SHA256 = re.compile(r"[0-9a-f]{64}")
+DTYPES = {"float32", "float16", "int64"}
+
+
+def _file_problem(entry, where: str) -> str | None:
+    if not isinstance(entry, dict):
+        return f"{where} is not an object"
+    name, digest = entry.get("file"), entry.get("sha256")
+    # A plain name inside the directory: a manifest must not point tk at files elsewhere.
+    if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
+        return f"{where}.file must be a file name inside the model directory, got {name!r}"
+    if not isinstance(digest, str) or not SHA256.fullmatch(digest):
+        return f"{where}.sha256 must be 64 hex digits"
+    return None
+
+
+def _spec_problem(spec, where: str) -> str | None:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return f"{where} is not a graph declaration"
+    for side in ("inputs", "outputs"):
+        tensors = spec.get(side)
+        if not isinstance(tensors, list) or not tensors:
+            return f"{where}.{side} must be a non-empty list"
+        for t in tensors:
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("dtype"), str) and t["dtype"] in DTYPES
+                    and isinstance(t.get("dims"), list) and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in t["dims"])
+                    and isinstance(t.get("fill"), str)):
+                return f"{where}.{side} has a malformed tensor {str(t)[:60]}"
+    names = {side: [t["name"] for t in spec[side]] for side in ("inputs", "outputs")}
+    for side, got in names.items():
+        if "" in got or len(set(got)) != len(got):
+            return f"{where}.{side} names must be non-empty and distinct"
+    updates = spec.get("updates", {})
+    if not isinstance(updates, dict):
+        return f"{where}.updates must be an object"
+    if not all(k in names["outputs"] and v in names["inputs"] for k, v in updates.items()):
+        return f"{where}.updates must map outputs to inputs of the same graph"
+    return None
+
+
+def schema_problem(data: dict) -> str | None:
+    """What is wrong with a parsed manifest (required keys, types, model vs graphs), or None."""
+    for key, kind in (("model", str), ("kind", str), ("config", dict), ("graphs", dict)):
+        if key not in data:
+            return f"required key '{key}' is missing"
+        if not isinstance(data[key], kind):
+            return f"'{key}' must be a JSON {'string' if kind is str else 'object'}"
+    if data["model"] not in MODELS:
+        return f"unknown model type '{data['model']}' (known: {', '.join(MODELS)})"
+    kind, cache = MODELS[data["model"]]
+    if data["kind"] != kind:
+        return f"model '{data['model']}' is a {kind} model, but kind says '{data['kind']}'"
+    if set(data["graphs"]) != GRAPHS[kind]:
+        return f"a {kind} model has graphs {sorted(GRAPHS[kind])}, this one lists {sorted(data['graphs'])}"
+    max_len = data["config"].get("max_len", 64)
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+        return f"config.max_len must be a positive integer, got {max_len!r}"
+    for name, g in data["graphs"].items():
+        problem = _file_problem(g, f"graphs.{name}") or _spec_problem(g.get("spec"), f"graphs.{name}.spec")
+        if not problem and "weights" in g:
+            problem = _file_problem(g["weights"], f"graphs.{name}.weights")
+        if problem:
+            return problem
+    if cache is not None:
+        layers = data["config"].get("num_layers", 0)
+        if data["model"] == "transformer" and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
+            return f"config.num_layers must be a positive integer, got {layers!r}"
+        got = set(data["graphs"]["decoder"]["spec"].get("updates", {}).values())
+        if got != cache(data["config"]):
+            return f"its graphs carry the cache {sorted(got)}, which is not a '{data['model']}' model's {sorted(cache(data['config']))}"
+    variants = data.get("variants", {})
+    if not isinstance(variants, dict):
+        return "'variants' must be an object"
+    for v, d in variants.items():
+        if v not in BUILT or not isinstance(d, dict) or not isinstance(d.get("graphs"), dict):
+            return f"variants.{v} is not a known variant with graphs"
+        if set(d["graphs"]) != set(data["graphs"]):
+            return f"variants.{v} lists graphs {sorted(d['graphs'])}, not {sorted(data['graphs'])}"
+        for name, g in d["graphs"].items():
+            problem = _file_problem(g, f"variants.{v}.graphs.{name}")
+            if problem:
+                return problem
+    if data.get("tokenizer") is not None:
+        problem = _file_problem(data["tokenizer"], "tokenizer")
+        if problem:
+            return problem
+    extra = data.get("extra_files", [])
+    if not isinstance(extra, list):
+        return "'extra_files' must be a list"
+    for i, e in enumerate(extra):
+        problem = _file_problem(e, f"extra_files[{i}]")
+        if problem:
+            return problem
+    problem = _attention_problem(data.get("attention"), set(data["graphs"]))
+    if problem:
+        return problem
+    for key in ("checkpoint", "training", "metrics", "versions", "verify"):
+        if key in data and data[key] is not None and not isinstance(data[key], dict):
+            return f"'{key}' must be an object"
+    return None
+
+
+def _attention_problem(att, graphs: set[str]) -> str | None:
+    """The optional declaration of the attention outputs (`tk attention`, verify's attention variant)."""
+    if att is None:
+        return None
+    if not isinstance(att, dict) or not set(att) <= graphs:
+        return f"'attention' must map graph names ({', '.join(sorted(graphs))}) to lists of outputs"
+    for graph, tensors in att.items():
+        if not isinstance(tensors, list):
+            return f"attention.{graph} must be a list"
+        for t in tensors:
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] and isinstance(t.get("dtype"), str) and t["dtype"] in DTYPES
+                    and isinstance(t.get("dims"), list) and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in t["dims"])
+                    and isinstance(t.get("fill", "normal"), str)):
+                return f"attention.{graph} has a malformed output {str(t)[:60]}"
+    return None
+
+
+def record_metric(directory: str | Path, name: str, variant: str, result: dict) -> None:
+    """Stores a measured result (`tk evaluate --record`) under `name`, or `name_VARIANT` for a variant other than fp32."""
+    m = load(directory)
+    m.metrics[name if variant == PLAIN else f"{name}_{variant}"] = result
+    m.save()
+
+
+def write(directory: Path, data: dict) -> None:
+    """Saves JSON manifest data into `directory` (through Manifest.save, the one atomic write)."""
+    Manifest.from_dict(directory, migrate({k: v for k, v in data.items() if k != "format"}, Path(directory) / NAME)).save()

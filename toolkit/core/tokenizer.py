@@ -1,0 +1,81 @@
+"""Subword tokenizer: one SentencePiece unigram model shared by English and French.
+
+SentencePiece rather than lower-cased words with <unk>: it keeps case and
+punctuation, detokenises exactly (so `tk translate` prints natural French),
+and with byte fallback no input character is ever unknown.
+"""
+
+from __future__ import annotations
+
+import io
+import unicodedata
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from toolkit.core.errors import UsageError, first_line
+from toolkit.core.placeholders import SYMBOLS
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+def normalize(text: str) -> str:
+    """NFKC, narrow/no-break spaces to plain spaces, single spaces, stripped.
+
+    The corpus writes French '!' and '?' after a narrow no-break space; NFKC
+    folds those to spaces so the same sentence never has two spellings.
+    """
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+class Tokenizer:
+    """Encodes text to ids and decodes ids back to detokenised, cased text."""
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        try:
+            tokenizer = cls(Path(path).read_bytes())
+            tokenizer.sp.encode("a")  # an empty proto loads without complaint and fails only here
+            return tokenizer
+        except (OSError, RuntimeError) as e:  # sentencepiece raises RuntimeError for a corrupt model
+            raise UsageError(f"tokenizer {path} is unreadable or corrupt ({first_line(e, 80)}); re-export the model directory") from None
+
+    @classmethod
+    def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 0) -> Tokenizer:
+        """Trains a unigram model on the given (training split) sentences."""
+        sentences = list(sentences)
+        # A tiny corpus cannot support a large vocabulary; cap it rather than fail.
+        chars = {c for s in sentences for c in s}
+        required = 256 + 4 + len(SYMBOLS) + len(chars)  # byte fallback pieces, specials, every character
+        words = {w for s in sentences for w in s.split()}
+        vocab_size = max(required + 16, min(vocab_size, required + 2 * len(words)))
+        out = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=out, vocab_size=vocab_size,
+            model_type="unigram", character_coverage=1.0, byte_fallback=True,
+            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, normalization_rule_name="identity",
+            input_sentence_size=2_000_000, shuffle_input_sentence=False,
+            hard_vocab_limit=False, num_threads=2, minloglevel=2,
+            # Placeholder symbols are single pieces, so a protected span costs one token to copy.
+            user_defined_symbols=SYMBOLS,
+        )
+        return cls(out.getvalue())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self.model_proto)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return self.sp.encode([normalize(t) for t in texts], num_threads=threads)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode([[i for i in seq if i > EOS] for seq in ids])
+

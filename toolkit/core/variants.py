@@ -1,0 +1,211 @@
+"""Precision and optimisation variants of an exported graph, built from its fp32 graph alone.
+
+A variant is a pure function of the fp32 graph and the installed ONNX Runtime, so it can
+be stored beside the graphs (`tk export DIR --quantize int8`) or built in memory when a
+directory does not store it: the shipped models carry fp32 graphs only (size budget),
+and `--variant int8` still works on them, the way CTranslate2 quantises at load time.
+
+Torch-free: the deploy path builds variants with onnx and onnxruntime alone (imported
+only when a variant is built, so fp32 start-up does not pay for them).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from toolkit.core.errors import ToolkitError, UsageError, first_line
+
+if TYPE_CHECKING:
+    from toolkit.core.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One precision/optimisation variant, declared once: every command, check and choice list reads it."""
+
+    name: str
+    suffix: str  # of its graph files: encoder{suffix}.onnx
+    provider: str | None  # the provider it is meant for; None: every provider
+    tolerance: tuple[float, float]  # verify's default (atol, rtol), measured on the shipped models (see README)
+    exact_translation: bool  # verify demands token-for-token the fp32 translations
+    export_option: tuple[str, object] | None  # (ExportOptions field, value) that stores it; None: always written
+    export_flag: str  # the `tk export` option that stores it
+    note: str
+    builder: Callable[[Path, Path], None] | None  # fp32 graph -> this variant's graph; None for fp32 itself
+
+    def build(self, src: Path, dst: Path) -> None:
+        """Writes this variant of the fp32 graph `src` to `dst` (self-contained: no external weights)."""
+        if self.builder is None:
+            raise ValueError(f"the {self.name} graphs are the exported ones; nothing to build")
+        self.builder(src, dst)
+
+    def record(self) -> dict:
+        """What manifest.json says about a stored copy of this variant."""
+        return {"provider": self.provider, "note": self.note}
+
+
+
+
+def ort_optimized(src: Path, dst: Path, level: str) -> None:
+    """Saves the graph as ONNX Runtime's CPU provider would run it after `level` optimisations."""
+    import onnxruntime as ort
+
+    from toolkit.core.ort_options import CPU_DISABLED_OPTIMIZERS, session_options
+
+    so = session_options(level)
+    so.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"], disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS))
+
+
+def _fp16(src: Path, dst: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save_model(convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False), dst)
+
+
+def _fused(src: Path, dst: Path) -> Path:
+    """The graph with its attention fused (toolkit/attention_fusion.py), beside `dst`; the caller removes it."""
+    from toolkit.core.attention_fusion import fuse
+
+    fused = dst.with_name(dst.name + ".fused.onnx")
+    fuse(src, fused)
+    return fused
+
+
+def _optimized(src: Path, dst: Path) -> None:
+    fused = _fused(src, dst)
+    try:
+        ort_optimized(fused, dst, "extended")
+    finally:
+        fused.unlink(missing_ok=True)
+
+
+def _int8(src: Path, dst: Path) -> None:
+    import logging  # here, not at the top: fp32 start-up does not pay for it
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The exported graphs multiply by Transpose(W) so that W is stored once, under its PyTorch
+    # name; quantize_dynamic only quantises a MatMul whose weight is an initializer, so the
+    # transposes are constant-folded first (ONNX Runtime basic level: standard ops only). Attention
+    # and same-input projections are fused before that: with one weight scale per output column the
+    # merged Q/K/V multiply computes exactly what the three did, its input quantised once instead of
+    # three times (greedy at batch 1: 226 -> 258 sentences/s, identical output).
+    folded = dst.with_name(dst.name + ".folded.onnx")
+    fused = _fused(src, dst)
+    try:
+        ort_optimized(fused, folded, "basic")
+    finally:
+        fused.unlink(missing_ok=True)
+    # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
+    # projection), which the quantiser's own shape inference rejects; they are only hints.
+    model = onnx.load(folded)
+    del model.graph.value_info[:]
+    onnx.save_model(model, folded)
+    root, level = logging.getLogger(), logging.getLogger().level
+    root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
+    try:
+        # 7-bit weights (reduce_range): x86 CPUs without VNNI multiply u8 x s8 pairs into 16-bit
+        # sums that saturate at full range (the cross keys came out wrong by more than 0.5 on an
+        # AVX2-only EPYC); one graph that is exact on every CPU rather than one per CPU.
+        # onnx's shape inference types no com.microsoft output (the fused attention); everything here is float.
+        # Per-channel weight scales (one per output column): with one scale per tensor, `tk verify
+        # --variant int8` failed on this AVX2 machine (log-probabilities off by 1.39 at batch 64, against
+        # 0.5) and 7% of greedy translations differed from fp32's; per channel, the error is 0.57, 1.6%
+        # differ, and speed is within noise at batch 1 (0.85 to 0.96x at batch 64).
+        quantize_dynamic(folded, dst, weight_type=QuantType.QInt8, reduce_range=True, per_channel=True,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        root.setLevel(level)
+        folded.unlink(missing_ok=True)
+
+
+# The catalogue. fp16/int8 change the model enough that near-ties may flip, so their translations
+# may differ from fp32's; the offline-optimised graph computes the same function.
+CATALOGUE: dict[str, Variant] = {v.name: v for v in (
+    Variant("fp32", "", None, (1e-4, 1e-4), True, None, "", "the exported float32 graphs", None),
+    Variant("fp16", ".fp16", "cuda", (5e-2, 2e-2), False, ("fp16", True), "--fp16",
+            "float16 weights and compute; inputs and outputs stay int64/float32", _fp16),
+    Variant("optimized", ".opt", "cpu", (1e-4, 1e-4), True, ("optimize", True), "--optimize",
+            "attention fused (com.microsoft.MultiHeadAttention), same-input projections merged, then ONNX Runtime "
+            "extended graph optimisations applied offline for the CPU provider", _optimized),
+    Variant("int8", ".int8", "cpu", (0.5, 0.1), False, ("quantize", "int8"), "--quantize int8",
+            "attention fused (com.microsoft.MultiHeadAttention), same-input projections merged, then dynamic int8 quantisation of MatMul weights "
+            "(per channel) for the CPU provider", _int8),
+)}
+NAMES: tuple[str, ...] = tuple(CATALOGUE)
+PLAIN = "fp32"  # the exported graphs every other variant is built from
+BUILT: tuple[str, ...] = tuple(n for n, v in CATALOGUE.items() if v.builder is not None)
+# The variant that trades exactness for speed on each provider (`tk bench` times it by default).
+SPEED = {"cpu": "int8", "cuda": "fp16"}
+# The fastest graphs of fp32 precision on each provider (the ones to hold against other engines' float32).
+FAST_PLAIN = {"cpu": "optimized", "cuda": PLAIN}
+
+
+def get(name: str) -> Variant:
+    """The catalogue entry; an unknown name is a usage error listing the known ones."""
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise UsageError(f"unknown variant {name!r}; choose one of {', '.join(NAMES)}") from None
+
+
+def build(src: Path, dst: Path, variant: str) -> None:
+    """Writes `variant` of the fp32 graph `src` to `dst` (self-contained: no external weights)."""
+    get(variant).build(src, dst)
+
+
+@functools.lru_cache(maxsize=8)
+def _built(src: str, digest: str, variant: str) -> bytes:
+    # Keyed by the fp32 graph's sha256 as well as its path, so a re-exported graph is rebuilt.
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="tk-variant-") as tmp:
+        # A self-contained copy first: the graph's external weights file lives beside the
+        # original, and the model directory itself may be read-only (an installed package).
+        whole, dst = Path(tmp) / "graph.onnx", Path(tmp) / f"graph.{variant}.onnx"
+        onnx.save_model(onnx.load(src), whole)
+        build(whole, dst, variant)
+        return dst.read_bytes()
+
+
+def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, float]:
+    """The variant's graph as stored in the directory (a path), else built in memory (bytes);
+    with the seconds spent building it (0 when stored)."""
+    if variant == PLAIN or variant in m.stored:
+        return m.graph_path(graph, variant), 0.0
+    get(variant)
+    start = time.perf_counter()
+    try:
+        data = _built(str(m.graph_path(graph)), m.graphs[graph].sha256, variant)
+    except Exception as e:
+        raise ToolkitError(f"could not build the {variant} variant of {m.directory}/{graph}: {first_line(e)}; "
+                           f"use --variant fp32, or store it with `tk export {m.directory} {export_flag(variant)}`") from None
+    return data, time.perf_counter() - start
+
+
+def export_flag(variant: str) -> str:
+    """The `tk export` option that stores this variant in a directory."""
+    return get(variant).export_flag
+
+
+def describe(source: Path | bytes) -> str:
+    """How error messages name a graph: its file, or that it was built in memory."""
+    return "in-memory graph" if isinstance(source, bytes) else f"ONNX graph {source}"
+
+
+def load_proto(source: Path | bytes):
+    """The graph (an onnx.ModelProto) without its external weights: enough to read its interface."""
+    import onnx
+
+    if isinstance(source, bytes):
+        return onnx.load_model_from_string(source)
+    return onnx.load(source, load_external_data=False)

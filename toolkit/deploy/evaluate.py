@@ -1,0 +1,96 @@
+"""`tk evaluate`: scores of an exported model on the held-out split, the Tatoeba Challenge set, and as people type."""
+
+from __future__ import annotations
+
+from toolkit.core.scoring import bleu_chrf
+
+
+def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4), batch_size: int = 64,
+                   limit: int | None = None, threads: int | None = None, variant: str = "fp32", echo=print) -> dict:
+    """Scores an exported translation model with ONNX Runtime on the held-out test split
+    (all references of each English sentence, and single-reference) and on the public
+    Tatoeba Challenge test set (single reference, as published models report it)."""
+    import time
+    from pathlib import Path
+
+    from toolkit.core import data
+    from toolkit.core.batching import GUARDED, DecodeOptions, default_streams
+    from toolkit.deploy.translate import open_model, translate_batch
+
+    model = open_model(directory, "cpu", variant, threads=threads)
+    if model.built_s:
+        echo(f"{variant} graphs: not stored in {directory}, built in memory from its fp32 graphs in {model.built_s:.2f}s")
+    corpus = data.load_corpus(corpus_path, download=corpus_path is None)
+    echo(data.describe(corpus))
+    trained_on = ((model.manifest.training and model.manifest.training.data) or {}).get("sha256", corpus.sha256)
+    if corpus.sha256 != trained_on:
+        echo("warning: this corpus differs from the one the model was trained on; the test split may not be held out")
+    english, refs = data.references(corpus.splits["test"])
+    english, refs = english[:limit], refs[:limit]
+    sets = {"test_split": (english, refs)}
+    if challenge_path:
+        pairs = data.read_challenge_test(Path(challenge_path))[:limit]
+        sets["tatoeba_challenge"] = ([en for en, _ in pairs], [[fr] for _, fr in pairs])
+    results: dict = {"variant": variant, "test_split_english_sentences": len(english), "test_split_pairs": sum(len(r) for r in refs)}
+    for beam in beams:
+        search = "greedy" if beam == 1 else f"beam{beam}"
+        for name, (src, references) in sets.items():
+            start = time.perf_counter()
+            # What a user of tk translate gets: input handling and decoding guards on.
+            opts = DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len,
+                                 max_src_len=model.manifest.max_len, streams=default_streams(), **GUARDED)
+            hyps = [n[0].text for n in translate_batch(model, src, opts)]
+            seconds = time.perf_counter() - start
+            if name == "test_split":
+                multi = bleu_chrf(hyps, references)
+                # Single reference: every (English, French) pair of the split, as its own line.
+                single_h = [h for h, r in zip(hyps, references) for _ in r]
+                single = bleu_chrf(single_h, [[x] for r in references for x in r])
+                results[f"{name}_{search}"] = {"bleu_multi_ref": multi["bleu"], "chrf_multi_ref": multi["chrf"],
+                                               "bleu_single_ref": single["bleu"], "chrf_single_ref": single["chrf"],
+                                               "max_references": multi["max_references"], "sentences": len(src),
+                                               "seconds": round(seconds, 1), "signature": multi["signature"]}
+            else:
+                s = bleu_chrf(hyps, references)
+                results[f"{name}_{search}"] = {"bleu": s["bleu"], "chrf": s["chrf"], "sentences": len(src),
+                                               "seconds": round(seconds, 1), "signature": s["signature"]}
+            echo(f"{name} {search}: {results[f'{name}_{search}']}")
+    return results
+
+
+def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: int = 64, limit: int | None = None,
+                        threads: int | None = None, variant: str = "fp32", seed: int = 0, raw: bool = False, echo=print) -> dict:
+    """Translates every robustness set (toolkit.deploy.robustness) with the decoding guards on, as
+    tk translate does, and again with them off to measure the runaway rate they would hide."""
+    import time
+
+    from toolkit.core import data
+    from toolkit.core.batching import GUARDED, DecodeOptions, default_streams
+    from toolkit.core.textprep import TextOptions
+    from toolkit.deploy import robustness
+    from toolkit.deploy.translate import open_model, translate_batch
+
+    model = open_model(directory, "cpu", variant, threads=threads)
+    corpus = data.load_corpus(corpus_path, download=corpus_path is None)
+    echo(data.describe(corpus))
+    english, refs = data.references(corpus.splits["test"])
+    english, refs = english[:limit], refs[:limit]
+    text = TextOptions(enabled=not raw)
+    words = {w.strip(".,!?;:\"'") for en, fr in corpus.splits["train"] for w in f"{en} {fr}".split()}
+    sets = robustness.build_sets(english, refs, words, seed)
+    base = dict(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len, max_src_len=model.manifest.max_len,
+                streams=default_streams())
+    backend = model.backend()
+    results: dict = {"variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}", "seed": seed,
+                     "guards": GUARDED, "input_handling": not raw, "sets": {}}
+    for s in sets:
+        start = time.perf_counter()
+        guarded = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base, **GUARDED), backend, text=text)]
+        bare = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base), backend, text=text)]
+        r = robustness.score_set(s, guarded)
+        r["runaway_guarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, guarded)) / max(len(guarded), 1), 2)
+        r["runaway_unguarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, bare)) / max(len(bare), 1), 2)
+        r["seconds"] = round(time.perf_counter() - start, 1)
+        results["sets"][s.name] = r
+        echo(f"robustness {s.name}: {r}")
+    return results

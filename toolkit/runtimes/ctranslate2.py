@@ -1,0 +1,161 @@
+"""The shipped Transformer's own weights as a CTranslate2 model, for the comparison row of `tk bench`.
+
+Weights are read back from the exported fp32 graphs (ONNX initializers, as verify reads
+them), so the CTranslate2 model and tk's graphs compute the same function; the spec is
+built with CTranslate2's Python spec API the way its OpenNMT-py converter builds one.
+Imports onnx, numpy and (lazily) ctranslate2; never torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.core.errors import UsageError
+from toolkit.core.manifest import Manifest
+from toolkit.core.tokenizer import BOS, EOS, UNK
+
+INSTALL_HINT = "install the ct2 extra: pip install -e '.[ct2]'"
+
+
+def available() -> bool:
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def graph_weights(m: Manifest) -> dict[str, np.ndarray]:
+    """Every named weight of the encoder and decoder graphs (the tied embedding appears in both)."""
+    import onnx
+    from onnx import numpy_helper
+
+    weights: dict[str, np.ndarray] = {}
+    for name in ("encoder", "decoder"):
+        graph = onnx.load(str(m.directory / m.data["graphs"][name]["file"]))
+        for init in graph.graph.initializer:
+            if init.name.startswith("model."):
+                weights[init.name[len("model."):]] = numpy_helper.to_array(init)
+    return weights
+
+
+def _linear(spec, weight: np.ndarray, bias: np.ndarray | None = None) -> None:
+    spec.weight = np.ascontiguousarray(weight, dtype=np.float32)
+    if bias is not None:
+        spec.bias = np.ascontiguousarray(bias, dtype=np.float32)
+
+
+def _norm(spec, w: dict[str, np.ndarray], scope: str) -> None:
+    spec.gamma, spec.beta = w[f"{scope}.addnorm.ln.weight"], w[f"{scope}.addnorm.ln.bias"]
+
+
+def _ffn(spec, w: dict[str, np.ndarray], scope: str) -> None:
+    _linear(spec.linear_0, w[f"{scope}.ffn.dense1.weight"], w[f"{scope}.ffn.dense1.bias"])
+    _linear(spec.linear_1, w[f"{scope}.ffn.dense2.weight"], w[f"{scope}.ffn.dense2.bias"])
+
+
+def transformer_spec(m: Manifest):
+    """A ctranslate2 TransformerSpec holding the directory's weights (post-LN Transformer only)."""
+    from ctranslate2.specs import common_spec
+    from ctranslate2.specs import transformer_spec as ts
+
+    cfg = m.config
+    if m.model != "transformer":
+        raise UsageError(f"the CTranslate2 comparison needs a Transformer directory; {m.directory} holds '{m.model}'")
+    if cfg.get("pre_ln"):
+        raise UsageError(f"{m.directory} is a pre-LN Transformer; the CTranslate2 comparison covers post-LN models only")
+    w = graph_weights(m)
+    layers, heads = cfg["num_layers"], cfg["num_heads"]
+    spec = ts.TransformerSpec.from_config(layers, heads, pre_norm=False, activation=common_spec.Activation.RELU)
+    emb = w["embedding.weight"]
+    for stack in (spec.encoder, spec.decoder):
+        # The sinusoidal table is given as learned positions: tk interleaves sin/cos, CTranslate2's own table does not.
+        stack.position_encodings.encodings = w["pos_encoding.P"]
+    spec.encoder.embeddings[0].weight = emb
+    spec.decoder.embeddings.weight = emb
+    _linear(spec.decoder.projection, emb)  # tied output projection
+    for i, layer in enumerate(spec.encoder.layer):
+        p = f"encoder_blocks.{i}"
+        att = layer.self_attention
+        _linear(att.linear[0], np.concatenate([w[f"{p}.attention.W_{x}.weight"] for x in "qkv"]))
+        _linear(att.linear[1], w[f"{p}.attention.W_o.weight"])
+        _norm(att.layer_norm, w, f"{p}.sub1")
+        _ffn(layer.ffn, w, p)
+        _norm(layer.ffn.layer_norm, w, f"{p}.sub2")
+    for i, layer in enumerate(spec.decoder.layer):
+        p = f"decoder_blocks.{i}"
+        att = layer.self_attention
+        _linear(att.linear[0], np.concatenate([w[f"{p}.self_attention.W_{x}.weight"] for x in "qkv"]))
+        _linear(att.linear[1], w[f"{p}.self_attention.W_o.weight"])
+        _norm(att.layer_norm, w, f"{p}.sub1")
+        cross = layer.attention
+        _linear(cross.linear[0], w[f"{p}.cross_attention.W_q.weight"])
+        _linear(cross.linear[1], np.concatenate([w[f"{p}.cross_attention.W_{x}.weight"] for x in "kv"]))
+        _linear(cross.linear[2], w[f"{p}.cross_attention.W_o.weight"])
+        _norm(cross.layer_norm, w, f"{p}.sub2")
+        _ffn(layer.ffn, w, p)
+        _norm(layer.ffn.layer_norm, w, f"{p}.sub3")
+    spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default
+    # Token ids are the vocabulary: tk tokenizes, CTranslate2 sees ids written as strings.
+    vocab = [str(i) for i in range(cfg["vocab_size"])]
+    spec.register_source_vocabulary(vocab)
+    spec.register_target_vocabulary(vocab)
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = str(UNK), str(BOS), str(EOS)
+    spec.config.decoder_start_token = str(BOS)
+    return spec
+
+
+def convert(m: Manifest, out_dir: str | Path) -> Path:
+    """Writes the CTranslate2 model (float32 weights; int8 is chosen at load) into out_dir."""
+    out = Path(out_dir)
+    spec = transformer_spec(m)
+    out.mkdir(parents=True, exist_ok=True)
+    spec.validate()
+    spec.optimize(quantization=None)
+    spec.save(str(out))
+    return out
+
+
+class Ct2Translator:
+    """One loaded CTranslate2 translator; use as a context manager so only one is alive at a time.
+
+    On 2 cores CTranslate2's OpenMP workers stop spinning once the process holds more OpenMP
+    threads than cores, and it then runs 2 to 5 times slower; quantising at load on the main
+    thread creates such threads, so the model is loaded from a short-lived thread.
+    """
+
+    def __init__(self, model_dir: str | Path, compute_type: str = "float32", intra_threads: int = 0,
+                 inter_threads: int = 1):
+        self.args = dict(device="cpu", compute_type=compute_type, intra_threads=intra_threads,
+                         inter_threads=inter_threads)
+        self.model_dir = str(model_dir)
+        self.translator = None
+
+    def __enter__(self) -> Ct2Translator:
+        import ctranslate2
+
+        loaded: list = []
+        loader = threading.Thread(target=lambda: loaded.append(ctranslate2.Translator(self.model_dir, **self.args)))
+        loader.start()
+        loader.join()
+        if not loaded:
+            raise UsageError(f"CTranslate2 could not load {self.model_dir}")
+        self.translator = loaded[0]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.translator is not None:
+            self.translator.unload_model()
+        self.translator = None
+
+    def translate_ids(self, src: list[list[int]], beam: int = 1, max_len: int = 64, batch_size: int = 64,
+                      alpha: float = 0.6, scores: bool = False) -> list[list[int]] | tuple[list[list[int]], list[float]]:
+        """Best output token ids per sentence (EOS excluded), batches of `batch_size` sorted by length."""
+        results = self.translator.translate_batch(
+            [[str(t) for t in s] for s in src], max_batch_size=batch_size, batch_type="examples", beam_size=beam,
+            max_decoding_length=max_len, length_penalty=alpha, return_scores=scores)
+        ids = [[int(t) for t in r.hypotheses[0]] for r in results]
+        return (ids, [r.scores[0] for r in results]) if scores else ids

@@ -1,0 +1,48 @@
+"""The report `tk verify` builds: one Row per comparison, and the Report that holds them with what was compared."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Row:
+    check: str  # static | sweep | optimizer | decode | translation
+    graph: str
+    variant: str
+    provider: str
+    case: str
+    output: str
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    outside: float = 0.0  # fraction of elements outside atol + rtol * |ref|
+    top1: float | None = None  # for log_probs: agreement of the arg-max
+    noise: float | None = None  # CPU vs CUDA max abs difference on the same inputs
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    directory: str
+    seed: int
+    rows: list[Row] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+    reference: str = ""
+    reference_kind: str = ""  # checkpoint | random_init | graphs (see toolkit.build.reference.reference_kind)
+    reference_proves: str = ""
+    weights_sha256: str = ""  # of the graphs' fp32 weights, when computed (--checkpoint, --expect-digest, or a graphs reference)
+    runtime: str = "onnxruntime"  # the engine that ran the graphs, with its version ("openvino 2026.4.1")
+
+    @property
+    def failures(self) -> list[Row]:
+        return [r for r in self.rows if not r.ok]
+
+    def to_json(self) -> dict:
+        return {"directory": self.directory, "seed": self.seed, "passed": not self.failures, "runtime": self.runtime,
+                "reference": self.reference,
+                "reference_kind": self.reference_kind, "reference_proves": self.reference_proves,
+                "graph_weights_sha256": self.weights_sha256 or None,
+                "skipped_providers": self.skipped, "environment": self.environment,
+                "failures": [asdict(r) for r in self.failures], "rows": [asdict(r) for r in self.rows]}

@@ -1,0 +1,216 @@
+"""`tk verify`: measured parity between the PyTorch reference and every exported graph.
+
+Three kinds of evidence, all collected before a verdict:
+  static   each graph's inputs/outputs against the declaration (names, dtypes, symbolic axes);
+  sweep    random inputs over batch sizes and lengths the export never saw, every output compared;
+  decode   real sentences: every decoder output along the greedy decode, then the translations,
+           which must be token-for-token identical.
+Plus ONNX Runtime with graph optimisations off vs on, and CPU vs CUDA drift as a noise floor.
+On `runtime="openvino"` the same checks run on OpenVINO's CPU plugin (toolkit.runtimes).
+
+This module runs the command; the pieces are verify_report (Row, Report), verify_compare (tolerances,
+error statistics, running a graph), verify_checks (static, sweep inputs, real decodes, translations,
+weights), verify_render (the table) and verify_record (JSON, verdict, manifest summary).
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from toolkit.build import registry
+from toolkit.build.reference import load_reference, reference_kind
+from toolkit.core import manifest as manifest_mod
+from toolkit.core.decoding import greedy
+from toolkit.core.errors import ProviderError, UsageError, first_line
+from toolkit.core.manifest import Manifest
+from toolkit.core.variants import graph_source
+from toolkit.verify.checks import (
+    ParityBackend,
+    case_label,
+    check_weights,
+    compare_translations,
+    held_out_sentences,
+    static_check,
+    sweep_cases,
+    sweep_inputs,
+)
+from toolkit.verify.compare import (
+    RunFailure,
+    compare_outputs,
+    failed_run,
+    run_ort,
+    run_torch,
+    tolerance,
+)
+from toolkit.verify.report import Report, Row
+
+
+def environment(providers: list[str]) -> dict:
+    import onnxruntime as ort
+
+    env = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__,
+           "python": platform.python_version(), "machine": f"{platform.machine()} {platform.system()}",
+           "providers": providers, "available_providers": ort.get_available_providers()}
+    if "cuda" in providers:
+        from toolkit.runtimes.onnxruntime import gpu_environment
+
+        env.update(gpu_environment())
+    return env
+
+
+def is_digest(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
+
+
+def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
+           rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
+           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = "onnxruntime",
+           data: str | Path | None = None) -> Report:
+    """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
+    in the provider column ("openvino-cpu"); ONNX Runtime's stay "cpu"/"cuda". `data`: the corpus whose
+    held-out split is decoded (default: toolkit.core.data.find's search)."""
+    from toolkit import runtimes
+
+    runtimes.check(runtime)
+    m = manifest_mod.load(directory)
+    report = Report(str(directory), seed, runtime=runtimes.label(runtime))
+    try:
+        m.check_files()
+    except UsageError as e:
+        report.rows.append(Row("static", "files", "-", "-", "-", "sha256", ok=False, detail=str(e)))
+    # The attention variant (built in memory, with extra outputs) is checked by verify_attention.
+    attention = "attention" in (variants or []) or (not variants and m.attention is not None)
+    if runtime != "onnxruntime" and attention:
+        if variants:
+            raise UsageError(f"the attention variant is checked on onnxruntime only; drop --variant attention or --runtime {runtime}")
+        attention = False  # its extra outputs are read through ONNX Runtime's I/O binding
+    variants = [v for v in variants if v != "attention"] if variants else m.variants()
+    providers = ["cpu", "cuda"] if provider == "all" else [provider]
+    # Sessions first: a provider that cannot load fails before any PyTorch work.
+    sessions, backends = _load(m, runtime, providers, variants, provider == "all", report, echo)
+    echo(f"runtime: {report.runtime}")
+    entry, cfg, model, report.reference = load_reference(m, echo, checkpoint)
+    report.reference_kind, report.reference_proves = reference_kind(report.reference)
+    check_weights(report, m, entry, cfg, model, checkpoint, expect_digest, echo)
+    if not _declarations_match(report, m, entry, cfg):
+        return report  # the graphs cannot be fed or compared by a declaration that is not the model's
+    for v in variants:
+        for name, spec in m.specs().items():
+            report.rows += static_check(graph_source(m, name, v)[0], spec, v)
+    _sweep(report, m, entry, model, cfg, sessions, seed, atol, rtol)
+    src_ids = _decode(report, m, model, cfg, sessions, backends, sentences, data, atol, rtol, echo)
+    if attention:
+        from toolkit.verify.attention import verify_attention
+
+        verify_attention(m, entry, model, cfg, report, [p for p in providers if p not in report.skipped], seed, src_ids, atol, rtol, echo)
+    return report
+
+
+def _load(m: Manifest, runtime: str, providers: list[str], variants: list[str], any_provider: bool, report: Report,
+          echo) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], object]]:
+    """Sessions and backend factories per (provider label, variant). With `any_provider` (--provider all),
+    a provider that cannot load is skipped and named in the report; otherwise its error is raised."""
+    from toolkit import runtimes
+
+    sessions: dict[tuple[str, str], dict] = {}
+    backends: dict[tuple[str, str], object] = {}
+    for p in providers:
+        for v in variants:
+            try:
+                loaded = runtimes.load(m, runtime, p, v, unverified=True)
+            except ProviderError as e:
+                if not any_provider:
+                    raise
+                report.skipped[p] = str(e)
+                break
+            label = p if runtime == "onnxruntime" else f"{runtime}-{p}"
+            sessions[(label, v)] = loaded.sessions
+            backends[(label, v)] = loaded.backend
+            if loaded.built_s:
+                echo(f"{v} graphs: not stored in {m.directory}, built in memory from its fp32 graphs in {loaded.built_s:.2f}s")
+    report.environment = environment(sorted({p for p, _ in sessions}))
+    if runtime != "onnxruntime":
+        report.environment[runtime] = runtimes.version(runtime)
+    return sessions, backends
+
+
+def _declarations_match(report: Report, m: Manifest, entry, cfg) -> bool:
+    """Whether the manifest declares each graph as the model registry does (a failing row per graph that differs)."""
+    declared = {s.name: s for s in entry.graphs(cfg)}
+    ok = True
+    for name, spec in m.specs().items():
+        if declared.get(name) != spec:
+            ok = False
+            report.rows.append(Row("static", name, "-", "-", "-", "declaration", ok=False,
+                                   detail="manifest declaration differs from the model registry's; re-export"))
+    return ok
+
+
+def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed: int, atol: float | None, rtol: float | None) -> None:
+    """Every graph on random inputs over a sweep of batch sizes and lengths, each session against PyTorch; the
+    CPU fp32 session also against ONNX Runtime with its optimisations off (an optimiser fault shows there)."""
+    from toolkit.runtimes import onnxruntime as ort_runtime
+
+    specs = m.specs()
+    vocab = getattr(cfg, "vocab_size", 2)
+    modules = {name: registry.graph_module(entry, model, spec) for name, spec in specs.items()}
+    rng = np.random.default_rng(seed)
+    unoptimized = {}
+    if ("cpu", "fp32") in sessions:
+        unoptimized = {name: ort_runtime.create_session(m.graph_path(name), "cpu", optimization="disabled") for name in specs}
+    for i, sizes in enumerate(sweep_cases(getattr(cfg, "max_len", 64))):
+        for name, spec in specs.items():
+            feeds = sweep_inputs(spec, sizes, rng, vocab, i)
+            ref = run_torch(modules[name], spec, feeds)
+            case = case_label(spec, sizes)
+            outs = {}
+            for (p, v), s in sessions.items():
+                try:
+                    outs[(p, v)] = run_ort(s[name], spec, feeds)
+                except RunFailure as e:
+                    failed_run(report.rows, "sweep", spec, v, p, case, e)
+            for (p, v), got in outs.items():
+                noise = None
+                if ("cpu", v) in outs and ("cuda", v) in outs:
+                    noise = {o: float(np.abs(outs[("cpu", v)][o].astype(np.float64) - outs[("cuda", v)][o]).max(initial=0))
+                             for o in spec.output_names}
+                compare_outputs(report.rows, "sweep", spec, v, p, case, ref, got, tolerance(v, atol, rtol), noise)
+            if ("cpu", "fp32") in outs:
+                try:
+                    plain = run_ort(unoptimized[name], spec, feeds)
+                except RunFailure as e:
+                    failed_run(report.rows, "optimizer", spec, "fp32", "cpu", case, e)
+                    continue
+                compare_outputs(report.rows, "optimizer", spec, "fp32", "cpu", case, plain,
+                                outs[("cpu", "fp32")], tolerance("fp32", atol, rtol))
+
+
+def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: dict, sentences: int, data, atol: float | None,
+            rtol: float | None, echo) -> list[list[int]]:
+    """Greedy decodes of held-out sentences, every step's outputs against PyTorch's, then the translations token
+    for token; returns the sentences' ids (the attention check decodes them too). Only translation models."""
+    from toolkit.build.torch_backend import TorchBackend
+    from toolkit.core.tokenizer import Tokenizer
+
+    tok_path = m.tokenizer_path()
+    if m.kind != "seq2seq" or tok_path is None or sentences <= 0:
+        return []
+    specs = m.specs()
+    max_len = getattr(cfg, "max_len", 64)
+    english, origin = held_out_sentences(sentences, data)
+    echo(f"decoding {len(english)} sentences from the {origin}")
+    src_ids = [ids[:max_len] for ids in Tokenizer.load(tok_path).encode(english)]
+    ref_backend = TorchBackend(model, specs["encoder"], specs["decoder"])
+    for (p, v), s in sessions.items():
+        parity = ParityBackend(ref_backend, s, specs, v, p, tolerance(v, atol, rtol), report.rows)
+        try:
+            greedy(parity, src_ids, max_len)
+            compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, max_len, v, p, tolerance(v, atol, rtol))
+        except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
+            failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
+    return src_ids
