@@ -74,6 +74,12 @@ class ParityBackend(StepBackend):
         self.t, self.sessions, self.specs = torch_backend, sessions, specs
         self.variant, self.provider, self.tol, self.rows = variant, provider, tol, rows
         self.step_index = 0
+        self.failing_inputs: dict | None = None  # the first step that failed, for --localize
+
+    def _keep_failure(self, ok: bool, graph: str, case: str, feeds: dict) -> None:
+        if not ok and self.failing_inputs is None:
+            self.failing_inputs = {"graph": graph, "variant": self.variant, "provider": self.provider, "case": case,
+                                   "feeds": {k: np.array(v) for k, v in feeds.items()}}
 
     def encode(self, src, src_len):
         enc = self.specs["encoder"]
@@ -84,7 +90,8 @@ class ParityBackend(StepBackend):
         feeds = {"src": src, "src_len": src_len}
         got = run_ort(self.sessions["encoder"], enc, feeds)
         case = f"batch={len(src)} src_len={src.shape[1]}"
-        compare_outputs(self.rows, "decode", enc, self.variant, self.provider, case, {n: ref[n] for n in enc.output_names}, got, self.tol)
+        ok = compare_outputs(self.rows, "decode", enc, self.variant, self.provider, case, {n: ref[n] for n in enc.output_names}, got, self.tol)
+        self._keep_failure(ok, "encoder", case, feeds)
         self.extra_checks("encoder", feeds, got, case)
         self.step_index = 0
         return state
@@ -97,7 +104,8 @@ class ParityBackend(StepBackend):
                **self.extra_reference("decoder", len(token))}
         got = run_ort(self.sessions["decoder"], dec, feeds)
         case = f"step={self.step_index} batch={len(token)}"
-        compare_outputs(self.rows, "decode", dec, self.variant, self.provider, case, ref, got, self.tol)
+        ok = compare_outputs(self.rows, "decode", dec, self.variant, self.provider, case, ref, got, self.tol)
+        self._keep_failure(ok, "decoder", case, feeds)
         self.extra_checks("decoder", feeds, got, case)
         self.step_index += 1
         return log_probs, new_state

@@ -61,7 +61,9 @@ def failed_run(rows: list[Row], check: str, spec: GraphSpec, variant: str, provi
 
 
 def compare_outputs(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str,
-                    ref: dict, got: dict, tol: tuple[float, float], noise: dict | None = None) -> None:
+                    ref: dict, got: dict, tol: tuple[float, float], noise: dict | None = None) -> bool:
+    """Appends a row per output; whether all of them are within the tolerance."""
+    ok = True
     for name in spec.output_names:
         stats = compare(ref[name], got[name], *tol)
         row = Row(check, spec.name, variant, provider, case, name, **stats)
@@ -70,3 +72,5 @@ def compare_outputs(rows: list[Row], check: str, spec: GraphSpec, variant: str, 
         if noise and name in noise:
             row.noise = noise[name]
         rows.append(row)
+        ok = ok and row.ok
+    return ok

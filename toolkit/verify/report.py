@@ -34,6 +34,11 @@ class Report:
     reference_proves: str = ""
     weights_sha256: str = ""  # of the graphs' fp32 weights, when computed (--checkpoint, --expect-digest, or a graphs reference)
     runtime: str = "onnxruntime"  # the engine that ran the graphs, with its version ("openvino 2026.4.1")
+    # The inputs of the first failing comparison (graph, variant, provider, case, feeds), and of one sweep case of
+    # the first session to localize on when asked with nothing failing; kept for --localize, not written out.
+    failing_inputs: dict | None = None
+    probe_inputs: dict | None = None
+    localization: dict | None = None  # toolkit.verify.localize.Localization, as JSON
 
     @property
     def failures(self) -> list[Row]:
@@ -45,4 +50,5 @@ class Report:
                 "reference_kind": self.reference_kind, "reference_proves": self.reference_proves,
                 "graph_weights_sha256": self.weights_sha256 or None,
                 "skipped_providers": self.skipped, "environment": self.environment,
-                "failures": [asdict(r) for r in self.failures], "rows": [asdict(r) for r in self.rows]}
+                "failures": [asdict(r) for r in self.failures], "rows": [asdict(r) for r in self.rows],
+                "localization": self.localization}

@@ -70,10 +70,11 @@ def is_digest(text: str) -> bool:
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
            rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
            checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = "onnxruntime",
-           data: str | Path | None = None) -> Report:
+           data: str | Path | None = None, localize: bool | None = None) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
     in the provider column ("openvino-cpu"); ONNX Runtime's stay "cpu"/"cuda". `data`: the corpus whose
-    held-out split is decoded (default: toolkit.core.data.find's search)."""
+    held-out split is decoded (default: toolkit.core.data.find's search). `localize`: find the first divergent
+    node of the first failing case (None: when a check fails; True: also on the sweep case of a passing model)."""
     from toolkit import runtimes
 
     runtimes.check(runtime)
@@ -108,6 +109,14 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         from toolkit.verify.attention import verify_attention
 
         verify_attention(m, entry, model, cfg, report, [p for p in providers if p not in report.skipped], seed, src_ids, atol, rtol, echo)
+    target = report.failing_inputs if report.failures else report.probe_inputs if localize else None
+    if target is not None and localize is not False:
+        from toolkit.verify.localize import localize as find_divergence
+
+        echo(f"localizing: {target['graph']} [{target['variant']}, {target['provider']}, {target['case']}], every intermediate tensor")
+        loc = find_divergence(m, entry, model, cfg, target["graph"], target["variant"], target["provider"].split("-")[-1], runtime,
+                              target["case"], target["feeds"], tolerance(target["variant"], atol, rtol))
+        report.localization = loc.to_json()
     return report
 
 
@@ -179,7 +188,11 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
                 if ("cpu", v) in outs and ("cuda", v) in outs:
                     noise = {o: float(np.abs(outs[("cpu", v)][o].astype(np.float64) - outs[("cuda", v)][o]).max(initial=0))
                              for o in spec.output_names}
-                compare_outputs(report.rows, "sweep", spec, v, p, case, ref, got, tolerance(v, atol, rtol), noise)
+                inputs = {"graph": name, "variant": v, "provider": p, "case": case, "feeds": feeds}
+                if not compare_outputs(report.rows, "sweep", spec, v, p, case, ref, got, tolerance(v, atol, rtol), noise):
+                    report.failing_inputs = report.failing_inputs or inputs
+                if i == 2 and (p, v) == next(iter(sessions)):
+                    report.probe_inputs = inputs  # the last graph's (the decoder of a translation model)
             if ("cpu", "fp32") in outs:
                 try:
                     plain = run_ort(unoptimized[name], spec, feeds)
@@ -210,6 +223,7 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
         parity = ParityBackend(ref_backend, s, specs, v, p, tolerance(v, atol, rtol), report.rows)
         try:
             greedy(parity, src_ids, max_len)
+            report.failing_inputs = report.failing_inputs or parity.failing_inputs
             compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, max_len, v, p, tolerance(v, atol, rtol))
         except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
             failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))

@@ -32,8 +32,13 @@ from toolkit.core.variants import NAMES
 @click.option("--record", is_flag=True, help="Store a summary of the verdict in the directory's manifest.json.")
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
               help="Compare against this checkpoint (its weights digest must match the graphs' weights).")
+@click.option("--localize/--no-localize", default=None,
+              help="Name the first node (and PyTorch module) where the graph parts from PyTorch [default: when a check fails].")
+@click.option("--localize-plot", type=click.Path(path_type=Path), metavar="PNG",
+              help="Draw each intermediate tensor's error of the localized case (needs the plot extra).")
 @click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
-def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path, expect_digest):
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path, expect_digest,
+           localize, localize_plot):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
     \b
@@ -48,13 +53,20 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     from toolkit.verify.run import verify as run_verify
 
     writable_file(json_path, "--json")
+    writable_file(localize_plot, "--localize-plot")
     if expect_digest is not None and not is_digest(expect_digest):
         raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
     start = time.time()
     report = run_verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
                       echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest,
-                      runtime=runtime, data=data_path)
+                      runtime=runtime, data=data_path, localize=localize)
     click.echo(render(report))
+    if report.localization is not None:
+        from toolkit.verify import localize as localization
+
+        click.echo("\n".join(localization.render(report.localization)))
+        if localize_plot:
+            click.echo(f"wrote {localization.plot(report.localization, localize_plot)}", err=True)
     for p, why in report.skipped.items():
         click.echo(f"skipped provider {p}: {why}", err=True)
     if json_path:
