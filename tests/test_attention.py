@@ -142,7 +142,7 @@ def test_the_exported_masked_softmax_reproduces_the_textbook_example(random_expo
 def test_nw_numbers_match_the_metrics_recorded_at_training():
     """The curves in the NW picture come from the shipped graph: its test MSE is training's."""
     nw = attention_graphs.nadaraya_watson(REPO / "exported" / "nw")
-    metrics = manifest.load(REPO / "exported" / "nw").data["metrics"]
+    metrics = manifest.load(REPO / "exported" / "nw").to_dict()["metrics"]
     assert nw["learned_weights"].shape == (50, 50) and nw["nonparametric_weights"].shape == (50, 50)
     np.testing.assert_allclose(nw["learned_weights"].sum(-1), 1.0, atol=1e-5)
     np.testing.assert_allclose(nw["learned"], (nw["learned_weights"] * nw["y_train"]).sum(-1), atol=1e-5)

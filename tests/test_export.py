@@ -54,7 +54,7 @@ def test_every_axis_is_named_and_symbolic(name, random_export):
 def test_manifest_describes_the_directory(tiny_export, tiny_checkpoint):
     m = manifest.load(tiny_export)
     m.check_files()
-    d = m.data
+    d = m.to_dict()
     assert d["model"] == "transformer" and d["kind"] == "seq2seq"
     assert set(d["graphs"]) == {"encoder", "decoder"}
     layers = range(d["config"]["num_layers"])
@@ -165,13 +165,13 @@ def test_variants_are_added_to_an_exported_directory_without_the_checkpoint(cli,
 
     model_dir = tmp_path / "shipped"
     shutil.copytree(tiny_export, model_dir)
-    before = manifest.load(model_dir).data
+    before = manifest.load(model_dir).to_dict()
     result = cli("export", model_dir, "--quantize", "int8")
     assert result.exit_code == 0, result.output
     m = manifest.load(model_dir)
     m.check_files()
-    assert m.variants() == ["fp32", "int8"] and m.data["graphs"] == before["graphs"]
-    assert "command" in m.data["variants"]["int8"]  # how it was made, like the export command
+    assert m.variants() == ["fp32", "int8"] and m.to_dict()["graphs"] == before["graphs"]
+    assert "command" in m.to_dict()["variants"]["int8"]  # how it was made, like the export command
     assert sorted(p.name for p in model_dir.iterdir()) == sorted([*(p.name for p in tiny_export.iterdir()), "encoder.int8.onnx", "decoder.int8.onnx"])
     result = cli("verify", model_dir, "--variant", "int8", "--sentences", 4)
     assert result.exit_code == 0, result.output
@@ -182,7 +182,7 @@ def test_variants_are_added_to_an_exported_directory_without_the_checkpoint(cli,
     assert again.exit_code == 2 and "already has the int8 variant" in again.output and "--force" in again.output
     nothing = cli("export", model_dir)
     assert nothing.exit_code == 2 and "--quantize int8" in nothing.output
-    assert manifest.load(model_dir).data == m.data  # refusals change nothing
+    assert manifest.load(model_dir).to_dict() == m.to_dict()  # refusals change nothing
 
 
 def test_a_variant_the_directory_lacks_is_built_in_memory_as_export_would_store_it(cli, tiny_export, tmp_path):

@@ -125,7 +125,7 @@ def test_manifest_is_validated_against_its_schema_when_read(cli, tiny_export, tm
 def test_the_shipped_manifests_load_and_the_schema_knows_every_registered_model():
     for name in ("transformer", "seq2seq", "nw"):
         m = manifest.load(SHIPPED / name)
-        assert manifest.schema_problem(m.data) is None
+        assert manifest.schema_problem(m.to_dict()) is None
     assert set(manifest.MODELS) == set(registry.REGISTRY)
     for name, entry in registry.REGISTRY.items():
         assert manifest.MODELS[name][0] == entry.kind
@@ -188,7 +188,7 @@ def test_force_replaces_only_a_tk_model_directory(cli, tmp_path):
     assert cli("export", "dot_attention", "--random-init", "--out", model).exit_code == 0
     result = cli("export", "dot_attention", "--random-init", "--out", model, "--force", "--seed", "1")
     assert result.exit_code == 0, result.output
-    assert manifest.load(model).data["checkpoint"]["seed"] == 1
+    assert manifest.load(model).to_dict()["checkpoint"]["seed"] == 1
 
 
 def test_an_export_that_finds_its_output_written_meanwhile_refuses_to_replace_it(cli, tmp_path, monkeypatch):
@@ -216,7 +216,7 @@ def test_an_export_that_finds_its_output_written_meanwhile_refuses_to_replace_it
     result = cli("export", "dot_attention", "--random-init", "--out", out)
     monkeypatch.undo()
     assert "already exists" in one_line_error(result, 2)
-    assert manifest.load(out).data["checkpoint"]["seed"] == 7  # the other export's directory, intact
+    assert manifest.load(out).to_dict()["checkpoint"]["seed"] == 7  # the other export's directory, intact
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # and no temporary directory left behind
 
 
@@ -367,7 +367,7 @@ def _tamper(directory: Path) -> None:
 def test_tampered_weights_with_rewritten_digests_say_what_verify_proved_and_fail_given_the_checkpoint(
         cli, tiny_export, tiny_checkpoint, tmp_path):
     model = _copy(tiny_export, tmp_path)
-    good_digest = manifest.load(model).data["checkpoint"]["weights_sha256"]
+    good_digest = manifest.load(model).to_dict()["checkpoint"]["weights_sha256"]
     _tamper(model)
     report = tmp_path / "r.json"
     # Without an outside reference, verify can only prove graph-vs-graph parity, and says exactly that.
@@ -390,7 +390,7 @@ def test_tampered_weights_with_rewritten_digests_say_what_verify_proved_and_fail
 
 
 def test_export_records_the_digest_the_checkpoint_carried(tiny_export, tiny_checkpoint):
-    record = manifest.load(tiny_export).data["checkpoint"]
+    record = manifest.load(tiny_export).to_dict()["checkpoint"]
     carried = torch.load(tiny_checkpoint, weights_only=False)["weights_sha256"]
     assert record["checkpoint_weights_sha256"] == carried == record["weights_sha256"]
 

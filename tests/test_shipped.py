@@ -30,7 +30,7 @@ def test_manifest_matches_its_files_and_records_provenance(name):
 def test_translation_models_record_their_scores_as_tk_evaluate_measures_them(name, cli, tmp_path, challenge_test):
     """The shipped scores are what `tk evaluate --record` writes: re-measured here on the first sentences
     of each set (in a copy), the greedy scores land near the recorded full-set ones."""
-    shipped = manifest.load(EXPORTED / name).data
+    shipped = manifest.load(EXPORTED / name).to_dict()
     for key in ("test_split_greedy", "test_split_beam4", "tatoeba_challenge_greedy", "tatoeba_challenge_beam4"):
         assert shipped["metrics"]["evaluation"][key]["sentences"] > 1000
     assert shipped["training"]["data"]["sha256"] == "0bb85dbaa1c896844649094d7eaf2e34bee34e84fe362b26ce7e8f2e12aae104"
@@ -39,7 +39,7 @@ def test_translation_models_record_their_scores_as_tk_evaluate_measures_them(nam
     shutil.copytree(EXPORTED / name, copy)
     result = cli("evaluate", copy, "--challenge", challenge_test, "--beam", 1, "--limit", 300, "--record")
     assert result.exit_code == 0, result.output
-    measured = manifest.load(copy).data["metrics"]["evaluation"]
+    measured = manifest.load(copy).to_dict()["metrics"]["evaluation"]
     for key, score in (("test_split_greedy", "bleu_multi_ref"), ("tatoeba_challenge_greedy", "bleu")):
         assert measured[key]["sentences"] == 300
         # 300 sentences against a few thousand: the same model lands within a few BLEU of its full-set score.
@@ -72,7 +72,7 @@ def test_shipped_models_translate_the_textbook_examples(cli, name):
 
 @pytest.mark.parametrize("name", ["transformer", "seq2seq"])
 def test_translation_models_record_their_robustness(name):
-    sets = manifest.load(EXPORTED / name).data["metrics"]["robustness"]["sets"]
+    sets = manifest.load(EXPORTED / name).to_dict()["metrics"]["robustness"]["sets"]
     for key in ("clean", "no_final_punct", "lower_no_punct", "all_caps", "title_case", "short", "pass_through", "joined"):
         assert sets[key]["sentences"] > 10 and "runaway_unguarded" in sets[key]
 

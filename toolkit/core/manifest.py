@@ -148,11 +148,6 @@ class Manifest:
                 out[{v: k for k, v in RENAMED.items()}.get(f.name, f.name)] = value
         return out
 
-    @property
-    def data(self) -> dict:
-        """The manifest as JSON data: a read-only view (change the typed fields, then save())."""
-        return self.to_dict()
-
     def save(self) -> None:
         """Atomically: a crash mid-write (or a full disk) leaves the previous manifest intact."""
         problem = schema_problem(self.to_dict())

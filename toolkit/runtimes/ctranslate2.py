@@ -35,7 +35,7 @@ def graph_weights(m: Manifest) -> dict[str, np.ndarray]:
 
     weights: dict[str, np.ndarray] = {}
     for name in ("encoder", "decoder"):
-        graph = onnx.load(str(m.directory / m.data["graphs"][name]["file"]))
+        graph = onnx.load(str(m.directory / m.graphs[name].file))
         for init in graph.graph.initializer:
             if init.name.startswith("model."):
                 weights[init.name[len("model."):]] = numpy_helper.to_array(init)

@@ -43,17 +43,17 @@ WEB_VARIANTS = ("fp32", "int8")
 
 def site_model(m: manifest_mod.Manifest) -> dict:
     """model.json: what the page needs of the manifest (graph files and specs per variant, limits, guards)."""
-    graphs = m.data["graphs"]
-    weights = {g["weights"]["file"] for g in graphs.values() if "weights" in g}
+    graphs = m.graphs
+    weights = {g.weights.file for g in graphs.values() if g.weights}
     if len(weights) != 1:
         raise UsageError(f"{m.directory}: the web export expects both graphs in one external weights file, found {sorted(weights) or 'none'}; "
                          "re-export the model directory with this tk")
-    variants = {"fp32": {"graphs": {name: g["file"] for name, g in graphs.items()}, "weights": weights.pop()}}
+    variants = {"fp32": {"graphs": {name: g.file for name, g in graphs.items()}, "weights": weights.pop()}}
     # A variant's graphs hold their own weights (the quantiser writes them inline).
     variants.update({v: {"graphs": {name: f"{name}.{v}.onnx" for name in graphs}, "weights": None} for v in WEB_VARIANTS[1:]})
     return {
         "name": m.directory.name, "model": m.model, "max_len": m.max_len, "variants": variants,
-        "tokenizer": "tokenizer.json", "encoder": graphs["encoder"]["spec"], "decoder": graphs["decoder"]["spec"],
+        "tokenizer": "tokenizer.json", "encoder": graphs["encoder"].spec, "decoder": graphs["decoder"].spec,
         "guards": GUARDED,
     }
 
@@ -85,7 +85,7 @@ def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[
     try:
         echo(f"writing the web site for {model_dir} (onnxruntime-web {version}) ...")
         fp32 = model["variants"]["fp32"]
-        for name in [*fp32["graphs"].values(), fp32["weights"], *(e["file"] for e in m.data.get("extra_files", []))]:
+        for name in [*fp32["graphs"].values(), fp32["weights"], *(e.file for e in m.extra_files)]:
             shutil.copyfile(m.directory / name, tmp / name)
         for variant, entry in model["variants"].items():
             if variant != "fp32":
