@@ -216,3 +216,24 @@ def test_a_variant_the_directory_lacks_is_built_in_memory_as_export_would_store_
 def test_export_without_out_names_the_missing_option(cli, tiny_checkpoint):
     result = cli("export", tiny_checkpoint)
     assert result.exit_code == 2 and result.output.startswith("error: missing --out")
+
+
+def test_each_graph_gets_a_node_map_of_where_its_nodes_came_from(random_export):
+    """What the exporter knew of each node (module path, class, source line) is kept beside the graph, small,
+    listed and digested in the manifest: `tk verify --localize` names modules from it."""
+    from toolkit.build.export import node_map_name
+
+    directory = random_export("transformer")
+    m = manifest.load(directory)
+    listed = {e.file for e in m.extra_files}
+    for name, record in m.graphs.items():
+        path = directory / node_map_name(record.file)
+        assert path.name in listed
+        nodes = {n.name: n.op_type for n in onnx.load(directory / record.file, load_external_data=False).graph.node}
+        origins = json.loads(path.read_text())
+        assert set(origins) <= set(nodes) and len(origins) > len(nodes) / 2
+        assert path.stat().st_size < 64 * 1024
+    decoder = json.loads((directory / node_map_name(m.graphs["decoder"].file)).read_text())
+    relus = [origin for node, origin in decoder.items() if nodes.get(node) == "Relu"]
+    assert relus[0] == ["decoder_blocks.0.ffn.relu", "torch.nn.modules.activation.ReLU", "models/attention.py:152"]
+    m.check_files()

@@ -88,6 +88,42 @@ def name_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:
                     dim.dim_param = want
 
 
+def node_origins(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Node name -> [PyTorch module path, module class, source file:line], from the exporter's metadata (which
+    `tk verify --localize` reports; the metadata itself, a stack trace per node, would triple the file)."""
+    import ast
+    import re
+
+    out = {}
+    for node in model.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        if "pkg.torch.onnx.name_scopes" not in meta:
+            continue
+        try:
+            scopes = ast.literal_eval(meta["pkg.torch.onnx.name_scopes"])
+            classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
+        except (ValueError, SyntaxError):
+            continue
+        # The last scope is the operation itself; the ones before it walk down the modules ('' is the graph wrapper,
+        # 'model' the model). A module reached through another's attribute appears under its full name: start again there.
+        path: list[str] = []
+        for scope in scopes[:-1]:
+            if scope.startswith("model."):
+                path = scope.split(".")[1:]
+            elif scope and scope != "model" and not scope.startswith("_empty"):
+                path.append(scope)
+        modules = [c for c in classes[:-1] if not c.startswith(("aten.", "_empty"))]
+        frames = re.findall(r'File "([^"]+)", line (\d+)', meta.get("pkg.torch.onnx.stack_trace", ""))
+        mine = [f"{f[f.rfind('/models/') + 1:]}:{line}" for f, line in frames if "/models/" in f]
+        if path or mine:
+            out[node.name] = [".".join(path), modules[-1] if modules else "", mine[-1] if mine else ""]
+    return out
+
+
+def node_map_name(graph_file: str) -> str:
+    return graph_file.removesuffix(".onnx") + ".nodes.json"
+
+
 def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: int, max_len: int, vocab: int) -> None:
     rng = np.random.default_rng(0)
     feeds = make_inputs(spec, EXAMPLE_SIZES, rng, vocab)
@@ -110,6 +146,7 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: in
     onnxscript.optimizer.optimize_ir(program.model, input_size_limit=1024, output_size_limit=1024,
                                      should_fold=lambda node: False if node.op_type == "Transpose" else None)
     model = program.model_proto
+    (path.parent / node_map_name(path.name)).write_text(json.dumps(node_origins(model), separators=(",", ":")), encoding="utf-8")
     for node in model.graph.node:
         # The exporter annotates every node with a Python stack trace; they triple the file size.
         del node.metadata_props[:]
@@ -265,6 +302,8 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         export_graph(registry.graph_module(entry, model, spec), spec, path, opts.opset, max_len, vocab)
         graphs[spec.name] = {"file": path.name, "sha256": manifest.file_sha256(path), "spec": spec.to_dict(),
                              "bytes": path.stat().st_size}
+    node_maps = [{"file": node_map_name(f"{name}.onnx"), "sha256": manifest.file_sha256(tmp / node_map_name(f"{name}.onnx"))}
+                 for name in graphs]
     share_weights(tmp, graphs)
     made = {}
     for variant in wanted_variants(opts):
@@ -276,6 +315,7 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         "tokenizer": None, "special_tokens": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
         "export_command": opts.command, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **attention_declaration(entry.name, dataclasses.asdict(cfg)),
+        "extra_files": node_maps,
     }
     if ckpt is None:
         # Rebuilt by verify from the seed; the weights digest proves it got the same model.

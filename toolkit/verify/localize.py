@@ -196,6 +196,7 @@ def localize(m: Manifest, entry, model, cfg, graph: str, variant: str, provider:
                                getattr(cfg, "vocab_size", 2), key)
     loc = Localization(graph, variant, provider, case)
     producer = {value: node for value, node in produced}
+    origins = node_origins(m, graph)
     for value, node in produced:
         if value not in ref or value not in got or np.shape(ref[value]) != np.shape(got[value]):
             continue
@@ -207,6 +208,8 @@ def localize(m: Manifest, entry, model, cfg, graph: str, variant: str, provider:
             r, g = _comparable(r, g, variant)
             stats = compare(r, g, *tensor_tolerance(variant_tol, r))
         module, source = where.get(value, ("", ""))
+        if node.name in origins:  # written at export from the exporter's own metadata
+            module, source = origins[node.name][0] or module, origins[node.name][2] or source
         diff = TensorDiff(value, node.name, node.op_type, module, source, stats["max_abs"], stats["max_rel"], stats["outside"], stats["ok"])
         loc.table.append(diff)
         if not diff.ok:
@@ -217,6 +220,20 @@ def localize(m: Manifest, entry, model, cfg, graph: str, variant: str, provider:
                 loc.downstream_failed += 1
     loc.compared = len(loc.table)
     return loc
+
+
+def node_origins(m: Manifest, graph: str) -> dict[str, list[str]]:
+    """The export's node map for a graph (node -> module path, class, source line), or {} for a directory exported
+    before tk wrote one (the re-traced operations then give the module and source)."""
+    import json
+
+    from toolkit.build.export import node_map_name
+
+    path = m.directory / node_map_name(m.graphs[graph].file)
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _unmatched_path(node: onnx.NodeProto, producer: dict, ref: dict) -> list[str]:
