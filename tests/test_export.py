@@ -226,7 +226,7 @@ def test_each_graph_gets_a_node_map_of_where_its_nodes_came_from(random_export):
     directory = random_export("transformer")
     m = manifest.load(directory)
     listed = {e.file for e in m.extra_files}
-    for name, record in m.graphs.items():
+    for record in m.graphs.values():
         path = directory / node_map_name(record.file)
         assert path.name in listed
         nodes = {n.name: n.op_type for n in onnx.load(directory / record.file, load_external_data=False).graph.node}
