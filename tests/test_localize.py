@@ -159,3 +159,22 @@ def test_no_localize_turns_it_off_and_the_picture_is_drawn(cli, model, tmp_path)
     picture = tmp_path / "loc.png"
     result, loc = _localized(cli, directory, tmp_path, "--localize-plot", picture)
     assert result.exit_code == 1 and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_when_localizing_fails_the_verdict_stands_and_says_why(cli, model, tmp_path, monkeypatch):
+    from toolkit.verify import localize
+
+    def change(graph):
+        node = _node(graph, "Relu")
+        node.op_type = "LeakyRelu"
+        node.attribute.append(helper.make_attribute("alpha", 0.1))
+        return node.name
+
+    def cannot_trace(*args, **kwargs):
+        raise RuntimeError("torch.export could not trace this model")
+
+    monkeypatch.setattr(localize, "traced_program", cannot_trace)
+    directory, _ = _edit_decoder(model, tmp_path, change)
+    result, loc = _localized(cli, directory, tmp_path)
+    assert result.exit_code == 1 and loc is None and "Traceback" not in result.output
+    assert "localize: not available for this case (torch.export could not trace this model)" in result.output

@@ -114,9 +114,12 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         from toolkit.verify.localize import localize as find_divergence
 
         echo(f"localizing: {target['graph']} [{target['variant']}, {target['provider']}, {target['case']}], every intermediate tensor")
-        loc = find_divergence(m, entry, model, cfg, target["graph"], target["variant"], target["provider"].split("-")[-1], runtime,
-                              target["case"], target["feeds"], tolerance(target["variant"], atol, rtol))
-        report.localization = loc.to_json()
+        try:
+            loc = find_divergence(m, entry, model, cfg, target["graph"], target["variant"], target["provider"].split("-")[-1], runtime,
+                                  target["case"], target["feeds"], tolerance(target["variant"], atol, rtol))
+            report.localization = loc.to_json()
+        except Exception as e:  # the verdict stands without it; say why it is missing
+            echo(f"localize: not available for this case ({first_line(e)}); the checks above are the verdict")
     return report
 
 
