@@ -3,7 +3,6 @@ fp16 and int8, has no divergent node."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -11,19 +10,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import rehash
 from onnx import helper, numpy_helper
 
 from toolkit.core import manifest
-
-
-def _rehash(directory: Path) -> None:
-    """The manifest's digests of the changed files (the graph is what the user exported, fault and all)."""
-    d = json.loads((directory / "manifest.json").read_text())
-    for g in d["graphs"].values():
-        for record in (g, g.get("weights")):
-            if record:
-                record["sha256"] = hashlib.sha256((directory / record["file"]).read_bytes()).hexdigest()
-    (directory / "manifest.json").write_text(json.dumps(d))
 
 
 def _edit_decoder(source: Path, tmp_path: Path, change) -> tuple[Path, str]:
@@ -33,7 +23,7 @@ def _edit_decoder(source: Path, tmp_path: Path, change) -> tuple[Path, str]:
     model = onnx.load(directory / "decoder.onnx", load_external_data=False)
     planted = change(model.graph)
     onnx.save_model(model, directory / "decoder.onnx")
-    _rehash(directory)
+    rehash(directory)
     return directory, planted
 
 
@@ -125,7 +115,7 @@ def test_a_layer_whose_fp16_values_overflow_is_named(cli, tiny_export, tmp_path)
     blob = bytearray((directory / "weights.bin").read_bytes())
     blob[offset: offset + length] = (np.frombuffer(blob, np.float32, length // 4, offset) * np.float32(2_000_000)).tobytes()
     (directory / "weights.bin").write_bytes(bytes(blob))
-    _rehash(directory)
+    rehash(directory)
     d = json.loads((directory / "manifest.json").read_text())
     m = manifest.load(directory)
     entry = registry.get("transformer")

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from helpers import rehash
 
 from toolkit.build.export import ExportOptions, export
 from toolkit.core import manifest
@@ -49,17 +50,6 @@ def test_passes_on_every_attention_module(cli, random_export, name, tmp_path):
     assert len(cases) >= 5 and min(sizes) == 1 and max(sizes) >= 64
 
 
-def _rehash(directory):
-    """Re-record every sha256 so that only the numbers can reveal a change."""
-    path = directory / "manifest.json"
-    d = json.loads(path.read_text())
-    for g in d["graphs"].values():
-        g["sha256"] = manifest.file_sha256(directory / g["file"])
-        if "weights" in g:
-            g["weights"]["sha256"] = manifest.file_sha256(directory / g["weights"]["file"])
-    path.write_text(json.dumps(d))
-
-
 def _failures(cli, directory, tmp_path, *extra):
     report_path = tmp_path / "r.json"
     result = cli("verify", directory, "--json", report_path, "--sentences", 4, *extra)
@@ -74,7 +64,7 @@ def _perturb_one_weight(directory):
     value = np.frombuffer(blob, dtype=np.float32, count=1, offset=offset)[0]
     blob[offset : offset + 4] = np.float32(value + 0.05).tobytes()
     (directory / "weights.bin").write_bytes(bytes(blob))
-    _rehash(directory)
+    rehash(directory)
 
 
 def _point_checkpoint_at(directory, path):

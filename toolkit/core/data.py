@@ -37,7 +37,7 @@ class Corpus:
     source: str
     sha256: str
     info: dict = field(default_factory=dict)
-    origin: str = ""  # how the file was found: "--data", "$TK_DATA", "beside the repository", "the cache", "downloaded"
+    origin: str = ""  # how the file was found: "--data", "$TK_DATA", "../shared/data", "the cache" or "downloaded"
 
 
 def cache_file() -> Path:
