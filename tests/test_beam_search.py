@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from toolkit.core.decoding import Hypothesis, StepBackend, beam_search, loop_cut, pad_batch
+from toolkit.core.decoding import Hypothesis, StepBackend, beam_search, greedy, loop_cut, pad_batch
 from toolkit.core.tokenizer import BOS, EOS
 
 
@@ -95,6 +95,29 @@ def test_vectorised_beam_search_equals_the_per_sentence_loop(seed):
     got = beam_search(RandomSteps(vocab, seed), src, **args)
     want = reference_beam_search(RandomSteps(vocab, seed), src, **args)
     assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == [[(h.tokens, h.score) for h in hyps] for hyps in want]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_equals_a_beam_of_one_while_finished_rows_wait_in_the_state(seed):
+    """Greedy leaves finished rows in the decoder state until a third of it is done (decoding.COMPACT_AT);
+    a row read from the wrong place would change its sentence's tokens (each step depends on the prefix)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 24))
+    src = [[int(t) for t in rng.integers(4, 100, size=rng.integers(1, 6))] for _ in range(n)]
+    max_len = int(rng.integers(1, 14))
+    limits = rng.integers(1, max_len + 3, size=n) if rng.random() < 0.5 else None
+    guard = bool(rng.random() < 0.5)
+    selects = []
+
+    class Counted(RandomSteps):
+        def select(self, state, rows):
+            selects.append(len(rows))
+            return super().select(state, rows)
+
+    got = greedy(Counted(40, seed), src, max_len, limits, guard)
+    want = beam_search(RandomSteps(40, seed), src, max_len, 1, limits=limits, loop_guard=guard)
+    assert [(h.tokens, h.score, h.stopped) for h in got] == [(h[0].tokens, h[0].score, h[0].stopped) for h in want]
+    assert all(k < n for k in selects) and len(selects) <= n
 
 
 class Scripted(StepBackend):

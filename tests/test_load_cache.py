@@ -157,3 +157,27 @@ def test_no_cache_when_turned_off_or_unwritable(model_copy, monkeypatch, tmp_pat
     blocker.write_text("")
     monkeypatch.setenv("TK_CACHE_DIR", str(blocker / "cache"))  # a directory that cannot be created
     assert same(encoder_outputs(open_model(model_copy, "cpu")), encoder_outputs(t))
+
+
+def test_a_variant_built_at_load_is_kept_and_not_built_again(model_copy, monkeypatch):
+    """The shipped directories store fp32 only; int8 is built at the first start (seconds), then loaded
+    from the cache: a later start builds nothing and computes what a fresh build computes."""
+    from toolkit.core import variants
+    from toolkit.runtimes import onnxruntime as ort_runtime
+
+    first = open_model(model_copy, "cpu", "int8")
+    assert first.built_s > 0
+    real = ort_runtime.graph_source
+    with monkeypatch.context() as patch:
+        patch.setattr(ort_runtime, "graph_source", lambda *a: pytest.fail("the cached int8 graph was not used"))
+        second = open_model(model_copy, "cpu", "int8")
+    assert second.built_s == 0
+    monkeypatch.setenv("TK_NO_CACHE", "1")
+    assert translations(second) == translations(open_model(model_copy, "cpu", "int8"))
+    monkeypatch.delenv("TK_NO_CACHE")
+    # Changed variant-building code (another tk version) gets a new build, not the old copy.
+    built = []
+    monkeypatch.setattr(variants, "builder_digest", lambda: "another-builder")
+    monkeypatch.setattr(ort_runtime, "graph_source", lambda *a: built.append(a) or real(*a))
+    open_model(model_copy, "cpu", "int8")
+    assert len(built) == 2

@@ -80,3 +80,40 @@ def test_streams_share_the_models_sessions_instead_of_building_their_own():
     twin = backend.fork()
     assert twin is not backend and twin.decoder is backend.decoder
     assert twin.ranker is backend.ranker and twin.selector is backend.selector  # made once, on first use
+
+
+@pytest.mark.parametrize("cpus, streams, threads", [(1, 1, 1), (2, 2, 1), (3, 3, 1), (8, 4, 2), (16, 4, 4)])
+def test_default_streams_and_threads_never_oversubscribe_the_cores(monkeypatch, cpus, streams, threads):
+    from toolkit.core import batching
+
+    monkeypatch.setattr(batching.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert (batching.default_streams(), batching.default_threads()) == (streams, threads)
+    for asked in (1, 2, 4, 64):
+        for given in (None, 1, 2, cpus):
+            fit = batching.fitting_streams(asked, given)
+            assert 1 <= fit <= asked and (fit == 1 or fit * (given or threads) <= cpus)
+
+
+def test_the_api_defaults_use_one_thread_per_stream_on_this_machine():
+    from toolkit import Translator
+    from toolkit.core.batching import cores, default_streams
+
+    t = Translator(MODEL, provider="cpu")
+    backend = t.loaded.backend()
+    threads = {s.get_session_options().intra_op_num_threads for s in (backend.encoder, backend.decoder)}
+    assert threads == {max(1, cores() // default_streams())}
+
+
+def test_streams_asked_beyond_the_cores_are_cut_to_fit(monkeypatch):
+    from toolkit import Translator
+    from toolkit.core import batching
+    from toolkit.runtimes.onnxruntime import OrtBackend
+
+    monkeypatch.setattr(batching.os, "sched_getaffinity", lambda pid: {0, 1})
+    forks = []
+    real = OrtBackend.fork
+    monkeypatch.setattr(OrtBackend, "fork", lambda self: forks.append(1) or real(self))
+    t = Translator(MODEL, provider="cpu", threads=2)
+    many = [f"Sentence number {i} is here." for i in range(40)]
+    assert t.translate(many, streams=4, batch_size=4) == Translator(MODEL, provider="cpu", threads=1).translate(many, streams=1, batch_size=4)
+    assert forks == []  # 2 threads on 2 cores leave room for one stream

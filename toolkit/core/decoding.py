@@ -116,6 +116,9 @@ def length_limits(src: list[list[int]], max_len: int, a: float | None, b: int) -
     return np.minimum(max_len, np.ceil(a * lens + b)).astype(np.int64)
 
 
+COMPACT_AT = 2 / 3  # greedy drops finished rows from the state when at most this share is still decoding
+
+
 def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.ndarray | None = None,
            loop_guard: bool = False) -> list[Hypothesis]:
     """Most probable next token at every step. Rows that emit EOS, reach their length limit
@@ -128,26 +131,34 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
     scores = np.zeros(n)
     out = np.full((n, max_len), EOS, dtype=np.int64)  # each sentence's tokens; EOS from where it stopped
     why = np.zeros(n, dtype=np.int8)  # index into STOPPED
-    alive = np.arange(n)
+    sentence = np.arange(n)  # the sentence of each row of the decoder state
+    live = np.ones(n, dtype=bool)  # rows still decoding; a finished row stays until the state is compacted
     token = np.full(n, BOS, dtype=np.int64)
     for t in range(max_len):
         values, indices, state = backend.step_top_k(token, state, 1)
         token = indices[:, 0].astype(np.int64)
-        scores[alive] += values[:, 0]
-        out[alive, t] = token
-        running = (token != EOS) & (t + 1 < limits[alive])
-        why[alive[(token != EOS) & ~running]] = 1
+        rows = np.flatnonzero(live)
+        alive, tok = sentence[rows], token[rows]
+        scores[alive] += values[rows, 0]
+        out[alive, t] = tok
+        running = (tok != EOS) & (t + 1 < limits[alive])
+        why[alive[(tok != EOS) & ~running]] = 1
         if loop_guard:
             cut = loop_cut(out[alive, : t + 1])
             for row in np.flatnonzero(cut >= 0):
                 out[alive[row], cut[row] :] = EOS
             why[alive[cut >= 0]] = 2
             running &= cut < 0
-        keep = np.flatnonzero(running)
-        if len(keep) == 0:
+        live[rows[~running]] = False
+        remaining = int(running.sum())
+        if remaining == 0:
             break
-        if len(keep) < len(alive):
-            alive, token = alive[keep], token[keep]
+        # Finished rows leave the state once they are a third of it: every compaction copies the whole
+        # cache, and a few idle rows in a step cost less than that copy. First 2,000 Tatoeba Challenge
+        # sentences, fp32, 1 thread x 2 streams: 3.42 s compacting at every finish, 3.08 s at a third.
+        if remaining <= COMPACT_AT * len(sentence):
+            keep = np.flatnonzero(live)
+            sentence, token, live = sentence[keep], token[keep], live[keep]
             state = backend.select(state, keep)
     stopped = out == EOS
     ends = np.where(stopped.any(1), stopped.argmax(1), max_len)

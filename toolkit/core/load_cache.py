@@ -126,16 +126,18 @@ DATA = "graph.onnx.data"
 ENTRY = "entry.json"
 
 
-def cached_session(source: Path, identity: str, create_session: Callable[..., ort.InferenceSession],
-                   threads: int | None = None) -> ort.InferenceSession:
+def cached_session(source: Path | Callable[[], Path | bytes], identity: str,
+                   create_session: Callable[..., ort.InferenceSession], threads: int | None = None) -> ort.InferenceSession:
     """A CPU session for `source` (already checked against `identity`), from the cache's saved
     optimised graph when there is a sound one, else from `source`, saving it for next time.
+    `source` may be a function that makes the graph (a variant built in memory): it runs only on a miss,
+    so a cached variant costs no build at start-up.
     `create_session`: toolkit.runtimes.onnxruntime's, passed in so that this module needs no runtime."""
     from toolkit.core.ort_options import CPU_DISABLED_OPTIMIZERS
 
     root = directory()
     if root is None:
-        return create_session(source, "cpu", threads=threads)
+        return create_session(source() if callable(source) else source, "cpu", threads=threads)
     name, key = graph_key(identity, f"all -{','.join(CPU_DISABLED_OPTIMIZERS)} prepacked")
     entry = root / "graphs" / name
     recorded = _read_json(entry / ENTRY)
@@ -147,10 +149,10 @@ def cached_session(source: Path, identity: str, create_session: Callable[..., or
     import shutil
 
     shutil.rmtree(entry, ignore_errors=True)
-    return _save(source, entry, key, create_session, threads)
+    return _save(source() if callable(source) else source, entry, key, create_session, threads)
 
 
-def _save(source: Path, entry: Path, key: str, create_session: Callable[..., ort.InferenceSession],
+def _save(source: Path | bytes, entry: Path, key: str, create_session: Callable[..., ort.InferenceSession],
           threads: int | None) -> ort.InferenceSession:
     """The session for `source`, whose optimised graph ONNX Runtime writes into a temporary
     directory that becomes `entry` only once complete (its files fsynced, their stat recorded)."""
@@ -178,7 +180,7 @@ def _save(source: Path, entry: Path, key: str, create_session: Callable[..., ort
         for name in (GRAPH, DATA):
             with open(Path(tmp) / name, "rb") as f:
                 os.fsync(f.fileno())
-        write_atomic(Path(tmp) / ENTRY, json.dumps({"format": FORMAT, "source": str(source), "key": key,
+        write_atomic(Path(tmp) / ENTRY, json.dumps({"format": FORMAT, "source": str(source) if isinstance(source, Path) else "built in memory", "key": key,
                                                     "stat": {n: _stat_key(Path(tmp) / n) for n in (GRAPH, DATA)}}).encode())
         os.rename(tmp, entry)
         _prune(entry.parent)

@@ -192,6 +192,18 @@ def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, f
     return data, time.perf_counter() - start
 
 
+@functools.lru_cache(maxsize=1)
+def builder_digest() -> str:
+    """The sha256 of the code that builds variants (this module and the attention fusion), so that a
+    cached copy of a built variant is trusted only while that code is unchanged."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in (Path(__file__), Path(__file__).with_name("attention_fusion.py")):  # read, not imported: onnx loads slowly
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def export_flag(variant: str) -> str:
     """The `tk export` option that stores this variant in a directory."""
     return get(variant).export_flag

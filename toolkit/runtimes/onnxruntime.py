@@ -377,19 +377,22 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
     cache: on CPU, load each stored graph from the user cache's optimised copy (toolkit.core.load_cache);
     only for a directory whose files were just checked against the manifest's sha256.
     """
-    makers, built = {}, 0.0
+    makers, built = {}, {}
     for name in m.graphs:
-        source, seconds = graph_source(m, name, variant)
-        if cache and provider == "cpu" and isinstance(source, Path):
+        def source(name: str = name) -> Path | bytes:
+            graph, built[name] = graph_source(m, name, variant)
+            return graph
+
+        if cache and provider == "cpu":
             from toolkit.core.load_cache import cached_session
 
+            # A variant the directory does not store is built only when the cache has no copy of it.
             makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant), create_session, threads)
         else:
-            makers[name] = functools.partial(create_session, source, provider, threads=threads, allow_fallback=allow_fallback)
-        built += seconds
+            makers[name] = lambda name=name: create_session(source(name), provider, threads=threads, allow_fallback=allow_fallback)
     sessions = _concurrently(makers)
     used = session_provider(next(iter(sessions.values())))
-    return LoadedOnnxRuntime(m, sessions, used, built)
+    return LoadedOnnxRuntime(m, sessions, used, sum(built.values()))
 
 
 def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict[str, ort.InferenceSession]:
@@ -418,8 +421,12 @@ def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict
 
 
 def _graph_identity(m: Manifest, graph: str, variant: str) -> str:
-    """The sha256 of a stored graph and of the weights it reads."""
+    """The sha256 of a stored graph and of the weights it reads; for a variant built in memory, also
+    its name and the digest of the code that builds it (an upgraded builder makes a new entry)."""
+    from toolkit.core.variants import PLAIN, builder_digest
+
     if variant in m.stored:
         return m.stored[variant].graphs[graph].sha256
     record = m.graphs[graph]
-    return f"{record.sha256} {record.weights.sha256 if record.weights else ''}"
+    identity = f"{record.sha256} {record.weights.sha256 if record.weights else ''}"
+    return identity if variant == PLAIN else f"{identity} {variant} {builder_digest()}"

@@ -43,9 +43,9 @@ from toolkit.core.variants import NAMES
 @click.option("--n-best", type=BEAM, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Score the output against this file (one reference per line) with sacrebleu.")
-@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
+@click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads per session [default: the cores / the default streams].")
 @click.option("--streams", type=STREAMS,
-              help="Batches decoded at the same time, one thread each (CTranslate2's inter_threads) [default: one per core, up to 4].")
+              help="Batches decoded at the same time (CTranslate2's inter_threads); cut to the cores / --threads [default: one per core, up to 4].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, batch_size, max_tokens, beam,
               alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, streams, quiet):
