@@ -180,7 +180,8 @@ def _save(source: Path | bytes, entry: Path, key: str, create_session: Callable[
         for name in (GRAPH, DATA):
             with open(Path(tmp) / name, "rb") as f:
                 os.fsync(f.fileno())
-        write_atomic(Path(tmp) / ENTRY, json.dumps({"format": FORMAT, "source": str(source) if isinstance(source, Path) else "built in memory", "key": key,
+        origin = str(source) if isinstance(source, Path) else "built in memory"
+        write_atomic(Path(tmp) / ENTRY, json.dumps({"format": FORMAT, "source": origin, "key": key,
                                                     "stat": {n: _stat_key(Path(tmp) / n) for n in (GRAPH, DATA)}}).encode())
         os.rename(tmp, entry)
         _prune(entry.parent)
