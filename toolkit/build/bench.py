@@ -17,6 +17,7 @@ from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.decoding import Hypothesis, pad_batch
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.tokenizer import BOS, EOS
+from toolkit.runtimes.ctranslate2 import thread_candidates
 
 
 def rss_bytes() -> int:
@@ -279,13 +280,6 @@ class Ct2Run:
         return self.translator.translate_ids(self.src, self.beam, self.max_len, self.batch)
 
 
-def ct2_candidates() -> list[tuple[int, int]]:
-    """(intra, inter) threads, for CTranslate2 and for tk's (intra-op threads, streams) alike:
-    all cores in one translation, or one core per concurrent batch."""
-    cores = min(os.cpu_count() or 1, 4)
-    return sorted({(c, 1) for c in range(1, cores + 1)} | {(1, cores)})
-
-
 def probe_size(batch: int) -> int:
     """Sentences timed to choose a batch size's threads: at least two batches, so that
     concurrent streams have something to run side by side."""
@@ -298,7 +292,7 @@ def best_settings(batch_sizes, given: tuple[int, int] | None,
     measured at that batch size (one core per stream pays at batch 1, all cores in one batch at 64)."""
     if given:
         return {b: tuple(given) for b in batch_sizes}
-    return {b: fastest(ct2_candidates(), lambda c, b=b: seconds(c, b)) for b in batch_sizes}
+    return {b: fastest(thread_candidates(), lambda c, b=b: seconds(c, b)) for b in batch_sizes}
 
 
 def describe_settings(settings: dict[int, tuple[int, int]], intra: str, inter: str) -> str:

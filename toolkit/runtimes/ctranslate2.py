@@ -28,6 +28,15 @@ def available() -> bool:
     return True
 
 
+def thread_candidates() -> list[tuple[int, int]]:
+    """(intra, inter) threads worth trying, for CTranslate2 and for tk's (intra-op threads, streams) alike:
+    all cores in one translation, or one core per concurrent batch."""
+    import os
+
+    cores = min(os.cpu_count() or 1, 4)
+    return sorted({(c, 1) for c in range(1, cores + 1)} | {(1, cores)})
+
+
 def graph_weights(m: Manifest) -> dict[str, np.ndarray]:
     """Every named weight of the encoder and decoder graphs (the tied embedding appears in both)."""
     import onnx
@@ -57,10 +66,26 @@ def _ffn(spec, w: dict[str, np.ndarray], scope: str) -> None:
     _linear(spec.linear_1, w[f"{scope}.ffn.dense2.weight"], w[f"{scope}.ffn.dense2.bias"])
 
 
+def _specs():
+    """CTranslate2's spec modules, imported without torch: they import it when they can (for bfloat16 and
+    torch tensors, neither used here), which would take seconds and break the deploy path's torch-free promise."""
+    import sys
+
+    blocked = "torch" not in sys.modules
+    if blocked:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which the specs handle
+    try:
+        from ctranslate2.specs import common_spec
+        from ctranslate2.specs import transformer_spec as ts
+    finally:
+        if blocked:
+            del sys.modules["torch"]
+    return common_spec, ts
+
+
 def transformer_spec(m: Manifest):
     """A ctranslate2 TransformerSpec holding the directory's weights (post-LN Transformer only)."""
-    from ctranslate2.specs import common_spec
-    from ctranslate2.specs import transformer_spec as ts
+    common_spec, ts = _specs()
 
     cfg = m.config
     if m.model != "transformer":

@@ -33,6 +33,14 @@ from toolkit.core.variants import NAMES
 @click.option("--runtime", "runtimes", multiple=True, type=click.Choice(["onnxruntime", "openvino"]),
               help="Runtimes to time, interleaved in one run (repeatable) [default: onnxruntime].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
+@click.option("--text", "text_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="User-level comparison instead: tk's Python API with its defaults against CTranslate2's fastest setting, "
+                   "text in and text out, on this file (one sentence per line, or a Tatoeba Challenge file).")
+@click.option("--reference", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="With --text: one reference translation per line, for the BLEU columns.")
+@click.option("--lines", type=click.IntRange(1, 100000), default=2000, show_default=True, help="With --text: first lines of the file translated.")
+@click.option("--requests", type=click.IntRange(1, 100000), default=200, show_default=True,
+              help="With --text: sentences sent one call at a time for the single-request row.")
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
 @DATA_OPTION
@@ -41,8 +49,8 @@ from toolkit.core.variants import NAMES
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
 @click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
-def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, serve, clients, data_path,
-          threads, streams, ct2, ct2_threads):
+def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, text_path, reference, lines,
+          requests, serve, clients, data_path, threads, streams, ct2, ct2_threads):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
@@ -51,10 +59,14 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     \b
     Example: tk bench --model exported/transformer --sentences 64
              tk bench --serve --clients 32 --sentences 2048
+             tk bench --text tatoeba-test-eng-fra.txt --lines 2000
     """
     import json
     import platform
 
+    if text_path:
+        writable_file(json_path, "--json")
+        return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path)
     if serve and set(runtimes) - {"onnxruntime"}:
         raise UsageError("--serve load-tests `tk serve`, which runs on onnxruntime only; drop --runtime openvino")
     if serve:
@@ -92,3 +104,23 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, requests: int, beams, variants, repeat: int,
+          json_path: Path | None) -> None:
+    import json
+    import platform
+
+    from toolkit.core.batching import cores, default_streams, default_threads
+    from toolkit.deploy import text_bench
+
+    sources, refs = text_bench.read_text(text_path, reference)
+    sources, refs = sources[:lines], refs[:lines] if refs else None
+    echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    echo(f"{len(sources)} lines of {text_path}; tk defaults here: {default_threads()} thread(s) x {default_streams()} stream(s)")
+    rows = text_bench.bench_text(model_dir, sources, refs, tuple(variants) or ("fp32", "int8"), tuple(beams) or (1, 4),
+                                 min(requests, len(sources)), repeat, echo=echo)
+    click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
+    click.echo(text_bench.table(rows))
+    if json_path:
+        json_path.write_text(json.dumps([{**r.__dict__, "tk_speedup": r.tk_speedup} for r in rows], indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,230 @@
+"""`tk bench --text FILE`: tk as a user meets it against CTranslate2 at its best setting, text in and text out.
+
+tk's side is the public API with its defaults: `Translator(dir, variant=v).translate(lines, beam=b)`.
+CTranslate2's side is `ctranslate2.Translator.translate_batch` over the same weights (read from the
+fp32 graphs), with the same SentencePiece model around it, at the (intra, inter) threads that were
+fastest for it here. Rows are timed in turns and the median kept; BLEU of both outputs sits beside
+each row. Cold start runs each side's minimal script in a fresh process, in pairs.
+Torch-free: it needs the ct2 extra and nothing of the build side.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.core.errors import DataError, UsageError
+
+FILE_BATCH = 64  # CTranslate2's max_batch_size, and tk's default batch size
+REQUEST_BEAM = 1
+
+
+@dataclass
+class TextRow:
+    row: str  # "file, greedy", "file, beam 4", "requests, greedy", "cold start"
+    variant: str  # tk's variant; CTranslate2 runs the matching compute type
+    tk_s: float  # median seconds for the file, or per request / per start
+    ct2_s: float
+    ct2_threads: tuple[int, int]  # CTranslate2's (intra, inter) threads for this row
+    sentences: int
+    tk_bleu: float | None = None
+    ct2_bleu: float | None = None
+
+    @property
+    def tk_speedup(self) -> float:
+        """How many times faster tk is than CTranslate2 on this row (below 1: slower)."""
+        return self.ct2_s / self.tk_s
+
+
+def read_text(path: Path, reference: Path | None = None) -> tuple[list[str], list[str] | None]:
+    """Source lines and their references: a Tatoeba Challenge file ('eng<TAB>fra<TAB>English<TAB>French')
+    carries both; a plain file one sentence per line, with references from `reference` if given."""
+    def lines_of(p: Path, what: str) -> list[str]:
+        try:
+            return p.read_bytes().decode("utf-8").splitlines()
+        except OSError as e:
+            raise UsageError(f"cannot read {what} {p} ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{what} {p} is not UTF-8 (byte {e.start}); convert it to UTF-8") from None
+
+    lines = [x for x in lines_of(path, "--text") if x.strip()]
+    if not lines:
+        raise UsageError(f"--text {path} has no sentences; give a file with one sentence per line")
+    cols = [x.split("\t") for x in lines]
+    if reference is None and all(len(c) >= 4 and len(c[0]) <= 3 and len(c[1]) <= 3 for c in cols):
+        return [c[2] for c in cols], [c[3] for c in cols]
+    refs = None
+    if reference is not None:
+        refs = [x for x in lines_of(reference, "--reference") if x.strip()]
+        if len(refs) != len(lines):
+            raise UsageError(f"--reference has {len(refs)} sentences but --text has {len(lines)}; give one reference per line")
+    return lines, refs
+
+
+class Ct2Text:
+    """CTranslate2 with tk's SentencePiece model around it: text in, text out."""
+
+    def __init__(self, model_dir: str, tokenizer_path: Path, compute_type: str, max_len: int):
+        from toolkit.core.tokenizer import Tokenizer
+
+        self.model_dir, self.compute_type, self.max_len = model_dir, compute_type, max_len
+        self.tokenizer = Tokenizer.load(tokenizer_path)
+
+    def translate(self, tr, lines: list[str], beam: int) -> list[str]:
+        src = [s[: self.max_len] for s in self.tokenizer.encode(lines)]
+        return self.tokenizer.decode(tr.translate_ids(src, beam, self.max_len, FILE_BATCH))
+
+
+def _median_turns(runs: list[Callable[[], float]], repeat: int) -> list[float]:
+    """Each run's median seconds over `repeat` turns taken in order, so drift hits every run alike."""
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeat):
+        for i, run in enumerate(runs):
+            times[i].append(run())
+    return [statistics.median(t) for t in times]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _fastest_setting(candidates: list[tuple[int, int]], seconds: Callable[[tuple[int, int]], float]) -> tuple[int, int]:
+    best = {c: min(seconds(c), seconds(c)) for c in candidates}
+    return min(candidates, key=best.__getitem__)
+
+
+def bench_text(model_dir: Path, sources: list[str], references: list[str] | None, variants=("fp32", "int8"),
+               beams=(1, 4), requests: int = 200, repeat: int = 3, cold_starts: int = 5,
+               echo: Callable[[str], None] = print) -> list[TextRow]:
+    """Every row for every variant: the file at each beam, single-sentence requests, cold start."""
+    import tempfile
+
+    from toolkit.core.manifest import load
+    from toolkit.runtimes import ctranslate2 as ct2
+
+    if not ct2.available():
+        raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
+    m = load(model_dir)
+    rows: list[TextRow] = []
+    with tempfile.TemporaryDirectory(prefix="tk-ct2-") as ct2_dir:
+        ct2.convert(m, ct2_dir)
+        for variant in variants:
+            pair = _Pair(m, model_dir, ct2_dir, variant)
+            pair.choose_threads(sources[:256], echo)
+            rows += [pair.file_row(sources, references, beam, repeat, echo) for beam in beams]
+            rows.append(pair.request_row(sources[:requests], repeat, echo))
+            tk_s, ct2_s = cold_start(model_dir, ct2_dir, variant, pair.compute, pair.request_threads, sources[0], cold_starts)
+            rows.append(TextRow("cold start", variant, tk_s, ct2_s, pair.request_threads, 1))
+    return rows
+
+
+class _Pair:
+    """tk (its API, defaults) and CTranslate2 (a compute type, its fastest threads) over one variant's weights."""
+
+    def __init__(self, m, model_dir: Path, ct2_dir: str, variant: str):
+        from toolkit.deploy.api import Translator
+
+        self.max_len, self.ct2_dir, self.variant = m.max_len, ct2_dir, variant
+        self.compute = {"fp32": "float32", "int8": "int8"}[variant]
+        self.engine = Ct2Text(ct2_dir, m.translation_tokenizer(), self.compute, m.max_len)
+        self.tk = Translator(model_dir, provider="cpu", variant=variant)
+        self.tk.translate(["Hello.", "How are you?"])  # first-call allocations, as CTranslate2's warm-up below
+        self.file_threads = self.request_threads = (1, 1)
+
+    def ct2_seconds(self, threads: tuple[int, int], fn: Callable[[object], object]) -> float:
+        """One timed pass; the CTranslate2 translator is loaded (untimed) around it, so only one is alive at a time."""
+        from toolkit.runtimes.ctranslate2 import Ct2Translator
+
+        with Ct2Translator(self.ct2_dir, self.compute, *threads) as tr:
+            tr.translate_ids([[4, 5, 3]], 1, self.max_len, 1)
+            return _timed(lambda: fn(tr))
+
+    def choose_threads(self, probe: list[str], echo: Callable[[str], None]) -> None:
+        from toolkit.runtimes.ctranslate2 import thread_candidates
+
+        self.file_threads = _fastest_setting(thread_candidates(), lambda c: self.ct2_seconds(c, lambda tr: self.engine.translate(tr, probe, 1)))
+        self.request_threads = _fastest_setting([c for c in thread_candidates() if c[1] == 1], lambda c: self.ct2_seconds(
+            c, lambda tr: [self.engine.translate(tr, [s], REQUEST_BEAM) for s in probe[:32]]))
+        echo(f"{self.variant}: CTranslate2 {self.compute} fastest here at intra x inter {self.file_threads[0]} x {self.file_threads[1]} "
+             f"for a file, {self.request_threads[0]} x 1 for single requests")
+
+    def file_row(self, sources: list[str], references: list[str] | None, beam: int, repeat: int,
+                 echo: Callable[[str], None]) -> TextRow:
+        from toolkit.core.scoring import bleu_chrf
+
+        out: dict[str, list[str]] = {}
+        tk_s, ct2_s = _median_turns([
+            lambda: _timed(lambda: out.__setitem__("tk", self.tk.translate(sources, beam=beam))),
+            lambda: self.ct2_seconds(self.file_threads, lambda tr: out.__setitem__("ct2", self.engine.translate(tr, sources, beam)))],
+            repeat)
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        echo(f"{self.variant} file, {name}: tk {tk_s:.2f} s, CTranslate2 {ct2_s:.2f} s")
+        bleu = [round(bleu_chrf(out[k], [[r] for r in references])["bleu"], 1) if references else None for k in ("tk", "ct2")]
+        return TextRow(f"file, {name}", self.variant, tk_s, ct2_s, self.file_threads, len(sources), *bleu)
+
+    def request_row(self, asked: list[str], repeat: int, echo: Callable[[str], None]) -> TextRow:
+        tk_s, ct2_s = _median_turns([
+            lambda: _timed(lambda: [self.tk.translate([s], beam=REQUEST_BEAM) for s in asked]),
+            lambda: self.ct2_seconds(self.request_threads, lambda tr: [self.engine.translate(tr, [s], REQUEST_BEAM) for s in asked])],
+            repeat)
+        echo(f"{self.variant} requests: tk {1000 * tk_s / len(asked):.2f} ms, CTranslate2 {1000 * ct2_s / len(asked):.2f} ms")
+        return TextRow("requests, greedy", self.variant, tk_s / len(asked), ct2_s / len(asked), self.request_threads, len(asked))
+
+
+TK_SCRIPT = "import sys\nfrom toolkit import Translator\nprint(Translator(sys.argv[1], variant=sys.argv[2]).translate([sys.argv[3]])[0])\n"
+# CTranslate2's minimal script: its translator and SentencePiece, nothing else.
+CT2_SCRIPT = """import sys
+import ctranslate2, sentencepiece
+sp = sentencepiece.SentencePieceProcessor(model_file=sys.argv[2])
+t = ctranslate2.Translator(sys.argv[1], device="cpu", compute_type=sys.argv[3], intra_threads=int(sys.argv[4]))
+out = t.translate_batch([[str(i) for i in sp.encode(sys.argv[5])]], beam_size=1)
+print(sp.decode([int(x) for x in out[0].hypotheses[0]]))
+"""
+
+
+def cold_start(model_dir: Path, ct2_dir: str, variant: str, compute: str, threads: tuple[int, int], sentence: str,
+               pairs: int) -> tuple[float, float]:
+    """Median wall time from a fresh Python process to one translated sentence, tk's and CTranslate2's
+    scripts run in pairs (after one untimed run each, so both read the model from the page cache and
+    tk's start-up cache holds its optimised graphs, as on any start after the first)."""
+    from toolkit.core.manifest import load
+
+    m = load(model_dir)
+    tk_cmd = [sys.executable, "-c", TK_SCRIPT, str(model_dir), variant, sentence]
+    ct2_cmd = [sys.executable, "-c", CT2_SCRIPT, ct2_dir, str(m.translation_tokenizer()), compute,
+               str(threads[0]), sentence]
+
+    def run(cmd: list[str]) -> float:
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            raise UsageError(f"the cold-start script failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return seconds
+
+    run(tk_cmd), run(ct2_cmd)
+    tk_s, ct2_s = _median_turns([lambda: run(tk_cmd), lambda: run(ct2_cmd)], pairs)
+    return tk_s, ct2_s
+
+
+def table(rows: list[TextRow]) -> str:
+    """One line per row: each side's time, tk's speed-up over CTranslate2 (above 1: tk is faster), BLEU."""
+    out = [f"{'row':<17} {'variant':<7} {'tk defaults':>12} {'CTranslate2':>12} {'CT2 threads':>11} {'tk speed-up':>11} "
+           f"{'BLEU tk':>7} {'BLEU CT2':>8}"]
+    for r in rows:
+        if r.row.startswith("file"):
+            tk, c2 = f"{r.sentences / r.tk_s:,.0f} sent/s", f"{r.sentences / r.ct2_s:,.0f} sent/s"
+        else:
+            tk, c2 = f"{1000 * r.tk_s:.1f} ms", f"{1000 * r.ct2_s:.1f} ms"
+        bleu_tk = "" if r.tk_bleu is None else f"{r.tk_bleu:.1f}"
+        bleu_c2 = "" if r.ct2_bleu is None else f"{r.ct2_bleu:.1f}"
+        out.append(f"{r.row:<17} {r.variant:<7} {tk:>12} {c2:>12} {f'{r.ct2_threads[0]} x {r.ct2_threads[1]}':>11} "
+                   f"{r.tk_speedup:>10.2f}x {bleu_tk:>7} {bleu_c2:>8}")
+    return "\n".join(out)
