@@ -15,7 +15,6 @@ from toolkit.core.batching import GUARDED, DecodeOptions, default_streams
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.textprep import TextOptions
-from toolkit.core.variants import PLAIN
 from toolkit.deploy.translate import Translation, open_model, translate_batch
 
 
@@ -34,13 +33,14 @@ def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int =
 
 
 class Translator:
-    """An exported translation model loaded on ONNX Runtime (provider None: CUDA if it truly loads, else CPU)."""
+    """An exported translation model loaded on ONNX Runtime (provider None: CUDA if it truly loads, else CPU;
+    variant None: the fastest graphs with fp32's output there, the attention-fused "optimized" ones on CPU)."""
 
-    def __init__(self, model_dir: str | Path, provider: str | None = None, variant: str = PLAIN, threads: int | None = None,
+    def __init__(self, model_dir: str | Path, provider: str | None = None, variant: str | None = None, threads: int | None = None,
                  allow_cpu_fallback: bool = False) -> None:
         self.model_dir = Path(model_dir)
-        self.variant = variant
         self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads)
+        self.variant = self.loaded.variant
         self._backend = self.loaded.backend()
 
     @property

@@ -16,7 +16,7 @@ from toolkit.core.variants import NAMES
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @PROVIDER
-@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
+@click.option("--variant", type=click.Choice(NAMES), help="Graphs to run [default: the fastest with fp32's output: optimized (attention fused) on CPU, fp32 on CUDA].")
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--max-delay-ms", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="How long the oldest queued sentence waits for others to share its decode.")
@@ -50,6 +50,6 @@ def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_b
     t = open_model(model_dir, provider, variant, threads=threads)
     policy = BatchPolicy(max_tokens=max_batch_tokens, max_sentences=max_batch_sentences, max_delay_s=max_delay_ms / 1000,
                          queue_size=queue_size, batching=not no_batching)
-    desc = f"{Path(model_dir).name} ({t.manifest.model}, {variant}) on {t.provider}" + (", batching off" if no_batching else "")
+    desc = f"{Path(model_dir).name} ({t.manifest.model}, {t.variant}) on {t.provider}" + (", batching off" if no_batching else "")
     config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s, description=desc)
     run(lambda: t, host, port, config)

@@ -33,7 +33,7 @@ from toolkit.core.variants import NAMES
               show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
 @PROVIDER
 @click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
-@click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
+@click.option("--variant", type=click.Choice(NAMES), help="Graphs to run [default: the fastest with fp32's output: optimized (attention fused) on CPU, fp32 on CUDA].")
 @click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
 @click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
@@ -85,12 +85,12 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
-    say(f"model {model_dir} ({t.manifest.model}, {variant}) on {t.where}; ready in {t.startup_s:.2f}s")
+    say(f"model {model_dir} ({t.manifest.model}, {t.variant}) on {t.where}; ready in {t.startup_s:.2f}s")
     if t.built_s:
         from toolkit.core.variants import export_flag
 
-        say(f"built the {variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s "
-            f"(`tk export {model_dir} {export_flag(variant)}` stores them)")
+        say(f"built the {t.variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s, kept for later starts "
+            f"(`tk export {model_dir} {export_flag(t.variant)}` stores them)")
     opts = decode_options(t.manifest, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len, batch_size=batch_size,
                           max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard,
                           streams=streams)
