@@ -19,8 +19,8 @@ from toolkit.core import textprep
 from toolkit.core.batching import DecodeOptions, decode_ids, default_threads, fitting_streams
 from toolkit.core.errors import DataError, UsageError
 from toolkit.core.textprep import TextOptions
-from toolkit.core.variants import FAST_PLAIN, PLAIN
 from toolkit.core.tokenizer import Tokenizer
+from toolkit.core.variants import FAST_PLAIN, PLAIN
 from toolkit.runtimes import onnxruntime as ort_runtime
 
 CHUNK_LINES = 2048  # lines read, sorted and translated at a time: bounds memory on any input size
