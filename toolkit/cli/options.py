@@ -45,6 +45,18 @@ DATA_OPTION = click.option("--data", "data_path", metavar="PATH",
 TOLERANCE = FiniteFloat(min=0.0)
 
 
+def _variant_names() -> list[str]:
+    from toolkit.core.variants import NAMES
+
+    return list(NAMES)
+
+
+# For the commands that translate: without --variant, open_model picks the fastest graphs with fp32's translations.
+DEFAULT_FAST_VARIANT = click.option("--variant", type=click.Choice(_variant_names()),
+                                    help="Graphs to run [default: the fastest with fp32's translations: optimized "
+                                         "(attention fused) on CPU, fp32 on CUDA].")
+
+
 def option_group(*options):
     """Several click options as one decorator, applied in the order given (as Polygraphy's argument groups)."""
     def decorate(f):

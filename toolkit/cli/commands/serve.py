@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.options import PROVIDER, THREADS
+from toolkit.cli.options import DEFAULT_FAST_VARIANT, PROVIDER, THREADS
 from toolkit.core.errors import UsageError
-from toolkit.core.variants import NAMES
 
 
 @click.command()
@@ -16,7 +15,7 @@ from toolkit.core.variants import NAMES
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @PROVIDER
-@click.option("--variant", type=click.Choice(NAMES), help="Graphs to run [default: the fastest with fp32's output: optimized (attention fused) on CPU, fp32 on CUDA].")
+@DEFAULT_FAST_VARIANT
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--max-delay-ms", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="How long the oldest queued sentence waits for others to share its decode.")

@@ -11,6 +11,7 @@ import click
 from toolkit.cli.options import (
     BEAM,
     DECODING,
+    DEFAULT_FAST_VARIANT,
     DEFAULT_MODEL,
     PROVIDER,
     STREAMS,
@@ -20,7 +21,6 @@ from toolkit.cli.options import (
     plural,
 )
 from toolkit.core.errors import UsageError
-from toolkit.core.variants import NAMES
 
 
 # Over 60 lines: a command's checks of its 26 options come before any model loads (one-line errors in a second),
@@ -33,7 +33,7 @@ from toolkit.core.variants import NAMES
               show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
 @PROVIDER
 @click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
-@click.option("--variant", type=click.Choice(NAMES), help="Graphs to run [default: the fastest with fp32's output: optimized (attention fused) on CPU, fp32 on CUDA].")
+@DEFAULT_FAST_VARIANT
 @click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
 @click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
