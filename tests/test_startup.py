@@ -22,7 +22,9 @@ print(sorted(m for m in ('torch', 'onnx') if m in sys.modules))
 def test_one_sentence_translation_loads_no_graph_building_code(args):
     if not args and Path("/dev/nvidiactl").exists():
         pytest.skip("with an NVIDIA device the default provider probes CUDA, which builds a probe graph")
-    proc = subprocess.run([sys.executable, "-c", CODE.format(args=args)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    # The first start builds the default (attention-fused) graphs and keeps them; every later start loads them.
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", CODE.format(args=args)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
     translation, imported = proc.stdout.strip().splitlines()
     assert translation and imported == "[]"
