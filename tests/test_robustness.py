@@ -216,3 +216,34 @@ def test_scores_fold_case_and_final_punctuation_only_for_derived_sets():
     assert robustness.score_set(s, ["va"])["bleu"] == robustness.score_set(s, ["Va !"])["bleu"]
     clean = robustness.RobustSet("clean", ["Go."], [["Va !"]], normalized=False)
     assert robustness.score_set(clean, ["va"])["chrf"] < robustness.score_set(clean, ["Va !"])["chrf"]
+
+
+def _loop_cut_by_the_rules(tokens):
+    """loop_cut without its shortcut: every rule tried on every row."""
+    import numpy as np
+
+    from toolkit.core.decoding import LOOP_RULES
+
+    rows, t = tokens.shape
+    cut = np.full(rows, -1, dtype=np.int64)
+    for n, reps in LOOP_RULES:
+        for row in range(rows):
+            if t >= n * reps and cut[row] < 0 and all((tokens[row, t - (k + 1) * n : t - k * n] == tokens[row, t - n :]).all()
+                                                      for k in range(reps)):
+                start = t - n * reps
+                while start >= n and (tokens[row, start - n : start] == tokens[row, t - n :]).all():
+                    start -= n
+                cut[row] = start + n
+    return cut
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_loop_cut_shortcut_finds_every_loop_the_rules_find(seed):
+    import numpy as np
+
+    from toolkit.core.decoding import loop_cut
+
+    rng = np.random.default_rng(seed)
+    for t in range(0, 14):
+        tokens = rng.integers(4, 4 + int(rng.integers(1, 4)), size=(int(rng.integers(1, 9)), t))
+        assert loop_cut(tokens).tolist() == _loop_cut_by_the_rules(tokens).tolist()
