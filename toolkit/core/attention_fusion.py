@@ -263,7 +263,9 @@ def fuse_projections(model: onnx.ModelProto) -> int:
         model.graph.initializer.extend([
             numpy_helper.from_array(np.concatenate([w for _, w in members], axis=1), f"{name}.weight"),
             numpy_helper.from_array(np.array([w.shape[1] for _, w in members], np.int64), f"{name}.split")])
-        matmul = helper.make_node("MatMul", [x, f"{name}.weight"], [f"{name}.out"], name=name)
+        # The nodes it replaces, by name: how reports (the int8 layer table) say which layers it holds.
+        matmul = helper.make_node("MatMul", [x, f"{name}.weight"], [f"{name}.out"], name=name,
+                                  doc_string="fuses " + " ".join(n.name for n, _ in members))
         split = helper.make_node("Split", [f"{name}.out", f"{name}.split"], [n.output[0] for n, _ in members],
                                  name=f"{name}_split", axis=-1)
         nodes = model.graph.node

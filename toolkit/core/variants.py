@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +88,14 @@ def _optimized(src: Path, dst: Path) -> None:
 
 
 def _int8(src: Path, dst: Path) -> None:
+    int8_graph(src, dst)
+
+
+def int8_graph(src: Path, dst: Path, keep_fp32: Sequence[str] = (), only: Sequence[str] | None = None,
+               folded: Path | None = None) -> None:
+    """The int8 variant of the fp32 graph `src`, with the MatMuls named in `keep_fp32` left in float (or, with
+    `only`, just those quantised). Names are those of int8_layers(); `folded`: a graph made by fold_for_int8 once,
+    reused when many variants of one graph are built."""
     import logging  # here, not at the top: fp32 start-up does not pay for it
 
     import onnx
@@ -99,17 +107,8 @@ def _int8(src: Path, dst: Path) -> None:
     # and same-input projections are fused before that: with one weight scale per output column the
     # merged Q/K/V multiply computes exactly what the three did, its input quantised once instead of
     # three times (greedy at batch 1: 226 -> 258 sentences/s, identical output).
-    folded = dst.with_name(dst.name + ".folded.onnx")
-    fused = _fused(src, dst)
-    try:
-        ort_optimized(fused, folded, "basic")
-    finally:
-        fused.unlink(missing_ok=True)
-    # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
-    # projection), which the quantiser's own shape inference rejects; they are only hints.
-    model = onnx.load(folded)
-    del model.graph.value_info[:]
-    onnx.save_model(model, folded)
+    given = folded is not None
+    folded = folded or fold_for_int8(src, dst.with_name(dst.name + ".folded.onnx"))
     root, level = logging.getLogger(), logging.getLogger().level
     root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
     try:
@@ -122,10 +121,52 @@ def _int8(src: Path, dst: Path) -> None:
         # 0.5) and 7% of greedy translations differed from fp32's; per channel, the error is 0.57, 1.6%
         # differ, and speed is within noise at batch 1 (0.85 to 0.96x at batch 64).
         quantize_dynamic(folded, dst, weight_type=QuantType.QInt8, reduce_range=True, per_channel=True,
+                         nodes_to_exclude=list(keep_fp32), nodes_to_quantize=list(only) if only is not None else None,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         root.setLevel(level)
-        folded.unlink(missing_ok=True)
+        if not given:
+            folded.unlink(missing_ok=True)
+
+
+def fold_for_int8(src: Path, folded: Path) -> Path:
+    """The graph the quantiser reads: attention fused, transposed weights constant-folded (see int8_graph)."""
+    import onnx
+
+    fused = _fused(src, folded)
+    try:
+        ort_optimized(fused, folded, "basic")
+    finally:
+        fused.unlink(missing_ok=True)
+    # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
+    # projection), which the quantiser's own shape inference rejects; they are only hints.
+    model = onnx.load(folded)
+    del model.graph.value_info[:]
+    onnx.save_model(model, folded)
+    return folded
+
+
+def float_layers(graph: Path) -> list[tuple[str, str]]:
+    """(node, its weight's name) for each node of a graph that multiplies by a float weight (MatMul) or looks one
+    up (Gather: an embedding table): what dynamic quantisation may make int8."""
+    import onnx
+
+    model = onnx.load(graph)
+    weights = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    return [(n.name, n.input[slot]) for n in model.graph.node for op, slot in (("MatMul", 1), ("Gather", 0))
+            if n.op_type == op and n.input[slot] in weights]
+
+
+def int8_layers(folded: Path) -> list[tuple[str, str]]:
+    """The layers of a folded graph (fold_for_int8) that the int8 variant makes int8, named as int8_graph's
+    keep_fp32 and only take them: the quantiser first optimises the graph itself, which can fold a weight in
+    or rename a node ("node_matmul/MatMulAddFusion_MatMul"), so they are read from its own output."""
+    with tempfile.TemporaryDirectory(prefix="tk-int8-") as tmp:
+        untouched, plain = Path(tmp) / "none.onnx", Path(tmp) / "int8.onnx"
+        int8_graph(folded, untouched, only=["tk: no layer"], folded=folded)
+        int8_graph(folded, plain, folded=folded)
+        left = {n for n, _ in float_layers(plain)}
+        return [(n, w) for n, w in float_layers(untouched) if n not in left]
 
 
 # The catalogue. fp16/int8 change the model enough that near-ties may flip, so their translations

@@ -39,6 +39,7 @@ class Report:
     failing_inputs: dict | None = None
     probe_inputs: dict | None = None
     localization: dict | None = None  # toolkit.verify.localize.Localization, as JSON
+    int8_layers: dict | None = None  # toolkit.verify.int8_layers' table, as JSON, when asked for
 
     @property
     def failures(self) -> list[Row]:
@@ -51,4 +52,4 @@ class Report:
                 "graph_weights_sha256": self.weights_sha256 or None,
                 "skipped_providers": self.skipped, "environment": self.environment,
                 "failures": [asdict(r) for r in self.failures], "rows": [asdict(r) for r in self.rows],
-                "localization": self.localization}
+                "localization": self.localization, "int8_layers": self.int8_layers}

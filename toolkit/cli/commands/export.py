@@ -23,13 +23,18 @@ from toolkit.core.variants import BUILT
 @click.option("--fp16", is_flag=True, help="Also write a float16 copy for the CUDA provider.")
 @click.option("--optimize", is_flag=True, help="Also write an ONNX Runtime offline-optimised copy for the CPU provider.")
 @click.option("--quantize", type=click.Choice([v for v in BUILT if v.startswith("int")]), help="Also write a dynamic int8 copy for the CPU provider.")
+@click.option("--keep-fp32", type=click.Choice(["auto"]),
+              help="With --quantize int8 on an exported directory: keep the layers int8 hurts most in float, as few as needed "
+                   "for `tk verify --variant int8` to pass and greedy BLEU to stay within --bleu-within of fp32's.")
+@click.option("--bleu-within", type=click.FloatRange(min=0.0), default=0.3, show_default=True,
+              help="With --keep-fp32 auto: greedy BLEU (1,000 held-out sentences) int8 may lose against fp32.")
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
 @click.option("--web", "web_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="On an exported directory: write a static site to DIR that translates in the browser (needs `npm ci --prefix web`; "
               "--force replaces an existing site).")
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, attention, force, web_dir):
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, web_dir):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -49,11 +54,15 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, atte
     from toolkit.build.export import ExportOptions, add_variants
     from toolkit.build.export import export as run
 
+    if keep_fp32 and (quantize != "int8" or not is_model_dir):
+        raise UsageError("--keep-fp32 auto chooses int8 layers of an exported directory: "
+                         "tk export DIR --quantize int8 --keep-fp32 auto (export the checkpoint first)")
     if out is None and not is_model_dir:
         raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
     opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
                          random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
-                         quantize=quantize, attention=attention, force=force, command=command_line())
+                         quantize=quantize, keep_fp32=keep_fp32, bleu_within=bleu_within, attention=attention, force=force,
+                         command=command_line())
     start = time.time()
     if is_model_dir:
         if out is not None and out.resolve() != Path(source).resolve():

@@ -36,9 +36,11 @@ from toolkit.core.variants import NAMES
               help="Name the first node (and PyTorch module) where the graph parts from PyTorch [default: when a check fails].")
 @click.option("--localize-plot", type=click.Path(path_type=Path), metavar="PNG",
               help="Draw each intermediate tensor's error of the localized case (needs the plot extra).")
+@click.option("--int8-layers", is_flag=True,
+              help="Also rank the int8 layers: each quantised alone, its error in the log-probabilities along fp32's translations.")
 @click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
-def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path, expect_digest,
-           localize, localize_plot):
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path,
+           int8_layers, expect_digest, localize, localize_plot):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
     \b
@@ -67,6 +69,8 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
         click.echo("\n".join(localization.render(report.localization)))
         if localize_plot:
             click.echo(f"wrote {localization.plot(report.localization, localize_plot)}", err=True)
+    if int8_layers:
+        report.int8_layers = _int8_layers(model_dir, data_path)
     for p, why in report.skipped.items():
         click.echo(f"skipped provider {p}: {why}", err=True)
     if json_path:
@@ -79,3 +83,21 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
         keys = record_summary(report, model_dir, seconds)
         click.echo(f"recorded {', '.join(keys)} in {Path(model_dir) / 'manifest.json'} (other runtimes' and providers' records kept)", err=True)
     raise_on_failure(report)
+
+
+def _int8_layers(model_dir: Path, data_path) -> dict:
+    from toolkit.core.manifest import load
+    from toolkit.core.variants import graph_source
+    from toolkit.verify import int8_layers as layers
+    from toolkit.verify.checks import held_out_sentences
+
+    m = load(model_dir)
+    m.translation_tokenizer()  # a usage error for a model that does not translate
+    english, origin = held_out_sentences(layers.PROBE, data_path)
+    click.echo(f"int8 layers: each quantised alone, {len(english)} sentences from the {origin}, "
+               f"error of fp32's {layers.TOP} best log-probabilities at each position of its greedy translation", err=True)
+    probe = layers.Probe(m, english)
+    whole = probe.measure({g: graph_source(m, g, "int8")[0] for g in m.graphs})
+    table = layers.layer_table(m, english, probe=probe)
+    click.echo(layers.render(table, whole))
+    return {"layers": [r.__dict__ for r in table], "all_int8": whole.__dict__}
