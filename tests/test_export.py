@@ -221,7 +221,7 @@ def test_export_without_out_names_the_missing_option(cli, tiny_checkpoint):
 def test_each_graph_gets_a_node_map_of_where_its_nodes_came_from(random_export):
     """What the exporter knew of each node (module path, class, source line) is kept beside the graph, small,
     listed and digested in the manifest: `tk verify --localize` names modules from it."""
-    from toolkit.build.export import node_map_name
+    from toolkit.core.node_map import node_map_name
 
     directory = random_export("transformer")
     m = manifest.load(directory)

@@ -29,6 +29,7 @@ import onnx.numpy_helper
 import torch
 
 from toolkit.build import checkpoint
+from toolkit.core.node_map import node_map_name
 from toolkit.core import manifest
 from toolkit.build import registry
 from toolkit.core import variants
@@ -56,8 +57,6 @@ class ExportOptions:
     fp16: bool = False
     optimize: bool = False
     quantize: str | None = None  # a quantised variant's name (toolkit.core.variants)
-    keep_fp32: str | None = None  # "auto": keep the int8 layers that cost most accuracy in float (toolkit.build.guarded_int8)
-    bleu_within: float = 0.3  # with keep_fp32 "auto": the greedy BLEU int8 may lose against fp32
     attention: bool = False  # on an exported directory: record the attention variant's declaration
     force: bool = False
     command: str = ""
@@ -120,10 +119,6 @@ def node_origins(model: onnx.ModelProto) -> dict[str, list[str]]:
         if path or mine:
             out[node.name] = [".".join(path), modules[-1] if modules else "", mine[-1] if mine else ""]
     return out
-
-
-def node_map_name(graph_file: str) -> str:
-    return graph_file.removesuffix(".onnx") + ".nodes.json"
 
 
 def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: int, max_len: int, vocab: int) -> None:
@@ -270,20 +265,10 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
     written: list[Path] = []
     try:
         for variant in wanted:
-            record = variants.CATALOGUE[variant].record()
-            if variant == "int8" and opts.keep_fp32 == "auto":
-                from toolkit.build import guarded_int8
-
-                plan, table = guarded_int8.choose(directory, opts.bleu_within, echo=echo)
-                written += [directory / f"{g}{variants.CATALOGUE[variant].suffix}.onnx" for g in graphs]
-                made = guarded_int8.graphs_with(directory, directory, plan)
-                record["note"] += guarded_int8.describe(plan, table)
-                echo(record["note"].rsplit("; ", 1)[1])
-            else:
-                echo(f"writing the {variant} variant ...")
-                made = make_variant(directory, graphs, variant, written)
+            echo(f"writing the {variant} variant ...")
+            made = make_variant(directory, graphs, variant, written)
             m.stored[variant] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()},
-                                                       **record, command=opts.command)
+                                                       **variants.CATALOGUE[variant].record(), command=opts.command)
         if opts.attention:
             echo("declaring the attention outputs ...")
             m.attention = attention_declaration(m.model, m.config).get("attention")

@@ -140,8 +140,8 @@ def layer_table(m: Manifest, sentences: Sequence[str], echo: Callable[[str], Non
     """Every quantisable layer of every graph, worst first."""
     import onnx
 
+    from toolkit.core.node_map import node_origins
     from toolkit.core.variants import fold_for_int8, int8_graph, int8_layers
-    from toolkit.verify.localize import node_origins
 
     probe = probe or Probe(m, sentences)
     rows = []

@@ -25,6 +25,7 @@ import torch
 
 from toolkit.build import registry
 from toolkit.core.manifest import Manifest
+from toolkit.core.node_map import node_origins
 from toolkit.core.variants import graph_source
 
 
@@ -220,20 +221,6 @@ def localize(m: Manifest, entry, model, cfg, graph: str, variant: str, provider:
                 loc.downstream_failed += 1
     loc.compared = len(loc.table)
     return loc
-
-
-def node_origins(m: Manifest, graph: str) -> dict[str, list[str]]:
-    """The export's node map for a graph (node -> module path, class, source line), or {} for a directory exported
-    before tk wrote one (the re-traced operations then give the module and source)."""
-    import json
-
-    from toolkit.build.export import node_map_name
-
-    path = m.directory / node_map_name(m.graphs[graph].file)
-    try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _unmatched_path(node: onnx.NodeProto, producer: dict, ref: dict) -> list[str]:

@@ -61,13 +61,20 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
     opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
                          random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
-                         quantize=quantize, keep_fp32=keep_fp32, bleu_within=bleu_within, attention=attention, force=force,
-                         command=command_line())
+                         quantize=None if keep_fp32 else quantize, attention=attention, force=force, command=command_line())
     start = time.time()
     if is_model_dir:
         if out is not None and out.resolve() != Path(source).resolve():
             raise UsageError(f"{source} is an exported model directory; variants are added in place, so drop --out")
-        path = add_variants(Path(source), opts, echo=lambda m: click.echo(m, err=True))
+        echo = lambda m: click.echo(m, err=True)  # noqa: E731
+        if keep_fp32:
+            from toolkit.build import guarded_int8
+
+            if fp16 or optimize or attention:
+                add_variants(Path(source), opts, echo=echo)
+            path = guarded_int8.add(Path(source), bleu_within, force, opts.command, echo=echo)
+        else:
+            path = add_variants(Path(source), opts, echo=echo)
     else:
         path = run(opts, echo=lambda m: click.echo(m, err=True))
     files = sorted(p for p in path.iterdir())
