@@ -9,7 +9,7 @@ from toolkit.core.digests import file_sha256
 
 
 def rehash(directory: Path) -> None:
-    """Re-record the sha256 of every graph and weights file in the manifest, so that only the numbers
+    """Re-record the sha256 of every graph (stored variants' too) and weights file in the manifest, so that only the numbers
     can reveal a change (a fault planted in a graph is then what the user exported)."""
     path = directory / "manifest.json"
     d = json.loads(path.read_text())
@@ -17,4 +17,8 @@ def rehash(directory: Path) -> None:
         g["sha256"] = file_sha256(directory / g["file"])
         if "weights" in g:
             g["weights"]["sha256"] = file_sha256(directory / g["weights"]["file"])
+    for stored in (d.get("variants") or {}).values():
+        for g in stored["graphs"].values():
+            g["sha256"] = file_sha256(directory / g["file"])
+            g["bytes"] = (directory / g["file"]).stat().st_size
     path.write_text(json.dumps(d))

@@ -168,3 +168,38 @@ def test_when_localizing_fails_the_verdict_stands_and_says_why(cli, model, tmp_p
     result, loc = _localized(cli, directory, tmp_path)
     assert result.exit_code == 1 and loc is None and "Traceback" not in result.output
     assert "localize: not available for this case (torch.export could not trace this model)" in result.output
+
+
+def test_a_fault_in_one_variant_is_named_against_another_without_pytorch(cli, model, tmp_path, monkeypatch):
+    """--localize-against compares two executions of the graphs (here the stored optimized graphs against the
+    fp32 ones on ONNX Runtime), node by node, with no PyTorch trace at all."""
+    from toolkit.verify import localize
+
+    directory = tmp_path / "model"
+    shutil.copytree(model, directory)
+    assert cli("export", directory, "--optimize").exit_code == 0
+    optimized = directory / "decoder.opt.onnx"
+    graph = onnx.load(optimized)
+    node = _node(graph.graph, "Relu", 1)
+    node.op_type = "LeakyRelu"
+    node.attribute.append(helper.make_attribute("alpha", 0.1))
+    onnx.save_model(graph, optimized)
+    rehash(directory)
+    monkeypatch.setattr(localize, "traced_program", lambda *a, **k: pytest.fail("PyTorch was traced"))
+    result, loc = _localized(cli, directory, tmp_path, "--variant", "optimized", "--localize-against", "onnxruntime/cpu/fp32")
+    assert result.exit_code == 1
+    assert loc["against"] == "onnxruntime/cpu/fp32" and loc["first"]["node"] == node.name and loc["first"]["op"] == "LeakyRelu"
+    assert "sha256" not in result.output  # the files check passed: only the numbers reveal the fault
+    line = next(x for x in result.output.splitlines() if x.startswith("first divergent node:"))
+    assert "against onnxruntime/cpu/fp32" in line
+
+
+def test_clean_int8_against_fp32_has_no_divergent_node(cli, model, tmp_path):
+    result, loc = _localized(cli, model, tmp_path, "--variant", "int8", "--localize-against", "fp32")
+    assert result.exit_code == 0, result.output
+    assert loc["first"] is None and loc["against"] == "onnxruntime/cpu/fp32" and loc["compared"] >= 10
+
+
+def test_a_bad_localize_against_is_one_line(cli, model):
+    result = cli("verify", model, "--localize-against", "tensorrt/gpu/fp32")
+    assert result.exit_code == 2 and "RUNTIME/PROVIDER/VARIANT" in result.output and "Traceback" not in result.output

@@ -50,6 +50,7 @@ class Localization:
     variant: str
     provider: str
     case: str
+    against: str = "pytorch"  # the other side: PyTorch, or runtime/provider/variant
     compared: int = 0
     first: TensorDiff | None = None
     downstream_failed: int = 0  # tensors after the first divergent one that also fail
@@ -184,18 +185,55 @@ def _origin(node) -> tuple[str, str]:
     return module, source
 
 
+@dataclass(frozen=True)
+class Side:
+    """An execution of an exported graph to compare against instead of PyTorch: runtime, provider, variant."""
+
+    runtime: str
+    provider: str
+    variant: str
+
+    @classmethod
+    def parse(cls, text: str) -> Side:
+        """"onnxruntime/cpu/fp32", "openvino/cpu/int8", or a variant alone ("fp32": ONNX Runtime on CPU)."""
+        from toolkit.core.errors import UsageError
+        from toolkit.core.variants import NAMES
+
+        parts = text.split("/")
+        if len(parts) == 1:
+            parts = ["onnxruntime", "cpu", *parts]
+        if len(parts) != 3 or parts[0] not in ("onnxruntime", "openvino") or parts[1] not in ("cpu", "cuda") or parts[2] not in NAMES:
+            raise UsageError(f"--localize-against {text!r}: give RUNTIME/PROVIDER/VARIANT (onnxruntime|openvino / cpu|cuda / "
+                             f"{'|'.join(NAMES)}), e.g. onnxruntime/cpu/fp32, or a variant alone")
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return f"{self.runtime}/{self.provider}/{self.variant}"
+
+
 def localize(m: Manifest, entry, model, cfg, graph: str, variant: str, provider: str, runtime: str, case: str,
-             feeds: dict[str, np.ndarray], variant_tol: tuple[float, float]) -> Localization:
-    """The first node of `graph` whose output leaves its tolerance against PyTorch on these inputs."""
+             feeds: dict[str, np.ndarray], variant_tol: tuple[float, float], against: Side | None = None) -> Localization:
+    """The first node of `graph` whose output leaves its tolerance against PyTorch on these inputs, or against
+    another execution of the graphs (`against`: another provider, runtime or variant; values compared by name,
+    so a variant whose fusions removed a tensor is compared on the tensors both still have)."""
     from toolkit.verify.compare import compare
 
     spec = m.specs()[graph]
     got, produced = onnx_values(graph_source(m, graph, variant)[0], provider, runtime, feeds)
-    digest = m.checkpoint.weights_sha256 if m.checkpoint else ""
-    key = (entry.name, repr(cfg), digest, graph) if digest else None
-    ref, where = traced_values(registry.graph_module(entry, model, spec), spec, feeds, getattr(cfg, "max_len", 64),
-                               getattr(cfg, "vocab_size", 2), key)
-    loc = Localization(graph, variant, provider, case)
+    if against is None:
+        digest = m.checkpoint.weights_sha256 if m.checkpoint else ""
+        key = (entry.name, repr(cfg), digest, graph) if digest else None
+        ref, where = traced_values(registry.graph_module(entry, model, spec), spec, feeds, getattr(cfg, "max_len", 64),
+                                   getattr(cfg, "vocab_size", 2), key)
+    else:
+        from toolkit.core.variants import get
+
+        ref, _ = onnx_values(graph_source(m, graph, against.variant)[0], against.provider, against.runtime, feeds)
+        ref = {k: np.asarray(v) for k, v in ref.items()}
+        where = {}
+        theirs = get(against.variant).tolerance
+        variant_tol = (max(variant_tol[0], theirs[0]), max(variant_tol[1], theirs[1]))
+    loc = Localization(graph, variant, provider, case, against=str(against) if against else "pytorch")
     producer = {value: node for value, node in produced}
     origins = node_origins(m, graph)
     for value, node in produced:
@@ -239,6 +277,8 @@ def _unmatched_path(node: onnx.NodeProto, producer: dict, ref: dict) -> list[str
 def render(loc: dict) -> list[str]:
     """The report's lines for a Localization (as JSON); one starts with `first divergent node:`."""
     where = f"{loc['graph']} [{loc['variant']}, {loc['provider']}, {loc['case']}]"
+    if loc.get("against", "pytorch") != "pytorch":
+        where += f" against {loc['against']}"
     f = loc["first"]
     if f is None:
         return [f"localize {where}: no divergent node ({loc['compared']} intermediate tensors within their tolerances)"]
@@ -263,7 +303,8 @@ def plot(loc: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(11, 3.6), dpi=110)
     xs = np.arange(len(table))
     errors = [max(t["max_abs"], 1e-12) if np.isfinite(t["max_abs"]) else 1e12 for t in table]
-    ax.semilogy(xs, errors, ".-", lw=0.8, ms=3, color="#4477aa", label="max abs error against PyTorch")
+    other = "PyTorch" if loc.get("against", "pytorch") == "pytorch" else loc["against"]
+    ax.semilogy(xs, errors, ".-", lw=0.8, ms=3, color="#4477aa", label=f"max abs error against {other}")
     bad = [i for i, t in enumerate(table) if not t["ok"]]
     ax.semilogy(bad, [errors[i] for i in bad], "o", ms=4, color="#cc6677", label="outside its tolerance")
     if loc["first"] is not None:

@@ -70,11 +70,12 @@ def is_digest(text: str) -> bool:
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
            rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
            checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = "onnxruntime",
-           data: str | Path | None = None, localize: bool | None = None) -> Report:
+           data: str | Path | None = None, localize: bool | None = None, localize_against=None) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
     in the provider column ("openvino-cpu"); ONNX Runtime's stay "cpu"/"cuda". `data`: the corpus whose
     held-out split is decoded (default: toolkit.core.data.find's search). `localize`: find the first divergent
-    node of the first failing case (None: when a check fails; True: also on the sweep case of a passing model)."""
+    node of the first failing case (None: when a check fails; True: also on the sweep case of a passing model), against
+    PyTorch or `localize_against` (a toolkit.verify.localize.Side: another runtime, provider or variant)."""
     from toolkit import runtimes
 
     runtimes.check(runtime)
@@ -116,7 +117,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         echo(f"localizing: {target['graph']} [{target['variant']}, {target['provider']}, {target['case']}], every intermediate tensor")
         try:
             loc = find_divergence(m, entry, model, cfg, target["graph"], target["variant"], target["provider"].split("-")[-1], runtime,
-                                  target["case"], target["feeds"], tolerance(target["variant"], atol, rtol))
+                                  target["case"], target["feeds"], tolerance(target["variant"], atol, rtol), localize_against)
             report.localization = loc.to_json()
         except Exception as e:  # the verdict stands without it; say why it is missing
             echo(f"localize: not available for this case ({first_line(e)}); the checks above are the verdict")

@@ -34,13 +34,16 @@ from toolkit.core.variants import NAMES
               help="Compare against this checkpoint (its weights digest must match the graphs' weights).")
 @click.option("--localize/--no-localize", default=None,
               help="Name the first node (and PyTorch module) where the graph parts from PyTorch [default: when a check fails].")
+@click.option("--localize-against", metavar="RUNTIME/PROVIDER/VARIANT",
+              help="Localize against another execution of the graphs instead of PyTorch, e.g. onnxruntime/cpu/fp32 "
+                   "(CUDA against CPU, int8 against fp32, OpenVINO against ONNX Runtime); implies --localize.")
 @click.option("--localize-plot", type=click.Path(path_type=Path), metavar="PNG",
               help="Draw each intermediate tensor's error of the localized case (needs the plot extra).")
 @click.option("--int8-layers", is_flag=True,
               help="Also rank the int8 layers: each quantised alone, its error in the log-probabilities along fp32's translations.")
 @click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
 def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path,
-           int8_layers, expect_digest, localize, localize_plot):
+           int8_layers, expect_digest, localize, localize_against, localize_plot):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
     \b
@@ -58,10 +61,16 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     writable_file(localize_plot, "--localize-plot")
     if expect_digest is not None and not is_digest(expect_digest):
         raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
+    against = None
+    if localize_against:
+        from toolkit.verify.localize import Side
+
+        against = Side.parse(localize_against)
+        localize = True if localize is None else localize
     start = time.time()
     report = run_verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
                       echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest,
-                      runtime=runtime, data=data_path, localize=localize)
+                      runtime=runtime, data=data_path, localize=localize, localize_against=against)
     click.echo(render(report))
     if report.localization is not None:
         from toolkit.verify import localize as localization
