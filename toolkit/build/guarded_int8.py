@@ -1,0 +1,112 @@
+"""`tk export --quantize int8 --keep-fp32 auto`: int8 that keeps the layers quantisation hurts most in float,
+as few as needed for `tk verify --variant int8` to pass and greedy BLEU on held-out sentences to stay within
+a budget of fp32's.
+
+The layers are ranked once (toolkit.verify.int8_layers: each quantised alone, its error in the log-probabilities);
+then plain int8 is tried, then int8 with the worst layer in float, the two worst, and so on. Each candidate
+is written into a scratch copy of the directory and judged there, so the directory itself is only written
+with the graphs that passed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from toolkit.core import manifest, variants
+
+PROBE_SENTENCES = 128  # ranking the layers
+BLEU_SENTENCES = 1000  # judging a candidate
+
+
+def graphs_with(directory: Path, out: Path, keep_fp32: dict[str, list[str]]) -> dict:
+    """Writes the int8 graphs of `directory`'s fp32 graphs into `out`, keeping the named layers in float;
+    returns manifest file records by graph name."""
+    import onnx
+
+    m = manifest.load(directory)
+    made = {}
+    for name in m.graphs:
+        with tempfile.TemporaryDirectory(prefix="tk-int8-") as tmp:
+            whole = Path(tmp) / "graph.onnx"
+            onnx.save_model(onnx.load(str(m.graph_path(name))), whole)
+            dst = out / f"{name}{variants.CATALOGUE['int8'].suffix}.onnx"
+            variants.int8_graph(whole, dst, keep_fp32=keep_fp32.get(name, []))
+        made[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
+    return made
+
+
+def greedy_bleu(directory: Path, variant: str, english: list[str], references: list[list[str]]) -> float:
+    """BLEU of tk translate's greedy output (guards on), as a user gets it."""
+    from toolkit.core.scoring import bleu_chrf
+    from toolkit.deploy.api import Translator
+
+    out = Translator(directory, provider="cpu", variant=variant).translate(english)
+    return float(bleu_chrf(out, references)["bleu"])
+
+
+def choose(directory: Path, budget: float, data=None, echo: Callable[[str], None] = print) -> tuple[dict[str, list[str]], list]:
+    """The layers to keep in float per graph, and the layer table they were chosen from."""
+    from toolkit.core import data as data_mod
+    from toolkit.verify import int8_layers
+    from toolkit.verify.run import verify
+
+    corpus = data_mod.load_corpus(data, download=False)
+    english, refs = data_mod.references(corpus.splits["test"])
+    english, refs = english[:BLEU_SENTENCES], refs[:BLEU_SENTENCES]
+    m = manifest.load(directory)
+    echo(f"ranking the int8 layers on {PROBE_SENTENCES} held-out sentences ...")
+    table = int8_layers.layer_table(m, english[:PROBE_SENTENCES])
+    with tempfile.TemporaryDirectory(prefix="tk-keep-fp32-") as tmp:
+        scratch = Path(tmp) / directory.name
+        shutil.copytree(directory, scratch)
+        fp32_bleu = greedy_bleu(scratch, "fp32", english, refs)
+
+        def accept(plan: dict[str, list[str]]) -> bool:
+            sm = manifest.load(scratch)
+            sm.stored["int8"] = manifest.VariantRecord(
+                graphs={g: manifest.FileRecord(**f) for g, f in graphs_with(scratch, scratch, plan).items()},
+                **variants.CATALOGUE["int8"].record())
+            sm.save()
+            report = verify(scratch, variants=["int8"], echo=lambda s: None, localize=False, data=data)
+            bleu = greedy_bleu(scratch, "int8", english, refs)
+            echo(f"  verify: {len(report.rows) - len(report.failures)}/{len(report.rows)} checks passed; greedy BLEU on "
+                 f"{len(english)} held-out sentences {bleu:.2f} against fp32's {fp32_bleu:.2f} (budget {budget:g})")
+            return not report.failures and fp32_bleu - bleu <= budget
+
+        plan = int8_layers.auto_keep(table, accept, echo)
+    return plan, table
+
+
+def describe(plan: dict[str, list[str]], table: list) -> str:
+    """What a stored variant's manifest note says of the layers kept in float."""
+    kept = [r.module for r in table if r.node in plan.get(r.graph, [])]
+    return f"; layers kept in float (--keep-fp32 auto): {', '.join(kept)}" if kept else "; every layer int8 (--keep-fp32 auto kept none)"
+
+
+def add(directory: Path, bleu_within: float, force: bool = False, command: str = "", echo: Callable[[str], None] = print) -> Path:
+    """Stores the guarded int8 variant in an exported directory (as `tk export DIR --quantize int8` stores the
+    plain one); the manifest is rewritten only once the graphs are complete, and they are removed on failure."""
+    from toolkit.core.errors import UsageError
+
+    m = manifest.load(directory)
+    m.check_files()
+    if "int8" in m.stored and not force:
+        raise UsageError(f"{directory} already has the int8 variant; use --force to rebuild it")
+    plan, table = choose(directory, bleu_within, echo=echo)
+    written = [directory / f"{g}{variants.CATALOGUE['int8'].suffix}.onnx" for g in m.graphs]
+    try:
+        made = graphs_with(directory, directory, plan)
+        record = variants.CATALOGUE["int8"].record()
+        record["note"] += describe(plan, table)
+        m.stored["int8"] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()}, **record,
+                                                  command=command)
+        m.save()
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    echo(record["note"].rsplit("; ", 1)[1])
+    return directory
