@@ -121,3 +121,14 @@ def test_a_function_over_60_lines_says_why_beside_it():
                 if not any(line.startswith("# Over 60 lines:") for line in above):
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert long == []
+
+
+def test_no_source_file_is_hidden_from_clones_by_gitignore():
+    """An ignore pattern that matches a source file keeps it out of every commit: `build/` once hid
+    toolkit/build/__init__.py and a new module, and only a clean clone showed it."""
+    root = Path(__file__).resolve().parents[1]
+    sources = [str(p.relative_to(root)) for folder in ("toolkit", "tests", "models") for p in (root / folder).rglob("*.py")
+               if "__pycache__" not in p.parts]
+    hidden = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input="\n".join(sources), cwd=root,
+                            capture_output=True, text=True).stdout.split()
+    assert hidden == []
