@@ -61,9 +61,9 @@ def run_verify(provider: str, sentences: int, echo, exported: Path = EXPORTED) -
 
 
 def run_translation(provider: str, sentences: int, echo, exported: Path = EXPORTED) -> dict:
-    from toolkit.deploy.api import Translator
     from toolkit.core.data import read_challenge_test
     from toolkit.core.scoring import bleu_chrf
+    from toolkit.deploy.api import Translator
 
     pairs = read_challenge_test(REPO.parent / "shared" / "data" / "tatoeba-test-eng-fra.txt")[:sentences]
     english, refs = [en for en, _ in pairs], [[fr] for _, fr in pairs]

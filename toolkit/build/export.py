@@ -28,14 +28,12 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from toolkit.build import checkpoint
-from toolkit.core.node_map import node_map_name
-from toolkit.core import manifest
-from toolkit.build import registry
-from toolkit.core import variants
+from toolkit.build import checkpoint, registry
+from toolkit.core import manifest, variants
 from toolkit.core.data import CORPUS_SHA256
 from toolkit.core.errors import ToolkitError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec, make_inputs
+from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the

@@ -9,8 +9,7 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from toolkit.build import checkpoint
-from toolkit.build import registry
+from toolkit.build import checkpoint, registry
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import CheckpointRecord, Manifest
 

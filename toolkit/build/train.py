@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from toolkit.build import checkpoint
-from toolkit.core import data
-from toolkit.core import history
-from toolkit.build import registry
-from toolkit.core.batching import DecodeOptions, translate_texts
+from toolkit.build import checkpoint, registry
 from toolkit.build.epoch_data import EpochData
+from toolkit.core import data, history
+from toolkit.core.batching import DecodeOptions, translate_texts
 from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.core.noise import NoiseConfig
 from toolkit.core.tokenizer import PAD, Tokenizer
@@ -464,8 +463,8 @@ def evaluate_loss(model, examples, max_tokens: int, device: torch.device | str =
 
 
 def final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max_tokens, n_sentences) -> dict:
-    from toolkit.core.scoring import bleu_chrf
     from toolkit.build.torch_backend import TorchBackend
+    from toolkit.core.scoring import bleu_chrf
 
     model.eval()
     english, refs = data.references(valid_pairs)
