@@ -79,12 +79,17 @@ def _fused(src: Path, dst: Path) -> Path:
     return fused
 
 
-def _optimized(src: Path, dst: Path) -> None:
+def _fused_and_optimized(src: Path, dst: Path, level: str) -> None:
+    """The graph with its attention fused, then ONNX Runtime's `level` optimisations applied, written to `dst`."""
     fused = _fused(src, dst)
     try:
-        ort_optimized(fused, dst, "extended")
+        ort_optimized(fused, dst, level)
     finally:
         fused.unlink(missing_ok=True)
+
+
+def _optimized(src: Path, dst: Path) -> None:
+    _fused_and_optimized(src, dst, "extended")
 
 
 def _int8(src: Path, dst: Path) -> None:
@@ -133,11 +138,7 @@ def fold_for_int8(src: Path, folded: Path) -> Path:
     """The graph the quantiser reads: attention fused, transposed weights constant-folded (see int8_graph)."""
     import onnx
 
-    fused = _fused(src, folded)
-    try:
-        ort_optimized(fused, folded, "basic")
-    finally:
-        fused.unlink(missing_ok=True)
+    _fused_and_optimized(src, folded, "basic")
     # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
     # projection), which the quantiser's own shape inference rejects; they are only hints.
     model = onnx.load(folded)
