@@ -194,8 +194,9 @@ print(sp.decode([int(x) for x in out[0].hypotheses[0]]))
 def cold_start(model_dir: Path, ct2_dir: str, variant: str, compute: str, threads: tuple[int, int], sentence: str,
                pairs: int) -> tuple[float, float]:
     """Median wall time from a fresh Python process to one translated sentence, tk's and CTranslate2's
-    scripts run in pairs (after one untimed run each, so both read the model from the page cache and
-    tk's start-up cache holds its optimised graphs, as on any start after the first)."""
+    scripts run in pairs (after one untimed run each, so both read the model from the page cache, tk's
+    start-up cache holds its optimised graphs and both sides' modules have their bytecode, as on any
+    start after the first)."""
     from toolkit.core.manifest import load
 
     m = load(model_dir)
@@ -203,15 +204,21 @@ def cold_start(model_dir: Path, ct2_dir: str, variant: str, compute: str, thread
     ct2_cmd = [sys.executable, "-c", CT2_SCRIPT, ct2_dir, str(m.translation_tokenizer()), compute,
                str(threads[0]), sentence]
 
-    def run(cmd: list[str]) -> float:
+    def run(cmd: list[str], env: dict | None = None) -> float:
         start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         seconds = time.perf_counter() - start
         if done.returncode != 0:
             raise UsageError(f"the cold-start script failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
         return seconds
 
-    run(tk_cmd), run(ct2_cmd)
+    # The untimed first runs may write bytecode even where PYTHONDONTWRITEBYTECODE is set (as a shell or container
+    # may set it): an installed CTranslate2 has its bytecode from pip, and tk would otherwise compile its own
+    # modules at every start (15 ms and more here), which no start after the first does on a usual install.
+    import os
+
+    first = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    run(tk_cmd, first), run(ct2_cmd, first)
     tk_s, ct2_s = _median_turns([lambda: run(tk_cmd), lambda: run(ct2_cmd)], pairs)
     return tk_s, ct2_s
 
