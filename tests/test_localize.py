@@ -203,3 +203,28 @@ def test_clean_int8_against_fp32_has_no_divergent_node(cli, model, tmp_path):
 def test_a_bad_localize_against_is_one_line(cli, model):
     result = cli("verify", model, "--localize-against", "tensorrt/gpu/fp32")
     assert result.exit_code == 2 and "RUNTIME/PROVIDER/VARIANT" in result.output and "Traceback" not in result.output
+
+
+def test_the_report_carries_the_error_of_every_decode_step(cli, tmp_path):
+    """Along real decodes, the log-probabilities' error at each step goes with the localization (and its
+    picture's second panel): small at every step for a clean model, large for one with a leaky ReLU."""
+    shipped = Path(__file__).resolve().parents[1] / "exported" / "transformer"
+    report = tmp_path / "clean.json"
+    result = cli("verify", shipped, "--sentences", 2, "--localize", "--json", report)
+    assert result.exit_code == 0, result.output
+    clean = json.loads(report.read_text())["localization"]["step_errors"]
+    assert len(clean) >= 3 and max(clean) < 1e-3
+
+    def change(graph):
+        node = _node(graph, "Relu", 1)
+        node.op_type = "LeakyRelu"
+        node.attribute.append(helper.make_attribute("alpha", 0.1))
+        return node.name
+
+    directory, _ = _edit_decoder(shipped, tmp_path, change)
+    picture = tmp_path / "steps.png"
+    report = tmp_path / "leaky.json"
+    result = cli("verify", directory, "--sentences", 2, "--json", report, "--localize-plot", picture)
+    assert result.exit_code == 1
+    leaky = json.loads(report.read_text())["localization"]["step_errors"]
+    assert len(leaky) >= 1 and max(leaky) > 0.01 and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -75,6 +75,7 @@ class ParityBackend(StepBackend):
         self.variant, self.provider, self.tol, self.rows = variant, provider, tol, rows
         self.step_index = 0
         self.failing_inputs: dict | None = None  # the first step that failed, for --localize
+        self.step_errors: dict[int, float] = {}  # decode step -> largest log-probability error over every batch
 
     def _keep_failure(self, ok: bool, graph: str, case: str, feeds: dict) -> None:
         if not ok and self.failing_inputs is None:
@@ -103,6 +104,8 @@ class ParityBackend(StepBackend):
         ref = {"log_probs": log_probs, **{o: new_state[i].numpy() for o, i in dec.updates.items()},
                **self.extra_reference("decoder", len(token))}
         got = run_ort(self.sessions["decoder"], dec, feeds)
+        error = float(np.abs(np.asarray(got["log_probs"], np.float64) - np.asarray(log_probs, np.float64)).max(initial=0.0))
+        self.step_errors[self.step_index] = max(self.step_errors.get(self.step_index, 0.0), error)
         case = f"step={self.step_index} batch={len(token)}"
         ok = compare_outputs(self.rows, "decode", dec, self.variant, self.provider, case, ref, got, self.tol)
         self._keep_failure(ok, "decoder", case, feeds)

@@ -300,7 +300,10 @@ def plot(loc: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     table = loc["table"]
-    fig, ax = plt.subplots(figsize=(11, 3.6), dpi=110)
+    steps = loc.get("step_errors") or []
+    fig, axes = plt.subplots(1, 2 if steps else 1, figsize=(14 if steps else 11, 3.6), dpi=110,
+                             gridspec_kw={"width_ratios": [3, 1]} if steps else None, squeeze=False)
+    ax = axes[0][0]
     xs = np.arange(len(table))
     errors = [max(t["max_abs"], 1e-12) if np.isfinite(t["max_abs"]) else 1e12 for t in table]
     other = "PyTorch" if loc.get("against", "pytorch") == "pytorch" else loc["against"]
@@ -316,6 +319,12 @@ def plot(loc: dict, path: Path) -> Path:
     ax.set_ylabel("max abs error")
     ax.set_title(f"tk verify --localize: {loc['graph']} [{loc['variant']}, {loc['provider']}]", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
+    if steps:  # the decode as a whole: how the log-probabilities' error grows along the steps
+        right = axes[0][1]
+        right.semilogy(range(len(steps)), [max(e, 1e-12) if np.isfinite(e) else 1e12 for e in steps], "o-", ms=3, color="#4477aa")
+        right.set_xlabel("decode step")
+        right.set_ylabel("max abs error of log_probs")
+        right.set_title("every decode step, against PyTorch", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

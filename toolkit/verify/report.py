@@ -40,6 +40,8 @@ class Report:
     probe_inputs: dict | None = None
     localization: dict | None = None  # toolkit.verify.localize.Localization, as JSON
     int8_layers: dict | None = None  # toolkit.verify.int8_layers' table, as JSON, when asked for
+    # "variant/provider" -> the largest log-probability error at each decode step, against PyTorch
+    step_errors: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[Row]:

@@ -119,6 +119,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
             loc = find_divergence(m, entry, model, cfg, target["graph"], target["variant"], target["provider"].split("-")[-1], runtime,
                                   target["case"], target["feeds"], tolerance(target["variant"], atol, rtol), localize_against)
             report.localization = loc.to_json()
+            report.localization["step_errors"] = report.step_errors.get(f"{target['variant']}/{target['provider']}", [])
         except Exception as e:  # the verdict stands without it; say why it is missing
             echo(f"localize: not available for this case ({first_line(e)}); the checks above are the verdict")
     return report
@@ -228,6 +229,7 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
         try:
             greedy(parity, src_ids, max_len)
             report.failing_inputs = report.failing_inputs or parity.failing_inputs
+            report.step_errors[f"{v}/{p}"] = [parity.step_errors[k] for k in sorted(parity.step_errors)]
             compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, max_len, v, p, tolerance(v, atol, rtol))
         except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
             failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
