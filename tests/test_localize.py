@@ -37,6 +37,14 @@ def _node(graph, op: str, index: int = 0):
     return [n for n in graph.node if n.op_type == op][index]
 
 
+def _leaky_relu(graph, index: int = 1) -> str:
+    """Plants the fault of several tests: the second ReLU turned into a LeakyReLU; returns its node's name."""
+    node = _node(graph, "Relu", index)
+    node.op_type = "LeakyRelu"
+    node.attribute.append(helper.make_attribute("alpha", 0.1))
+    return node.name
+
+
 @pytest.fixture(scope="module")
 def model(random_export) -> Path:
     return random_export("transformer")
@@ -59,13 +67,7 @@ def test_a_changed_softmax_axis_is_named(cli, model, tmp_path):
 
 
 def test_a_relu_turned_leaky_is_named(cli, model, tmp_path):
-    def change(graph):
-        node = _node(graph, "Relu", 1)
-        node.op_type = "LeakyRelu"
-        node.attribute.append(helper.make_attribute("alpha", 0.1))
-        return node.name
-
-    directory, planted = _edit_decoder(model, tmp_path, change)
+    directory, planted = _edit_decoder(model, tmp_path, _leaky_relu)
     result, loc = _localized(cli, directory, tmp_path)
     assert result.exit_code == 1
     assert loc["first"]["node"] == planted and loc["first"]["module"] == "decoder_blocks.1.ffn.relu"
@@ -137,13 +139,7 @@ def test_a_clean_graph_has_no_divergent_node(cli, model, tmp_path, variant):
 
 
 def test_no_localize_turns_it_off_and_the_picture_is_drawn(cli, model, tmp_path):
-    def change(graph):
-        node = _node(graph, "Relu")
-        node.op_type = "LeakyRelu"
-        node.attribute.append(helper.make_attribute("alpha", 0.1))
-        return node.name
-
-    directory, _ = _edit_decoder(model, tmp_path, change)
+    directory, _ = _edit_decoder(model, tmp_path, lambda graph: _leaky_relu(graph, 0))
     result, loc = _localized(cli, directory, tmp_path, "--no-localize")
     assert result.exit_code == 1 and loc is None and "first divergent node" not in result.output
     picture = tmp_path / "loc.png"
@@ -154,17 +150,11 @@ def test_no_localize_turns_it_off_and_the_picture_is_drawn(cli, model, tmp_path)
 def test_when_localizing_fails_the_verdict_stands_and_says_why(cli, model, tmp_path, monkeypatch):
     from toolkit.verify import localize
 
-    def change(graph):
-        node = _node(graph, "Relu")
-        node.op_type = "LeakyRelu"
-        node.attribute.append(helper.make_attribute("alpha", 0.1))
-        return node.name
-
     def cannot_trace(*args, **kwargs):
         raise RuntimeError("torch.export could not trace this model")
 
     monkeypatch.setattr(localize, "traced_program", cannot_trace)
-    directory, _ = _edit_decoder(model, tmp_path, change)
+    directory, _ = _edit_decoder(model, tmp_path, lambda graph: _leaky_relu(graph, 0))
     result, loc = _localized(cli, directory, tmp_path)
     assert result.exit_code == 1 and loc is None and "Traceback" not in result.output
     assert "localize: not available for this case (torch.export could not trace this model)" in result.output
@@ -215,13 +205,7 @@ def test_the_report_carries_the_error_of_every_decode_step(cli, tmp_path):
     clean = json.loads(report.read_text())["localization"]["step_errors"]
     assert len(clean) >= 3 and max(clean) < 1e-3
 
-    def change(graph):
-        node = _node(graph, "Relu", 1)
-        node.op_type = "LeakyRelu"
-        node.attribute.append(helper.make_attribute("alpha", 0.1))
-        return node.name
-
-    directory, _ = _edit_decoder(shipped, tmp_path, change)
+    directory, _ = _edit_decoder(shipped, tmp_path, _leaky_relu)
     picture = tmp_path / "steps.png"
     report = tmp_path / "leaky.json"
     result = cli("verify", directory, "--sentences", 2, "--json", report, "--localize-plot", picture)

@@ -17,7 +17,7 @@ from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.decoding import Hypothesis, pad_batch
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.tokenizer import BOS, EOS
-from toolkit.runtimes.ctranslate2 import thread_candidates
+from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
 
 
 def rss_bytes() -> int:
@@ -297,15 +297,6 @@ def best_settings(batch_sizes, given: tuple[int, int] | None,
 
 def describe_settings(settings: dict[int, tuple[int, int]], intra: str, inter: str) -> str:
     return "; ".join(f"batch {b}: {i} {intra} x {k} {inter}" for b, (i, k) in settings.items())
-
-
-def fastest(candidates: list, seconds: Callable[[object], float]):
-    """The candidate with the lowest time, each timed twice in turns (best of two)."""
-    times = {c: float("inf") for c in candidates}
-    for _ in range(2):
-        for c in candidates:
-            times[c] = min(times[c], seconds(c))
-    return min(candidates, key=times.__getitem__)
 
 
 def _time_tk(backend, src: list[list[int]], batch_sizes, max_len: int, streams: int = 1) -> float:

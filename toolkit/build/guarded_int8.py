@@ -17,7 +17,6 @@ from pathlib import Path
 
 from toolkit.core import manifest, variants
 
-PROBE_SENTENCES = 128  # ranking the layers
 BLEU_SENTENCES = 1000  # judging a candidate
 
 
@@ -57,8 +56,8 @@ def choose(directory: Path, budget: float, data=None, echo: Callable[[str], None
     english, refs = data_mod.references(corpus.splits["test"])
     english, refs = english[:BLEU_SENTENCES], refs[:BLEU_SENTENCES]
     m = manifest.load(directory)
-    echo(f"ranking the int8 layers on {PROBE_SENTENCES} held-out sentences ...")
-    table = int8_layers.layer_table(m, english[:PROBE_SENTENCES])
+    echo(f"ranking the int8 layers on {int8_layers.PROBE} held-out sentences ...")
+    table = int8_layers.layer_table(m, english[:int8_layers.PROBE])
     with tempfile.TemporaryDirectory(prefix="tk-keep-fp32-") as tmp:
         scratch = Path(tmp) / directory.name
         shutil.copytree(directory, scratch)

@@ -95,11 +95,6 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _fastest_setting(candidates: list[tuple[int, int]], seconds: Callable[[tuple[int, int]], float]) -> tuple[int, int]:
-    best = {c: min(seconds(c), seconds(c)) for c in candidates}
-    return min(candidates, key=best.__getitem__)
-
-
 def bench_text(model_dir: Path, sources: list[str], references: list[str] | None, variants=("fp32", "int8"),
                beams=(1, 4), requests: int = 200, repeat: int = 3, cold_starts: int = 5,
                echo: Callable[[str], None] = print) -> list[TextRow]:
@@ -148,10 +143,10 @@ class _Pair:
             return _timed(lambda: fn(tr))
 
     def choose_threads(self, probe: list[str], echo: Callable[[str], None]) -> None:
-        from toolkit.runtimes.ctranslate2 import thread_candidates
+        from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
 
-        self.file_threads = _fastest_setting(thread_candidates(), lambda c: self.ct2_seconds(c, lambda tr: self.engine.translate(tr, probe, 1)))
-        self.request_threads = _fastest_setting([c for c in thread_candidates() if c[1] == 1], lambda c: self.ct2_seconds(
+        self.file_threads = fastest(thread_candidates(), lambda c: self.ct2_seconds(c, lambda tr: self.engine.translate(tr, probe, 1)))
+        self.request_threads = fastest([c for c in thread_candidates() if c[1] == 1], lambda c: self.ct2_seconds(
             c, lambda tr: [self.engine.translate(tr, [s], REQUEST_BEAM) for s in probe[:32]]))
         echo(f"{self.variant}: CTranslate2 {self.compute} fastest here at intra x inter {self.file_threads[0]} x {self.file_threads[1]} "
              f"for a file, {self.request_threads[0]} x 1 for single requests")

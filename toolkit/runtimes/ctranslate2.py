@@ -37,6 +37,15 @@ def thread_candidates() -> list[tuple[int, int]]:
     return sorted({(c, 1) for c in range(1, cores + 1)} | {(1, cores)})
 
 
+def fastest(candidates: list, seconds):
+    """The candidate with the lowest time, each timed twice in turns (best of two)."""
+    times = {c: float("inf") for c in candidates}
+    for _ in range(2):
+        for c in candidates:
+            times[c] = min(times[c], seconds(c))
+    return min(candidates, key=times.__getitem__)
+
+
 def graph_weights(m: Manifest) -> dict[str, np.ndarray]:
     """Every named weight of the encoder and decoder graphs (the tied embedding appears in both)."""
     import onnx

@@ -11,10 +11,9 @@ Runs the exported graphs on ONNX Runtime's CPU provider; no torch.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -170,10 +169,6 @@ def render(table: list[LayerError], whole: Int8Error | None = None) -> str:
     if whole is not None:
         lines.append(f"{'all int8':<61} {whole.mean_abs:>9.4f} {whole.max_abs:>8.3f} {whole.flips:>6.1%}")
     return "\n".join(lines)
-
-
-def to_json(table: list[LayerError], whole: Int8Error | None = None) -> str:
-    return json.dumps({"layers": [asdict(r) for r in table], "all_int8": asdict(whole) if whole else None}, indent=2)
 
 
 def keep_plan(table: list[LayerError], count: int) -> dict[str, list[str]]:

@@ -8,6 +8,7 @@ import click
 
 from toolkit.cli.options import (
     SEED,
+    TOLERANCE,
     command_line,
 )
 from toolkit.core.errors import UsageError
@@ -26,7 +27,7 @@ from toolkit.core.variants import BUILT
 @click.option("--keep-fp32", type=click.Choice(["auto"]),
               help="With --quantize int8 on an exported directory: keep the layers int8 hurts most in float, as few as needed "
                    "for `tk verify --variant int8` to pass and greedy BLEU to stay within --bleu-within of fp32's.")
-@click.option("--bleu-within", type=click.FloatRange(min=0.0), default=0.3, show_default=True,
+@click.option("--bleu-within", type=TOLERANCE, default=0.3, show_default=True,
               help="With --keep-fp32 auto: greedy BLEU (1,000 held-out sentences) int8 may lose against fp32.")
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
