@@ -141,7 +141,15 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
         echo(f"batch sizes {', '.join(map(str, sorted(set(batch_sizes))))} run as {', '.join(map(str, ran))}: "
              f"only {len(src)} sentences (--sentences, --data)")
     batch_sizes = ran
-    backends = {"pytorch cached": TorchBackend(model, specs["encoder"], specs["decoder"])}
+    # PyTorch through the same loop on each device timed: ONNX Runtime on CUDA is compared with PyTorch on CUDA.
+    backends = {}
+    for p in dict.fromkeys(["cpu", *providers]):
+        if p == "cuda" and not torch.cuda.is_available():
+            echo("pytorch cached cuda: skipped, this torch build sees no CUDA device")
+        elif p == "cpu" or "onnxruntime" in runtimes:
+            backends[torch_row(p)] = TorchBackend(model, specs["encoder"], specs["decoder"], device=p)
+    if "cpu" not in providers and torch_row("cuda") in backends:
+        backends.pop(torch_row("cpu"))
     loads: dict[tuple, object] = {}
 
     def load(p: str, v: str, t: int):
@@ -202,10 +210,9 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
                 fn = lambda b=batch: [h.tokens for i in range(0, len(src), b) for h in textbook_greedy(model, src[i : i + b], m.max_len)]
                 runs.append(("pytorch textbook (full prefix)", search, batch, fn))
             t, n_streams = tk_setting[batch]
-            others = {n: b for n, b in backends.items() if n != "pytorch cached"}
-            for name, backend, k in [("pytorch cached", backends["pytorch cached"], 1),
-                                     *[(n, b[t], n_streams) for n, b in ort_backends.items()],
-                                     *[(n, b, 1) for n, b in others.items()]]:
+            torch_rows = [(n, b, 1) for n, b in backends.items() if n.startswith("pytorch cached")]
+            others = [(n, b, 1) for n, b in backends.items() if not n.startswith("pytorch cached")]
+            for name, backend, k in [*torch_rows, *[(n, b[t], n_streams) for n, b in ort_backends.items()], *others]:
                 opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_len, streams=k)
                 fn = lambda be=backend, o=opts: [h[0].tokens for h in decode_ids(be, src, o)]
                 runs.append((name, search, batch, fn))
@@ -361,6 +368,15 @@ def bench_variants(m, provider: str, wanted: list[str] | None) -> list[str]:
     return list(dict.fromkeys([PLAIN, FAST_PLAIN[provider], *m.variants_for(provider), SPEED[provider]]))
 
 
+def torch_row(provider: str) -> str:
+    """The PyTorch row that a provider's rows are compared with: the same model on the same device."""
+    return "pytorch cached" + ("" if provider == "cpu" else f" {provider}")
+
+
+def row_provider(backend: str) -> str:
+    return "cuda" if backend.split()[1:2] == ["cuda"] or backend.endswith("cached cuda") else "cpu"
+
+
 def _line(r: Result) -> str:
     return f"  {r.backend:<32} {r.search:<7} batch {r.batch:>3}: {r.sentences / r.seconds:8.1f} sent/s"
 
@@ -368,12 +384,12 @@ def _line(r: Result) -> str:
 def table(results: list[Result]) -> str:
     """Sentences/s, tokens/s, speed-up against the textbook loop at batch 1 and against PyTorch cached at the same settings."""
     base = next((r for r in results if r.backend.startswith("pytorch textbook") and r.batch == 1), results[0])
-    cached = {(r.search, r.batch): r for r in results if r.backend == "pytorch cached"}
+    cached = {(r.backend, r.search, r.batch): r for r in results if r.backend.startswith("pytorch cached")}
     header = (f"{'backend':<32} {'search':<7} {'batch':>5} {'sent/s':>8} {'tok/s':>8} {'vs textbook b1':>14} "
               f"{'vs torch cached':>15} {'peak MiB':>8} {'same output':>11}")
     lines = [header, "-" * len(header)]
     for r in results:
-        ref = cached.get((r.search, r.batch))
+        ref = cached.get((torch_row(row_provider(r.backend)), r.search, r.batch))
         same = "" if ref is None else f"{np.mean([a == b for a, b in zip(r.outputs, ref.outputs)]):.0%}"
         vs_cached = f"{ref.seconds / r.seconds:.2f}x" if ref else ""
         lines.append(f"{r.backend:<32} {r.search:<7} {r.batch:>5} {r.sentences / r.seconds:>8.1f} {r.tokens / r.seconds:>8.0f} "

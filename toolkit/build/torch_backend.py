@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -12,7 +14,12 @@ from toolkit.core.graphs import GraphSpec
 class TorchBackend(StepBackend):
     """Runs a seq2seq model's `encode` / `decode_step` with the cache the graphs declare."""
 
-    def __init__(self, model: torch.nn.Module, encoder: GraphSpec, decoder: GraphSpec):
+    def __init__(self, model: torch.nn.Module, encoder: GraphSpec, decoder: GraphSpec, device: str = "cpu"):
+        """`device`: where the model runs ("cpu" or "cuda"); on another device than the model's own, a copy is
+        moved there, so the CPU reference that verify holds the graphs to is never disturbed."""
+        self.device = torch.device(device)
+        if next(model.parameters()).device != self.device:
+            model = copy.deepcopy(model).to(self.device)
         self.model = model.eval()
         self.encoder, self.decoder = encoder, decoder
         # Which axis of each state tensor is the batch, read from the declaration.
@@ -21,35 +28,38 @@ class TorchBackend(StepBackend):
     @torch.inference_mode()
     def encode_outputs(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
         """Everything the model's encode returns (verify compares it with the encoder graph)."""
-        return self.model.encode(torch.from_numpy(src), torch.from_numpy(src_len))
+        return self.model.encode(self._tensor(src), self._tensor(src_len))
 
     def initial_state(self, encoded: dict[str, torch.Tensor], batch: int) -> dict[str, torch.Tensor]:
         """The decoder state: encoder outputs plus empty caches, as the decoder graph declares."""
-        state = {**encoded, **{k: torch.from_numpy(v) for k, v in empty_cache(self.decoder, encoded, batch).items()}}
+        state = {**encoded, **{k: self._tensor(v) for k, v in empty_cache(self.decoder, encoded, batch).items()}}
         return {name: state[name] for name in self.batch_axis}
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
 
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
         return self.initial_state(self.encode_outputs(src, src_len), len(src))
 
     def _decode_step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
-        log_probs, cache = self.model.decode_step(torch.from_numpy(token), state)
+        log_probs, cache = self.model.decode_step(self._tensor(token), state)
         return log_probs, {name: cache[name] for name in self.batch_axis}
 
     @torch.inference_mode()
     def step(self, token: np.ndarray, state: dict[str, torch.Tensor]):
         log_probs, state = self._decode_step(token, state)
-        return log_probs.numpy(), state
+        return log_probs.cpu().numpy(), state
 
     @torch.inference_mode()
     def step_top_k(self, token: np.ndarray, state: dict[str, torch.Tensor], k: int):
         log_probs, state = self._decode_step(token, state)
         values, indices = torch.topk(log_probs, min(k, log_probs.shape[-1]), dim=-1)
-        return values.numpy(), indices.numpy(), state
+        return values.cpu().numpy(), indices.cpu().numpy(), state
 
     def fork(self) -> TorchBackend:
         # Inference-mode forward passes share no state between calls.
         return self
 
     def select(self, state: dict[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
-        index = torch.from_numpy(rows)
+        index = self._tensor(rows)
         return {k: v.index_select(self.batch_axis[k], index) for k, v in state.items()}
