@@ -240,8 +240,8 @@ def run_serve(provider: str, sentences: int, echo, exported: Path = EXPORTED, ch
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
-    except ImportError:
-        return {"skipped": "tk serve needs the serve extra (fastapi, uvicorn)"}
+    except ImportError as e:
+        return {"skipped": f"tk serve needs the serve extra (fastapi, uvicorn): {e}"}
     from toolkit.serve.load import bench_serve
 
     english, _ = challenge_english(sentences, challenge)
