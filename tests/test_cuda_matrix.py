@@ -19,7 +19,7 @@ def test_the_matrix_writes_verify_translation_and_bench_results_and_records_veri
     shutil.copytree(REPO / "exported", exported)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "toolkit.build.cuda_matrix", out, "--provider", "cpu", "--sentences", "16",
-                           "--bench-sentences", "4", "--verify-sentences", "2", "--exported", exported],
+                           "--bench-sentences", "4", "--verify-sentences", "2", "--serve-sentences", "8", "--exported", exported],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
@@ -29,6 +29,11 @@ def test_the_matrix_writes_verify_translation_and_bench_results_and_records_veri
     assert results["translation"]["sentences"] == 16 and results["translation"]["cpu fp32"]["identical_to_cpu_fp32"] == 1.0
     backends = {(r["backend"], r["search"], r["batch"]) for r in results["bench"]}
     assert ("onnxruntime cpu", "beam 4", 4) in backends and ("pytorch cached", "greedy", 1) in backends
+    # Greedy token ids through the one decoding loop, against PyTorch and ONNX Runtime fp32 on the CPU.
+    assert results["token_parity"]["onnxruntime cpu fp32"] == {"identical_to_pytorch_cpu": 1.0, "identical_to_onnxruntime_cpu_fp32": 1.0}
+    assert results["memory"] == {"skipped": "device memory is measured on cuda only"}
+    assert {r["mode"] for r in results["serve"]} == {"dynamic batching", "batching off"} and all(r["errors"] == 0 for r in results["serve"])
+    assert results["copy_profile"]["fp32 io_binding=on"]["decoder_runs"] > 0
     table = (out / "table.md").read_text()
     assert "| verify seq2seq | pass" in table and "| onnxruntime cpu | greedy | 1 |" in table
     # The verify records went to the models' manifests, one per runtime and provider.
@@ -42,3 +47,31 @@ def test_without_cuda_the_matrix_stops_in_one_line_before_measuring(tmp_path):
                           env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 1 and proc.stdout.startswith("error: ONNX Runtime could not load its CUDA provider")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_part_that_fails_keeps_the_others_and_only_reruns_what_is_named(tmp_path):
+    """A GPU machine is lent for minutes: a part re-run with --only keeps what was measured before."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"verify": {"nw": {"passed": True, "checks": 3, "failures": 0, "worst_max_abs": {}}}}))
+    proc = subprocess.run([sys.executable, "-m", "toolkit.build.cuda_matrix", out, "--provider", "cpu", "--only", "memory"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["verify"]["nw"]["passed"] and results["memory"]["skipped"]
+    bad = subprocess.run([sys.executable, "-m", "toolkit.build.cuda_matrix", out, "--provider", "cpu", "--only", "speed"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout.startswith("error: --only speed: choose from verify,") and "Traceback" not in bad.stderr
+
+
+def test_the_bench_compares_each_provider_with_pytorch_on_the_same_device():
+    """An ONNX Runtime CUDA row is held to PyTorch on CUDA, a CPU row to PyTorch on the CPU."""
+    from toolkit.build.bench import Result, row_provider, table, torch_row
+
+    rows = [Result("pytorch cached", "greedy", 64, 4.0, 64, 640, 0.0, [[1]] * 64),
+            Result("pytorch cached cuda", "greedy", 64, 1.0, 64, 640, 0.0, [[1]] * 64),
+            Result("onnxruntime cuda fp16", "greedy", 64, 0.5, 64, 640, 0.0, [[1]] * 64),
+            Result("onnxruntime cpu", "greedy", 64, 2.0, 64, 640, 0.0, [[1]] * 64)]
+    assert [torch_row(row_provider(r.backend)) for r in rows] == ["pytorch cached", "pytorch cached cuda", "pytorch cached cuda", "pytorch cached"]
+    lines = {line.split("  ")[0]: line for line in table(rows).splitlines()}
+    assert " 2.00x " in lines["onnxruntime cuda fp16"] and " 2.00x " in lines["onnxruntime cpu"]

@@ -190,3 +190,25 @@ def test_openvino_concurrent_streams_finish_many_rounds_under_load(held_out):
             p.kill()
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.split() == ["rounds", "12"]
+
+
+def test_cuda_sessions_compute_fp32_in_float32_not_tf32(monkeypatch):
+    """ONNX Runtime's CUDA provider rounds fp32 matrix products to TF32 unless told not to; on an H100 that
+    put the shipped Transformer 8e-3 away from PyTorch and failed verify (tolerance 1e-4)."""
+    from toolkit.runtimes import onnxruntime as runtime
+
+    seen = {}
+
+    class Session:
+        def __init__(self, path, options, providers, disabled_optimizers):
+            seen["providers"] = providers
+
+        def get_providers(self):
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    monkeypatch.setattr(runtime, "preload_cuda_libraries", lambda: None)
+    monkeypatch.setattr(runtime.ort, "InferenceSession", Session)
+    runtime.create_session(b"graph", "cuda")
+    assert seen["providers"][0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    runtime.create_session(b"graph", "cpu")
+    assert seen["providers"] == ["CPUExecutionProvider"]
