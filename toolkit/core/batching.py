@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from toolkit.core.decoding import Hypothesis, StepBackend, length_limits, translate_ids
@@ -121,6 +120,10 @@ def _decode_concurrently(decode: Callable[[StepBackend, list[int]], None], backe
             except BaseException:
                 stop.set()
                 raise
+
+    # Imported here: concurrent.futures brings logging with it (6 ms of every start), and a call that
+    # decodes one batch, as a single request does, runs no stream beside it.
+    from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(len(backends), thread_name_prefix="tk-stream")
     try:
