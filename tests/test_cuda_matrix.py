@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -75,3 +76,19 @@ def test_the_bench_compares_each_provider_with_pytorch_on_the_same_device():
     assert [torch_row(row_provider(r.backend)) for r in rows] == ["pytorch cached", "pytorch cached cuda", "pytorch cached cuda", "pytorch cached"]
     lines = {line.split("  ")[0]: line for line in table(rows).splitlines()}
     assert " 2.00x " in lines["onnxruntime cuda fp16"] and " 2.00x " in lines["onnxruntime cpu"]
+
+
+def test_bench_on_cuda_without_it_is_one_line_and_cpu_runs_alone(tmp_path):
+    """`tk bench --provider cuda` names why CUDA cannot load instead of timing the CPU; --provider cpu times no CUDA row."""
+    env = {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "", "TK_CACHE_DIR": str(tmp_path / "cache")}
+    tk = [sys.executable, "-m", "toolkit.cli", "bench", "--sentences", "2", "--batch-size", "1", "--beam", "1", "--repeat", "1",
+          "--no-textbook", "--no-ct2", "--threads", "1", "--streams", "1"]
+    cuda = subprocess.run([*tk, "--provider", "cuda"], capture_output=True, text=True, timeout=120, env=env)
+    assert cuda.returncode == 1 and "Traceback" not in cuda.stderr
+    assert cuda.stderr.strip().splitlines()[-1].startswith("error: ONNX Runtime could not load its CUDA provider")
+    text = subprocess.run([*tk, "--provider", "cuda", "--text", str(REPO / "README.md")], capture_output=True, text=True, timeout=120, env=env)
+    assert text.returncode == 2 and "drop --provider cuda" in text.stderr and "Traceback" not in text.stderr
+    cpu = subprocess.run([*tk, "--provider", "cpu", "--json", str(tmp_path / "rows.json")], capture_output=True, text=True, timeout=240, env=env)
+    assert cpu.returncode == 0, cpu.stderr[-2000:]
+    backends = {r["backend"] for r in json.loads((tmp_path / "rows.json").read_text())}
+    assert "pytorch cached" in backends and not any("cuda" in b for b in backends)

@@ -46,11 +46,13 @@ from toolkit.core.variants import NAMES
 @DATA_OPTION
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: with --streams, measured first].")
 @click.option("--streams", type=STREAMS, help="tk's concurrent decoding streams [default: the fastest (threads, streams) pair, measured first].")
+@click.option("--provider", type=click.Choice(["cuda", "cpu"]),
+              help="ONNX Runtime's provider, with PyTorch on the same device beside it [default: cpu, and cuda where it truly loads].")
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
 @click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, text_path, reference, lines,
-          requests, serve, clients, data_path, threads, streams, ct2, ct2_threads):
+          requests, serve, clients, data_path, threads, streams, provider, ct2, ct2_threads):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
@@ -64,6 +66,14 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     import json
     import platform
 
+    if provider == "cuda":
+        from toolkit.core.errors import ProviderError
+        from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix
+
+        if text_path:
+            raise UsageError("--text compares with CTranslate2 on the CPU; drop --provider cuda (tk bench --provider cuda times the GPU)")
+        if not cuda_available():
+            raise ProviderError(cuda_fix())
     if text_path:
         writable_file(json_path, "--json")
         return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path)
@@ -77,7 +87,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
         corpus = load_corpus(data_path, download=False)
         click.echo(describe(corpus), err=True)
         english, _ = references(corpus.splits["test"])
-        args = [a for v in variants[:1] for a in ("--variant", v)]
+        args = [a for v in variants[:1] for a in ("--variant", v)] + (["--provider", provider] if provider else [])
         results = bench_serve(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
         click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
         click.echo(load_table(results))
@@ -92,7 +102,8 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     notes: list[str] = []
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
-                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, ct2=ct2, ct2_threads=ct2_threads, notes=notes, streams=streams,
+                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, providers=(provider,) if provider else ("cpu", "cuda"),
+                      ct2=False if provider == "cuda" and ct2 is None else ct2, ct2_threads=ct2_threads, notes=notes, streams=streams,
                       data=data_path)
     for note in notes:
         click.echo(note)
