@@ -66,14 +66,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     import json
     import platform
 
-    if provider == "cuda":
-        from toolkit.core.errors import ProviderError
-        from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix
-
-        if text_path:
-            raise UsageError("--text compares with CTranslate2 on the CPU; drop --provider cuda (tk bench --provider cuda times the GPU)")
-        if not cuda_available():
-            raise ProviderError(cuda_fix())
+    _check_provider(provider, text_path)
     if text_path:
         writable_file(json_path, "--json")
         return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path)
@@ -115,6 +108,19 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_provider(provider: str | None, text_path: Path | None) -> None:
+    """--provider cuda times the GPU or nothing: a CUDA that cannot load is named, never replaced by the CPU."""
+    if provider != "cuda":
+        return
+    from toolkit.core.errors import ProviderError
+    from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix
+
+    if text_path:
+        raise UsageError("--text compares with CTranslate2 on the CPU; drop --provider cuda (tk bench --provider cuda times the GPU)")
+    if not cuda_available():
+        raise ProviderError(cuda_fix())
 
 
 def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, requests: int, beams, variants, repeat: int,
