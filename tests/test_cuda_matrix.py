@@ -50,7 +50,7 @@ def test_without_cuda_the_matrix_stops_in_one_line_before_measuring(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_part_that_fails_keeps_the_others_and_only_reruns_what_is_named(tmp_path):
+def test_a_part_rerun_with_only_keeps_the_others_and_an_unknown_part_is_one_line(tmp_path):
     """A GPU machine is lent for minutes: a part re-run with --only keeps what was measured before."""
     out = tmp_path / "out"
     out.mkdir()

@@ -142,14 +142,10 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
              f"only {len(src)} sentences (--sentences, --data)")
     batch_sizes = ran
     # PyTorch through the same loop on each device timed: ONNX Runtime on CUDA is compared with PyTorch on CUDA.
-    backends = {}
-    for p in dict.fromkeys(["cpu", *providers]):
-        if p == "cuda" and not torch.cuda.is_available():
-            echo("pytorch cached cuda: skipped, this torch build sees no CUDA device")
-        elif p == "cpu" or "onnxruntime" in runtimes:
-            backends[torch_row(p)] = TorchBackend(model, specs["encoder"], specs["decoder"], device=p)
-    if "cpu" not in providers and torch_row("cuda") in backends:
-        backends.pop(torch_row("cpu"))
+    devices = [p for p in dict.fromkeys(providers) if p == "cpu" or (torch.cuda.is_available() and "onnxruntime" in runtimes)]
+    if "cuda" in providers and "cuda" not in devices:
+        echo("pytorch cached cuda: skipped, this torch build sees no CUDA device")
+    backends = {torch_row(p): TorchBackend(model, specs["encoder"], specs["decoder"], device=p) for p in devices or ["cpu"]}
     loads: dict[tuple, object] = {}
 
     def load(p: str, v: str, t: int):
@@ -374,7 +370,8 @@ def torch_row(provider: str) -> str:
 
 
 def row_provider(backend: str) -> str:
-    return "cuda" if backend.split()[1:2] == ["cuda"] or backend.endswith("cached cuda") else "cpu"
+    """The device a bench row ran on, from its name ("onnxruntime cuda fp16", "pytorch cached cuda", "openvino cpu")."""
+    return "cuda" if "cuda" in backend.split() else "cpu"
 
 
 def _line(r: Result) -> str:

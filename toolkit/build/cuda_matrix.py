@@ -106,6 +106,13 @@ def run_translation(provider: str, sentences: int, echo, exported: Path = EXPORT
     return out
 
 
+def source_ids(m, english: list[str]) -> list[list[int]]:
+    """The model's token ids of each sentence, cut at its longest source, as every command feeds them."""
+    from toolkit.core.tokenizer import Tokenizer
+
+    return [ids[: m.max_len] for ids in Tokenizer.load(m.tokenizer_path()).encode(english)]
+
+
 def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPORTED, challenge: Path | None = None) -> dict:
     """Greedy token ids of each variant on the provider, through the one decoding loop, against PyTorch on the
     same device and on the CPU and against ONNX Runtime fp32 on the CPU: the fraction of identical sentences."""
@@ -115,14 +122,13 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
     from toolkit.build.torch_backend import TorchBackend
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.batching import DecodeOptions, decode_ids
-    from toolkit.core.tokenizer import Tokenizer
     from toolkit.runtimes import onnxruntime as runtime
 
     m = manifest_mod.load(exported / "transformer")
     _, _, model, _ = load_reference(m)
     specs = m.specs()
     english, _ = challenge_english(sentences, challenge)
-    src = [s[: m.max_len] for s in Tokenizer.load(m.tokenizer_path()).encode(english)]
+    src = source_ids(m, english)
     opts = DecodeOptions(beam=1, batch_size=64, max_len=m.max_len)
     ids = lambda backend: [h[0].tokens for h in decode_ids(backend, src, opts)]
     refs = {"pytorch cpu": ids(TorchBackend(model, specs["encoder"], specs["decoder"])),
@@ -163,7 +169,6 @@ def probe_backend(model_dir: Path, engine: str, variant: str, batch: int):
     from toolkit.build.torch_backend import TorchBackend
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.batching import DecodeOptions, decode_ids
-    from toolkit.core.tokenizer import Tokenizer
     from toolkit.runtimes import onnxruntime as runtime
     from toolkit.verify.checks import held_out_sentences
 
@@ -174,7 +179,7 @@ def probe_backend(model_dir: Path, engine: str, variant: str, batch: int):
     else:
         backend = runtime.load_sessions(m, "cuda", variant).backend()
     english, _ = held_out_sentences(batch)
-    src = [s[: m.max_len] for s in Tokenizer.load(m.tokenizer_path()).encode(english)]
+    src = source_ids(m, english)
     decode_ids(backend, src, DecodeOptions(beam=1, batch_size=batch, max_len=m.max_len))
     return backend, batch
 
@@ -200,7 +205,6 @@ def run_copy_profile(provider: str, echo, exported: Path = EXPORTED, sentences: 
     leaves the device: only the token goes in and the log-probabilities come out each step."""
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.batching import DecodeOptions, decode_ids
-    from toolkit.core.tokenizer import Tokenizer
     from toolkit.core.variants import graph_source
     from toolkit.runtimes import onnxruntime as runtime
     from toolkit.verify.checks import held_out_sentences
@@ -208,7 +212,7 @@ def run_copy_profile(provider: str, echo, exported: Path = EXPORTED, sentences: 
     m = manifest_mod.load(exported / "transformer")
     specs = m.specs()
     english, _ = held_out_sentences(sentences)
-    src = [s[: m.max_len] for s in Tokenizer.load(m.tokenizer_path()).encode(english)]
+    src = source_ids(m, english)
     out = {}
     with tempfile.TemporaryDirectory(prefix="tk-profile-") as tmp:
         for variant in precisions(provider):
@@ -308,17 +312,24 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def positive(text: str) -> int:
+    """A count of at least 1 (argparse names the option and exits 2 otherwise)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.build.cuda_matrix", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for results.json and table.md")
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--sentences", type=int, default=2000, help="Tatoeba Challenge sentences to translate")
-    parser.add_argument("--bench-sentences", type=int, default=256)
-    parser.add_argument("--verify-sentences", type=int, default=16)
+    parser.add_argument("--sentences", type=positive, default=2000, help="Tatoeba Challenge sentences to translate")
+    parser.add_argument("--bench-sentences", type=positive, default=256)
+    parser.add_argument("--verify-sentences", type=positive, default=16)
     parser.add_argument("--exported", type=Path, default=EXPORTED, help="the shipped models (their manifests get the verify records)")
     parser.add_argument("--challenge", type=Path, default=None, help=f"the Tatoeba Challenge test set [default: {CHALLENGE} beside $TK_DATA, "
                         "else ../shared/data]")
-    parser.add_argument("--serve-sentences", type=int, default=1024)
+    parser.add_argument("--serve-sentences", type=positive, default=1024)
     parser.add_argument("--only", default=None, help="comma-separated parts to run [default: all]: " + ", ".join(PARTS))
     args = parser.parse_args(argv)
     from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix, gpu_environment
