@@ -59,7 +59,8 @@ def test_streams_give_the_same_hypotheses_and_really_run_concurrently(beam):
 def test_a_failing_stream_raises_its_error_and_stops_the_others():
     log = []
     with pytest.raises(RuntimeError, match="planted failure"):
-        decode_ids(Counting(log), [[13]] + SOURCES * 4, DecodeOptions(batch_size=1, max_len=12, streams=2))
+        # The failing source is the longest, so its batch is among the first taken.
+        decode_ids(Counting(log), [[13, 3, 4, 5]] + SOURCES * 4, DecodeOptions(batch_size=1, max_len=12, streams=2))
     assert len(log) < len(SOURCES) * 4  # the other stream did not go on through all its batches
 
 
@@ -117,3 +118,14 @@ def test_streams_asked_beyond_the_cores_are_cut_to_fit(monkeypatch):
     many = [f"Sentence number {i} is here." for i in range(40)]
     assert t.translate(many, streams=4, batch_size=4) == Translator(MODEL, provider="cpu", threads=1).translate(many, streams=1, batch_size=4)
     assert forks == []  # 2 threads on 2 cores leave room for one stream
+
+
+def test_streams_take_the_longest_batches_first_so_the_end_waits_on_short_ones():
+    # Each stream takes the next batch when it is free; a long batch left for last keeps the
+    # other streams idle while it decodes alone.
+    log = []
+    sources = [[20 + n] + [3] * n for n in range(8)]  # source n is n + 1 tokens long
+    decode_ids(Counting(log), sources, DecodeOptions(batch_size=2, max_len=12, streams=2))
+    first_tokens = [s for _, s in log]
+    assert first_tokens[:2] == [26, 24] or first_tokens[:2] == [24, 26]  # the two longest batches start first
+    assert first_tokens[-1] == 20  # the shortest batch is the last one taken

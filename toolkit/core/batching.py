@@ -83,8 +83,11 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) 
         src = [s[: opts.max_src_len] for s in src]
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
     todo = [i for i, s in enumerate(src) if s]
+    # Longest batches first: streams take the next batch as they free up, so the last batches set
+    # how long the others wait idle at the end, and short ones leave the least. First 2,000 Tatoeba
+    # Challenge sentences, fp32, 1 thread x 2 streams: greedy 1.87 -> 1.74 s, beam 4 7.17 -> 6.40 s.
     batches = [[todo[b] for b in batch]
-               for batch in length_sorted_batches([len(src[i]) for i in todo], opts.batch_size, opts.max_tokens)]
+               for batch in length_sorted_batches([len(src[i]) for i in todo], opts.batch_size, opts.max_tokens)][::-1]
 
     def decode(be: StepBackend, idx: list[int]) -> None:
         batch_src = [src[i] for i in idx]
