@@ -30,6 +30,15 @@ class RandomSteps(StepBackend):
         return {k: v[rows] for k, v in state.items()}
 
 
+class KeepsSentenceState(RandomSteps):
+    """Leaves each row's source in place on beam steps that keep every sentence's rows where they are, as
+    the runtimes leave the encoder's outputs: a wrong call leaves a row with another sentence's source."""
+
+    def reorder_beams(self, state, rows):
+        self.kept = getattr(self, "kept", 0) + 1
+        return {"src": state["src"], "prefix": state["prefix"][rows]}
+
+
 def reference_beam_search(backend, src, max_len, beam, alpha, n_best, limits, loop_guard):
     """tk's beam search before it was vectorised: one sentence at a time, one candidate at a time."""
     ids, lens = pad_batch(src)
@@ -92,7 +101,8 @@ def test_vectorised_beam_search_equals_the_per_sentence_loop(seed):
     limits = rng.integers(1, max_len + 3, size=n) if rng.random() < 0.5 else None
     args = dict(max_len=max_len, beam=beam, alpha=float(rng.choice([0.0, 0.6, 1.0])), n_best=int(rng.integers(1, beam + 1)),
                 limits=limits, loop_guard=bool(rng.random() < 0.5))
-    got = beam_search(RandomSteps(vocab, seed), src, **args)
+    backend = KeepsSentenceState(vocab, seed)
+    got = beam_search(backend, src, **args)
     want = reference_beam_search(RandomSteps(vocab, seed), src, **args)
     assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == [[(h.tokens, h.score) for h in hyps] for hyps in want]
 
@@ -150,3 +160,27 @@ def test_each_hypothesis_says_which_guard_ended_it(beam):
     assert guarded[0].tokens == [7, 7] and len(guarded[2].tokens) == 6
     unguarded = [h[0] for h in translate_ids(Scripted(), src, 30, beam=beam, limits=None, loop_guard=False)]
     assert [h.stopped for h in unguarded] == ["", "length", "length"]
+
+
+def test_beam_steps_leave_the_encoders_state_in_place_on_the_shipped_model():
+    from pathlib import Path
+
+    from toolkit import Translator
+    from toolkit.runtimes.onnxruntime import OrtBackend
+
+    copied: list[set] = []
+
+    class Watching(OrtBackend):
+        def reorder_beams(self, state, rows):
+            new = super().reorder_beams(state, rows)
+            copied.append({n for n in new if new[n] is not state[n]})
+            return new
+
+    t = Translator(Path(__file__).resolve().parents[1] / "exported" / "transformer", provider="cpu")
+    texts = ["I'm home.", "Where is the station?", "We ate bread at noon with our friends.", "It's raining."]
+    want = t.translate(texts, beam=4, streams=1)
+    b = t._backend
+    t._backend = Watching(b.encoder, b.decoder, b.encoder_spec, b.decoder_spec)
+    assert t.translate(texts, beam=4, streams=1) == want
+    assert copied and all(c == {n for n in c if n.startswith("self_")} for c in copied)  # only the self-attention cache
+    assert all(any(n.startswith("self_") for n in c) for c in copied)

@@ -60,6 +60,12 @@ class GraphSpec:
         """The next step's state: this step's inputs with each cache input replaced by the output that updates it."""
         return {**state, **{inp: outputs[out] for out, inp in self.updates.items()}}
 
+    @property
+    def constant_inputs(self) -> frozenset[str]:
+        """Of a decoder's state (its inputs after the step's token), what no output replaces: the same on
+        every step (the encoder's outputs, the source lengths)."""
+        return frozenset(self.input_names[1:]) - set(self.updates.values())
+
     def symbolic_dims(self) -> set[str]:
         return {d for t in self.inputs + self.outputs for d in t.dims if isinstance(d, str)}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from toolkit.core.decoding import StepBackend, empty_cache, top_k_rows
+from toolkit.core.decoding import StepBackend, empty_cache, take_rows, top_k_rows
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
@@ -350,9 +350,14 @@ class OrtBackend(StepBackend):
         values, indices = binding.get_outputs()
         return values.numpy(), indices.numpy(), new_state
 
+    def reorder_beams(self, state: dict, rows: np.ndarray) -> dict:
+        if not self.io_binding:
+            return take_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
+        return self.select(state, rows)
+
     def select(self, state: dict, rows: np.ndarray) -> dict:
         if not self.io_binding:
-            return {n: np.take(v, rows, axis=self.batch_axis[n]) for n, v in state.items()}
+            return take_rows(state, rows, self.batch_axis)
         binding = self.selector.io_binding()
         for name, value in state.items():
             binding.bind_ortvalue_input(name, value)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from toolkit.core.decoding import StepBackend, empty_cache, top_k_rows
+from toolkit.core.decoding import StepBackend, empty_cache, take_rows, top_k_rows
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
@@ -119,8 +119,11 @@ class OvBackend(StepBackend):
         log_probs, new_state = self.step(token, state)
         return (*top_k_rows(log_probs, k), new_state)
 
+    def reorder_beams(self, state: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+        return take_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
+
     def select(self, state: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-        return {n: np.take(v, rows, axis=self.batch_axis[n]) for n, v in state.items()}
+        return take_rows(state, rows, self.batch_axis)
 
 
 @dataclass
