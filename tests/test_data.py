@@ -425,3 +425,21 @@ def test_locate_downloads_into_the_cache_when_nothing_else_is_found(tmp_path, mo
     # The second time the cache is used without downloading.
     source.unlink()
     assert data.locate() == cache
+
+
+def test_tokenizer_gives_the_same_ids_and_text_for_short_and_long_lists(tokenizer):
+    # Short lists go one string at a time (SentencePiece's list call starts a thread pool, a single request's
+    # largest fixed cost after the graphs); long ones in one list call. Either way, the same result.
+    texts = [f"Il a {n} ans, n'est-ce pas ?" if n % 2 else f"Je suis à la maison\u202f! ({n})" for n in range(40)]
+    one_by_one = [tokenizer.encode([t])[0] for t in texts]
+    assert tokenizer.encode(texts) == one_by_one and tokenizer.encode(texts[:3]) == one_by_one[:3]
+    assert tokenizer.decode(one_by_one) == [tokenizer.decode([i])[0] for i in one_by_one] == tokenizer.decode(one_by_one[:3]) + tokenizer.decode(one_by_one[3:])
+
+
+def test_a_single_request_is_tokenised_without_sentencepieces_list_call(tokenizer, monkeypatch):
+    calls = []
+    for name in ("encode", "decode"):
+        real = getattr(tokenizer.sp, name)
+        monkeypatch.setattr(tokenizer.sp, name, lambda x, *a, _real=real, **k: calls.append(type(x[0] if x else None)) or _real(x, *a, **k))
+    tokenizer.decode(tokenizer.encode(["I'm home."]))
+    assert calls == [str, int]  # one string encoded, one id list decoded; no list of them

@@ -20,6 +20,11 @@ from toolkit.core.placeholders import SYMBOLS
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
+# SentencePiece's list calls start a thread pool even for one thread: 0.12 ms for 4 sentences, where 4 single
+# calls take 0.01 ms (a single request paid it twice); from about 32 sentences the list call is quicker.
+FEW = 32
+
+
 def normalize(text: str) -> str:
     """NFKC, narrow/no-break spaces to plain spaces, single spaces, stripped.
 
@@ -74,8 +79,14 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return self.sp.encode([normalize(t) for t in texts], num_threads=threads)
+        texts = [normalize(t) for t in texts]
+        if len(texts) < FEW:
+            return [self.sp.encode(t) for t in texts]
+        return self.sp.encode(texts, num_threads=threads)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        return self.sp.decode([[i for i in seq if i > EOS] for seq in ids])
+        ids = [[i for i in seq if i > EOS] for seq in ids]
+        if len(ids) < FEW:
+            return [self.sp.decode(seq) for seq in ids]
+        return self.sp.decode(ids)
 
