@@ -81,3 +81,20 @@ def test_a_single_string_is_refused_with_the_fix():
     t = Translator(MODEL, provider="cpu")
     with pytest.raises(UsageError, match=r"wrap a single sentence in a list"):
         t.translate("Hello.")
+
+
+def test_default_batches_hold_64_sentences_greedy_and_about_128_decoder_rows_under_beam_search():
+    # On CPU a beam's cache is reordered at every step: 32 sentences x beam 4 decoded faster than 64 x 4.
+    from toolkit import Translator
+
+    t = Translator(MODEL, provider="cpu")
+    sizes: list[int] = []
+    encode = t._backend.encode
+    t._backend.encode = lambda src, lens: sizes.append(len(src)) or encode(src, lens)
+    texts = [f"I have {n} cats." for n in range(100)]
+    t.translate(texts, streams=1)
+    greedy, sizes[:] = list(sizes), []
+    t.translate(texts, beam=4, streams=1)
+    beam4, sizes[:] = list(sizes), []
+    t.translate(texts, beam=4, streams=1, batch_size=50)
+    assert sorted(greedy) == [36, 64] and sorted(beam4) == [4, 32, 32, 32] and sizes == [50, 50]

@@ -433,7 +433,8 @@ def test_tokenizer_gives_the_same_ids_and_text_for_short_and_long_lists(tokenize
     texts = [f"Il a {n} ans, n'est-ce pas ?" if n % 2 else f"Je suis à la maison\u202f! ({n})" for n in range(40)]
     one_by_one = [tokenizer.encode([t])[0] for t in texts]
     assert tokenizer.encode(texts) == one_by_one and tokenizer.encode(texts[:3]) == one_by_one[:3]
-    assert tokenizer.decode(one_by_one) == [tokenizer.decode([i])[0] for i in one_by_one] == tokenizer.decode(one_by_one[:3]) + tokenizer.decode(one_by_one[3:])
+    one_text = [tokenizer.decode([i])[0] for i in one_by_one]
+    assert tokenizer.decode(one_by_one) == one_text == tokenizer.decode(one_by_one[:3]) + tokenizer.decode(one_by_one[3:])
 
 
 def test_a_single_request_is_tokenised_without_sentencepieces_list_call(tokenizer, monkeypatch):

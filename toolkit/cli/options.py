@@ -68,7 +68,7 @@ def option_group(*options):
 
 # How a translation is searched for and where it stops: the same options for tk translate and tk translate-corpus.
 DECODING = option_group(
-    click.option("--batch-size", type=BATCH, default=64, show_default=True, help="Sentences per batch."),
+    click.option("--batch-size", type=BATCH, help="Sentences per batch [default: 64; on CPU with --beam, about 128 / beam]."),
     click.option("--max-tokens", type=POSITIVE, help="Or a budget of padded source tokens per batch."),
     click.option("--beam", type=BEAM, default=1, show_default=True, help="Beam size; 1 is greedy search."),
     click.option("--alpha", type=FiniteFloat(0.0, 10.0), default=0.6, show_default=True, help="Length penalty exponent for beam search."),

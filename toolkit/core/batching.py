@@ -55,6 +55,19 @@ def default_threads() -> int:
     return max(1, cores() // default_streams())
 
 
+def default_batch_size(beam: int, provider: str = "cpu") -> int:
+    """Sentences per batch unless told: 64, and on CPU under beam search as many as make about 128 decoder rows
+    (beam x sentences), so a batch's cache stays small while it is reordered at every step.
+
+    Measured on 2 cores (AVX-512), first 2,000 Tatoeba Challenge sentences, beam 4, 1 thread x 2 streams, seconds:
+    fp32 32 sentences 5.44, 64 5.70; int8 3.56, 3.85. Greedy is flat from 48 to 96 (fp32 1.62 to 1.68 s).
+    """
+    return 64 if beam == 1 or provider != "cpu" else max(1, min(64, BEAM_ROWS // beam))
+
+
+BEAM_ROWS = 128
+
+
 def fitting_streams(streams: int, threads: int | None) -> int:
     """The streams that fit the cores beside `threads` intra-op threads each (None: the default)."""
     return max(1, min(streams, cores() // (threads or default_threads())))

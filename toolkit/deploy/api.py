@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from toolkit.core.batching import GUARDED, DecodeOptions, default_streams
+from toolkit.core.batching import GUARDED, DecodeOptions, default_batch_size, default_streams
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.textprep import TextOptions
@@ -19,16 +19,18 @@ from toolkit.deploy.translate import Translation, open_model, translate_batch
 
 
 def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int = 1, max_len: int | None = None,
-                   batch_size: int = 64, max_tokens: int | None = None, max_len_a: float | None = GUARDED["max_len_a"],
-                   max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None) -> DecodeOptions:
+                   batch_size: int | None = None, max_tokens: int | None = None, max_len_a: float | None = GUARDED["max_len_a"],
+                   max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None,
+                   provider: str = "cpu") -> DecodeOptions:
     """Decoding options as `tk translate` takes them: max_len is capped at the model's maximum, guards on by default,
-    streams None: one per core (batching.default_streams)."""
+    batch_size None: chosen for the beam and provider (batching.default_batch_size), streams None: one per core
+    (batching.default_streams)."""
     if n_best > beam:
         raise UsageError(f"n_best must be between 1 and beam (got beam {beam}, n_best {n_best})")
     if streams is not None and (not isinstance(streams, int) or isinstance(streams, bool) or streams < 1):
         raise UsageError(f"streams must be a whole number of at least 1 (got {streams!r}); leave it out for one per core")
     return DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or m.max_len, m.max_len),
-                         batch_size=batch_size, max_tokens=max_tokens, max_src_len=m.max_len,
+                         batch_size=batch_size or default_batch_size(beam, provider), max_tokens=max_tokens, max_src_len=m.max_len,
                          max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=default_streams() if streams is None else streams)
 
 
@@ -61,7 +63,7 @@ class Translator:
         """
         if isinstance(texts, str):
             raise UsageError("translate takes a list of texts; wrap a single sentence in a list: [\"Hello.\"]")
-        opts = decode_options(self.manifest, beam=beam, n_best=n_best, **options)
+        opts = decode_options(self.manifest, beam=beam, n_best=n_best, provider=self.provider, **options)
         return translate_batch(self.loaded, list(texts), opts, self._backend, strict=strict,
                                text=TextOptions(keep=tuple(keep), split=split, enabled=not raw))
 

@@ -93,7 +93,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
             f"(`tk export {model_dir} {export_flag(t.variant)}` stores them)")
     opts = decode_options(t.manifest, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len, batch_size=batch_size,
                           max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard,
-                          streams=streams)
+                          streams=streams, provider=t.provider)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
     total = None
     if text:

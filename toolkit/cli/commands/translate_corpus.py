@@ -51,13 +51,15 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     except ImportError as e:
         raise UsageError(f"tk translate-corpus needs {e.name}; install the ray extra: pip install -e '.[ray]'") from None
     from toolkit.core import manifest as manifest_mod
+    from toolkit.core.batching import default_batch_size
     from toolkit.corpus.run import CorpusJob
     from toolkit.corpus.run import translate_corpus as run
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
     m = manifest_mod.load(model_dir)
     m.translation_tokenizer()
-    decode = {"beam": beam, "alpha": alpha, "n_best": 1, "max_len": min(max_len or m.max_len, m.max_len), "batch_size": batch_size,
+    decode = {"beam": beam, "alpha": alpha, "n_best": 1, "max_len": min(max_len or m.max_len, m.max_len),
+              "batch_size": batch_size or default_batch_size(beam, provider or "cpu"),
               "max_tokens": max_tokens, "max_src_len": m.max_len, "max_len_a": max_len_a, "max_len_b": max_len_b,
               "loop_guard": loop_guard}
     text = {"keep": tuple(keep), "split": split, "enabled": not raw}
