@@ -100,7 +100,7 @@ def test_the_api_defaults_use_one_thread_per_stream_on_this_machine():
     from toolkit.core.batching import cores, default_streams
 
     t = Translator(MODEL, provider="cpu")
-    backend = t.loaded.backend()
+    backend = t.loaded.backend().for_streams()
     threads = {s.get_session_options().intra_op_num_threads for s in (backend.encoder, backend.decoder)}
     assert threads == {max(1, cores() // default_streams())}
 
@@ -129,3 +129,34 @@ def test_streams_take_the_longest_batches_first_so_the_end_waits_on_short_ones()
     first_tokens = [s for _, s in log]
     assert first_tokens[:2] == [26, 24] or first_tokens[:2] == [24, 26]  # the two longest batches start first
     assert first_tokens[-1] == 20  # the shortest batch is the last one taken
+
+
+def test_one_batch_decodes_on_every_core_and_streams_on_sessions_of_their_own():
+    # A single request has the cores to itself: its decoder runs on all of them with spinning workers. Streams
+    # share the cores, so they decode on other sessions of one thread each, made when a call first needs them.
+    from toolkit import Translator
+    from toolkit.core.batching import default_request_threads
+
+    t = Translator(MODEL, provider="cpu")
+    backend = t._backend
+    spin = "session.intra_op.allow_spinning"
+
+    def threads_and_spin(session):
+        so = session.get_session_options()
+        try:
+            spins = so.get_session_config_entry(spin)
+        except Exception:  # not set: onnxruntime's default, spinning
+            spins = "1"
+        return so.intra_op_num_threads, spins
+
+    texts = [f"We have {n} apples." for n in range(70)]
+    one = [t.translate([x])[0] for x in texts[:3]]
+    assert threads_and_spin(backend.decoder) == (default_request_threads(), "1")
+    assert threads_and_spin(backend.encoder) == (1, "0")
+    made = backend.stream_sessions.__self__._stream_sessions
+    assert made == {}  # single requests made no stream sessions
+    assert t.translate(texts, streams=2)[:3] == one
+    streams = backend.for_streams()
+    assert made and streams.decoder is made["decoder"] and streams.decoder is not backend.decoder
+    assert threads_and_spin(streams.decoder) == (1, "0") and threads_and_spin(streams.encoder) == (1, "0")
+    assert backend.for_streams().decoder is streams.decoder  # made once

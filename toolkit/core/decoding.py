@@ -43,6 +43,11 @@ class StepBackend:
         outputs) can stay as it is. Backends override it to skip that copy."""
         return self.select(state, rows)
 
+    def for_streams(self) -> StepBackend:
+        """The backend concurrent streams start from (and fork): this one, unless the runtime keeps other
+        sessions for them."""
+        return self
+
     def fork(self) -> StepBackend:
         """Another backend over the same loaded model that may decode at the same time as this one,
         in another thread (concurrent decoding streams)."""

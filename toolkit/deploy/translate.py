@@ -16,7 +16,7 @@ from typing import BinaryIO, TextIO
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core import textprep
-from toolkit.core.batching import DecodeOptions, decode_ids, default_threads, fitting_streams
+from toolkit.core.batching import DecodeOptions, decode_ids, default_request_threads, default_threads, fitting_streams
 from toolkit.core.errors import DataError, UsageError
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
@@ -83,9 +83,11 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         # Same translations as fp32 (verify demands it of "optimized"); fewer nodes a step: one sentence
         # per call, first 200 Tatoeba Challenge sentences, 12.9 ms -> 11.7 ms; a 2,000-line file 3.03 -> 2.96 s.
         variant = FAST_PLAIN[provider] if runtime == "onnxruntime" else PLAIN
+    request_threads = None
     if threads is None and provider == "cpu" and runtime == "onnxruntime":
         threads = default_threads()  # never all cores per session: the default streams share them
-    loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True)
+        request_threads = default_request_threads()  # a call of one batch has the cores to itself
+    loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
     for name, spec in m.specs().items():
         got = [i.name for i in loaded.sessions[name].get_inputs()]
         if got != spec.input_names:

@@ -50,10 +50,13 @@ def label(runtime: str) -> str:
 
 
 def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", variant: str = "fp32",
-         allow_fallback: bool = False, threads: int | None = None, unverified: bool = False, cache: bool = False) -> LoadedRuntime:
+         allow_fallback: bool = False, threads: int | None = None, unverified: bool = False, cache: bool = False,
+         request_threads: int | None = None) -> LoadedRuntime:
     """Sessions and a step-backend factory (`.backend()`) for every graph of the directory on `runtime`.
     `unverified`: also load a variant the runtime is known to compute outside its tolerance (for verify).
-    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.core.load_cache)."""
+    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.core.load_cache).
+    `request_threads`: ONNX Runtime on CPU decodes a call of one batch on this many threads, and concurrent
+    streams on `threads` each (toolkit.runtimes.onnxruntime.load_sessions)."""
     check(runtime)
     if runtime == "openvino":
         from toolkit.runtimes import openvino
@@ -61,4 +64,5 @@ def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", varia
         return openvino.load(m, provider, variant, threads, unverified)
     from toolkit.runtimes import onnxruntime as ort_runtime
 
-    return ort_runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache)
+    return ort_runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,
+                                     request_threads=request_threads)

@@ -9,7 +9,7 @@ import functools
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -156,9 +156,11 @@ def _probe_cuda() -> bool:
 
 
 def create_session(path: Path | bytes, provider: str = "cpu", optimization: str = "all", threads: int | None = None,
-                   allow_fallback: bool = False, configure: Callable[[ort.SessionOptions], None] | None = None) -> ort.InferenceSession:
+                   allow_fallback: bool = False, configure: Callable[[ort.SessionOptions], None] | None = None,
+                   spin: bool = False) -> ort.InferenceSession:
     """A session on the requested provider, from a graph file or serialized bytes;
-    raises ProviderError if CUDA silently became CPU. `configure` may add settings to the session options."""
+    raises ProviderError if CUDA silently became CPU. `configure` may add settings to the session options;
+    spin: a CPU session's worker threads spin between runs (they always do on CUDA)."""
     if provider not in PROVIDERS:
         raise UsageError(f"unknown provider '{provider}'; choose cpu or cuda")
     providers = [(PROVIDERS["cuda"], CUDA_OPTIONS), PROVIDERS["cpu"]] if provider == "cuda" else [PROVIDERS["cpu"]]
@@ -172,7 +174,7 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
         # their runs; on 2 cores, spinning workers take the cores those need. Measured on the shipped
         # Transformer, greedy over 256 sentences: batch 64 fp32 725 -> 960 sentences/s, int8 1248 ->
         # 1593; batch 1 unchanged (118 vs 122, 272 vs 267).
-        options = session_options(optimization, threads, spin=not cpu)
+        options = session_options(optimization, threads, spin=spin or not cpu)
         if configure:
             configure(options)
         session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options, providers=providers,
@@ -249,8 +251,10 @@ class OrtBackend(StepBackend):
         """Called with every encoder run's outputs and each decoder step's `recorded` outputs."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession,
-                 encoder_spec: GraphSpec, decoder_spec: GraphSpec, io_binding: bool | None = None):
+                 encoder_spec: GraphSpec, decoder_spec: GraphSpec, io_binding: bool | None = None,
+                 stream_sessions: Callable[[], dict[str, ort.InferenceSession]] | None = None):
         self.encoder, self.decoder = encoder, decoder
+        self.stream_sessions = stream_sessions  # see LoadedOnnxRuntime
         self.encoder_spec, self.decoder_spec = encoder_spec, decoder_spec
         self.state_names = decoder_spec.input_names[1:]
         self.output_names = decoder_spec.output_names  # built once: a single request runs the decoder a dozen times
@@ -280,12 +284,18 @@ class OrtBackend(StepBackend):
                                                            providers=self.decoder.get_providers())
             return self._helpers[name]
 
+    def for_streams(self) -> OrtBackend:
+        if self.stream_sessions is None:
+            return self
+        sessions = self.stream_sessions()
+        return OrtBackend(sessions["encoder"], sessions["decoder"], self.encoder_spec, self.decoder_spec, self.io_binding)
+
     def fork(self) -> OrtBackend:
         # An ONNX Runtime session may run concurrently from several threads and each run binds its own
         # inputs and outputs, so a stream needs only its own backend object, sharing every session.
         if self.recorded:
             raise NotImplementedError("a backend recording attention decodes one stream, in order")
-        twin = OrtBackend(self.encoder, self.decoder, self.encoder_spec, self.decoder_spec, self.io_binding)
+        twin = OrtBackend(self.encoder, self.decoder, self.encoder_spec, self.decoder_spec, self.io_binding, self.stream_sessions)
         twin._helpers, twin._helpers_lock = self._helpers, self._helpers_lock
         return twin
 
@@ -375,19 +385,42 @@ class LoadedOnnxRuntime:
     sessions: dict[str, ort.InferenceSession]
     provider: str
     built_s: float = 0.0  # seconds spent building a variant the directory does not store (0: stored)
+    # With request threads (load_sessions), `sessions` serve a call of one batch with every core, and concurrent
+    # streams decode on sessions of their own, made by this at their first use.
+    stream_maker: Callable[[], dict[str, ort.InferenceSession]] | None = None
+    _stream_sessions: dict[str, ort.InferenceSession] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def backend(self) -> OrtBackend:
         specs = self.manifest.specs()
-        return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
+        return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"],
+                          stream_sessions=self._streams if self.stream_maker else None)
+
+    def _streams(self) -> dict[str, ort.InferenceSession]:
+        with self._lock:
+            if not self._stream_sessions:
+                self._stream_sessions.update(self.stream_maker())
+            return self._stream_sessions
 
 
 def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False, threads: int | None = None,
-                  cache: bool = False) -> LoadedOnnxRuntime:
+                  cache: bool = False, request_threads: int | None = None) -> LoadedOnnxRuntime:
     """Sessions for every graph of the directory; a variant it does not store is built in memory.
 
     cache: on CPU, load each stored graph from the user cache's optimised copy (toolkit.core.load_cache);
     only for a directory whose files were just checked against the manifest's sha256.
+    request_threads: on CPU, the decoder session gets that many intra-op threads, spinning between the steps of a
+    call, for calls of one batch (a single request, a short list); the other graphs keep `threads`, and only the
+    decoder spins (two sessions' spinning workers take the cores from each other). Concurrent streams get sessions
+    of `threads` threads each, made at their first use: one pool shared by several streams oversubscribes the cores.
     """
+    requests = bool(request_threads) and provider == "cpu"
+
+    def create(path, *args, graph: str = "", **kw) -> ort.InferenceSession:
+        if requests and graph == "decoder":
+            kw.update(threads=request_threads, spin=True)
+        return create_session(path, *args, **kw)
+
     makers, built = {}, {}
     for name in m.graphs:
         def source(name: str = name) -> Path | bytes:
@@ -398,12 +431,16 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
             from toolkit.core.load_cache import cached_session
 
             # A variant the directory does not store is built only when the cache has no copy of it.
-            makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant), create_session, threads)
+            makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant),
+                                             functools.partial(create, graph=name), threads)
         else:
-            makers[name] = lambda name=name: create_session(source(name), provider, threads=threads, allow_fallback=allow_fallback)
+            makers[name] = lambda name=name: create(source(name), provider, threads=threads, allow_fallback=allow_fallback, graph=name)
     sessions = _concurrently(makers)
     used = session_provider(next(iter(sessions.values())))
-    return LoadedOnnxRuntime(m, sessions, used, max(built.values(), default=0.0))  # built side by side
+    loaded = LoadedOnnxRuntime(m, sessions, used, max(built.values(), default=0.0))  # built side by side
+    if requests:
+        loaded.stream_maker = lambda: load_sessions(m, provider, variant, allow_fallback, threads, cache).sessions
+    return loaded
 
 
 def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict[str, ort.InferenceSession]:
