@@ -234,3 +234,21 @@ def test_generated_corruptions_of_a_model_directory(tiny_export, corruption, com
 @pytest.mark.parametrize("data, lines", [(b"", 0), (b"a", 1), (b"a\n", 1), (b"a\n\n", 2), (b"\r\n", 1), (b"a\rb", 1)])
 def test_input_lines_counts_like_tk_translate(data, lines):
     assert input_lines(data) == lines
+
+
+# Text built from what spans and capitals are made of: the fast paths of text preparation must never differ
+# from the full rules they skip.
+_PIECES = st.sampled_from(["Where", "is", "THE", "Station", "tom", "3", "3.14", "555 0199", "a@b.org", "www.x.org",
+                           "https://x.org/a", "⦅1⦆", "ⓐ", "Ǆemal", "é", "?", ".", "!", "'", "-", "x"])
+
+
+@examples(400)
+@given(st.lists(_PIECES, max_size=9).map(" ".join))
+def test_text_preparation_shortcuts_agree_with_the_full_rules(text):
+    from toolkit.core import placeholders, textprep
+
+    # A user term that never occurs turns off find_spans' shortcut; the title-case rule written out in full.
+    assert placeholders.find_spans(text) == placeholders.find_spans(text, keep=("\x00",))
+    words = [w for w in text.split() if any(c.isalpha() for c in w)]
+    full = len(words) >= 3 and all(next(c for c in w if c.isalpha()).isupper() for w in words) and not textprep.is_all_caps(text)
+    assert textprep.is_title_case(text) == full

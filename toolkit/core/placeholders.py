@@ -27,8 +27,14 @@ _LITERAL = r"⦅\d+⦆"  # a placeholder typed by the user is itself kept verbat
 SPAN_RE = re.compile(f"{_URL}|{_EMAIL}|{_LITERAL}|{_NUMBER}")
 
 
+# Every span the patterns find holds one of these; most sentences hold none, and one search rules them out.
+_MAY_SPAN = re.compile(r"[\d@⦅]|www\.|https?://")
+
+
 def find_spans(text: str, keep: Iterable[str] = ()) -> list[tuple[int, int]]:
     """(start, end) of every protected span, left to right, non-overlapping; user terms first."""
+    if not keep and not _MAY_SPAN.search(text):
+        return []
     taken: list[tuple[int, int]] = []
     for term in sorted({t for t in keep if t}, key=len, reverse=True):
         for m in re.finditer(re.escape(term), text):

@@ -55,7 +55,10 @@ def is_all_caps(text: str) -> bool:
 def is_title_case(text: str) -> bool:
     """Three or more words, every one capitalised ("Where Is The Station?"): the model saw few
     such lines, but translates their lowercase form as well as the original."""
-    words = [w for w in text.split() if any(c.isalpha() for c in w)]
+    split = text.split()
+    if len(split) < 3 or any(w[0].islower() and w[0].isalpha() for w in split):  # most sentences: a word starts in lowercase
+        return False
+    words = [w for w in split if any(c.isalpha() for c in w)]
     return len(words) >= 3 and all(next(c for c in w if c.isalpha()).isupper() for w in words) and not is_all_caps(text)
 
 
