@@ -252,3 +252,5 @@ def test_text_preparation_shortcuts_agree_with_the_full_rules(text):
     words = [w for w in text.split() if any(c.isalpha() for c in w)]
     full = len(words) >= 3 and all(next(c for c in w if c.isalpha()).isupper() for w in words) and not textprep.is_all_caps(text)
     assert textprep.is_title_case(text) == full
+    letters = [c for c in text if c.isalpha()]
+    assert textprep.is_all_caps(text) == (len(letters) >= 3 and not any(c.islower() for c in letters))

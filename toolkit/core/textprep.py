@@ -48,8 +48,9 @@ def clean(line: str) -> str:
 
 def is_all_caps(text: str) -> bool:
     """At least three letters and no lowercase one: shouted text, not an acronym in a sentence."""
-    letters = [c for c in text if c.isalpha()]
-    return len(letters) >= 3 and not any(c.islower() for c in letters)
+    if any(c.islower() and c.isalpha() for c in text):  # most sentences: stops at their second letter
+        return False
+    return sum(c.isalpha() for c in text) >= 3
 
 
 def is_title_case(text: str) -> bool:
