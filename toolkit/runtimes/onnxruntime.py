@@ -285,7 +285,7 @@ class OrtBackend(StepBackend):
             return self._helpers[name]
 
     def for_streams(self) -> OrtBackend:
-        if self.stream_sessions is None:
+        if self.stream_sessions is None or self.recorded:  # a recording backend refuses to fork, as it must
             return self
         sessions = self.stream_sessions()
         return OrtBackend(sessions["encoder"], sessions["decoder"], self.encoder_spec, self.decoder_spec, self.io_binding)
