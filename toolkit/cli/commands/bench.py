@@ -128,13 +128,14 @@ def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, 
     import json
     import platform
 
-    from toolkit.core.batching import cores, default_streams, default_threads
+    from toolkit.core.batching import cores, default_request_threads, default_streams, default_threads
     from toolkit.deploy import text_bench
 
     sources, refs = text_bench.read_text(text_path, reference)
     sources, refs = sources[:lines], refs[:lines] if refs else None
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
-    echo(f"{len(sources)} lines of {text_path}; tk defaults here: {default_threads()} thread(s) x {default_streams()} stream(s)")
+    echo(f"{len(sources)} lines of {text_path}; tk defaults here: {default_threads()} thread(s) x {default_streams()} stream(s) "
+         f"for a file, a decoder on {default_request_threads()} thread(s) for a single request")
     rows = text_bench.bench_text(model_dir, sources, refs, tuple(variants) or ("fp32", "int8"), tuple(beams) or (1, 4),
                                  min(requests, len(sources)), repeat, echo=echo)
     click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
