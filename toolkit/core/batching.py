@@ -65,6 +65,9 @@ def default_request_threads() -> int:
     return min(cores(), 4)
 
 
+BEAM_ROWS = 128  # decoder rows (sentences x beam) of a default beam-search batch on CPU
+
+
 def default_batch_size(beam: int, provider: str = "cpu") -> int:
     """Sentences per batch unless told: 64, and on CPU under beam search as many as make about 128 decoder rows
     (beam x sentences), so a batch's cache stays small while it is reordered at every step.
@@ -73,9 +76,6 @@ def default_batch_size(beam: int, provider: str = "cpu") -> int:
     fp32 32 sentences 5.44, 64 5.70; int8 3.56, 3.85. Greedy is flat from 48 to 96 (fp32 1.62 to 1.68 s).
     """
     return 64 if beam == 1 or provider != "cpu" else max(1, min(64, BEAM_ROWS // beam))
-
-
-BEAM_ROWS = 128
 
 
 def fitting_streams(streams: int, threads: int | None) -> int:

@@ -255,6 +255,7 @@ class OrtBackend(StepBackend):
                  stream_sessions: Callable[[], dict[str, ort.InferenceSession]] | None = None):
         self.encoder, self.decoder = encoder, decoder
         self.stream_sessions = stream_sessions  # see LoadedOnnxRuntime
+        self._streams_backend: OrtBackend | None = None
         self.encoder_spec, self.decoder_spec = encoder_spec, decoder_spec
         self.state_names = decoder_spec.input_names[1:]
         self.output_names = decoder_spec.output_names  # built once: a single request runs the decoder a dozen times
@@ -287,8 +288,11 @@ class OrtBackend(StepBackend):
     def for_streams(self) -> OrtBackend:
         if self.stream_sessions is None or self.recorded:  # a recording backend refuses to fork, as it must
             return self
-        sessions = self.stream_sessions()
-        return OrtBackend(sessions["encoder"], sessions["decoder"], self.encoder_spec, self.decoder_spec, self.io_binding)
+        if self._streams_backend is None:  # kept, with its ranking session, for every later call with streams
+            sessions = self.stream_sessions()
+            self._streams_backend = OrtBackend(sessions["encoder"], sessions["decoder"], self.encoder_spec,
+                                               self.decoder_spec, self.io_binding)
+        return self._streams_backend
 
     def fork(self) -> OrtBackend:
         # An ONNX Runtime session may run concurrently from several threads and each run binds its own
