@@ -74,6 +74,17 @@ def test_a_stream_count_below_one_is_refused_with_the_fix():
             t.translate(["Hello."], streams=bad)
 
 
+def test_a_batch_size_below_one_is_refused_with_the_fix():
+    # None picks the default for the beam; 0 must not quietly become it.
+    from toolkit import Translator
+    from toolkit.core.errors import UsageError
+
+    t = Translator(MODEL, provider="cpu")
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(UsageError, match=r"batch_size must be a whole number of at least 1.*leave it out"):
+            t.translate(["Hello."], batch_size=bad)
+
+
 def test_a_single_string_is_refused_with_the_fix():
     from toolkit import Translator
     from toolkit.core.errors import UsageError

@@ -27,11 +27,18 @@ def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int =
     (batching.default_streams)."""
     if n_best > beam:
         raise UsageError(f"n_best must be between 1 and beam (got beam {beam}, n_best {n_best})")
-    if streams is not None and (not isinstance(streams, int) or isinstance(streams, bool) or streams < 1):
-        raise UsageError(f"streams must be a whole number of at least 1 (got {streams!r}); leave it out for one per core")
+    _at_least_one("streams", streams, "leave it out for one per core")
+    _at_least_one("batch_size", batch_size, "leave it out for the default")
     return DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or m.max_len, m.max_len),
-                         batch_size=batch_size or default_batch_size(beam, provider), max_tokens=max_tokens, max_src_len=m.max_len,
+                         batch_size=default_batch_size(beam, provider) if batch_size is None else batch_size,
+                         max_tokens=max_tokens, max_src_len=m.max_len,
                          max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=default_streams() if streams is None else streams)
+
+
+def _at_least_one(name: str, value: object, fix: str) -> None:
+    """A count given to the API is None (the default) or a whole number of at least 1, else a one-line error."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise UsageError(f"{name} must be a whole number of at least 1 (got {value!r}); {fix}")
 
 
 class Translator:
