@@ -130,6 +130,44 @@ def test_greedy_equals_a_beam_of_one_while_finished_rows_wait_in_the_state(seed)
     assert all(k < n for k in selects) and len(selects) <= n
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_one_sentence_decodes_as_it_does_in_a_batch(seed):
+    """A single request takes greedy's one-row path (Python numbers instead of arrays): its tokens, score and
+    guard must be those the same sentence gets in a batch, with loops, length limits and EOS all common."""
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.choice([5, 7, 40]))  # small vocabularies loop often
+    n = int(rng.integers(2, 9))
+    src = [[int(t) for t in rng.integers(4, 100, size=rng.integers(1, 6))] for _ in range(n)]
+    max_len = int(rng.integers(1, 30))
+    limits = rng.integers(1, max_len + 3, size=n) if rng.random() < 0.7 else None
+    guard = bool(rng.random() < 0.7)
+    batch = greedy(Loopy(vocab, seed), src, max_len, limits, guard)
+    alone = [greedy(Loopy(vocab, seed), [s], max_len, None if limits is None else limits[i : i + 1], guard)[0]
+             for i, s in enumerate(src)]
+    assert [(h.tokens, h.score, h.stopped) for h in alone] == [(h.tokens, h.score, h.stopped) for h in batch]
+    stops.update(h.stopped for h in batch)
+
+
+stops: set[str] = set()
+
+
+def test_the_one_sentence_cases_met_every_way_to_stop():
+    """Runs after the cases above (pytest keeps file order): they must have met EOS, the length limit and the loop guard."""
+    assert stops == {"", "length", "loop"}
+
+
+class Loopy(RandomSteps):
+    """RandomSteps that favours repeating the token from 1 to 4 steps back (by sentence): the loop guard's every rule fires."""
+
+    def step(self, token, state):
+        log_probs, new = super().step(token, state)
+        for row, (s, p) in enumerate(zip(state["src"], new["prefix"])):
+            period = 1 + int(s) % 4
+            if len(p) > period:
+                log_probs[row, p[-period]] += 8.0
+        return log_probs, new
+
+
 class Scripted(StepBackend):
     """Each sentence (its first source token) has a fixed favourite next token: EOS, a repeated word, or a count."""
 

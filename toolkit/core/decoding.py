@@ -158,6 +158,8 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
     n = len(src)
     limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
     max_len = int(limits.max())
+    if n == 1:
+        return [_greedy_one(backend, state, max_len, loop_guard)]
     scores = np.zeros(n)
     out = np.full((n, max_len), EOS, dtype=np.int64)  # each sentence's tokens; EOS from where it stopped
     why = np.zeros(n, dtype=np.int8)  # index into STOPPED
@@ -216,6 +218,33 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
     stopped = out == EOS
     ends = np.where(stopped.any(1), stopped.argmax(1), max_len)
     return [Hypothesis(out[i, : ends[i]].tolist(), float(scores[i]), STOPPED[why[i]]) for i in range(n)]
+
+
+def _greedy_one(backend: StepBackend, state: Any, limit: int, loop_guard: bool) -> Hypothesis:
+    """greedy() for one sentence (a single request), by the same rules: its one-row arrays become Python
+    numbers, since at one row every numpy operation costs its call. The score sums every step's
+    log-probability (EOS's, and that of a token a guard stopped at, included), as greedy's does."""
+    tokens: list[int] = []
+    score, why = 0.0, 0
+    token = np.full(1, BOS, dtype=np.int64)
+    for t in range(limit):
+        values, indices, state = backend.step_top_k(token, state, 1)
+        tok = int(indices[0, 0])
+        score += float(values[0, 0])
+        if tok == EOS:
+            break
+        tokens.append(tok)
+        if loop_guard and t + 1 >= SHORTEST_LOOP and tok in tokens[-1 - WIDEST_GROUP : -1]:
+            cut = int(loop_cut(np.array([tokens]))[0])
+            if cut >= 0:
+                del tokens[cut:]
+                why = 2
+                break
+        if t + 1 >= limit:
+            why = 1
+            break
+        token = indices[:, 0].astype(np.int64, copy=False)
+    return Hypothesis(tokens, score, STOPPED[why])
 
 
 # Over 60 lines: a step is one sequence of array operations over the same (sentences x beam) arrays (candidates,
