@@ -160,3 +160,14 @@ def test_one_batch_decodes_on_every_core_and_streams_on_sessions_of_their_own():
     assert made and streams.decoder is made["decoder"] and streams.decoder is not backend.decoder
     assert threads_and_spin(streams.decoder) == (1, "0") and threads_and_spin(streams.encoder) == (1, "0")
     assert backend.for_streams() is streams  # made once, with its ranking session
+
+
+def test_a_streams_ranking_runs_on_its_own_threads():
+    """Beam search ranks each step's candidates in a helper session: with ONNX Runtime's default (every core)
+    it took the other streams' cores, whatever thread count the user gave the decoder."""
+    from toolkit import Translator
+
+    t = Translator(Path(__file__).resolve().parents[1] / "exported" / "transformer", provider="cpu", threads=1)
+    t.translate(["I'm home.", "It's raining.", "Where is the station?"], beam=4, batch_size=1, streams=2)
+    streams = t._backend.for_streams()
+    assert streams.ranker.get_session_options().intra_op_num_threads == 1
