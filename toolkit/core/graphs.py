@@ -8,6 +8,7 @@ translate read them back from there. Nothing else describes a graph's interface.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class GraphSpec:
         """The next step's state: this step's inputs with each cache input replaced by the output that updates it."""
         return {**state, **{inp: outputs[out] for out, inp in self.updates.items()}}
 
-    @property
+    @cached_property  # read at every beam step
     def constant_inputs(self) -> frozenset[str]:
         """Of a decoder's state (its inputs after the step's token), what no output replaces: the same on
         every step (the encoder's outputs, the source lengths)."""

@@ -59,7 +59,7 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     m = manifest_mod.load(model_dir)
     m.translation_tokenizer()
     decode = {"beam": beam, "alpha": alpha, "n_best": 1, "max_len": min(max_len or m.max_len, m.max_len),
-              "batch_size": default_batch_size(beam, provider or "cpu") if batch_size is None else batch_size,
+              "batch_size": default_batch_size(beam, provider) if batch_size is None else batch_size,
               "max_tokens": max_tokens, "max_src_len": m.max_len, "max_len_a": max_len_a, "max_len_b": max_len_b,
               "loop_guard": loop_guard}
     text = {"keep": tuple(keep), "split": split, "enabled": not raw}
