@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -32,7 +34,15 @@ def load(path: str | Path, warn=lambda m: print(m, file=sys.stderr)) -> dict:
     if not path.is_file():
         raise UsageError(f"checkpoint {path} does not exist; train one with `tk train MODEL --out DIR`")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: a checkpoint is a file from outside, and a full unpickle runs whatever code it names.
+        # Its own digest cannot vouch for it (whoever wrote the file wrote the digest), so nothing but
+        # tensors, containers and plain values is ever built from it; a tk checkpoint holds nothing else.
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f" ({named.group(1)})" if named else ""
+        raise UsageError(f"checkpoint {path} holds Python objects other than tensors and plain values{what}; "
+                         "tk never unpickles those: load it in your own code and save its state_dict with tk's format") from None
     except Exception as e:  # torch raises several unrelated types for a corrupt file
         raise UsageError(f"checkpoint {path} is corrupt or not a tk checkpoint ({type(e).__name__}); retrain or restore it") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:

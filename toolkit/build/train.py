@@ -153,6 +153,11 @@ def train(opts: TrainOptions, echo=print) -> dict:
 def train_kernel_regression(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     from models.kernel_regression import fit, synthetic_data, test_mse
 
+    ckpt_path = opts.out / "checkpoint.pt"
+    if opts.resume:
+        raise UsageError(f"--resume: '{entry.name}' trains in seconds and keeps no state to continue; run it again without --resume")
+    if ckpt_path.exists():
+        raise UsageError(f"{ckpt_path} already exists; choose another --out or remove it")
     cfg = entry.config()
     model = entry.build(cfg)
     x_train, y_train, x_test, y_truth = synthetic_data(seed=opts.seed)
@@ -169,8 +174,8 @@ def train_kernel_regression(opts: TrainOptions, entry: registry.ModelEntry, echo
         "model": entry.name, "config": dataclasses.asdict(cfg), "state_dict": model.state_dict(), "metrics": metrics,
         "train": {"command": opts.command, "seed": opts.seed, "hardware": hardware()},
         "data": {"x_train": x_train.tolist(), "y_train": y_train.tolist(), "source": "synthetic 2 sin(x) + x^0.8 + N(0, 0.5)"},
-    }, opts.out / "checkpoint.pt")
-    echo(f"done: test MSE {mse:.4f} (non-parametric: {baseline:.4f}), learned w {model.w.item():.3f}; checkpoint {opts.out / 'checkpoint.pt'}")
+    }, ckpt_path)
+    echo(f"done: test MSE {mse:.4f} (non-parametric: {baseline:.4f}), learned w {model.w.item():.3f}; checkpoint {ckpt_path}")
     return metrics
 
 
