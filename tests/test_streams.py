@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -87,7 +88,7 @@ def test_streams_share_the_models_sessions_instead_of_building_their_own():
 def test_default_streams_and_threads_never_oversubscribe_the_cores(monkeypatch, cpus, streams, threads):
     from toolkit.core import batching
 
-    monkeypatch.setattr(batching.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     assert (batching.default_streams(), batching.default_threads()) == (streams, threads)
     for asked in (1, 2, 4, 64):
         for given in (None, 1, 2, cpus):
@@ -107,10 +108,9 @@ def test_the_api_defaults_use_one_thread_per_stream_on_this_machine():
 
 def test_streams_asked_beyond_the_cores_are_cut_to_fit(monkeypatch):
     from toolkit import Translator
-    from toolkit.core import batching
     from toolkit.runtimes.onnxruntime import OrtBackend
 
-    monkeypatch.setattr(batching.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     forks = []
     real = OrtBackend.fork
     monkeypatch.setattr(OrtBackend, "fork", lambda self: forks.append(1) or real(self))
