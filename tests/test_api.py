@@ -64,13 +64,13 @@ def test_alpha_changes_the_beam_scores_the_cli_prints():
     assert plain != penalised and all(a < b for a, b in zip(plain, penalised))  # dividing log-probs by length^alpha > 1
 
 
-def test_a_stream_count_below_one_is_refused_with_the_fix():
+def test_a_stream_count_outside_its_range_is_refused_with_the_fix():
     from toolkit import Translator
     from toolkit.core.errors import UsageError
 
     t = Translator(MODEL, provider="cpu")
-    for bad in (0, -2, 1.5):
-        with pytest.raises(UsageError, match=r"streams must be a whole number of at least 1.*leave it out"):
+    for bad in (0, -2, 1.5, 65):
+        with pytest.raises(UsageError, match=r"streams must be a whole number from 1 to 64 \(got .*\); leave it out"):
             t.translate(["Hello."], streams=bad)
 
 
@@ -109,3 +109,76 @@ def test_default_batches_hold_64_sentences_greedy_and_about_128_decoder_rows_und
     beam4, sizes[:] = list(sizes), []
     t.translate(texts, beam=4, streams=1, batch_size=50)
     assert sorted(greedy) == [36, 64] and sorted(beam4) == [4, 32, 32, 32] and sizes == [50, 50]
+
+
+@pytest.fixture(scope="module")
+def translator():
+    from toolkit import Translator
+
+    return Translator(MODEL, provider="cpu")
+
+
+def _refusal(call) -> str:
+    """The message of the UsageError `call` raises, asserted to be one line."""
+    from toolkit.core.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        call()
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+# Each once gave a raw exception (n_best 0, beam 2.5), or quietly an empty translation (max_len -5, max_len_b -100,
+# max_len_a NaN), or was taken as it stood (max_len 0 became the default, loop_guard "no" was true).
+@pytest.mark.parametrize("options, expected", [
+    ({"n_best": 0}, "n_best must be a whole number from 1 to the beam size 1 (got 0)"),
+    ({"beam": 4, "n_best": 5}, "n_best must be a whole number from 1 to the beam size 4 (got 5)"),
+    ({"beam": 2.5}, "beam must be a whole number from 1 to 64 (got 2.5)"),
+    ({"beam": 65}, "beam must be a whole number from 1 to 64 (got 65)"),
+    ({"beam": "4"}, "beam must be a whole number from 1 to 64 (got '4')"),
+    ({"max_len": -5}, "max_len must be a whole number of at least 1 (got -5)"),
+    ({"max_len": 0}, "max_len must be a whole number of at least 1 (got 0)"),
+    ({"max_len_b": -100}, "max_len_b must be a whole number from 0 to 1000 (got -100)"),
+    ({"max_len_a": float("nan")}, "max_len_a must be a finite number from 0 to 100, or None for no length guard (got nan)"),
+    ({"max_len_a": -1.0}, "max_len_a must be a finite number from 0 to 100"),
+    ({"alpha": float("inf")}, "alpha must be a finite number from 0 to 10 (got inf)"),
+    ({"max_tokens": 0}, "max_tokens must be a whole number of at least 1 (got 0)"),
+    ({"loop_guard": "no"}, "loop_guard must be True or False (got 'no')"),
+    ({"split": None}, "split must be True or False (got None)"),
+    ({"beems": 4}, "translate has no option 'beems'"),
+])
+def test_every_bad_decoding_option_is_one_usage_error_naming_it_the_value_and_the_range(translator, options, expected):
+    assert expected in _refusal(lambda: translator.translate(["Hello."], **options))
+
+
+def test_valid_edges_of_the_ranges_still_translate(translator):
+    assert translator.translate(["Hello."], max_len=10_000) == translator.translate(["Hello."])  # capped at the model's maximum
+    assert translator.translate(["Hello."], max_len_a=None, max_len_b=0, alpha=0.0, beam=2, n_best=2, max_tokens=1) == ["Salut."]
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"provider": "tpu"}, "provider must be 'cpu', 'cuda' or None"),
+    ({"threads": "2"}, "threads must be a whole number from 1 to 256 (got '2')"),
+    ({"threads": 0}, "threads must be a whole number from 1 to 256 (got 0)"),
+    ({"threads": True}, "threads must be a whole number from 1 to 256 (got True)"),
+    ({"allow_cpu_fallback": "yes"}, "allow_cpu_fallback must be True or False (got 'yes')"),
+    ({"variant": 8}, "variant must be a variant name"),
+])
+def test_bad_translator_arguments_are_one_usage_error_before_anything_loads(arguments, expected):
+    from toolkit import Translator
+
+    assert expected in _refusal(lambda: Translator(MODEL, **{"provider": "cpu", **arguments}))
+
+
+def test_a_text_that_is_not_a_string_is_named_by_its_place(translator):
+    assert "texts[0] is None, not a str" in _refusal(lambda: translator.translate([None]))
+    assert "texts[1] is 3, not a str" in _refusal(lambda: translator.translate(["Hello.", 3]))
+    assert "translate takes a list of texts" in _refusal(lambda: translator.translate(7))
+
+
+def test_a_single_keep_term_given_as_a_string_is_one_term_not_its_letters(translator):
+    text = ["Hello Zanzibarx, welcome."]
+    as_list = translator.translate(text, keep=["Zanzibarx"])
+    assert "Zanzibarx" in as_list[0]
+    assert translator.translate(text, keep="Zanzibarx") == as_list
+    assert "keep must be a list of terms" in _refusal(lambda: translator.translate(text, keep=[None]))

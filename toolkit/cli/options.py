@@ -4,6 +4,7 @@ and helpers for output paths, start-up and wording."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import shlex
@@ -13,10 +14,9 @@ from pathlib import Path
 
 import click
 
+from toolkit.core.decode_options import ALPHA, GUARDED, MAX_BEAM, MAX_LEN_A, MAX_LEN_B, MAX_STREAMS, MAX_THREADS
 from toolkit.core.errors import UsageError
 
-# Mirrors toolkit.core.batching.GUARDED (imported lazily there, so `tk --help` stays instant).
-GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "exported" / "transformer"
 
 
@@ -30,14 +30,15 @@ class FiniteFloat(click.FloatRange):
         return rv
 
 
-# Declared ranges of the numeric options. Beam and threads are capped where a larger value only burns
-# memory and time (beam 5000 took a minute and 3 GB for one sentence); batch at the graphs' batch bound.
+# Declared ranges of the numeric options, so that click names a bad value and its option before anything runs.
+# Those of decoding are DecodeOptions' own bounds (toolkit.core.decode_options), which check every way in again.
+# A batch beyond 4096 sentences gains nothing on one machine; DecodeOptions leaves it open for `tk serve`'s policy.
 POSITIVE = click.IntRange(min=1)
 SEED = click.IntRange(0, 2**32 - 1)
-BEAM = click.IntRange(1, 64)
+BEAM = click.IntRange(1, MAX_BEAM)
 BATCH = click.IntRange(1, 4096)
-THREADS = click.IntRange(1, 256)
-STREAMS = click.IntRange(1, 64)
+THREADS = click.IntRange(1, MAX_THREADS)
+STREAMS = click.IntRange(1, MAX_STREAMS)
 # One search for the corpus in every command (toolkit.core.data.find); each command names the file it used.
 DATA_OPTION = click.option("--data", "data_path", metavar="PATH",
                            help="fra-eng.zip or fra.txt [default: $TK_DATA, else ../shared/data/fra-eng.zip, else the cache "
@@ -57,27 +58,38 @@ DEFAULT_FAST_VARIANT = click.option("--variant", type=click.Choice(_variant_name
                                          "(attention fused) on CPU, fp32 on CUDA].")
 
 
-def option_group(*options):
-    """Several click options as one decorator, applied in the order given (as Polygraphy's argument groups)."""
+def option_group(*options, into: str | None = None):
+    """Several click options as one decorator, applied in the order given (as Polygraphy's argument groups).
+    into: the command gets their values as one dict argument of that name (keyed by parameter name) instead."""
     def decorate(f):
+        if into:
+            names = [option(lambda: None).__click_params__[0].name for option in options]
+            inner = f
+
+            @functools.wraps(inner)
+            def f(*args, **kwargs):
+                return inner(*args, **{into: {n: kwargs.pop(n) for n in names}}, **kwargs)
+
         for option in reversed(options):
             f = option(f)
         return f
     return decorate
 
 
-# How a translation is searched for and where it stops: the same options for tk translate and tk translate-corpus.
+# How a translation is searched for and where it stops: the same options for tk translate and tk translate-corpus, handed
+# to the command as one dict `decoding` of DecodeOptions.for_model's arguments, which checks them and builds the options.
 DECODING = option_group(
     click.option("--batch-size", type=BATCH, help="Sentences per batch [default: 64; on CPU with --beam, about 128 / beam]."),
     click.option("--max-tokens", type=POSITIVE, help="Or a budget of padded source tokens per batch."),
     click.option("--beam", type=BEAM, default=1, show_default=True, help="Beam size; 1 is greedy search."),
-    click.option("--alpha", type=FiniteFloat(0.0, 10.0), default=0.6, show_default=True, help="Length penalty exponent for beam search."),
+    click.option("--alpha", type=FiniteFloat(*ALPHA), default=0.6, show_default=True, help="Length penalty exponent for beam search."),
     click.option("--max-len", type=POSITIVE, help="Longest translation in subword tokens [default: the model's maximum]."),
-    click.option("--max-len-a", type=FiniteFloat(0.0, 100.0), default=GUARDED["max_len_a"], show_default=True,
+    click.option("--max-len-a", type=FiniteFloat(*MAX_LEN_A), default=GUARDED["max_len_a"], show_default=True,
                  help="Guard: an output is at most A * source tokens + B long (with --max-len-b)."),
-    click.option("--max-len-b", type=click.IntRange(0, 1000), default=GUARDED["max_len_b"], show_default=True, help="See --max-len-a."),
+    click.option("--max-len-b", type=click.IntRange(*MAX_LEN_B), default=GUARDED["max_len_b"], show_default=True, help="See --max-len-a."),
     click.option("--loop-guard/--no-loop-guard", default=GUARDED["loop_guard"], show_default=True,
                  help="Stop a hypothesis whose last token repeats 4 times, or last 2-4 tokens 3 times."),
+    into="decoding",
 )
 # How typed text becomes model input and back.
 TEXT = option_group(

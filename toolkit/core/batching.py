@@ -2,46 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
+# DecodeOptions, its defaults and GUARDED live in a module of their own, which the CLI imports without numpy;
+# they are named here too, where the code that decodes has always found them.
+from toolkit.core.decode_options import (  # noqa: F401
+    BEAM_ROWS,
+    GUARDED,
+    DecodeOptions,
+    cores,
+    default_batch_size,
+    default_streams,
+)
 from toolkit.core.decoding import Hypothesis, StepBackend, length_limits, translate_ids
-
-
-@dataclass
-class DecodeOptions:
-    beam: int = 1
-    alpha: float = 0.6  # length penalty exponent for beam search
-    n_best: int = 1
-    max_len: int = 64  # longest output, in subword tokens
-    batch_size: int = 64  # sentences per batch
-    max_tokens: int | None = None  # or a budget of padded source tokens per batch
-    max_src_len: int | None = None  # sources longer than the model's positions are cut to this
-    # Guards: each output is at most max_len_a * source tokens + max_len_b long (None: only
-    # max_len), and a hypothesis that starts repeating itself is stopped. Off in training-time
-    # evaluation, so that they never hide what the model itself does.
-    max_len_a: float | None = None
-    max_len_b: int = 10
-    loop_guard: bool = False
-    # Batches decoded at the same time, each in its own thread with its own backend over the same
-    # sessions (CTranslate2's inter_threads). Small batches leave cores idle between a step's
-    # matrix multiplies; a second stream fills them. Results do not depend on it.
-    streams: int = 1
-
-
-def cores() -> int:
-    """The CPUs this process may run on (its affinity mask: a container's or taskset's share), not the machine's."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # macOS and Windows have no affinity mask
-        return max(1, os.cpu_count() or 1)
-
-
-def default_streams() -> int:
-    """Concurrent batches unless told: one per core, up to 4 (beyond 4 a stream's batches get too small)."""
-    return min(cores(), 4)
 
 
 def default_threads() -> int:
@@ -65,25 +39,9 @@ def default_request_threads() -> int:
     return min(cores(), 4)
 
 
-BEAM_ROWS = 128  # decoder rows (sentences x beam) of a default beam-search batch on CPU
-
-
-def default_batch_size(beam: int, provider: str = "cpu") -> int:
-    """Sentences per batch unless told: 64, and on CPU under beam search as many as make about 128 decoder rows
-    (beam x sentences), so a batch's cache stays small while it is reordered at every step.
-
-    Measured on 2 cores (AVX-512), first 2,000 Tatoeba Challenge sentences, beam 4, 1 thread x 2 streams, seconds:
-    fp32 32 sentences 5.44, 64 5.70; int8 3.56, 3.85. Greedy is flat from 48 to 96 (fp32 1.62 to 1.68 s).
-    """
-    return 64 if beam == 1 or provider != "cpu" else max(1, min(64, BEAM_ROWS // beam))
-
-
 def fitting_streams(streams: int, threads: int | None) -> int:
     """The streams that fit the cores beside `threads` intra-op threads each (None: the default)."""
     return max(1, min(streams, cores() // (threads or default_threads())))
-
-
-GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}  # what tk translate uses unless told otherwise
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int | None) -> Iterator[list[int]]:

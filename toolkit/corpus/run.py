@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.core.atomic import write_atomic
+from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.corpus import shards
 from toolkit.corpus.merge import merge
@@ -24,7 +25,7 @@ class CorpusJob:
     inputs: list[str]
     out_dir: Path
     settings: dict  # recorded in the manifest: a rerun with other values is refused
-    decode: dict  # toolkit.core.batching.DecodeOptions fields
+    decode: DecodeOptions  # built (and checked) once, by the command
     text: dict  # toolkit.core.textprep.TextOptions fields
     strict: bool = False
     provider: str = "cpu"
@@ -116,7 +117,7 @@ def translate_corpus(job: CorpusJob, say: Callable[[str], None] = lambda m: None
         raise ShardsFailed(f"{len(failed)} of {len(p.shards)} shards failed (first: {result.failed[0]}); "
                            f"fix the input and rerun the same command: the {len(p.shards) - len(failed)} done shards are kept")
     result.merged, lines = merge(p, job.out_dir)
-    if job.decode.get("n_best", 1) == 1 and lines != p.total_lines:
+    if job.decode.n_best == 1 and lines != p.total_lines:
         raise ShardsFailed(f"{result.merged} has {lines} lines for {p.total_lines} input lines; rerun in a new OUTPUT_DIR")
     return result
 

@@ -28,12 +28,12 @@ CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
 
 
 class ShardTranslator:
-    def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: dict, text: dict,
+    def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: DecodeOptions, text: dict,
                  strict: bool, crash_once: str | None = None, counter=None):
         from toolkit.deploy.translate import open_model
 
         self.t = open_model(model_dir, provider, variant, threads=threads)
-        self.opts = DecodeOptions(**decode)
+        self.opts = decode
         self.text = TextOptions(**text)
         self.strict = strict
         self.crash_once = crash_once

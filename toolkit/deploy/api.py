@@ -8,37 +8,73 @@ Torch-free, like `tk translate`, which calls the same functions: the same option
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from toolkit.core.batching import GUARDED, DecodeOptions, default_batch_size, default_streams
+from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.textprep import TextOptions
 from toolkit.deploy.translate import Translation, open_model, translate_batch
+
+PROVIDERS = ("cpu", "cuda")
 
 
 def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int = 1, max_len: int | None = None,
                    batch_size: int | None = None, max_tokens: int | None = None, max_len_a: float | None = GUARDED["max_len_a"],
                    max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None,
                    provider: str = "cpu") -> DecodeOptions:
-    """Decoding options as `tk translate` takes them: max_len is capped at the model's maximum, guards on by default,
-    batch_size None: chosen for the beam and provider (batching.default_batch_size), streams None: one per core
-    (batching.default_streams)."""
-    if n_best > beam:
-        raise UsageError(f"n_best must be between 1 and beam (got beam {beam}, n_best {n_best})")
-    _at_least_one("streams", streams, "leave it out for one per core")
-    _at_least_one("batch_size", batch_size, "leave it out for the default")
-    return DecodeOptions(beam=beam, alpha=alpha, n_best=n_best, max_len=min(max_len or m.max_len, m.max_len),
-                         batch_size=default_batch_size(beam, provider) if batch_size is None else batch_size,
-                         max_tokens=max_tokens, max_src_len=m.max_len,
-                         max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=default_streams() if streams is None else streams)
+    """Decoding options as `tk translate` takes them, for the model of manifest `m` (DecodeOptions.for_model, which
+    checks every value): max_len is capped at the model's maximum, guards on by default, batch_size and streams None:
+    the defaults for the beam, the provider and the cores."""
+    return DecodeOptions.for_model(m.max_len, provider, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len,
+                                   batch_size=batch_size, max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b,
+                                   loop_guard=loop_guard, streams=streams)
 
 
-def _at_least_one(name: str, value: object, fix: str) -> None:
-    """A count given to the API is None (the default) or a whole number of at least 1, else a one-line error."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise UsageError(f"{name} must be a whole number of at least 1 (got {value!r}); {fix}")
+OPTIONS = ("alpha", "max_len", "batch_size", "max_tokens", "max_len_a", "max_len_b", "loop_guard", "streams")  # decode_options'
+
+
+def _check_model_arguments(provider: object, variant: object, threads: object, allow_cpu_fallback: object) -> None:
+    """Translator's own arguments, checked before anything loads: a provider of 'tpu' was a KeyError, threads of '2'
+    an ONNX Runtime message that blamed the model, threads of 0 were taken."""
+    if provider is not None and provider not in PROVIDERS:
+        raise UsageError(f"provider must be 'cpu', 'cuda' or None for CUDA where it truly loads (got {provider!r:.40})")
+    if variant is not None and not isinstance(variant, str):
+        raise UsageError(f"variant must be a variant name (a str) or None for the fastest (got {variant!r:.40})")
+    if threads is not None:
+        problem = count_problem("threads", threads, 1, MAX_THREADS, "leave it out for the default")
+        if problem:
+            raise UsageError(problem)
+    _check_flag("allow_cpu_fallback", allow_cpu_fallback)
+
+
+def _check_flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be True or False (got {value!r:.40})")
+
+
+def _texts(texts: object) -> list[str]:
+    """The texts to translate as a list of str, or a one-line error naming the first that is not one."""
+    if isinstance(texts, str):
+        raise UsageError("translate takes a list of texts; wrap a single sentence in a list: [\"Hello.\"]")
+    if not isinstance(texts, Iterable):
+        raise UsageError(f"translate takes a list of texts (got {texts!r:.40})")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise UsageError(f"texts[{i}] is {text!r:.40}, not a str; give every text as a str (\"\" for an empty line)")
+    return texts
+
+
+def _keep(keep: object) -> tuple[str, ...]:
+    """The terms to copy verbatim. A single str is one term: iterated, "Paris" was kept letter by letter."""
+    if keep is None or isinstance(keep, str):
+        return (keep,) if keep else ()
+    terms = tuple(keep) if isinstance(keep, Iterable) else None
+    if terms is None or not all(isinstance(term, str) for term in terms):
+        raise UsageError(f"keep must be a list of terms (str), or one term (got {keep!r:.40})")
+    return terms
 
 
 class Translator:
@@ -47,6 +83,7 @@ class Translator:
 
     def __init__(self, model_dir: str | Path, provider: str | None = None, variant: str | None = None, threads: int | None = None,
                  allow_cpu_fallback: bool = False) -> None:
+        _check_model_arguments(provider, variant, threads, allow_cpu_fallback)
         self.model_dir = Path(model_dir)
         self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads)
         self.variant = self.loaded.variant
@@ -66,13 +103,18 @@ class Translator:
         """The n-best translations (text, score, token counts) of each text, in input order.
 
         `options` are decode_options' (alpha, max_len, batch_size, max_tokens, max_len_a, max_len_b, loop_guard, streams);
-        keep/split/raw/strict mean what `tk translate --keep/--no-split/--raw/--strict` mean.
+        keep/split/raw/strict mean what `tk translate --keep/--no-split/--raw/--strict` mean (keep: a list of terms,
+        or one term as a str). A bad value of any of them is a UsageError naming it, the value and what is accepted.
         """
-        if isinstance(texts, str):
-            raise UsageError("translate takes a list of texts; wrap a single sentence in a list: [\"Hello.\"]")
+        texts = _texts(texts)
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise UsageError(f"translate has no option {unknown[0]!r}; its options: beam, n_best, keep, split, raw, strict, {', '.join(OPTIONS)}")
+        for name, flag in (("split", split), ("raw", raw), ("strict", strict)):
+            _check_flag(name, flag)
         opts = decode_options(self.manifest, beam=beam, n_best=n_best, provider=self.provider, **options)
-        return translate_batch(self.loaded, list(texts), opts, self._backend, strict=strict,
-                               text=TextOptions(keep=tuple(keep), split=split, enabled=not raw))
+        return translate_batch(self.loaded, texts, opts, self._backend, strict=strict,
+                               text=TextOptions(keep=_keep(keep), split=split, enabled=not raw))
 
     def translate(self, texts: Sequence[str], beam: int = 1, **options) -> list[str]:
         """The best translation of each text, in input order."""

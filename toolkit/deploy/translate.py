@@ -153,9 +153,11 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     ended is warned about the same way (its line number appended to `guarded`).
     """
     backend = backend or t.backend()
+    limit = t.manifest.max_len
     if t.threads:  # whatever streams were asked for, no more busy threads than cores
         opts = dataclasses.replace(opts, streams=fitting_streams(opts.streams, t.threads))
-    limit = t.manifest.max_len
+    if opts.max_src_len is None or opts.max_src_len > limit:  # decode_ids cuts the sources (there only)
+        opts = dataclasses.replace(opts, max_src_len=limit)
     segments = [textprep.prepare(x, text.keep, text.split, text.enabled) for x in texts]
     flat = [(i, seg) for i, segs in enumerate(segments) for seg in segs]
     ids = t.tokenizer.encode([seg.text for _, seg in flat])
@@ -168,19 +170,19 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
             warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
             if truncated is not None and lineno not in truncated:
                 truncated.append(lineno)
-            ids[k] = seq[:limit]
     per_line: list[list[tuple[textprep.Segment, list[Translation]]]] = [[] for _ in texts]
     results = decode_ids(backend, ids, opts)
     # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
     texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
     for (i, seg), seq, nbest in zip(flat, ids, results):
         decoded = [next(texts_out) for _ in nbest]
+        source_tokens = min(len(seq), opts.max_src_len)  # as decode_ids cut it
         if nbest[0].stopped and seq:
             lineno = first_lineno + i
-            warn(f"warning: line {lineno}: {guard_note(nbest[0], len(seq), opts)}")
+            warn(f"warning: line {lineno}: {guard_note(nbest[0], source_tokens, opts)}")
             if guarded is not None and lineno not in guarded:
                 guarded.append(lineno)
-        per_line[i].append((seg, [Translation(out, h.normalized(opts.alpha), len(h.tokens), len(seq), int(bool(seq)), h.stopped)
+        per_line[i].append((seg, [Translation(out, h.normalized(opts.alpha), len(h.tokens), source_tokens, int(bool(seq)), h.stopped)
                                   for h, out in zip(nbest, decoded)]))
     return [_join_line(parts, opts.n_best) for parts in per_line]
 

@@ -47,8 +47,8 @@ from toolkit.core.errors import UsageError
 @click.option("--streams", type=STREAMS,
               help="Batches decoded at the same time (CTranslate2's inter_threads); cut to the cores / --threads [default: one per core, up to 4].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
-def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, batch_size, max_tokens, beam,
-              alpha, n_best, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, reference, threads, streams, quiet):
+def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, decoding, keep, split, raw,
+              strict, n_best, reference, threads, streams, quiet):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
     Sentences come from arguments, -i FILE, or standard input, one per line;
@@ -62,8 +62,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with paused_gc():
+        from toolkit.core.decode_options import DecodeOptions
         from toolkit.core.textprep import TextOptions
-        from toolkit.deploy.api import decode_options
         from toolkit.deploy.translate import AtomicOutput, open_model, read_lines, read_references, score_file, translate_lines
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
@@ -73,8 +73,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         output_path = None
     if text and input_path:
         raise UsageError("give sentences as arguments or with -i FILE, not both")
-    if n_best > beam:
-        raise UsageError(f"--n-best must be between 1 and --beam (got beam {beam}, n-best {n_best})")  # before the model loads
+    # Every decoding option checked before the model loads (--n-best above --beam fails in a second); built for the model below.
+    DecodeOptions.for_model(1, n_best=n_best, streams=streams, **decoding)
     if input_path and not input_path.is_file():
         what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
         raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
@@ -91,9 +91,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
         say(f"built the {t.variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s, kept for later starts "
             f"(`tk export {model_dir} {export_flag(t.variant)}` stores them)")
-    opts = decode_options(t.manifest, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len, batch_size=batch_size,
-                          max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard,
-                          streams=streams, provider=t.provider)
+    opts = DecodeOptions.for_model(t.manifest.max_len, t.provider, n_best=n_best, streams=streams, **decoding)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
     total = None
     if text:

@@ -35,8 +35,8 @@ from toolkit.core.variants import NAMES
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.option("--progress-seconds", type=FiniteFloat(0.1, 3600.0), default=10.0, show_default=True,
               help="Longest wait between two progress lines while shards run.")
-def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, shard_lines, column, provider, variant, batch_size,
-                     max_tokens, beam, alpha, max_len, max_len_a, max_len_b, loop_guard, keep, split, raw, strict, quiet, progress_seconds):
+def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, shard_lines, column, provider, variant, decoding,
+                     keep, split, raw, strict, quiet, progress_seconds):
     """Translate a corpus on Ray Data: shards, one ordered output file, resumable.
 
     INPUTS are text files (one sentence per line), directories or globs of them, or Parquet files
@@ -51,25 +51,25 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     except ImportError as e:
         raise UsageError(f"tk translate-corpus needs {e.name}; install the ray extra: pip install -e '.[ray]'") from None
     from toolkit.core import manifest as manifest_mod
-    from toolkit.core.batching import default_batch_size
+    from toolkit.core.decode_options import DecodeOptions
     from toolkit.corpus.run import CorpusJob
     from toolkit.corpus.run import translate_corpus as run
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
     m = manifest_mod.load(model_dir)
     m.translation_tokenizer()
-    decode = {"beam": beam, "alpha": alpha, "n_best": 1, "max_len": min(max_len or m.max_len, m.max_len),
-              "batch_size": default_batch_size(beam, provider) if batch_size is None else batch_size,
-              "max_tokens": max_tokens, "max_src_len": m.max_len, "max_len_a": max_len_a, "max_len_b": max_len_b,
-              "loop_guard": loop_guard}
+    # One stream per actor: the actors are the parallelism, each on its node's share of the cores.
+    decode = DecodeOptions.for_model(m.max_len, provider, streams=1, **decoding)
     text = {"keep": tuple(keep), "split": split, "enabled": not raw}
     # What changes a translation: a rerun into the same OUTPUT_DIR must agree on all of it.
+    import dataclasses
     import hashlib
     import json
 
     model_sha256 = hashlib.sha256(json.dumps(m.files(), sort_keys=True).encode()).hexdigest()  # every file's digest
     settings = {"model": str(Path(model_dir).resolve()), "model_files_sha256": model_sha256, "variant": variant,
-                **{k: v for k, v in decode.items()}, "keep": list(keep), "split": split, "raw": raw, "strict": strict}
+                **{k: v for k, v in dataclasses.asdict(decode).items() if k != "streams"}, "keep": list(keep), "split": split, "raw": raw,
+                "strict": strict}
     job = CorpusJob(str(model_dir), list(inputs), output_dir, settings, decode, text, strict, provider, variant, workers, threads,
                     shard_lines, column, address, progress_seconds)
     result = run(job, say)
