@@ -239,7 +239,12 @@ def test_input_lines_counts_like_tk_translate(data, lines):
 # Text built from what spans and capitals are made of: the fast paths of text preparation must never differ
 # from the full rules they skip.
 _PIECES = st.sampled_from(["Where", "is", "THE", "Station", "tom", "3", "3.14", "555 0199", "a@b.org", "www.x.org",
-                           "https://x.org/a", "⦅1⦆", "ⓐ", "Ǆemal", "é", "?", ".", "!", "'", "-", "x"])
+                           "https://x.org/a", "⦅1⦆", "ⓐ", "Ǆemal", "ǅemal", "é", "?", ".", "!", "'", "-", "x", "東京", "مرحبا", "ĸ"])
+
+
+def _cased(c: str) -> bool:
+    """A letter with case: upper, lower or title (letters of caseless scripts have none)."""
+    return c.isalpha() and (c.isupper() or c.islower() or c.lower() != c.upper())
 
 
 @examples(400)
@@ -249,8 +254,9 @@ def test_text_preparation_shortcuts_agree_with_the_full_rules(text):
 
     # A user term that never occurs turns off find_spans' shortcut; the title-case rule written out in full.
     assert placeholders.find_spans(text) == placeholders.find_spans(text, keep=("\x00",))
-    words = [w for w in text.split() if any(c.isalpha() for c in w)]
-    full = len(words) >= 3 and all(next(c for c in w if c.isalpha()).isupper() for w in words) and not textprep.is_all_caps(text)
+    firsts = [next(c for c in w if _cased(c)) for w in text.split() if any(_cased(c) for c in w)]
+    full = len(firsts) >= 3 and all(c.isupper() for c in firsts) and not textprep.is_all_caps(text)
     assert textprep.is_title_case(text) == full
-    letters = [c for c in text if c.isalpha()]
-    assert textprep.is_all_caps(text) == (len(letters) >= 3 and not any(c.islower() for c in letters))
+    # ALL CAPS: three capitals or more, and every cased letter a capital; caseless letters never count.
+    cased = [c for c in text if _cased(c)]
+    assert textprep.is_all_caps(text) == (sum(c.isupper() for c in cased) >= 3 and all(c.isupper() for c in cased))

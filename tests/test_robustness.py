@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -62,10 +64,58 @@ def test_keep_terms_come_out_verbatim_from_the_command_line(cli):
     assert "Grünwald ☃Ωmega" in result.output
 
 
+def digits(text: str) -> Counter:
+    return Counter(re.findall(r"\d+", text))
+
+
+# Lines an attacker found losing or doubling numbers: every number must come back exactly once, whatever the words.
+ATTACKER_LINES = ["Call 555 0199, 555 0200, 555 0201.", "The codes are 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 12.", "123", "1 2 3",
+                  "Room 12 is on floor 3 and room 40 on floor 5.", "I have 2 cats, 3 dogs, 4 birds, 5 fish and 6 cows.",
+                  "CALL 555 0199 OR 555 0200 AT 7:30, 8:30 OR 9:30.", "He was born in 1990 and died in 2020."]
+
+
+def test_every_number_of_a_line_comes_back_exactly_once_from_the_command_line(cli):
+    result = cli("translate", "-q", *ATTACKER_LINES)
+    assert result.exit_code == 0, result.output
+    outs = result.stdout.splitlines()
+    assert len(outs) == len(ATTACKER_LINES)
+    for line, out in zip(ATTACKER_LINES, outs):
+        assert digits(out) == digits(line), (line, out)
+    assert all(outs[0].count(n) == 1 for n in ["555 0199", "555 0200", "555 0201"]) and outs[2].count("123") == 1
+
+
+def test_a_url_comes_back_once(cli):
+    result = cli("translate", "-q", "https://tatoeba.org", "Visit https://tatoeba.org/fr or www.example.com for more.")
+    assert result.exit_code == 0, result.output
+    lone, both = result.stdout.splitlines()
+    assert lone.count("https://tatoeba.org") == 1
+    assert both.count("https://tatoeba.org/fr") == 1 and both.count("www.example.com") == 1
+
+
+def test_twenty_keep_terms_and_a_term_with_a_double_space_all_come_back(cli):
+    terms = [f"Term{c}X" for c in "ABCDEFGHIJKLMNOPQRST"]
+    result = cli("translate", "-q", *[a for t in terms for a in ("--keep", t)], "--keep", "Grünwald  GmbH",
+                 "I met " + " and ".join(terms) + ".", "I work for Grünwald GmbH.")
+    assert result.exit_code == 0, result.output
+    met, work = result.stdout.splitlines()
+    assert [t for t in terms if met.count(t) != 1] == []
+    assert work.count("Grünwald GmbH") == 1
+
+
+def test_format_characters_and_caseless_scripts_from_the_command_line(cli):
+    marked = cli("translate", "-q", "\u200eHello.", "Hel\u00adlo\u200b.", "\ufeffHello.\u2069")
+    plain = cli("translate", "-q", "Hello.")
+    assert marked.exit_code == 0 and marked.stdout.splitlines() == plain.stdout.splitlines() * 3  # the model sees the same line
+    lines = ["مرحبا بكم في المدينة", "שלום עולם ומלואו", "你好世界"]
+    handled, raw = cli("translate", "-q", *lines), cli("translate", "-q", "--raw", *lines)
+    assert handled.exit_code == 0 and handled.stdout == raw.stdout  # not shouted: nothing is uppercased
+
+
 # ---- input handling -----------------------------------------------------------------------
 
 def test_clean_normalises_and_drops_bom_and_controls():
     assert textprep.clean("\ufeffGo.") == "Go."
+    assert textprep.clean("\u200eGo\u00ad\u200b.\u202c") == "Go."  # format characters (Cf) are invisible: removed
     assert textprep.clean("Cafe\u0301 ") == "Café"  # decomposed é composed (NFC)
     assert textprep.clean("\x00\x00") == ""
     assert textprep.prepare("\x00 \x00") == []

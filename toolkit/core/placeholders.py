@@ -6,14 +6,25 @@ trained on pairs where the same substitution was made on both sides), and the
 original text is put back. OpenNMT calls these ｟placeholders｠; the brackets here
 are the NFKC forms of the same characters, so tokenizer normalisation leaves them alone.
 Torch-free: used by training (to make the pairs) and by every deploy path.
+
+The deploy path guarantees (`restore`): every span of a model input is put back exactly once,
+whatever the model did with its symbol (dropped, repeated, invented, broken); what it had to
+repair is reported, so the caller can warn.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import unicodedata
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-MAX_PLACEHOLDERS = 10
+MAX_PLACEHOLDERS = 10  # symbols the tokenizer holds as pieces
+# The most one model input is given. The shipped model copies ⦅0⦆ and ⦅1⦆, but given a third it writes
+# ⦅1⦆ again or nothing ("Room ⦅0⦆ is on floor ⦅1⦆ and room ⦅2⦆ on floor ⦅3⦆." -> "... du ⦅1⦆ au étage"):
+# its pairs seldom hold more than two numbers.
+PER_INPUT = 2
 SYMBOLS = [f"⦅{i}⦆" for i in range(MAX_PLACEHOLDERS)]
 SYMBOL_RE = re.compile(r"⦅(\d+)⦆")
 
@@ -26,45 +37,148 @@ _NUMBER = r"(?<![\w⦅])\+?\d+(?:[.,:/-]\d+)*(?: \d{3,}(?:[.,:/-]\d+)*)*(?![\w�
 _LITERAL = r"⦅\d+⦆"  # a placeholder typed by the user is itself kept verbatim
 SPAN_RE = re.compile(f"{_URL}|{_EMAIL}|{_LITERAL}|{_NUMBER}")
 
+# Unicode format characters (category Cf: bidirectional marks, soft hyphen, zero-width space and joiners,
+# byte-order mark, ...), as of Unicode 15.1; a test checks the running Python's table against it.
+FORMAT_RE = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+                       "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+                       "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]")
 
 # Every span the patterns find holds one of these; most sentences hold none, and one search rules them out.
 _MAY_SPAN = re.compile(r"[\d@⦅]|www\.|https?://")
+# What may stand between spans that are kept as one ("555 0199, 555 0200", "1 2 3", "7:30 - 8:30"): nothing to translate.
+_RUN_GAP = re.compile(r"[\s,;/&\-–—]*")
 
 
-def find_spans(text: str, keep: Iterable[str] = ()) -> list[tuple[int, int]]:
-    """(start, end) of every protected span, left to right, non-overlapping; user terms first."""
+@functools.lru_cache(maxsize=64)
+def term_patterns(keep: tuple[str, ...]) -> tuple[re.Pattern, ...]:
+    """User terms as patterns, longest first: NFC, any run of whitespace where the term has one
+    ("Grünwald  GmbH" matches "Grünwald GmbH" and the other way round), and also without the
+    term's format characters, so a term typed with a bidirectional mark still matches text without it."""
+    forms: set[str] = set()
+    for term in keep:
+        words = unicodedata.normalize("NFC", term).split()
+        forms.add(" ".join(words))
+        forms.add(" ".join(FORMAT_RE.sub("", " ".join(words)).split()))
+    return tuple(re.compile(r"\s+".join(map(re.escape, form.split(" "))))
+                 for form in sorted(forms - {""}, key=lambda f: (-len(f), f)))
+
+
+def all_spans(text: str, keep: Iterable[str] = ()) -> list[tuple[int, int]]:
+    """(start, end) of every protected span, left to right, non-overlapping; user terms first, longest first."""
+    keep = tuple(keep)
     if not keep and not _MAY_SPAN.search(text):
         return []
     taken: list[tuple[int, int]] = []
-    for term in sorted({t for t in keep if t}, key=len, reverse=True):
-        for m in re.finditer(re.escape(term), text):
+    for pattern in term_patterns(keep) if keep else ():
+        for m in pattern.finditer(text):
             if not any(s < m.end() and m.start() < e for s, e in taken):
                 taken.append((m.start(), m.end()))
     for m in SPAN_RE.finditer(text):
         if not any(s < m.end() and m.start() < e for s, e in taken):
             taken.append((m.start(), m.end()))
-    return sorted(taken)[:MAX_PLACEHOLDERS]
+    return sorted(taken)
+
+
+def find_spans(text: str, keep: Iterable[str] = ()) -> list[tuple[int, int]]:
+    """The first MAX_PLACEHOLDERS of all_spans: what training substitutes (one symbol each, at most ten)."""
+    return all_spans(text, keep)[:MAX_PLACEHOLDERS]
+
+
+def merge_runs(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans with only separators between them ("555 0199, 555 0200, 555 0201") become one: a list of
+    numbers is one symbol for the model to copy, not one each (see PER_INPUT)."""
+    out: list[tuple[int, int]] = []
+    for start, end in spans:
+        if out and _RUN_GAP.fullmatch(text, out[-1][1], start):
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
 
 
 def protect(text: str, keep: Iterable[str] = ()) -> tuple[str, list[str]]:
-    """Text with each span replaced by its placeholder symbol, and the spans in symbol order."""
-    spans = find_spans(text, keep)
+    """Text with each span replaced by its placeholder symbol, and the spans in symbol order (training's form)."""
+    return _replace(text, find_spans(text, keep))
+
+
+def protect_line(text: str, keep: Iterable[str] = ()) -> tuple[str, list[str]]:
+    """The deploy form of protect: every span, runs merged, numbered ⦅0⦆, ⦅1⦆, ... however many there are
+    (textprep renumbers each model input from ⦅0⦆ and gives none more than PER_INPUT)."""
+    spans = all_spans(text, keep)
+    return _replace(text, merge_runs(text, spans) if len(spans) > 1 else spans)
+
+
+def _replace(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str]]:
     out, last, kept = [], 0, []
     for i, (start, end) in enumerate(spans):
-        out += [text[last:start], SYMBOLS[i]]
+        out += [text[last:start], f"⦅{i}⦆"]
         kept.append(text[start:end])
         last = end
     out.append(text[last:])
     return "".join(out), kept
 
 
-def restore(text: str, spans: list[str]) -> str:
-    """Placeholder symbols back to their spans; a symbol with no span (the model invented it) is dropped."""
-    if not spans and "⦅" not in text:
+@dataclass(frozen=True)
+class Repair:
+    """One thing restore put right: kind is "dropped" (the model left a span's symbol out: the span is put
+    where the model wrote a repeated or invented symbol, else at the end of the sentence), "repeated"
+    (a copy removed), "invented" (a symbol the input did not have, removed) or "broken" (part of a symbol, removed)."""
+
+    kind: str
+    span: str  # the span concerned ("" for an invented or broken symbol)
+    where: str = ""  # for "dropped": "end" or "where it wrote a wrong symbol"
+
+    def __str__(self) -> str:
+        shown = self.span if len(self.span) <= 40 else self.span[:37] + "..."
+        if self.kind == "dropped":
+            return f"{shown!r} left out by the model, put back {'at the end of its sentence' if self.where == 'end' else self.where}"
+        if self.kind == "repeated":
+            return f"{shown!r} repeated by the model, kept once"
+        return f"a {'placeholder the input did not have' if self.kind == 'invented' else 'broken placeholder'} removed"
+
+
+_FRAGMENT = re.compile(r"⦅\d*|\d*⦆")
+# Where a left-out span goes: before the sentence's closing punctuation.
+_TAIL = re.compile(r"[\s.!?…:;»\"')\]]*$")
+
+
+def restore(text: str, spans: list[str], report: list[Repair] | None = None) -> str:
+    """Placeholder symbols back to their spans, each span exactly once: a repeated symbol's copies are removed,
+    an invented or broken one is removed, and a span whose symbol is missing takes the place of a removed
+    copy or invented symbol (in order), or else goes at the end of the sentence, before its closing
+    punctuation. What was repaired is appended to `report`."""
+    if not spans and "⦅" not in text and "⦆" not in text:
         return text
+    report = [] if report is None else report
+    parts = SYMBOL_RE.split(text)  # words, symbol index, words, ..., words
+    words = [_drop_fragments(w, report) for w in parts[0::2]]
+    given: list[int | None] = []  # per symbol the model wrote: the span it stands for, None for a wrong one
+    wrong: list[tuple[int, int]] = []
+    for k, i in enumerate(map(int, parts[1::2])):
+        fresh = i < len(spans) and i not in given
+        given.append(i if fresh else None)
+        if not fresh:
+            wrong.append((k, i))
+    missing = [i for i in range(len(spans)) if i not in given]
+    for k, i in wrong:
+        if missing:  # most likely the left-out one, written with a wrong number ("⦅0⦆ ⦅1⦆ ⦅1⦆" for three spans)
+            given[k] = missing.pop(0)
+            report.append(Repair("dropped", spans[given[k]], "where it wrote a wrong symbol"))
+        else:
+            report.append(Repair("repeated", spans[i]) if i < len(spans) else Repair("invented", ""))
+    if missing:
+        # Into the model's words after the last symbol, never into a span: a span may end in punctuation too.
+        report.extend(Repair("dropped", spans[i], "end") for i in missing)
+        tail = _TAIL.search(words[-1]).start()
+        words[-1] = f"{words[-1][:tail]} {' '.join(spans[i] for i in missing)}{words[-1][tail:]}"
+    out = [words[0]]
+    for i, w in zip(given, words[1:]):
+        out += [spans[i] if i is not None else "", w]
+    return " ".join("".join(out).split())
 
-    def put(m: re.Match) -> str:
-        i = int(m.group(1))
-        return spans[i] if i < len(spans) else ""
 
-    return " ".join(SYMBOL_RE.sub(put, text).split())
+def _drop_fragments(words: str, report: list[Repair]) -> str:
+    if "⦅" not in words and "⦆" not in words:
+        return words
+    report.extend(Repair("broken", "") for _ in _FRAGMENT.findall(words))
+    return _FRAGMENT.sub(" ", words)

@@ -1,12 +1,15 @@
 """From a line as a person typed it to the sentences the model translates, and back.
 
-One line -> Unicode NFC, no byte-order mark or control characters -> sentences
+One line -> Unicode NFC, no control or format characters (bidirectional marks, soft hyphens,
+zero-width spaces, byte-order marks: Unicode category Cf) -> sentences
 (sentencex, Wikimedia's rule-based segmenter: a line of three sentences is three
 short translations, each of the kind the model was trained on) -> per sentence,
 ALL CAPS and Title Case folded to lowercase (the model was trained on lowercase text, not on
 capitals)
-and protected spans replaced by placeholder symbols. After decoding, each sentence
-gets its spans back and its capitals, and the sentences are joined on one line.
+and protected spans replaced by placeholder symbols, at most placeholders.PER_INPUT per model
+input (a sentence with more is translated in pieces). After decoding, each sentence gets its
+spans back (each exactly once: placeholders.restore) and its capitals, and the sentences are
+joined on one line.
 Torch-free.
 """
 
@@ -20,7 +23,14 @@ from dataclasses import dataclass, field
 from toolkit.core import placeholders
 
 # C0/C1 controls other than tab (NUL-only lines would otherwise be "translated" into invented text).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b\ufeff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+# Either, as one class: one search rules both out of a line that is not ASCII (the format characters' class,
+# with code points above U+FFFF, makes a search 3x slower than the controls' own: ASCII lines skip it).
+_ODD = re.compile(f"[{_CONTROL.pattern[1:-1]}{placeholders.FORMAT_RE.pattern[1:-1]}]")
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# Where a sentence with too many spans is cut (see _pieces): after a clause's punctuation, else before a conjunction.
+_CLAUSE_END = re.compile(r".*[,;:]", re.S)
+_CONJUNCTION = re.compile(r"\s(?:and|or|but|nor|then|plus|while|whereas)\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -41,26 +51,60 @@ class Segment:
     case: str = ""  # "upper" or "title" when the sentence was folded to lowercase for the model
 
 
-def clean(line: str) -> str:
-    """NFC, byte-order marks and control characters removed, runs of whitespace collapsed."""
-    return " ".join(_CONTROL.sub(" ", unicodedata.normalize("NFC", line)).split())
+def clean(line: str, keep: tuple[str, ...] = ()) -> str:
+    """NFC, control characters and format characters removed, runs of whitespace collapsed. Format
+    characters are invisible and the model never saw them (a bidirectional mark turns "Hello." into
+    nonsense); a `keep` term that holds some keeps them: user terms come out verbatim."""
+    text = unicodedata.normalize("NFC", line)
+    if (_ASCII_CONTROL if text.isascii() else _ODD).search(text):
+        text = _CONTROL.sub(" ", text)
+        if placeholders.FORMAT_RE.search(text):
+            text = unicodedata.normalize("NFC", _strip_format(text, keep))
+    return " ".join(text.split())
+
+
+def _strip_format(text: str, keep: tuple[str, ...]) -> str:
+    """Format characters removed, except inside occurrences of the user's terms."""
+    kept = [(m.start(), m.end()) for p in placeholders.term_patterns(keep) for m in p.finditer(text)] if keep else []
+    if not kept:
+        return placeholders.FORMAT_RE.sub("", text)
+    out, last = [], 0
+    for start, end in sorted(kept):
+        if start >= last:
+            out += [placeholders.FORMAT_RE.sub("", text[last:start]), text[start:end]]
+            last = end
+    out.append(placeholders.FORMAT_RE.sub("", text[last:]))
+    return "".join(out)
 
 
 def is_all_caps(text: str) -> bool:
-    """At least three letters and no lowercase one: shouted text, not an acronym in a sentence."""
+    """At least three uppercase letters and no other cased letter: shouted text, not an acronym in a
+    sentence. Letters of caseless scripts (Arabic, Hebrew, Chinese, ...) are neither: a line of them is not shouted."""
     if any(c.islower() and c.isalpha() for c in text):  # most sentences: stops at their second letter
         return False
-    return sum(c.isalpha() for c in text) >= 3
+    upper = 0
+    for c in text:
+        if c.isupper():
+            upper += c.isalpha()
+        elif c.isalpha() and _cased(c):  # a titlecase letter (ǅ): not all capitals
+            return False
+    return upper >= 3
+
+
+def _cased(c: str) -> bool:
+    return c.isupper() or c.islower() or c.lower() != c.upper()
 
 
 def is_title_case(text: str) -> bool:
     """Three or more words, every one capitalised ("Where Is The Station?"): the model saw few
-    such lines, but translates their lowercase form as well as the original."""
+    such lines, but translates their lowercase form as well as the original. Words without a
+    cased letter (numbers, caseless scripts) neither count nor break it."""
     split = text.split()
     if len(split) < 3 or any(w[0].islower() and w[0].isalpha() for w in split):  # most sentences: a word starts in lowercase
         return False
-    words = [w for w in split if any(c.isalpha() for c in w)]
-    return len(words) >= 3 and all(next(c for c in w if c.isalpha()).isupper() for w in words) and not is_all_caps(text)
+    firsts = [next((c for c in w if c.isalpha() and _cased(c)), "") for w in split]
+    firsts = [c for c in firsts if c]
+    return len(firsts) >= 3 and all(c.isupper() for c in firsts) and not is_all_caps(text)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -70,24 +114,62 @@ def split_sentences(text: str) -> list[str]:
 
 
 def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bool = True) -> list[Segment]:
-    """The sentences of one input line, ready for the model; [] for an empty line."""
-    text = clean(line)
+    """The model inputs of one input line, in order ([] for an empty line): one per sentence, or several
+    for a sentence with more than placeholders.PER_INPUT spans."""
+    keep = tuple(keep)
+    text = clean(line, keep)
     if not text:
         return []
     if not enabled:
         return [Segment(line)]
     # Spans are protected before splitting: a period inside an address is no sentence end.
-    protected, spans = placeholders.protect(text, keep)
+    protected, spans = placeholders.protect_line(text, keep)
     out = []
     for sentence in split_sentences(protected) if split else [protected]:
-        sentence, local = _renumber(sentence, spans)
         case = "upper" if is_all_caps(sentence) else "title" if is_title_case(sentence) else ""
-        out.append(Segment(sentence.lower() if case else sentence, local, case))
+        for k, piece in enumerate(_pieces(sentence) if "⦅" in sentence else [sentence]):
+            piece, local = _renumber(piece, spans)
+            # A later piece is mid-sentence: it keeps capitals, but gets no capital first letter.
+            out.append(Segment(piece.lower() if case else piece, local, case if k == 0 or case == "upper" else ""))
     return out
 
 
+def _pieces(sentence: str) -> list[str]:
+    """The sentence cut so that no piece holds more than PER_INPUT placeholders, each cut in the words
+    between two of them: after a comma, semicolon or colon there, else before a conjunction, else at
+    the first space. Pieces translate less well than whole sentences, but the model copies no more
+    than PER_INPUT symbols (placeholders.PER_INPUT), and a span it does not copy is only put back at the end."""
+    symbols = list(placeholders.SYMBOL_RE.finditer(sentence))
+    cap = placeholders.PER_INPUT
+    out, start, held = [], 0, 0
+    for prev, nxt in zip(symbols, symbols[1:]):
+        held += 1
+        if held < cap:
+            continue
+        gap = sentence[prev.end():nxt.start()]
+        cut = _cut(gap)
+        if cut is None:  # nothing between them to cut at: the piece holds one more
+            continue
+        out.append(sentence[start:prev.end() + cut].strip())
+        start, held = prev.end() + cut, 0
+    out.append(sentence[start:].strip())
+    return [p for p in out if p]
+
+
+def _cut(gap: str) -> int | None:
+    """Where in the text between two placeholders a piece ends (see _pieces); None where it has no space."""
+    clause = _CLAUSE_END.match(gap)
+    if clause:
+        return clause.end()
+    conjunction = _CONJUNCTION.search(gap)
+    if conjunction:
+        return conjunction.start()
+    space = re.search(r"\s", gap)
+    return space.start() if space else None
+
+
 def _renumber(sentence: str, spans: list[str]) -> tuple[str, list[str]]:
-    """Each sentence numbers its placeholders from 0, as in training; returns its own spans."""
+    """Each model input numbers its placeholders from 0, as in training; returns its own spans."""
     local: list[str] = []
 
     def put(m) -> str:
@@ -97,13 +179,14 @@ def _renumber(sentence: str, spans: list[str]) -> tuple[str, list[str]]:
     return placeholders.SYMBOL_RE.sub(put, sentence), local
 
 
-def finish(segment: Segment, translation: str) -> str:
-    """A sentence's translation with its spans restored (verbatim, after any case change)."""
+def finish(segment: Segment, translation: str, report: list[placeholders.Repair] | None = None) -> str:
+    """A model input's translation with its spans restored (verbatim, after any case change), each exactly
+    once whatever the model did with their symbols; what had to be repaired is appended to `report`."""
     if segment.case == "upper":
         translation = translation.upper()
     elif segment.case == "title":
         translation = translation[:1].upper() + translation[1:]
-    return placeholders.restore(translation, segment.spans)
+    return placeholders.restore(translation, segment.spans, report)
 
 
 def join(sentences: list[str]) -> str:

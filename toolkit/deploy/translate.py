@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from toolkit.core import manifest as manifest_mod
-from toolkit.core import textprep
+from toolkit.core import placeholders, textprep
 from toolkit.core.batching import DecodeOptions, decode_ids, default_request_threads, default_threads, fitting_streams
 from toolkit.core.errors import DataError, UsageError
 from toolkit.core.textprep import TextOptions
@@ -103,6 +103,7 @@ class Stats:
     target_tokens: int = 0
     truncated: list[int] = field(default_factory=list)  # line numbers whose input was cut to the model's maximum
     guarded: list[int] = field(default_factory=list)  # line numbers whose output a length or loop guard ended
+    repaired: list[int] = field(default_factory=list)  # line numbers whose protected spans the model did not copy exactly once
     seconds: float = 0.0
 
 
@@ -142,7 +143,8 @@ class Translation:
 def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, backend: object | None = None,
                     warn: Callable[[str], None] = lambda s: None, strict: bool = False,
                     first_lineno: int = 1, truncated: list[int] | None = None,
-                    text: TextOptions = TextOptions(), guarded: list[int] | None = None) -> list[list[Translation]]:
+                    text: TextOptions = TextOptions(), guarded: list[int] | None = None,
+                    repaired: list[int] | None = None) -> list[list[Translation]]:
     """The n-best translations of each text, in input order: the one entry point from text to text
     that `tk translate`, `tk evaluate`, the server and corpus translation share.
 
@@ -150,7 +152,10 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     are decoded in one length-sorted batch, and each line's sentences are joined back. A sentence
     longer than the model's maximum is truncated with a warning naming its line (its number is
     appended to `truncated`), or refused with strict. A best translation that a length or loop guard
-    ended is warned about the same way (its line number appended to `guarded`).
+    ended is warned about the same way (its line number appended to `guarded`), and so is a best
+    translation whose protected spans (numbers, URLs, e-mail addresses, kept terms) the model did not
+    copy exactly once: each is put back exactly once all the same (placeholders.restore), and the line
+    number is appended to `repaired`.
     """
     backend = backend or t.backend()
     limit = t.manifest.max_len
@@ -184,7 +189,22 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
                 guarded.append(lineno)
         per_line[i].append((seg, [Translation(out, h.normalized(opts.alpha), len(h.tokens), source_tokens, int(bool(seq)), h.stopped)
                                   for h, out in zip(nbest, decoded)]))
-    return [_join_line(parts, opts.n_best) for parts in per_line]
+    out = []
+    for i, parts in enumerate(per_line):
+        report: list[placeholders.Repair] = []
+        out.append(_join_line(parts, opts.n_best, report))
+        if report:
+            lineno = first_lineno + i
+            warn(f"warning: line {lineno}: {repair_note(report)}")
+            if repaired is not None and lineno not in repaired:
+                repaired.append(lineno)
+    return out
+
+
+def repair_note(report: list[placeholders.Repair]) -> str:
+    """What restoring a line's protected spans had to put right, in one line."""
+    shown = "; ".join(map(str, report[:3])) + (f"; {len(report) - 3} more" if len(report) > 3 else "")
+    return f"the model did not copy every protected span (number, URL, e-mail, --keep term) exactly once: {shown}"
 
 
 def guard_note(h, source_tokens: int, opts: DecodeOptions) -> str:
@@ -201,15 +221,16 @@ def guard_note(h, source_tokens: int, opts: DecodeOptions) -> str:
     return f"the length limit ended its translation at {limit} tokens; it may be cut short: raise --max-len up to the model's maximum"
 
 
-def _join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int) -> list[Translation]:
+def _join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int,
+               report: list[placeholders.Repair] | None = None) -> list[Translation]:
     """A line's n-best: the k-th entry joins each sentence's k-th best (its last, if it has fewer);
-    its score is the mean of theirs."""
+    its score is the mean of theirs. What restoring the best one's spans repaired goes to `report`."""
     if not parts:
         return [Translation("", 0.0, 0, 0)]
     out = []
     for k in range(max(1, min(n_best, max(len(h) for _, h in parts)))):
         picks = [(seg, hyps[min(k, len(hyps) - 1)]) for seg, hyps in parts]
-        out.append(Translation(textprep.join([textprep.finish(seg, h.text) for seg, h in picks]),
+        out.append(Translation(textprep.join([textprep.finish(seg, h.text, report if k == 0 else None) for seg, h in picks]),
                                sum(h.score for _, h in picks) / len(picks), sum(h.tokens for _, h in picks),
                                sum(h.source_tokens for _, h in picks), sum(h.sentences for _, h in picks),
                                next((h.stopped for _, h in picks if h.stopped), "")))
@@ -227,7 +248,8 @@ def translate_lines(t: TranslationModel, lines: Iterable[tuple[int, str]], write
     backend = t.backend()
     for chunk in chunks(lines, chunk_lines):
         texts = [text for _, text in chunk]
-        results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated, text, stats.guarded)
+        results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated, text, stats.guarded,
+                                  stats.repaired)
         for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
                 for h in nbest:

@@ -148,7 +148,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     say(f"{plural(stats.lines, 'line')}, {plural(stats.sentences, 'sentence')} in {stats.seconds:.2f}s: {rate:,.1f} sentences/s, "
         f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.where}"
         + (f"; {plural(len(stats.truncated), 'line')} truncated" if stats.truncated else "")
-        + (f"; {plural(len(stats.guarded), 'line')} ended by a guard" if stats.guarded else ""))
+        + (f"; {plural(len(stats.guarded), 'line')} ended by a guard" if stats.guarded else "")
+        + (f"; {plural(len(stats.repaired), 'line')} with protected spans put back by the fallback" if stats.repaired else ""))
     if reference:
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
 
