@@ -182,7 +182,7 @@ def replaceable(out: Path, force: bool) -> None:
 def is_model_directory(path: Path) -> bool:
     try:
         data = json.loads((path / manifest.NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply to parse
         return False
     return isinstance(data, dict) and data.get("format") == manifest.FORMAT
 
@@ -250,6 +250,11 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
     This is how a fresh clone gets the int8 graphs of a shipped model. The manifest
     is rewritten only after every new file is complete; on failure they are removed.
     """
+    with manifest.locked(directory):
+        return _add_variants(directory, opts, echo)
+
+
+def _add_variants(directory: Path, opts: ExportOptions, echo) -> Path:
     m = manifest.load(directory)
     m.check_files()
     wanted = wanted_variants(opts)

@@ -88,6 +88,11 @@ def describe(plan: dict[str, list[str]], table: list) -> str:
 def add(directory: Path, bleu_within: float, force: bool = False, command: str = "", echo: Callable[[str], None] = print) -> Path:
     """Stores the guarded int8 variant in an exported directory (as `tk export DIR --quantize int8` stores the
     plain one); the manifest is rewritten only once the graphs are complete, and they are removed on failure."""
+    with manifest.locked(directory):
+        return _add(directory, bleu_within, force, command, echo)
+
+
+def _add(directory: Path, bleu_within: float, force: bool, command: str, echo: Callable[[str], None]) -> Path:
     from toolkit.core.errors import UsageError
 
     m = manifest.load(directory)

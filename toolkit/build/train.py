@@ -7,9 +7,7 @@ import math
 import os
 import platform
 import random
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -179,10 +177,6 @@ def train_kernel_regression(opts: TrainOptions, entry: registry.ModelEntry, echo
     return metrics
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def lr_at(step: int, peak: float, warmup: int) -> float:
     """Linear warm-up, then inverse square-root decay (the paper's schedule, scaled to a peak)."""
     step = max(step, 1)
@@ -338,8 +332,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     elapsed0 = state["elapsed"]
     stopped_early = False
     bar = _progress_bar(epochs, len(data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed)), state)
-    # SIGTERM (a scheduler, `kill`, a background job whose SIGINT is ignored) stops like Ctrl-C: checkpoint first.
-    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    # SIGTERM (a scheduler, `kill`) stops like Ctrl-C (toolkit.cli.signals raises KeyboardInterrupt): checkpoint first.
     try:
         while state["epoch"] < epochs and not state.get("stopped_early"):
             model.train()
@@ -399,8 +392,6 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
         raise Interrupted(f"interrupted; checkpoint saved to {ckpt_path}; continue with --resume") from None
     finally:
         epochs_data.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     bar.close()
     final = _final_weights(opts.out, state, average_last, stopped_early or schedule.kind == "plateau")
     state["final_weights"] = final["how"]

@@ -4,12 +4,14 @@ what they share in options.py. Heavy imports (torch, onnxruntime) live inside th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import click
 
 from toolkit import __version__
+from toolkit.cli import signals
 from toolkit.cli.commands.attention import attention, plot
 from toolkit.cli.commands.bench import bench
 from toolkit.cli.commands.evaluate import evaluate
@@ -19,7 +21,7 @@ from toolkit.cli.commands.train import train
 from toolkit.cli.commands.translate import translate
 from toolkit.cli.commands.translate_corpus import translate_corpus
 from toolkit.cli.commands.verify import verify
-from toolkit.core.errors import ToolkitError, first_line
+from toolkit.core.errors import ToolkitError, describe_os_error, first_line
 
 
 class Group(click.Group):
@@ -30,8 +32,13 @@ class Group(click.Group):
     """
 
     def invoke(self, ctx):
+        if sys.stdout is None:  # started with stdout closed (`>&-`): whatever it printed would be lost
+            if sys.stderr is not None:
+                click.echo("error: standard output is closed; reopen it or write to a file (-o FILE where the command has it)", err=True)
+            sys.exit(2)
         try:
-            return super().invoke(ctx)
+            with signals.handled():
+                return super().invoke(ctx)
         except ToolkitError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
@@ -44,12 +51,22 @@ class Group(click.Group):
             sys.exit(e.exit_code)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:
+            # The reader went away (`| head -1`): it chose to stop reading, nothing is wrong to report.
+            # Python would complain again flushing stdout at exit, so stdout now points at /dev/null.
+            with contextlib.suppress(OSError, AttributeError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)  # 128 + SIGPIPE, as a shell reports a process ended by a closed pipe
         except OSError as e:
             if os.environ.get("TK_DEBUG"):
                 raise
-            where = f": {e.filename}" if e.filename else ""
-            click.echo(f"error: {e.strerror or e}{where}; free space or choose another path and retry", err=True)
+            click.echo(f"error: {describe_os_error(e)}", err=True)
             sys.exit(1)
+        except RecursionError:
+            if os.environ.get("TK_DEBUG"):
+                raise
+            click.echo("error: an input is nested too deeply to read (a corrupt or hostile file?); check the files you gave", err=True)
+            sys.exit(2)
         except Exception as e:
             if os.environ.get("TK_DEBUG"):
                 raise

@@ -36,3 +36,30 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     if not text:
         return type(e).__name__
     return text.splitlines()[0] if isinstance(e, ToolkitError) else text.splitlines()[0][:limit]
+
+
+# What to do about an OS error, by its errno: "free space" only when space is what ran out.
+_OS_FIXES = {
+    "ENOSPC": "the disk is full; free space or choose another path",
+    "EDQUOT": "the disk quota is used up; free space or choose another path",
+    "EACCES": "permission denied; check the permissions or choose another path",
+    "EPERM": "operation not permitted; check the permissions or choose another path",
+    "EROFS": "the file system is read-only; choose another path",
+    "ENAMETOOLONG": "the file name is too long; choose a shorter one",
+    "ENOENT": "no such file or directory; check the path",
+    "ENOTDIR": "a part of the path is not a directory; check the path",
+    "EISDIR": "it is a directory; give a file name",
+    "EEXIST": "it already exists; choose another path",
+    "EIO": "an input/output error on the device; check the disk",
+    "EMFILE": "too many open files; raise the limit (ulimit -n) and retry",
+    "EBADF": "the file descriptor is closed (an output redirected to a closed stream?); give a file with -o",
+}
+
+
+def describe_os_error(e: OSError) -> str:
+    """`PATH: what happened; what to do`, naming the real cause (errno), for one-line errors."""
+    import errno
+
+    name = errno.errorcode.get(e.errno or 0, "")
+    where = f"{e.filename}: " if e.filename else ""
+    return where + _OS_FIXES.get(name, f"{(e.strerror or str(e) or type(e).__name__).lower()}; check the path and retry")

@@ -10,8 +10,13 @@
 
 A cache entry that is missing, unreadable, or changed since it was written (its files' size, mtime,
 ctime or inode) is ignored and rebuilt, and one ONNX Runtime cannot load falls back to the model's
-own graph: at worst the cache makes a start slower, never an error. Its files are trusted as the
-user's own are (it lives in their home directory).
+own graph: at worst the cache makes a start slower, never an error. A cached graph is also checked
+against the CRC-32 of its content recorded when it was saved. The cache is used only while its
+directory is the user's own and no one else can write it (checked at each start, as ssh checks
+~/.ssh), and a file in it only while the same holds for the file: it is trusted as the user's own
+files are. Whoever can write it can also write the model directory, whose manifest states the
+digests that `tk translate` checks, so the cache gives no one a way in that they did not already have;
+`tk verify --expect-digest` is what proves weights against a digest kept elsewhere.
 `TK_CACHE_DIR` moves it (default `$XDG_CACHE_HOME/tk`, else `~/.cache/tk`); `TK_NO_CACHE=1` turns it off.
 Torch-free: the deploy path uses it.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -40,11 +46,43 @@ MAX_GRAPHS = 8  # optimised graphs kept (each is the graph plus its weights, pre
 SETTLE_S = 2.0
 
 
+_checked: dict[str, bool] = {}
+
+
 def directory() -> Path | None:
-    """The cache directory, or None when caching is turned off."""
+    """The cache directory, or None when caching is turned off or the directory is not safe to trust."""
     if os.environ.get("TK_NO_CACHE", "") not in ("", "0"):
         return None
-    return default_directory()
+    root = default_directory()
+    key = str(root)
+    if key not in _checked:
+        _checked[key] = _private(root)
+    return root if _checked[key] else None
+
+
+def _private(root: Path) -> bool:
+    """Made if missing (mode 0700); trusted only if it is the user's own and no one else can write it, as ssh
+    treats ~/.ssh: a cache that another user can write could swap the graphs every translation runs."""
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(root)
+    except OSError:
+        return False  # a read-only or missing home: starts are slower, nothing else changes
+    problem = _unsafe(st)
+    if problem:
+        print(f"warning: not using the cache directory {root}: it is {problem}; make it your own with mode 700 "
+              "(chmod 700), or set TK_CACHE_DIR to a directory that is", file=sys.stderr)
+        return False
+    return True
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    """Why a cache file or directory with this stat must not be trusted, or None."""
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return "owned by another user"
+    if st.st_mode & 0o022:
+        return "writable by other users"
+    return None
 
 
 def default_directory() -> Path:
@@ -60,12 +98,24 @@ def _stat_key(path: Path) -> list[int]:
 
 
 def _read_json(path: Path) -> dict:
-    """A cache file's JSON object; {} for a missing or corrupt one."""
+    """A cache file's JSON object; {} for a missing, corrupt or foreign one (not the user's own, or writable by others)."""
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            if _unsafe(os.fstat(f.fileno())):
+                return {}
+            data = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) and data.get("format") == FORMAT else {}
+
+
+def _own_stat_key(path: Path) -> list[int] | None:
+    """_stat_key of a cached file that is the user's own and not writable by others (else None: not trusted)."""
+    st = os.lstat(path)
+    if _unsafe(st) or not os.path.isfile(path) or os.path.islink(path):
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 def file_digests(paths: list[Path]) -> dict[Path, str]:
@@ -142,7 +192,11 @@ def cached_session(source: Path | Callable[[], Path | bytes], identity: str,
     entry = root / "graphs" / name
     recorded = _read_json(entry / ENTRY)
     try:
-        if recorded.get("key") == key and recorded.get("stat") == {n: _stat_key(entry / n) for n in (GRAPH, DATA)}:
+        # The graph itself (small: the structure, which decides what runs) is checked by content; the prepacked
+        # weights beside it (tens of MB, hashed at each start would cost what the cache saves) by stat. A CRC, not
+        # a sha256 (no OpenSSL at start-up): it catches an edit; the record itself is protected by the private directory.
+        if (recorded.get("key") == key and recorded.get("stat") == {n: _own_stat_key(entry / n) for n in (GRAPH, DATA)}
+                and recorded.get("graph_crc32") == zlib.crc32((entry / GRAPH).read_bytes())):
             return create_session(entry / GRAPH, "cpu", optimization="disabled", threads=threads)
     except Exception:
         pass  # unreadable or corrupt: rebuilt below from the source graph
@@ -182,7 +236,8 @@ def _save(source: Path | bytes, entry: Path, key: str, create_session: Callable[
                 os.fsync(f.fileno())
         origin = str(source) if isinstance(source, Path) else "built in memory"
         write_atomic(Path(tmp) / ENTRY, json.dumps({"format": FORMAT, "source": origin, "key": key,
-                                                    "stat": {n: _stat_key(Path(tmp) / n) for n in (GRAPH, DATA)}}).encode())
+                                                    "stat": {n: _own_stat_key(Path(tmp) / n) for n in (GRAPH, DATA)},
+                                                    "graph_crc32": zlib.crc32((Path(tmp) / GRAPH).read_bytes())}).encode())
         os.rename(tmp, entry)
         _prune(entry.parent)
         return session

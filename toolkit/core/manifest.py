@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
-from toolkit.core.atomic import write_atomic
+from toolkit.core.atomic import exclusive, write_atomic
+from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec
@@ -150,10 +153,15 @@ class Manifest:
 
     def save(self) -> None:
         """Atomically: a crash mid-write (or a full disk) leaves the previous manifest intact."""
-        problem = schema_problem(self.to_dict())
+        try:
+            data = self.to_dict()
+            text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+        except RecursionError:  # a section read from a manifest nested just short of the parser's limit
+            raise UsageError(f"{self.directory / NAME} is corrupt: a section nests too deeply to write; re-export the model directory") from None
+        problem = schema_problem(data)
         if problem:
             raise ValueError(f"refusing to write an invalid {self.directory / NAME}: {problem}")
-        write_atomic(self.directory / NAME, (json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        write_atomic(self.directory / NAME, text.encode("utf-8"))
 
     @property
     def max_len(self) -> int:
@@ -326,6 +334,8 @@ def load(directory: str | Path) -> Manifest:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not valid JSON ({e}); re-export the model directory") from None
+    except RecursionError:  # brackets nested thousands deep: the parser gives up, and no manifest nests like that
+        raise UsageError(f"{path} is corrupt: its JSON nests too deeply to read; re-export the model directory") from None
     except OSError as e:
         raise UsageError(f"cannot read {path} ({e.strerror}); re-export the model directory") from None
     if not isinstance(data, dict):
@@ -335,7 +345,7 @@ def load(directory: str | Path) -> Manifest:
     data = migrate(data, path)
     problem = schema_problem(data)
     if problem:
-        raise UsageError(f"{path} is not a valid tk manifest: {problem}; re-export the model directory")
+        raise UsageError(f"{path} is corrupt or not a tk manifest: {problem}; re-export the model directory")
     return Manifest.from_dict(directory, data)
 
 
@@ -401,9 +411,9 @@ def schema_problem(data: dict) -> str | None:
         return f"model '{data['model']}' is a {kind} model, but kind says '{data['kind']}'"
     if set(data["graphs"]) != GRAPHS[kind]:
         return f"a {kind} model has graphs {sorted(GRAPHS[kind])}, this one lists {sorted(data['graphs'])}"
-    max_len = data["config"].get("max_len", 64)
-    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
-        return f"config.max_len must be a positive integer, got {max_len!r}"
+    problem = _sizes_problem(data["config"], data["model"])
+    if problem:
+        return problem
     for name, g in data["graphs"].items():
         problem = _file_problem(g, f"graphs.{name}") or _spec_problem(g.get("spec"), f"graphs.{name}.spec")
         if not problem and "weights" in g:
@@ -411,9 +421,6 @@ def schema_problem(data: dict) -> str | None:
         if problem:
             return problem
     if cache is not None:
-        layers = data["config"].get("num_layers", 0)
-        if data["model"] == "transformer" and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
-            return f"config.num_layers must be a positive integer, got {layers!r}"
         got = set(data["graphs"]["decoder"]["spec"].get("updates", {}).values())
         if got != cache(data["config"]):
             return f"its graphs carry the cache {sorted(got)}, which is not a '{data['model']}' model's {sorted(cache(data['config']))}"
@@ -449,6 +456,50 @@ def schema_problem(data: dict) -> str | None:
     return None
 
 
+# The largest model tk builds, trains and loads: the bounds of every size a config states, checked before anything is
+# allocated: here in a manifest as it is read (a max_len of 100000 crashed translate), and by the registry in every
+# config it builds (`tk train --set`, a checkpoint's), so that whatever tk trains, its manifest accepts. Transformer-big
+# (d_model 1024, d_ff 4096, 16 heads, 6 layers: 209M parameters at a 32k vocabulary) fits; a Transformer at every
+# bound at once has 537M parameters, about 9 GB to train with Adam. Every integer field of a registered config is here
+# (a test checks).
+SIZES = {
+    "vocab_size": (5, 65536),  # 4 special tokens and at least one piece
+    "num_hiddens": (1, 1024),
+    "embed_size": (1, 1024),
+    "ffn_num_hiddens": (1, 4096),
+    "num_heads": (1, 64),
+    "num_layers": (1, 16),
+    "max_len": (2, 1024),  # BOS and one token at least
+    "query_size": (1, 1024),
+    "key_size": (1, 1024),
+    "value_size": (1, 1024),
+}
+
+
+def size_problem(key: str, value: object, name: str | None = None) -> str | None:
+    """What is wrong with size `key` of a config (named `name` in the message), or None: a whole number within SIZES."""
+    low, high = SIZES[key]
+    name = name or key
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"{name} must be a whole number from {low} to {high}, got {shown(value)}"
+    if value < low:
+        return f"{name} must be at least {low}, got {shown(value)}"
+    if value > high:
+        return f"{name} must be at most {high} (the largest tk builds), got {shown(value)}"
+    return None
+
+
+def _sizes_problem(config: dict, model: str) -> str | None:
+    if model == "transformer" and "num_layers" not in config:
+        return "config.num_layers is missing"  # its decoder cache is one entry per layer
+    for key in SIZES:
+        if key in config:
+            problem = size_problem(key, config[key], f"config.{key}")
+            if problem:
+                return problem
+    return None
+
+
 def _attention_problem(att, graphs: set[str]) -> str | None:
     """The optional declaration of the attention outputs (`tk attention`, verify's attention variant)."""
     if att is None:
@@ -466,11 +517,28 @@ def _attention_problem(att, graphs: set[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def locked(directory: str | Path) -> Iterator[None]:
+    """The model directory's write lock, for a command that writes graphs and then the manifest:
+    two such commands on one directory run one after the other, and the second sees the first's work."""
+    with exclusive(directory, f"{directory}"):
+        yield
+
+
+@contextlib.contextmanager
+def updating(directory: str | Path) -> Iterator[Manifest]:
+    """The manifest, read under the directory's lock and saved when the block ends without an exception,
+    so that two commands adding to it at once (a variant, a verify record, a metric) both keep what they added."""
+    with locked(directory):
+        m = load(directory)
+        yield m
+        m.save()
+
+
 def record_metric(directory: str | Path, name: str, variant: str, result: dict) -> None:
     """Stores a measured result (`tk evaluate --record`) under `name`, or `name_VARIANT` for a variant other than fp32."""
-    m = load(directory)
-    m.metrics[name if variant == PLAIN else f"{name}_{variant}"] = result
-    m.save()
+    with updating(directory) as m:
+        m.metrics[name if variant == PLAIN else f"{name}_{variant}"] = result
 
 
 def write(directory: Path, data: dict) -> None:

@@ -191,7 +191,11 @@ def translate(directory: str | Path, sentences: list[str], provider: str = "cpu"
     tokenizer = Tokenizer.load(m.tokenizer_path())
     att_specs = specs(m)
     rec = recorder(load_sessions(m, provider), att_specs, declared(m))
-    src_ids = [ids[: m.max_len] for ids in tokenizer.encode(sentences)]
+    src_ids = tokenizer.encode(sentences)
+    longest = max(len(ids) for ids in src_ids)
+    if longest > m.max_len:
+        # Drawn truncated, the picture would show attention over a sentence the user did not give.
+        raise UsageError(f"the sentence is {longest} subwords long and the model reads at most {m.max_len}; give a shorter one")
     hyps = greedy(rec, src_ids, m.max_len)
     piece = tokenizer.sp.id_to_piece
     results = []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from toolkit.core.atomic import check_output_path, save_with
 from toolkit.core.errors import UsageError
 
 CELL = 0.32  # inches per heatmap cell: piece labels stay readable, long sentences grow the figure
@@ -29,20 +30,33 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    """Renders the figure in memory and writes the PNG atomically: a failure leaves an existing file as it was."""
+    import io
+
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    path = Path(path)
+    rendered = io.BytesIO()
+    try:
+        fig.savefig(rendered, format="png", dpi=DPI, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     # A 256-colour palette: heatmaps of one colour map lose nothing visible, and the file shrinks
     # about threefold (the committed pictures stay small). Pillow comes with matplotlib.
     from PIL import Image
 
-    with Image.open(path) as image:
+    rendered.seek(0)
+    with Image.open(rendered) as image:
         quantized = image.convert("RGB").quantize(256)
-    quantized.save(path, optimize=True)
+    save_with(path, lambda f: quantized.save(f, format="PNG", optimize=True))
     return path
+
+
+def check_picture_path(path: Path, option: str) -> None:
+    """Before any work: tk draws PNG files, into a directory that exists."""
+    if Path(path).suffix.lower() != ".png":
+        raise UsageError(f"{option} {path}: tk draws PNG pictures; give a file name ending in .png")
+    check_output_path(path, option)
 
 
 def suffixed(path: Path, suffix: str) -> Path:

@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core import manifest as manifest_mod
+from toolkit.core.atomic import write_atomic
 from toolkit.core.errors import ParityError
 from toolkit.verify.report import Report
 
 
 def write_json(report: Report, path: Path) -> None:
-    path.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode("utf-8"))
 
 
 def raise_on_failure(report: Report) -> None:
@@ -28,7 +29,11 @@ def record_summary(report: Report, directory: Path, seconds: float) -> list[str]
     """Worst error per (check, variant) and the verdict, stored in manifest.json as one record per runtime and
     provider that ran: a record for another provider (CUDA evidence, when verifying on a CPU machine) is kept.
     Static checks (files, declarations, graph structure) belong to every provider's record. Returns the keys written."""
-    m = manifest_mod.load(directory)
+    with manifest_mod.updating(directory) as m:
+        return _record(report, m, seconds)
+
+
+def _record(report: Report, m: manifest_mod.Manifest, seconds: float) -> list[str]:
     runtime = report.runtime.split()[0]
     static = [r for r in report.rows if r.check == "static"]
     written = []
@@ -52,5 +57,4 @@ def record_summary(report: Report, directory: Path, seconds: float) -> list[str]
             seconds=round(seconds, 1), reference=report.reference, environment=report.environment,
             skipped_providers=report.skipped, worst=worst)
         written.append(key)
-    m.save()
     return written

@@ -28,11 +28,15 @@ def attention(model_dir, text, output_path, json_path, provider):
     """
     import json
 
+    from toolkit.cli.options import writable_file
     from toolkit.core import manifest
+    from toolkit.core.atomic import write_atomic
     from toolkit.deploy import attention_graphs, pictures
 
     m = manifest.load(model_dir)
     out = output_path or Path(f"attention-{m.model}.png")
+    pictures.check_picture_path(out, "-o")
+    writable_file(json_path, "--json")
     if m.model == "nw":
         if text:
             raise UsageError("exported/nw takes no sentence: it draws its test grid's attention over its training points")
@@ -49,7 +53,7 @@ def attention(model_dir, text, output_path, json_path, provider):
         drawn = pictures.translation_figures(result, out)
         payload = result.to_json()
     if json_path:
-        json_path.write_text(json.dumps(payload) + "\n", encoding="utf-8")
+        write_atomic(json_path, (json.dumps(payload) + "\n").encode("utf-8"))
         drawn.append(json_path)
     for path in drawn:
         click.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")
@@ -66,6 +70,8 @@ def plot(run_dir, output_path):
     from toolkit.core import history
     from toolkit.deploy import pictures
 
+    out = output_path or Path(run_dir) / "history.png"
+    pictures.check_picture_path(out, "-o")
     data = history.read(run_dir)
-    path = pictures.training_figure(data["epochs"], f"{data.get('model', '')}: {run_dir}", output_path or Path(run_dir) / "history.png")
+    path = pictures.training_figure(data["epochs"], f"{data.get('model', '')}: {run_dir}", out)
     click.echo(f"wrote {path} ({len(data['epochs'])} epochs)")
