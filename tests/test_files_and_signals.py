@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -191,3 +192,35 @@ def test_repeated_ctrl_c_exits_130_without_a_traceback_or_an_abort(tmp_path, cou
     assert proc.returncode == 130, stderr  # not -6 (SIGABRT)
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "error: interrupted", stderr
     assert out.read_text() == "previous run\n"
+
+
+# ---- inputs that used to end in an internal error --------------------------------------------------
+
+def test_an_argument_that_is_not_utf8_is_one_line():
+    proc = subprocess.run([sys.executable.encode(), b"-m", b"toolkit.cli", b"translate", b"--model", bytes(SHIPPED / "transformer"),
+                           b"Hello \xff world."], env=ENV, capture_output=True, timeout=120)
+    assert proc.returncode == 2 and b"not valid UTF-8" in proc.stderr and b"Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_closed_standard_input_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "translate", "--model", str(SHIPPED / "transformer")],
+                          env=ENV, capture_output=True,
+                          preexec_fn=lambda: os.close(0), timeout=120)
+    assert proc.returncode == 2 and b"standard input is closed" in proc.stderr, proc.stderr
+
+
+def test_a_binary_challenge_file_and_a_model_bench_cannot_time_are_one_line(cli, tmp_path):
+    binary = tmp_path / "test.txt"
+    binary.write_bytes(bytes(range(256)) * 8)
+    assert "not UTF-8" in one_line_error(cli("evaluate", SHIPPED / "transformer", "--challenge", binary, "--limit", "2"), 2)
+    assert "not a translation model" in one_line_error(cli("bench", "--model", SHIPPED / "nw", "--sentences", "2"), 2)
+
+
+def test_a_graph_swapped_for_another_models_with_the_same_inputs_is_refused(cli, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(SHIPPED / "transformer", model)
+    shutil.copy(SHIPPED / "seq2seq" / "encoder.onnx", model / "encoder.onnx")  # inputs src, src_len as well
+    data = json.loads((model / "manifest.json").read_text())
+    data["graphs"]["encoder"]["sha256"] = manifest.file_sha256(model / "encoder.onnx")  # as an attacker would
+    (model / "manifest.json").write_text(json.dumps(data))
+    assert "graph outputs" in one_line_error(cli("translate", "--model", model, "Hello."), 2)

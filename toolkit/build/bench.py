@@ -128,9 +128,10 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     from toolkit.verify.checks import held_out_sentences
 
     m = manifest_mod.load(model_dir)
+    tokenizer_path = m.translation_tokenizer()  # before the reference is built: bench times translation models only
     entry, cfg, model, _ = load_reference(m)
     specs = m.specs()
-    tokenizer = Tokenizer.load(m.tokenizer_path())
+    tokenizer = Tokenizer.load(tokenizer_path)
     english, origin = held_out_sentences(sentences, data)
     src = [s[: m.max_len] for s in tokenizer.encode(english)]
     echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "

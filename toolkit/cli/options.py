@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import os
 import shlex
 import sys
 from collections.abc import Iterator
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import click
 
+from toolkit.core.atomic import check_output_path
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_BEAM, MAX_LEN_A, MAX_LEN_B, MAX_STREAMS, MAX_THREADS
-from toolkit.core.errors import UsageError
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "exported" / "transformer"
 
@@ -104,16 +103,9 @@ PROVIDER = click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="
 
 
 def writable_file(path: Path | None, option: str) -> None:
-    """Checks an output file path before any work, so a long run never fails at its very end."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise UsageError(f"{option} {path} is a directory; give a file name")
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: directory {parent} does not exist; create it or choose another path")
-    if not os.access(parent if not path.exists() else path, os.W_OK):
-        raise UsageError(f"{option} {path} is not writable; choose another path")
+    """Checks an output file path before any work (core.atomic.check_output_path, the one check)."""
+    if path is not None:
+        check_output_path(path, option)
 
 
 @contextlib.contextmanager

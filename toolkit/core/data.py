@@ -151,10 +151,17 @@ def read_pairs(path: Path) -> tuple[list[tuple[str, str]], str]:
 def read_challenge_test(path: Path) -> list[tuple[str, str]]:
     """The Tatoeba Challenge test set: 'eng<TAB>fra<TAB>English<TAB>French' lines."""
     pairs = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); give the Tatoeba Challenge test file "
+                        "(eng<TAB>fra<TAB>English<TAB>French lines)") from None
+    for line in text.splitlines():
         cols = line.split("\t")
         if len(cols) >= 4:
             pairs.append((normalize(cols[2]), normalize(cols[3])))
+    if not pairs:
+        raise DataError(f"{path} has no eng<TAB>fra<TAB>English<TAB>French lines; give the Tatoeba Challenge test file")
     return pairs
 
 

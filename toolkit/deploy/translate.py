@@ -5,9 +5,9 @@ Imports onnxruntime, numpy and sentencepiece; never torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -16,8 +16,9 @@ from typing import BinaryIO, TextIO
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core import placeholders, textprep
+from toolkit.core.atomic import AtomicWriter, check_output_path
 from toolkit.core.batching import DecodeOptions, decode_ids, default_request_threads, default_threads, fitting_streams
-from toolkit.core.errors import DataError, UsageError
+from toolkit.core.errors import DataError, UsageError, describe_os_error
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
 from toolkit.core.variants import FAST_PLAIN, PLAIN
@@ -89,9 +90,14 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         request_threads = default_request_threads()  # a call of one batch has the cores to itself
     loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
     for name, spec in m.specs().items():
-        got = [i.name for i in loaded.sessions[name].get_inputs()]
+        session = loaded.sessions[name]
+        got = [i.name for i in session.get_inputs()]
         if got != spec.input_names:
             raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {directory}")
+        # Outputs too: another model's graph can take the same inputs (a GRU encoder in a Transformer's place).
+        outputs = [o.name for o in session.get_outputs()] if hasattr(session, "get_outputs") else None
+        if outputs is not None and outputs != spec.output_names:
+            raise UsageError(f"{name} graph outputs {outputs} do not match manifest.json {spec.output_names}; re-export {directory}")
     return TranslationModel(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s, runtime,
                             threads if loaded.provider == "cpu" and runtime == "onnxruntime" else None, variant)
 
@@ -271,76 +277,53 @@ def one_line(text: str) -> str:
 
 
 class AtomicOutput:
-    """Where `-o PATH` writes. A regular file (or a new one) is written to a temporary file renamed over
-    it only on success, so a failed run never truncates it, and it keeps the existing file's mode (a new
-    one follows the umask). A symlink is followed to its target; a FIFO or device is written directly."""
+    """Where `-o PATH` writes. A regular file (or a new one) is written through core.atomic's AtomicWriter:
+    renamed over the old one only on success, so a failed run never truncates it, with the old file's mode.
+    A symlink is followed to its target; a FIFO or device is written directly (nothing there to replace)."""
 
     def __init__(self, path: Path):
         self.path = path
+        check_output_path(path, "-o")
         target = Path(os.path.realpath(path))
-        self.target = target
-        self.tmp = None
+        self.writer: AtomicWriter | None = None
         try:
             if target.exists() and not target.is_file():
-                if target.is_dir():
-                    raise UsageError(f"-o {path} is a directory; give a file name")
-                # A FIFO, a terminal, /dev/null: there is nothing to replace atomically, and replacing it would destroy it.
                 self.file: TextIO = open(target, "w", encoding="utf-8", newline="\n")
-                return
-            mode = (target.stat().st_mode & 0o7777) if target.exists() else 0o666 & ~_umask()
-            fd, self.tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            os.chmod(self.tmp, mode)
+            else:
+                self.writer = AtomicWriter(target, text=True).open()
+                self.file = self.writer.file
         except OSError as e:
-            if self.tmp:
-                os.unlink(self.tmp)
-            raise UsageError(f"cannot write {path} ({e.strerror}); choose another -o") from None
-        self.file = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+            raise UsageError(f"cannot write -o {path}: {describe_os_error(e)}") from None
 
     @staticmethod
     def check(path: Path | None) -> None:
         """Refuses, before any work, an output path that cannot be written."""
-        if path is None:
-            return
-        target = Path(os.path.realpath(path))
-        if target.is_dir():
-            raise UsageError(f"-o {path} is a directory; give a file name")
-        if not target.parent.is_dir():
-            raise UsageError(f"-o {path}: directory {target.parent} does not exist; create it or choose another -o")
-        probe = target if target.exists() and not target.is_file() else target.parent
-        if not os.access(probe, os.W_OK):
-            raise UsageError(f"-o {path}: {probe} is not writable; choose another -o")
+        if path is not None:
+            check_output_path(path, "-o")
 
     def write(self, line: str) -> None:
         try:
             self.file.write(line + "\n")
         except OSError as e:
             self.abort()
-            raise DataError(f"cannot write {self.path} ({e.strerror}); free space or choose another -o") from None
+            raise DataError(f"cannot write -o {self.path}: {describe_os_error(e)}; the old file is unchanged") from None
 
     def commit(self) -> None:
         try:
-            self.file.close()
-            if self.tmp:
-                os.replace(self.tmp, self.target)
-                self.tmp = None
+            if self.writer:
+                self.writer.commit()
+            else:
+                self.file.close()
         except OSError as e:
             self.abort()
-            raise DataError(f"cannot write {self.path} ({e.strerror}); free space or choose another -o; the old file is unchanged") from None
+            raise DataError(f"cannot write -o {self.path}: {describe_os_error(e)}; the old file is unchanged") from None
 
     def abort(self) -> None:
-        try:
-            self.file.close()
-        except OSError:
-            pass  # the data is being thrown away; a failed flush of it changes nothing
-        if self.tmp and os.path.exists(self.tmp):
-            os.unlink(self.tmp)
-        self.tmp = None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        if self.writer:
+            self.writer.abort()
+        else:
+            with contextlib.suppress(OSError):
+                self.file.close()
 
 
 def read_references(path: Path) -> list[str]:

@@ -73,6 +73,11 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         output_path = None
     if text and input_path:
         raise UsageError("give sentences as arguments or with -i FILE, not both")
+    for i, sentence in enumerate(text, 1):
+        if _undecodable(sentence):  # the shell passed bytes that are not UTF-8 (Python keeps them as surrogates)
+            raise UsageError(f"argument {i} is not valid UTF-8 text; pass UTF-8, or the lines in a UTF-8 file with -i FILE")
+    if not text and not input_path and sys.stdin is None:
+        raise UsageError("standard input is closed; give sentences as arguments or with -i FILE")
     # Every decoding option checked before the model loads (--n-best above --beam fails in a second); built for the model below.
     DecodeOptions.for_model(1, n_best=n_best, streams=streams, **decoding)
     if input_path and not input_path.is_file():
@@ -104,11 +109,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         lines = read_lines(stream)
     else:
         lines = read_lines(sys.stdin.buffer)
-    import signal
-    import threading
-
-    # SIGTERM stops like Ctrl-C: the temporary output is removed and the exit is 130.
-    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() else None
+    # Ctrl-C and SIGTERM (toolkit.cli.signals) raise KeyboardInterrupt: the temporary output is removed, exit 130.
     out = AtomicOutput(output_path) if output_path else None
     collected: list[str] = []
 
@@ -134,8 +135,6 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
             out.abort()
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         if bar:
             bar.close()
         if input_path:
@@ -154,7 +153,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
 
 
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _undecodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
