@@ -69,3 +69,89 @@ def test_the_cli_option_group_hands_the_command_one_dict_of_for_model_arguments(
     out = CliRunner().invoke(show, ["--beam", "4", "--max-len", "9", "--no-loop-guard"])
     assert out.exit_code == 0, out.output
     assert out.output.strip() == repr(DecodeOptions.for_model(64, beam=4, max_len=9, loop_guard=False))
+
+
+# ---- model sizes: a config (tk train --set, a checkpoint) and a manifest ----------------------------
+
+def _one_line_error(result, code: int) -> str:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    return line
+
+
+@pytest.mark.parametrize("setting, expected", [
+    # num_layers grew memory at 170 MB/s; max_len ended in an internal error after asking for 25 GB.
+    ("num_layers=99999999999999999999", "num_layers must be at most 16 (the largest tk builds), got 99999999999999999999"),
+    ("max_len=100000000", "max_len must be at most 1024 (the largest tk builds), got 100000000"),
+    ("num_hiddens=1000000000000", "num_hiddens must be at most 1024"),
+    ("ffn_num_hiddens=100000", "ffn_num_hiddens must be at most 4096"),
+    ("vocab_size=10000000", "vocab_size must be at most 65536"),
+    ("num_heads=128", "num_heads must be at most 64"),
+    ("vocab_size=4", "vocab_size must be at least 5"),
+])
+def test_a_config_size_beyond_its_bound_is_one_line_before_anything_is_allocated(cli, tmp_path, setting, expected):
+    out = tmp_path / "run"
+    line = _one_line_error(cli("train", "transformer", "--preset", "tiny", "--out", out, "--set", setting), 2)
+    assert expected in line, line
+    assert not out.exists()
+
+
+def test_every_size_of_every_registered_model_has_a_bound_its_defaults_keep():
+    from toolkit.build import registry
+    from toolkit.core.manifest import SIZES
+
+    for name, entry in registry.REGISTRY.items():
+        sizes = [f.name for f in dataclasses.fields(entry.config_cls) if type(f.default) is int and f.name != "pad_id"]
+        assert set(sizes) <= set(SIZES), (name, set(sizes) - set(SIZES))
+        registry.check_config(name, entry.config())
+
+
+def test_a_checkpoint_config_beyond_the_bounds_is_refused_before_the_model_is_built():
+    from toolkit.build import registry
+
+    with pytest.raises(UsageError, match=r"^ckpt: num_layers must be at most 16 \(the largest tk builds\), got 1000000$"):
+        registry.get("transformer").checked_config({"num_layers": 10**6}, "ckpt")
+    with pytest.raises(UsageError, match=r"embed_size must be at most 1024 .*got an integer of 16610 bits"):
+        registry.get("seq2seq").checked_config({"embed_size": 10**5000}, "ckpt")  # too long for Python to print
+
+
+SHIPPED = "exported/transformer/manifest.json"
+
+
+def _manifest_dir(tmp_path, text: str):
+    (tmp_path / "manifest.json").write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("max_len", 100000, "config.max_len must be at most 1024 (the largest tk builds), got 100000"),
+    ("max_len", 1, "config.max_len must be at least 2, got 1"),
+    ("num_layers", 10**9, "config.num_layers must be at most 16"),
+    ("vocab_size", 2**40, "config.vocab_size must be at most 65536"),
+    ("num_hiddens", "256", "config.num_hiddens must be a whole number from 1 to 1024, got '256'"),
+])
+def test_a_manifest_stating_a_size_beyond_its_bound_is_corrupt_in_one_line(cli, tmp_path, key, value, expected):
+    import json
+    from pathlib import Path
+
+    from toolkit.core import manifest
+
+    data = json.loads((Path(__file__).resolve().parents[1] / SHIPPED).read_text())
+    data["config"][key] = value
+    model = _manifest_dir(tmp_path, json.dumps(data))
+    with pytest.raises(UsageError) as e:
+        manifest.load(model)
+    assert f"manifest.json is corrupt or not a tk manifest: {expected}" in str(e.value) and "\n" not in str(e.value)
+    assert expected in _one_line_error(cli("translate", "Go.", "--model", model), 2)
+
+
+def test_a_manifest_nested_100k_deep_is_one_line_not_a_recursion_error(cli, tmp_path):
+    from toolkit.build.export import is_model_directory
+    from toolkit.core import manifest
+
+    model = _manifest_dir(tmp_path, '{"format": "tk-export/1", "metrics": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(UsageError, match="manifest.json is corrupt: its JSON nests too deeply to read; re-export"):
+        manifest.load(model)
+    assert "nests too deeply" in _one_line_error(cli("translate", "Go.", "--model", model), 2)
+    assert not is_model_directory(model)  # export --force treats it as no tk model directory, without a traceback

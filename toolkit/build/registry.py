@@ -19,6 +19,7 @@ from models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
 from models.transformer import Transformer, TransformerConfig, layer_key
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec, TensorSpec
+from toolkit.core.manifest import SIZES, size_problem
 
 FLOAT, INT = "float32", "int64"
 
@@ -103,23 +104,25 @@ def parse_value(key: str, raw: object, kind: type):
 
 
 def check_config(model: str, cfg: object, where: str = "config") -> None:
-    """Sizes a model can actually be built and trained with; checked before any work starts."""
+    """Sizes a model can actually be built and trained with, each within the bounds a manifest accepts
+    (manifest.SIZES); checked before any work starts and before anything is allocated (`--set num_layers=1e20`
+    grew memory at 170 MB/s, `--set max_len=100000000` asked for a 25 GB table)."""
     values = dataclasses.asdict(cfg)
     for key, value in values.items():
         if key == "pad_id":
             if value != 0:
                 raise UsageError(f"{where}: pad_id must be 0 (the tokenizer's padding id), got {value}")
-        elif isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        elif key in SIZES:
+            problem = size_problem(key, value)
+            if problem:
+                raise UsageError(f"{where}: {problem}")
+        elif isinstance(value, int) and not isinstance(value, bool) and value < 1:  # every int field is in SIZES (tested)
             raise UsageError(f"{where}: {key} must be at least 1, got {value}")
     if "dropout" in values and not 0.0 <= values["dropout"] < 1.0:
         raise UsageError(f"{where}: dropout must be in [0, 1), got {values['dropout']}")
     if "num_heads" in values and values.get("num_hiddens", 0) % values["num_heads"]:
         raise UsageError(f"{where}: num_heads ({values['num_heads']}) must divide num_hiddens ({values['num_hiddens']}); "
                          f"try num_heads={_divisor_near(values['num_hiddens'], values['num_heads'])}")
-    if values.get("vocab_size", 5) < 5:
-        raise UsageError(f"{where}: vocab_size must be at least 5 (4 special tokens and one piece), got {values['vocab_size']}")
-    if values.get("max_len", 2) < 2:
-        raise UsageError(f"{where}: max_len must be at least 2, got {values['max_len']}")
 
 
 def _divisor_near(n: int, k: int) -> int:

@@ -37,9 +37,13 @@ def finite(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _shown(value: object) -> str:
-    """The value as the error names it: its repr, cut short, so an absurd value stays one short line."""
-    text = repr(value)
+def shown(value: object) -> str:
+    """A value as a one-line error names it: its repr, cut short, so an absurd value stays one short line
+    (and an int of over 4300 digits, which Python refuses to print, by its size)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of {value.bit_length()} bits"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -49,13 +53,13 @@ def count_problem(name: str, value: object, low: int, high: int | None = None, f
     if whole(value) and low <= value and (high is None or value <= high):
         return None
     accepted = f"from {low} to {high_is + ' ' if high_is else ''}{high}" if high is not None else f"of at least {low}"
-    return f"{name} must be a whole number {accepted} (got {_shown(value)}){'; ' + fix if fix else ''}"
+    return f"{name} must be a whole number {accepted} (got {shown(value)}){'; ' + fix if fix else ''}"
 
 
 def _number_problem(name: str, value: object, bounds: tuple[float, float], none: str = "") -> str | None:
     if (value is None and none) or (finite(value) and bounds[0] <= value <= bounds[1]):
         return None
-    return f"{name} must be a finite number from {bounds[0]:g} to {bounds[1]:g}{', or None ' + none if none else ''} (got {_shown(value)})"
+    return f"{name} must be a finite number from {bounds[0]:g} to {bounds[1]:g}{', or None ' + none if none else ''} (got {shown(value)})"
 
 
 @dataclass
@@ -98,7 +102,7 @@ class DecodeOptions:
                 or (None if self.max_src_len is None else count_problem("max_src_len", self.max_src_len, 1))
                 or _number_problem("max_len_a", self.max_len_a, MAX_LEN_A, "for no length guard")
                 or count_problem("max_len_b", self.max_len_b, *MAX_LEN_B)
-                or (None if isinstance(self.loop_guard, bool) else f"loop_guard must be True or False (got {_shown(self.loop_guard)})")
+                or (None if isinstance(self.loop_guard, bool) else f"loop_guard must be True or False (got {shown(self.loop_guard)})")
                 or count_problem("streams", self.streams, 1, MAX_STREAMS, "leave it out for the default"))
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem
+from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem, shown
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.textprep import TextOptions
@@ -39,9 +39,9 @@ def _check_model_arguments(provider: object, variant: object, threads: object, a
     """Translator's own arguments, checked before anything loads: a provider of 'tpu' was a KeyError, threads of '2'
     an ONNX Runtime message that blamed the model, threads of 0 were taken."""
     if provider is not None and provider not in PROVIDERS:
-        raise UsageError(f"provider must be 'cpu', 'cuda' or None for CUDA where it truly loads (got {provider!r:.40})")
+        raise UsageError(f"provider must be 'cpu', 'cuda' or None for CUDA where it truly loads (got {shown(provider)})")
     if variant is not None and not isinstance(variant, str):
-        raise UsageError(f"variant must be a variant name (a str) or None for the fastest (got {variant!r:.40})")
+        raise UsageError(f"variant must be a variant name (a str) or None for the fastest (got {shown(variant)})")
     if threads is not None:
         problem = count_problem("threads", threads, 1, MAX_THREADS, "leave it out for the default")
         if problem:
@@ -51,7 +51,7 @@ def _check_model_arguments(provider: object, variant: object, threads: object, a
 
 def _check_flag(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise UsageError(f"{name} must be True or False (got {value!r:.40})")
+        raise UsageError(f"{name} must be True or False (got {shown(value)})")
 
 
 def _texts(texts: object) -> list[str]:
@@ -59,11 +59,11 @@ def _texts(texts: object) -> list[str]:
     if isinstance(texts, str):
         raise UsageError("translate takes a list of texts; wrap a single sentence in a list: [\"Hello.\"]")
     if not isinstance(texts, Iterable):
-        raise UsageError(f"translate takes a list of texts (got {texts!r:.40})")
+        raise UsageError(f"translate takes a list of texts (got {shown(texts)})")
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise UsageError(f"texts[{i}] is {text!r:.40}, not a str; give every text as a str (\"\" for an empty line)")
+            raise UsageError(f"texts[{i}] is {shown(text)}, not a str; give every text as a str (\"\" for an empty line)")
     return texts
 
 
@@ -73,7 +73,7 @@ def _keep(keep: object) -> tuple[str, ...]:
         return (keep,) if keep else ()
     terms = tuple(keep) if isinstance(keep, Iterable) else None
     if terms is None or not all(isinstance(term, str) for term in terms):
-        raise UsageError(f"keep must be a list of terms (str), or one term (got {keep!r:.40})")
+        raise UsageError(f"keep must be a list of terms (str), or one term (got {shown(keep)})")
     return terms
 
 
@@ -109,7 +109,8 @@ class Translator:
         texts = _texts(texts)
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
-            raise UsageError(f"translate has no option {unknown[0]!r}; its options: beam, n_best, keep, split, raw, strict, {', '.join(OPTIONS)}")
+            known = ", ".join(("beam", "n_best", "keep", "split", "raw", "strict", *OPTIONS))
+            raise UsageError(f"translate has no option {shown(unknown[0])}; its options: {known}")
         for name, flag in (("split", split), ("raw", raw), ("strict", strict)):
             _check_flag(name, flag)
         opts = decode_options(self.manifest, beam=beam, n_best=n_best, provider=self.provider, **options)
