@@ -184,3 +184,43 @@ def test_progress_counts_lines_of_running_shards():
     now[0] = 20.0
     p.shard_finished(1000)
     assert seen[-1] == "shards 1/2, 1,000/2,000 lines, 50.0 lines/s, ETA 0:00:20"
+
+
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "exported", "transformer")
+
+
+def test_an_unreachable_cluster_is_refused_at_once_in_one_line(cli, tmp_path):
+    """Ray itself retries an address that does not answer for minutes; tk tries it once first."""
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    result = run(cli, SHIPPED, tmp_path / "in.txt", tmp_path / "out", "--address", "127.0.0.1:1")
+    assert result.exit_code == 2, result.output
+    assert [line for line in result.output.splitlines() if line.startswith("error:")] == [
+        line for line in result.output.splitlines() if "cannot reach a Ray cluster at 127.0.0.1:1" in line]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_during_a_run_exits_130_with_one_line(ray_address, tmp_path):
+    """ray.init installs a SIGTERM handler that exits 15 at once; tk puts its own back (clean-up, exit 130)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = tmp_path / "in.txt"
+    src.write_text("The cat is sleeping on the sofa while we wait.\n" * 20000)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "translate-corpus", SHIPPED, str(src), str(tmp_path / "out"),
+                             "--address", ray_address, "--shard-lines", "2000"], env=env, stderr=subprocess.PIPE, text=True)
+    seen = []
+    deadline = time.time() + 180
+    for line in proc.stderr:  # the pool is up once it names its workers
+        seen.append(line)
+        if "worker(s)" in line or time.time() > deadline:
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=120)[1]
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "error: interrupted", stderr

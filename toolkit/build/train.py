@@ -332,7 +332,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     elapsed0 = state["elapsed"]
     stopped_early = False
     bar = _progress_bar(epochs, len(data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed)), state)
-    # SIGTERM (a scheduler, `kill`) stops like Ctrl-C (toolkit.cli.signals raises KeyboardInterrupt): checkpoint first.
+    # SIGTERM (a scheduler, `kill`) stops like Ctrl-C (toolkit.core.signals raises KeyboardInterrupt): checkpoint first.
     try:
         while state["epoch"] < epochs and not state.get("stopped_early"):
             model.train()

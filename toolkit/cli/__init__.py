@@ -11,7 +11,6 @@ import sys
 import click
 
 from toolkit import __version__
-from toolkit.cli import signals
 from toolkit.cli.commands.attention import attention, plot
 from toolkit.cli.commands.bench import bench
 from toolkit.cli.commands.evaluate import evaluate
@@ -21,6 +20,7 @@ from toolkit.cli.commands.train import train
 from toolkit.cli.commands.translate import translate
 from toolkit.cli.commands.translate_corpus import translate_corpus
 from toolkit.cli.commands.verify import verify
+from toolkit.core import signals
 from toolkit.core.errors import ToolkitError, describe_os_error, first_line
 
 

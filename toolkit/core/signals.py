@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_active = False  # inside handled(): claim() puts the handlers back where a library replaced them
 
 
 def _first(signum, frame) -> None:
@@ -40,11 +41,24 @@ def handled() -> Iterator[None]:
         yield
         return
     # A signal the process was started ignoring (SIGINT of a shell's background job) stays ignored.
+    global _active
     previous = {sig: h for sig in SIGNALS if (h := signal.getsignal(sig)) is not signal.SIG_IGN}
     for sig in previous:
         signal.signal(sig, _first)
+    _active = True
     try:
         yield
     finally:
+        _active = False
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def claim() -> None:
+    """Puts tk's handlers back after a library installed its own (ray.init makes SIGTERM exit 15 at once,
+    skipping the clean-up and the one-line message)."""
+    if not _active or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in SIGNALS:
+        if signal.getsignal(sig) not in (signal.SIG_IGN, _again):
+            signal.signal(sig, _first)

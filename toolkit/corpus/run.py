@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.core import signals
 from toolkit.core.atomic import write_atomic
 from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.errors import ToolkitError, UsageError
@@ -63,11 +64,14 @@ def connect(address: str | None):
         # Ray starts its workers at nice 15, so on a machine shared with other work the actors would get what
         # is left of the CPU (measured here: 45 lines/s against 123 for tk translate -i); run them like tk translate.
         os.environ.setdefault("RAY_worker_niceness", "0")
+        _reachable(address)
         try:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot reach a Ray cluster at {address} ({str(e).splitlines()[0][:160]}); "
                              "check --address (auto, or ray://HEAD:10001)") from None
+        finally:
+            signals.claim()  # ray.init's own SIGTERM handler exits 15 at once, skipping tk's clean-up
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
@@ -75,6 +79,27 @@ def connect(address: str | None):
     ctx.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     return ray
+
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _reachable(address: str | None) -> None:
+    """A HOST:PORT address is tried once before Ray is: Ray retries an unreachable one for minutes."""
+    if not address or address == "auto" or address.startswith("local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--address {address} is not auto, HOST:PORT or ray://HOST:PORT; check it")
+    import socket
+
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        why = f"no answer within {CONNECT_TIMEOUT_S:.0f} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise UsageError(f"cannot reach a Ray cluster at {address} ({why}); "
+                         "check --address (auto, or ray://HEAD:10001) and that the cluster is up") from None
 
 
 def threads_per_actor(ray, workers: int, provider: str) -> int:

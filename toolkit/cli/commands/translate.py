@@ -109,7 +109,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         lines = read_lines(stream)
     else:
         lines = read_lines(sys.stdin.buffer)
-    # Ctrl-C and SIGTERM (toolkit.cli.signals) raise KeyboardInterrupt: the temporary output is removed, exit 130.
+    # Ctrl-C and SIGTERM (toolkit.core.signals) raise KeyboardInterrupt: the temporary output is removed, exit 130.
     out = AtomicOutput(output_path) if output_path else None
     collected: list[str] = []
 
