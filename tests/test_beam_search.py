@@ -222,3 +222,30 @@ def test_beam_steps_leave_the_encoders_state_in_place_on_the_shipped_model():
     assert t.translate(texts, beam=4, streams=1) == want
     assert copied and all(c == {n for n in c if n.startswith("self_")} for c in copied)  # only the self-attention cache
     assert all(any(n.startswith("self_") for n in c) for c in copied)
+
+
+def exhaustive_scores(backend: StepBackend, src: list[int], max_len: int):
+    """The log-probability of every output the search could return: each ends at EOS, or at max_len tokens."""
+    vocab = backend.vocab
+
+    def walk(state, token: int, score: float, depth: int):
+        log_probs, state = backend.step(np.array([token]), state)
+        for t in range(vocab):
+            total = score + float(log_probs[0, t])
+            if t == EOS or depth + 1 == max_len:
+                yield total
+            else:
+                yield from walk(state, t, total, depth + 1)
+
+    yield from walk(backend.encode(*pad_batch([src])), BOS, 0.0, 0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_beam_wide_enough_to_keep_every_prefix_finds_the_most_likely_output(seed):
+    """Beam search's own guarantee, independent of any model or CPU: pruning nothing, it is exact."""
+    vocab, max_len = 5, 3
+    backend = RandomSteps(vocab, seed)
+    src = [[10 + seed, 4]]
+    best = max(exhaustive_scores(backend, src[0], max_len))
+    got = beam_search(backend, src, max_len=max_len, beam=vocab ** max_len, alpha=0.0)[0][0]
+    assert got.score == pytest.approx(best, abs=1e-4)
