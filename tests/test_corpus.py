@@ -224,3 +224,40 @@ def test_sigterm_during_a_run_exits_130_with_one_line(ray_address, tmp_path):
     stderr = "".join(seen) + rest
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "error: interrupted", stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
+    """kill -9 skips every clean-up of the driver's own; the watcher (toolkit/corpus/reaper.py) ends what it started."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    src = tmp_path / "in.txt"
+    src.write_text("The cat is sleeping on the sofa while we wait.\n" * 20000)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "translate-corpus", SHIPPED, str(src), str(tmp_path / "out"),
+                             "--shard-lines", "2000"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    for line in proc.stderr:  # a local Ray instance is up once the pool names its workers
+        if "worker(s)" in line or time.time() > deadline:
+            break
+    time.sleep(3)  # its raylet's agents have started
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert len(started) >= 3, started  # the instance's processes and the watcher
+    proc.kill()
+    proc.wait(30)
+
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.time() + 60
+    while time.time() < deadline and any(alive(p) for p in started):
+        time.sleep(0.5)
+    left = [str(p.pid) for p in started if alive(p)]
+    assert not left, left
