@@ -224,3 +224,11 @@ def test_a_graph_swapped_for_another_models_with_the_same_inputs_is_refused(cli,
     data["graphs"]["encoder"]["sha256"] = manifest.file_sha256(model / "encoder.onnx")  # as an attacker would
     (model / "manifest.json").write_text(json.dumps(data))
     assert "graph outputs" in one_line_error(cli("translate", "--model", model, "Hello."), 2)
+
+
+def test_a_sentence_longer_than_the_model_reads_is_refused_by_tk_attention(cli, tmp_path):
+    """Drawn truncated, the picture would show another sentence (and 5,000 words made a 1-gigapixel image)."""
+    out = tmp_path / "a.png"
+    line = one_line_error(cli("attention", SHIPPED / "transformer", " ".join(["word"] * 5000), "-o", out), 2)
+    assert "subwords long" in line and "shorter" in line
+    assert not any(tmp_path.iterdir())
