@@ -124,7 +124,7 @@ def translate_corpus(job: CorpusJob, say: Callable[[str], None] = lambda m: None
         raise UsageError(f"OUTPUT_DIR {job.out_dir} is a file; give a directory")
     p = shards.plan(sources, job.settings, job.shard_lines)
     resumed = shards.resume(p, job.out_dir)
-    job.out_dir.mkdir(parents=True, exist_ok=True)
+    (job.out_dir / shards.SHARD_DIR).mkdir(parents=True, exist_ok=True)  # the shards are written atomically into it
     shards.save(p, job.out_dir)
     pending = [s for s in p.shards if s.status != "done"]
     say(f"{len(sources)} input file(s), {p.total_lines:,} lines in {len(p.shards)} shards of {job.shard_lines:,}; "
