@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.attention import AdditiveAttention
+from toolkit.models.attention import AdditiveAttention
 
 
 @dataclass

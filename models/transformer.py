@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.attention import AddNorm, MultiHeadAttention, PositionalEncoding, PositionWiseFFN
+from toolkit.models.attention import AddNorm, MultiHeadAttention, PositionalEncoding, PositionWiseFFN
 
 
 @dataclass

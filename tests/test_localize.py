@@ -91,7 +91,8 @@ def test_a_scale_constant_changed_in_one_attention_layer_is_named(cli, model, tm
 
 def test_a_cache_position_off_by_one_is_named(cli, model, tmp_path, monkeypatch):
     """Exported from a model whose positional encoding was shifted by one, compared with the model as it is."""
-    from models import attention
+    from toolkit.models import attention
+
     from toolkit.build.export import ExportOptions, export
 
     real = attention.PositionalEncoding.forward

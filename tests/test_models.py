@@ -6,9 +6,7 @@ import math
 
 import pytest
 import torch
-from torch import nn
-
-from models.attention import (
+from toolkit.models.attention import (
     AdditiveAttention,
     AddNorm,
     DotProductAttention,
@@ -17,10 +15,11 @@ from models.attention import (
     PositionWiseFFN,
     masked_softmax,
 )
-from models.kernel_regression import NWKernelRegression, fit, leave_one_out, synthetic_data
-from models.kernel_regression import test_mse as nw_test_mse  # renamed so pytest does not collect it
-from models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
-from models.transformer import Transformer, TransformerConfig, layer_key
+from toolkit.models.kernel_regression import NWKernelRegression, fit, leave_one_out, synthetic_data
+from toolkit.models.kernel_regression import test_mse as nw_test_mse  # renamed so pytest does not collect it
+from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
+from toolkit.models.transformer import Transformer, TransformerConfig, layer_key
+from torch import nn
 
 
 @pytest.fixture(autouse=True)

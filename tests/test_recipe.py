@@ -65,7 +65,7 @@ def test_checkpoint_holds_the_mean_of_the_last_epochs_and_resumes_from_the_live_
 
 
 def test_tied_gru_projects_through_its_embedding():
-    from models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
+    from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
 
     tied = Seq2SeqAttention(Seq2SeqConfig(vocab_size=50, embed_size=16, num_hiddens=16, num_layers=1, tie_embeddings=True)).eval()
     untied = Seq2SeqAttention(Seq2SeqConfig(vocab_size=50, embed_size=16, num_hiddens=16, num_layers=1)).eval()

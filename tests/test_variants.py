@@ -8,8 +8,8 @@ import click
 import pytest
 
 from toolkit import cli
-from toolkit.build.export import ExportOptions, wanted_variants
 from toolkit.core import variants
+from toolkit.deploy.stored_variants import ExportOptions, wanted_variants
 from toolkit.verify.compare import tolerance
 
 

@@ -108,7 +108,7 @@ def test_fails_on_one_weight_perturbed_by_a_small_amount(cli, tiny_export, tiny_
 
 
 def test_fails_on_a_decoder_whose_cache_position_is_off_by_one(cli, tiny_checkpoint, tmp_path, monkeypatch):
-    from models import attention
+    from toolkit.models import attention
 
     real = attention.PositionalEncoding.forward
 

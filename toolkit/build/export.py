@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import fcntl
 import hashlib
 import io
 import json
@@ -19,8 +18,7 @@ import platform
 import shutil
 import tempfile
 import warnings
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from dataclasses import dataclass
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +28,13 @@ import torch
 
 from toolkit.build import checkpoint, registry
 from toolkit.core import manifest, variants
+from toolkit.core.atomic import exclusive
 from toolkit.core.data import CORPUS_SHA256
 from toolkit.core.errors import ToolkitError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
+from toolkit.deploy.stored_variants import ExportOptions, add_variants, make_variant, wanted_variants  # noqa: F401 (re-exported)
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -42,22 +42,6 @@ EXAMPLE_SIZES = {"batch": 3, "src_len": 7, "past_len": 5, "n_q": 4, "n_kv": 6}
 # Configs for --random-init: small enough that tests export every model in seconds.
 SMALL = {"vocab_size": 97, "num_hiddens": 32, "ffn_num_hiddens": 64, "num_heads": 4, "num_layers": 2,
          "embed_size": 24, "max_len": 24, "dropout": 0.0}
-
-
-@dataclass
-class ExportOptions:
-    out: Path
-    checkpoint: str | None = None
-    model: str | None = None  # with random_init: a registry name
-    random_init: bool = False
-    seed: int = 0
-    opset: int = 18
-    fp16: bool = False
-    optimize: bool = False
-    quantize: str | None = None  # a quantised variant's name (toolkit.core.variants)
-    attention: bool = False  # on an exported directory: record the attention variant's declaration
-    force: bool = False
-    command: str = ""
 
 
 def dynamic_shapes(spec: GraphSpec, max_len: int) -> tuple[dict, ...]:
@@ -187,17 +171,6 @@ def is_model_directory(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == manifest.FORMAT
 
 
-@contextmanager
-def locked(directory: Path):
-    """An exclusive lock on a directory, held while a writer renames into it, so concurrent exports take turns."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def portable_path(path: str | Path) -> str:
     """Where a checkpoint lay, as a manifest that travels may say it: relative to the directory export ran in
     (verify finds it there on the machine that trained it), else its name alone; never another machine's path."""
@@ -223,7 +196,7 @@ def export(opts: ExportOptions, echo=print) -> Path:
     try:
         data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
         manifest.write(tmp, data)
-        with locked(out.parent):
+        with exclusive(out.parent, f"{out.parent}"):
             # Checked again under the lock: another export may have written `out` while this one ran.
             replaceable(out, opts.force)
             old = None
@@ -237,50 +210,6 @@ def export(opts: ExportOptions, echo=print) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def wanted_variants(opts: ExportOptions) -> list[str]:
-    """The variants whose export option (declared in the catalogue) is set."""
-    return [v for v in variants.BUILT if getattr(opts, variants.CATALOGUE[v].export_option[0]) == variants.CATALOGUE[v].export_option[1]]
-
-
-def add_variants(directory: Path, opts: ExportOptions, echo=print) -> Path:
-    """Adds variants to an exported directory, from its own fp32 graphs (no checkpoint needed).
-
-    This is how a fresh clone gets the int8 graphs of a shipped model. The manifest
-    is rewritten only after every new file is complete; on failure they are removed.
-    """
-    with manifest.locked(directory):
-        return _add_variants(directory, opts, echo)
-
-
-def _add_variants(directory: Path, opts: ExportOptions, echo) -> Path:
-    m = manifest.load(directory)
-    m.check_files()
-    wanted = wanted_variants(opts)
-    if not wanted and not opts.attention:
-        flags = ", ".join(variants.CATALOGUE[v].export_flag for v in variants.BUILT)
-        raise UsageError(f"{directory} is already exported; to add graphs to it pass {flags} or --attention")
-    present = [v for v in wanted if v in m.stored]
-    if present and not opts.force:
-        raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
-    graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
-    written: list[Path] = []
-    try:
-        for variant in wanted:
-            echo(f"writing the {variant} variant ...")
-            made = make_variant(directory, graphs, variant, written)
-            m.stored[variant] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()},
-                                                       **variants.CATALOGUE[variant].record(), command=opts.command)
-        if opts.attention:
-            echo("declaring the attention outputs ...")
-            m.attention = attention_declaration(m.model, m.config).get("attention")
-        m.save()
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise
-    return directory
 
 
 def attention_declaration(model: str, config: dict) -> dict:
@@ -398,18 +327,6 @@ def share_weights(tmp: Path, graphs: dict) -> None:
     graphs_extra = {"file": WEIGHTS, "sha256": manifest.file_sha256(tmp / WEIGHTS)}
     for g in graphs.values():
         g["weights"] = graphs_extra
-
-
-def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | None = None) -> dict:
-    """Writes `variant` of each graph beside it; appends every file it creates to `written`."""
-    out = {}
-    for name, g in graphs.items():
-        src, dst = tmp / g["file"], tmp / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
-        if written is not None:
-            written.append(dst)
-        variants.build(src, dst, variant)
-        out[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
-    return out
 
 
 def versions() -> dict:

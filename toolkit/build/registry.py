@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
-from models.kernel_regression import NWKernelRegression
-from models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
-from models.transformer import Transformer, TransformerConfig, layer_key
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec, TensorSpec
 from toolkit.core.manifest import SIZES, size_problem
+from toolkit.models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
+from toolkit.models.kernel_regression import NWKernelRegression
+from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
+from toolkit.models.transformer import Transformer, TransformerConfig, layer_key
 
 FLOAT, INT = "float32", "int64"
 

@@ -149,7 +149,7 @@ def train(opts: TrainOptions, echo=print) -> dict:
 
 
 def train_kernel_regression(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
-    from models.kernel_regression import fit, synthetic_data, test_mse
+    from toolkit.models.kernel_regression import fit, synthetic_data, test_mse
 
     ckpt_path = opts.out / "checkpoint.pt"
     if opts.resume:

@@ -23,6 +23,9 @@ from toolkit.cli.commands.verify import verify
 from toolkit.core import signals
 from toolkit.core.errors import ToolkitError, describe_os_error, first_line
 
+# What the torch extra installs: the build side (train, export from PyTorch, verify, bench's PyTorch rows).
+BUILD_SIDE = ("torch", "onnxscript")
+
 
 class Group(click.Group):
     """Turns every ToolkitError into one line on stderr and its exit code, never a traceback.
@@ -68,6 +71,11 @@ class Group(click.Group):
             click.echo("error: an input is nested too deeply to read (a corrupt or hostile file?); check the files you gave", err=True)
             sys.exit(2)
         except Exception as e:
+            if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in BUILD_SIDE:
+                click.echo(f"error: tk {ctx.invoked_subcommand} needs PyTorch, which the base install leaves out; install the torch "
+                           "extra: pip install 'tk-onnx-deploy[torch]' (on Linux x86_64, pip install torch==2.13.0 first: the CPU build)",
+                           err=True)
+                sys.exit(2)
             if os.environ.get("TK_DEBUG"):
                 raise
             first = first_line(e)

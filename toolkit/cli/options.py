@@ -15,8 +15,9 @@ import click
 
 from toolkit.core.atomic import check_output_path
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_BEAM, MAX_LEN_A, MAX_LEN_B, MAX_STREAMS, MAX_THREADS
+from toolkit.core.shipped import default_model
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "exported" / "transformer"
+DEFAULT_MODEL = default_model  # a callable default: click asks for it only when no model is given
 
 
 class FiniteFloat(click.FloatRange):

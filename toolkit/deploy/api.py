@@ -14,6 +14,7 @@ from pathlib import Path
 from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem, shown
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
+from toolkit.core.shipped import default_model
 from toolkit.core.textprep import TextOptions
 from toolkit.deploy.translate import Translation, open_model, translate_batch
 
@@ -78,12 +79,15 @@ def _keep(keep: object) -> tuple[str, ...]:
 
 
 class Translator:
-    """An exported translation model loaded on ONNX Runtime (provider None: CUDA if it truly loads, else CPU;
-    variant None: the fastest graphs with fp32's output there, the attention-fused "optimized" ones on CPU)."""
+    """An exported translation model loaded on ONNX Runtime (model_dir None: $TK_MODEL, else the model installed
+    with tk; provider None: CUDA if it truly loads, else CPU; variant None: the fastest graphs with fp32's output
+    there, the attention-fused "optimized" ones on CPU)."""
 
-    def __init__(self, model_dir: str | Path, provider: str | None = None, variant: str | None = None, threads: int | None = None,
-                 allow_cpu_fallback: bool = False) -> None:
+    def __init__(self, model_dir: str | Path | None = None, provider: str | None = None, variant: str | None = None,
+                 threads: int | None = None, allow_cpu_fallback: bool = False) -> None:
         _check_model_arguments(provider, variant, threads, allow_cpu_fallback)
+        if model_dir is None:
+            model_dir = default_model()
         self.model_dir = Path(model_dir)
         self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads)
         self.variant = self.loaded.variant

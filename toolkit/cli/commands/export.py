@@ -52,8 +52,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     if web_dir is not None:
         return _export_web(Path(source), web_dir, force, is_model_dir, out or random_init or fp16 or optimize or quantize or attention)
 
-    from toolkit.build.export import ExportOptions, add_variants
-    from toolkit.build.export import export as run
+    from toolkit.deploy.stored_variants import ExportOptions, add_variants
 
     if keep_fp32 and (quantize != "int8" or not is_model_dir):
         raise UsageError("--keep-fp32 auto chooses int8 layers of an exported directory: "
@@ -68,15 +67,24 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         if out is not None and out.resolve() != Path(source).resolve():
             raise UsageError(f"{source} is an exported model directory; variants are added in place, so drop --out")
         echo = lambda m: click.echo(m, err=True)  # noqa: E731
+        declared = None
+        if attention:  # the model's own declaration of its attention outputs: the torch side
+            from toolkit.build.export import attention_declaration
+            from toolkit.core import manifest
+
+            m = manifest.load(source)
+            declared = attention_declaration(m.model, m.config).get("attention")
         if keep_fp32:
             from toolkit.build import guarded_int8
 
             if fp16 or optimize or attention:
-                add_variants(Path(source), opts, echo=echo)
+                add_variants(Path(source), opts, echo=echo, attention=declared)
             path = guarded_int8.add(Path(source), bleu_within, force, opts.command, echo=echo)
         else:
-            path = add_variants(Path(source), opts, echo=echo)
+            path = add_variants(Path(source), opts, echo=echo, attention=declared)
     else:
+        from toolkit.build.export import export as run
+
         path = run(opts, echo=lambda m: click.echo(m, err=True))
     files = sorted(p for p in path.iterdir())
     click.echo(f"wrote {path} in {time.time() - start:.1f}s:")
