@@ -1,0 +1,151 @@
+"""tk installs like a library (issue 40): the wheel translates with its own default model in an environment
+without torch, from a directory outside the clone, and installs no top-level `models` package.
+
+The wheel's dependencies come from this test environment, offline: a fresh virtual environment sees only the
+distributions the wheel requires (and the serve extra), linked from here, so torch is not among them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_every_package_of_the_tree_is_in_the_wheel_list():
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = {".".join(p.relative_to(REPO).parts[:-1]) for p in (REPO / "toolkit").rglob("__init__.py")}
+    assert found | {"toolkit.models", "toolkit.shipped", "toolkit.shipped.transformer"} == listed
+    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"toolkit.models": "models", "toolkit.shipped": "exported"}
+
+
+def test_torch_is_only_in_the_build_side_extra():
+    base = {canonicalize_name(Requirement(r).name) for r in PYPROJECT["project"]["dependencies"]}
+    assert not base & {"torch", "onnxscript"}
+    assert {canonicalize_name(Requirement(r).name) for r in PYPROJECT["project"]["optional-dependencies"]["torch"]} == {"torch", "onnxscript"}
+    assert any("torch" in r for r in PYPROJECT["project"]["optional-dependencies"]["dev"])
+
+
+def _closure(requirements: list[str]) -> dict[str, metadata.Distribution]:
+    """The installed distributions these requirements need, recursively (extras of dependencies left out)."""
+    found: dict[str, metadata.Distribution] = {}
+    stack = [Requirement(r) for r in requirements]
+    while stack:
+        req = stack.pop()
+        if req.marker and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in found:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # another platform's alternative (onnxruntime vs onnxruntime-gpu)
+        found[name] = dist
+        stack.extend(Requirement(r) for r in dist.requires or [])
+    return found
+
+
+def _link_distributions(dists: dict[str, metadata.Distribution], into: Path) -> None:
+    into.mkdir()
+    for dist in dists.values():
+        root = Path(dist.locate_file(""))
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in tops:
+            target = into / top
+            if (root / top).exists() and not target.exists() and not top.endswith(".pth"):
+                target.symlink_to(root / top)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(420)
+def test_the_wheel_translates_serves_and_loads_without_torch_from_anywhere(tmp_path):
+    source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("toolkit", "models"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "exported" / "transformer", source / "exported" / "transformer")
+    dist = tmp_path / "dist"
+    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    wheel = next(dist.glob("*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "toolkit/shipped/transformer/weights.bin" in names and "toolkit/models/transformer.py" in names
+    assert not [n for n in names if n.startswith("models/")]
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [line.split(":", 1)[1].strip() for line in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    requires += PYPROJECT["project"]["optional-dependencies"]["serve"]
+    deps = _closure(requires)
+    assert "torch" not in deps and "onnxscript" not in deps
+    _link_distributions(deps, tmp_path / "deps")
+    (site / "tk-deps.pth").write_text(str(tmp_path / "deps") + "\n")
+    bin_dir = venv / "bin"
+    installed = subprocess.run([str(bin_dir / "pip"), "install", "--no-deps", "--no-index", "--quiet", str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TK_MODEL", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+
+    def run(*args, **kwargs):
+        return subprocess.run(list(args), capture_output=True, text=True, cwd=outside, env=env, timeout=120, **kwargs)
+
+    translated = run(str(bin_dir / "tk"), "translate", "Hello.")
+    assert translated.returncode == 0, translated.stderr
+    assert translated.stdout.strip() and translated.stdout.strip() != "Hello.", translated.stdout
+    assert "site-packages/toolkit/shipped/transformer" in translated.stderr  # the installed model, not a clone's
+    api = run(str(bin_dir / "python"), "-c", "from toolkit import Translator; import sys; "
+              "print(Translator().translate(['Hello.'])[0]); print('torch' in sys.modules)")
+    assert api.returncode == 0 and api.stdout.split("\n")[:2] == [translated.stdout.strip(), "False"], api.stdout + api.stderr
+    for module in ("torch", "models"):
+        assert run(str(bin_dir / "python"), "-c", f"import {module}").returncode != 0, module
+    assert run(str(bin_dir / "pip"), "show", "torch").returncode != 0
+    hint = run(str(bin_dir / "tk"), "train", "nw", "--out", str(outside / "run"))
+    assert hint.returncode == 2 and "pip install 'tk-onnx-deploy[torch]'" in hint.stderr, hint.stderr
+    assert "Traceback" not in hint.stderr
+
+    port = _free_port()
+    server = subprocess.Popen([str(bin_dir / "tk"), "serve", "--port", str(port)], cwd=outside, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, health = time.time() + 90, None
+        while time.time() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    health = response.status
+                    break
+            except OSError:
+                time.sleep(0.3)
+        assert health == 200, server.stderr.read() if server.poll() is not None else "no answer"
+    finally:
+        server.terminate()
+        server.wait(30)
