@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
 from toolkit.models.attention import AdditiveAttention
+from torch import nn
 
 
 @dataclass

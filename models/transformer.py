@@ -13,9 +13,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
 from toolkit.models.attention import AddNorm, MultiHeadAttention, PositionalEncoding, PositionWiseFFN
+from torch import nn
 
 
 @dataclass

@@ -12,13 +12,13 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 import urllib.request
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
