@@ -43,7 +43,7 @@ def challenge_test() -> Path:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, corpus_zip) -> Path:
     """A transformer trained for a few seconds on a few hundred pairs: real tokenizer, real sentences."""
-    from toolkit.build.train import TrainOptions, train
+    from toolkit.pytorch.train import TrainOptions, train
 
     out = tmp_path_factory.mktemp("tiny-run")
     train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=8, seed=0),
@@ -53,7 +53,7 @@ def tiny_checkpoint(tmp_path_factory, corpus_zip) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory, tiny_checkpoint) -> Path:
-    from toolkit.build.export import ExportOptions, export
+    from toolkit.pytorch.export import ExportOptions, export
 
     out = tmp_path_factory.mktemp("tiny-export") / "transformer"
     export(ExportOptions(out=out, checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
@@ -63,7 +63,7 @@ def tiny_export(tmp_path_factory, tiny_checkpoint) -> Path:
 @pytest.fixture(scope="session")
 def random_export(tmp_path_factory):
     """Exports a registry model with small random weights, once per model per session."""
-    from toolkit.build.export import ExportOptions, export
+    from toolkit.pytorch.export import ExportOptions, export
 
     root = tmp_path_factory.mktemp("random-exports")
     cache: dict[str, Path] = {}

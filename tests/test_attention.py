@@ -93,7 +93,7 @@ def test_verify_checks_the_attention_outputs_against_pytorch(tiny_export):
 
 def test_verify_fails_when_the_graph_weights_differ_from_pytorch(tiny_export, monkeypatch):
     """The weights of another layer (same shape, different values) must not pass as these."""
-    from toolkit.build import registry
+    from toolkit.pytorch import registry
     from toolkit.verify.run import verify
 
     entry = registry.get("transformer")
@@ -207,7 +207,7 @@ def test_tk_attention_never_imports_torch(tiny_export, tmp_path, assert_torch_fr
 
 
 def test_training_records_history_json_and_tk_plot_draws_it(cli, tiny_checkpoint, tmp_path):
-    from toolkit.build import checkpoint
+    from toolkit.pytorch import checkpoint
 
     run = tiny_checkpoint.parent
     recorded = json.loads((run / "history.json").read_text())

@@ -10,11 +10,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from toolkit.build import registry
-from toolkit.build.export import EXAMPLE_SIZES
-from toolkit.build.reference import load_reference
 from toolkit.core import data, manifest
 from toolkit.core.graphs import make_inputs
+from toolkit.pytorch import registry
+from toolkit.pytorch.export import EXAMPLE_SIZES
+from toolkit.pytorch.reference import load_reference
 
 # Batch 1, an odd batch, and lengths from 1 to the maximum, including ones the export never traced.
 SIZES = [(1, 1), (5, 2), (1, EXAMPLE_SIZES["src_len"]), (5, 11), (2, 24)]
@@ -61,7 +61,7 @@ def test_manifest_describes_the_directory(tiny_export, tiny_checkpoint):
     assert d["graphs"]["decoder"]["spec"]["updates"] == {f"new_{n}_{i}": f"{n}_{i}" for i in layers for n in ("self_k", "self_v")}
     assert d["opset"] >= 18
     assert {"torch", "onnx", "onnxruntime", "onnxscript"} <= set(d["versions"])
-    from toolkit.build.checkpoint import sha256
+    from toolkit.pytorch.checkpoint import sha256
 
     assert d["checkpoint"]["sha256"] == sha256(tiny_checkpoint)
     # What the checkpoint and corpus were, not where they lay (tests run them from a temporary directory).
@@ -137,7 +137,7 @@ def test_unknown_model_lists_the_known_ones(cli, tmp_path):
 
 
 def test_failed_export_leaves_nothing_behind(cli, tmp_path, monkeypatch):
-    from toolkit.build import export as export_mod
+    from toolkit.pytorch import export as export_mod
 
     real = export_mod.export_graph
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit.build import checkpoint, registry
 from toolkit.core import manifest
 from toolkit.core.errors import UsageError
+from toolkit.pytorch import checkpoint, registry
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "exported"
@@ -193,7 +193,7 @@ def test_force_replaces_only_a_tk_model_directory(cli, tmp_path):
 
 def test_an_export_that_finds_its_output_written_meanwhile_refuses_to_replace_it(cli, tmp_path, monkeypatch):
     """Two exports to one --out: the one that commits second must not silently remove the first one's directory."""
-    from toolkit.build import export as export_mod
+    from toolkit.pytorch import export as export_mod
 
     out = tmp_path / "model"
     original = export_mod.write_directory
@@ -355,7 +355,7 @@ def _tamper(directory: Path) -> None:
     for g in d["graphs"].values():
         g["sha256"] = manifest.file_sha256(directory / g["file"])
         g["weights"]["sha256"] = manifest.file_sha256(directory / "weights.bin")
-    from toolkit.build.reference import weights_from_graphs
+    from toolkit.pytorch.reference import weights_from_graphs
 
     m = manifest.Manifest.from_dict(directory, d)
     entry = registry.get(d["model"])

@@ -93,7 +93,7 @@ def test_a_cache_position_off_by_one_is_named(cli, model, tmp_path, monkeypatch)
     """Exported from a model whose positional encoding was shifted by one, compared with the model as it is."""
     from toolkit.models import attention
 
-    from toolkit.build.export import ExportOptions, export
+    from toolkit.pytorch.export import ExportOptions, export
 
     real = attention.PositionalEncoding.forward
     monkeypatch.setattr(attention.PositionalEncoding, "forward", lambda self, x, offset=None: real(self, x, None if offset is None else offset + 1))
@@ -107,8 +107,8 @@ def test_a_cache_position_off_by_one_is_named(cli, model, tmp_path, monkeypatch)
 def test_a_layer_whose_fp16_values_overflow_is_named(cli, tiny_export, tmp_path):
     """Weights scaled until one layer's outputs exceed float16's range: fp32 passes, fp16 fails at that layer.
     (A trained model: every weight is a named initializer, so the reference is rebuilt from the graphs.)"""
-    from toolkit.build import checkpoint, registry
-    from toolkit.build.reference import weights_from_graphs
+    from toolkit.pytorch import checkpoint, registry
+    from toolkit.pytorch.reference import weights_from_graphs
 
     directory = tmp_path / "big"
     shutil.copytree(tiny_export, directory)

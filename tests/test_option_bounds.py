@@ -98,8 +98,8 @@ def test_a_config_size_beyond_its_bound_is_one_line_before_anything_is_allocated
 
 
 def test_every_size_of_every_registered_model_has_a_bound_its_defaults_keep():
-    from toolkit.build import registry
     from toolkit.core.manifest import SIZES
+    from toolkit.pytorch import registry
 
     for name, entry in registry.REGISTRY.items():
         sizes = [f.name for f in dataclasses.fields(entry.config_cls) if type(f.default) is int and f.name != "pad_id"]
@@ -108,7 +108,7 @@ def test_every_size_of_every_registered_model_has_a_bound_its_defaults_keep():
 
 
 def test_a_checkpoint_config_beyond_the_bounds_is_refused_before_the_model_is_built():
-    from toolkit.build import registry
+    from toolkit.pytorch import registry
 
     with pytest.raises(UsageError, match=r"^ckpt: num_layers must be at most 16 \(the largest tk builds\), got 1000000$"):
         registry.get("transformer").checked_config({"num_layers": 10**6}, "ckpt")
@@ -147,8 +147,8 @@ def test_a_manifest_stating_a_size_beyond_its_bound_is_corrupt_in_one_line(cli, 
 
 
 def test_a_manifest_nested_100k_deep_is_one_line_not_a_recursion_error(cli, tmp_path):
-    from toolkit.build.export import is_model_directory
     from toolkit.core import manifest
+    from toolkit.pytorch.export import is_model_directory
 
     model = _manifest_dir(tmp_path, '{"format": "tk-export/1", "metrics": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(UsageError, match="manifest.json is corrupt: its JSON nests too deeply to read; re-export"):

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolkit.build import checkpoint
-from toolkit.build.epoch_data import EpochData
-from toolkit.build.train import Schedule, TrainOptions, train
 from toolkit.core.noise import NoiseConfig
 from toolkit.core.tokenizer import Tokenizer
+from toolkit.pytorch import checkpoint
+from toolkit.pytorch.epoch_data import EpochData
+from toolkit.pytorch.train import Schedule, TrainOptions, train
 
 SHIPPED_TOKENIZER = Path(__file__).resolve().parents[1] / "exported" / "transformer" / "tokenizer.model"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import toolkit.build.train
-from toolkit.build import checkpoint
+import toolkit.pytorch.train
 from toolkit.cli import main
 from toolkit.core import data
+from toolkit.pytorch import checkpoint
 
 CORPUS_ZIP = Path(os.environ.get("TK_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "fra-eng.zip")
 # The tiny preset on one thread, so the tests stay quick and leave the other core alone.
@@ -45,7 +45,7 @@ def assert_only_checkpoint(out: Path) -> None:
 
 def count_calls(monkeypatch, should_interrupt):
     """Wraps the training loss so that it raises KeyboardInterrupt when should_interrupt(n, eps) is true."""
-    original = toolkit.build.train.label_smoothed_nll
+    original = toolkit.pytorch.train.label_smoothed_nll
     calls = {"n": 0}
 
     def wrapper(log_probs, target, eps):
@@ -54,7 +54,7 @@ def count_calls(monkeypatch, should_interrupt):
             raise KeyboardInterrupt
         return original(log_probs, target, eps)
 
-    monkeypatch.setattr(toolkit.build.train, "label_smoothed_nll", wrapper)
+    monkeypatch.setattr(toolkit.pytorch.train, "label_smoothed_nll", wrapper)
     return calls
 
 
@@ -255,7 +255,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_130(tmp_path):
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output
     assert "checkpoint saved" in output and "--resume" in output
-    from toolkit.build import checkpoint
+    from toolkit.pytorch import checkpoint
 
     assert checkpoint.load(out / "checkpoint.pt")["progress"]["step"] > 0
 
@@ -284,11 +284,11 @@ def test_set_takes_effect_and_the_model_trains_exports_and_verifies(tmp_path, mo
 
 def test_learning_rate_warms_up_linearly_then_decays_as_inverse_square_root():
     peak, warmup = 1e-3, 100
-    assert toolkit.build.train.lr_at(1, peak, warmup) == pytest.approx(peak / warmup)
-    assert toolkit.build.train.lr_at(50, peak, warmup) == pytest.approx(peak / 2)
-    assert toolkit.build.train.lr_at(warmup, peak, warmup) == pytest.approx(peak)
-    assert toolkit.build.train.lr_at(4 * warmup, peak, warmup) == pytest.approx(peak / 2)
-    assert toolkit.build.train.lr_at(0, peak, warmup) == toolkit.build.train.lr_at(1, peak, warmup)  # step 0 is not a zero rate
+    assert toolkit.pytorch.train.lr_at(1, peak, warmup) == pytest.approx(peak / warmup)
+    assert toolkit.pytorch.train.lr_at(50, peak, warmup) == pytest.approx(peak / 2)
+    assert toolkit.pytorch.train.lr_at(warmup, peak, warmup) == pytest.approx(peak)
+    assert toolkit.pytorch.train.lr_at(4 * warmup, peak, warmup) == pytest.approx(peak / 2)
+    assert toolkit.pytorch.train.lr_at(0, peak, warmup) == toolkit.pytorch.train.lr_at(1, peak, warmup)  # step 0 is not a zero rate
 
 
 def test_label_smoothed_loss_mixes_the_target_nll_with_the_uniform_one_and_skips_padding():
@@ -300,8 +300,8 @@ def test_label_smoothed_loss_mixes_the_target_nll_with_the_uniform_one_and_skips
     target = torch.tensor([[3, 2, PAD]])  # the last position is padding
     nll = -(log_probs[0, 0, 3] + log_probs[0, 1, 2])
     uniform = -(log_probs[0, 0].mean() + log_probs[0, 1].mean())
-    loss, plain = toolkit.build.train.label_smoothed_nll(log_probs, target, 0.1)
+    loss, plain = toolkit.pytorch.train.label_smoothed_nll(log_probs, target, 0.1)
     assert plain.item() == pytest.approx(nll.item())
     assert loss.item() == pytest.approx((0.9 * nll + 0.1 * uniform).item())
-    unsmoothed, _ = toolkit.build.train.label_smoothed_nll(log_probs, target, 0.0)
+    unsmoothed, _ = toolkit.pytorch.train.label_smoothed_nll(log_probs, target, 0.0)
     assert unsmoothed.item() == pytest.approx(nll.item())

@@ -52,8 +52,8 @@ def test_batched_output_equals_one_sentence_at_a_time(model, english):
 
 
 def test_torch_and_onnxruntime_backends_give_the_same_greedy_output(model, english, tiny_export):
-    from toolkit.build.reference import load_reference
-    from toolkit.build.torch_backend import TorchBackend
+    from toolkit.pytorch.reference import load_reference
+    from toolkit.pytorch.torch_backend import TorchBackend
 
     _, _, torch_model, _ = load_reference(model.manifest)
     specs = model.manifest.specs()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolkit.build import checkpoint
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import file_sha256
+from toolkit.pytorch import checkpoint
 
 
 class _Payload:

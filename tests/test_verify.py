@@ -10,8 +10,8 @@ import onnx
 import pytest
 from helpers import rehash
 
-from toolkit.build.export import ExportOptions, export
 from toolkit.core import manifest
+from toolkit.pytorch.export import ExportOptions, export
 from toolkit.verify.compare import compare
 
 
@@ -127,7 +127,7 @@ def test_fails_on_a_decoder_whose_cache_position_is_off_by_one(cli, tiny_checkpo
 
 
 def test_fails_on_a_sequence_axis_frozen_at_export(cli, tiny_checkpoint, tmp_path, monkeypatch):
-    from toolkit.build import export as export_mod
+    from toolkit.pytorch import export as export_mod
 
     real = export_mod.dynamic_shapes
 

@@ -1,6 +1,6 @@
 """Variants added to an exported directory from its own fp32 graphs (`tk export DIR --quantize int8`, `--fp16`,
 `--optimize`): torch-free, so a deploy-only install (no torch extra) can store them. Exporting from PyTorch lives in
-toolkit/build/export.py, which uses this module for the variants it writes beside new graphs."""
+toolkit/pytorch/export.py, which uses this module for the variants it writes beside new graphs."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def add_variants(directory: Path, opts: ExportOptions, echo=print, attention: di
     This is how a fresh clone gets the int8 graphs of a shipped model. The manifest is rewritten
     only after every new file is complete; on failure they are removed. Under the directory's lock:
     two commands adding to one directory run one after the other. `attention`: with opts.attention, the model's
-    declaration of its attention outputs (toolkit.build.export.attention_declaration: the torch side makes it).
+    declaration of its attention outputs (toolkit.pytorch.export.attention_declaration: the torch side makes it).
     """
     with manifest.locked(directory):
         return _add_variants(directory, opts, echo, attention)

@@ -71,8 +71,8 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     m.check_files(cached=True)
     tokenizer = Tokenizer.load(tok_path)
     if backend == "torch":
-        from toolkit.build.reference import load_reference
-        from toolkit.build.torch_backend import TorchBackend
+        from toolkit.pytorch.reference import load_reference
+        from toolkit.pytorch.torch_backend import TorchBackend
 
         _, _, model, _ = load_reference(m)
         specs = m.specs()

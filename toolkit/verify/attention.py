@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from toolkit.build import registry
 from toolkit.core.decoding import greedy
 from toolkit.core.errors import first_line
 from toolkit.core.graphs import GraphSpec, TensorSpec
 from toolkit.core.manifest import Manifest
 from toolkit.deploy import attention_graphs
+from toolkit.pytorch import registry
 from toolkit.runtimes import onnxruntime as runtime
 from toolkit.verify.checks import ParityBackend, case_label, static_check, sweep_cases, sweep_inputs
 from toolkit.verify.compare import RunFailure, compare_outputs, failed_run, run_ort, run_torch, tolerance
@@ -95,7 +95,7 @@ def verify_attention(m: Manifest, entry: registry.ModelEntry, model: torch.nn.Mo
                 probability_check(report.rows, "sweep", spec, extra[name], provider, case, feeds, got)
         if not src_ids:
             continue
-        from toolkit.build.torch_backend import TorchBackend
+        from toolkit.pytorch.torch_backend import TorchBackend
 
         ref_backend = TorchBackend(model, base["encoder"], base["decoder"])
         parity = AttentionParity(ref_backend, model, entry, extra, sessions, specs, VARIANT, provider, tol, report.rows)

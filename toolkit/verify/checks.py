@@ -179,8 +179,8 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
     Without either, a reference read back from the graphs proves only that the graphs compute what PyTorch
     computes with the same weights; a weight tampered with (manifest digests rewritten) would pass.
     """
-    from toolkit.build import checkpoint as ckpt_mod
-    from toolkit.build.reference import weights_from_graphs
+    from toolkit.pytorch import checkpoint as ckpt_mod
+    from toolkit.pytorch.reference import weights_from_graphs
 
     wanted = []
     if checkpoint_path is not None:

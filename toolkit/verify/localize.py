@@ -23,10 +23,10 @@ import numpy as np
 import onnx
 import torch
 
-from toolkit.build import registry
 from toolkit.core.manifest import Manifest
 from toolkit.core.node_map import node_origins
 from toolkit.core.variants import graph_source
+from toolkit.pytorch import registry
 
 
 @dataclass
@@ -126,8 +126,8 @@ def traced_program(module: torch.nn.Module, spec, max_len: int, vocab: int, key:
     value names the ONNX graph carries)."""
     from torch.onnx._internal.exporter import _core, _registration
 
-    from toolkit.build.export import EXAMPLE_SIZES, dynamic_shapes
     from toolkit.core.graphs import make_inputs
+    from toolkit.pytorch.export import EXAMPLE_SIZES, dynamic_shapes
 
     if key is not None and key in _TRACED:
         return _TRACED[key]

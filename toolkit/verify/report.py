@@ -30,7 +30,7 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
     reference: str = ""
-    reference_kind: str = ""  # checkpoint | random_init | graphs (see toolkit.build.reference.reference_kind)
+    reference_kind: str = ""  # checkpoint | random_init | graphs (see toolkit.pytorch.reference.reference_kind)
     reference_proves: str = ""
     weights_sha256: str = ""  # of the graphs' fp32 weights, when computed (--checkpoint, --expect-digest, or a graphs reference)
     runtime: str = "onnxruntime"  # the engine that ran the graphs, with its version ("openvino 2026.4.1")

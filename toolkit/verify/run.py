@@ -22,13 +22,13 @@ import numpy as np
 import onnx
 import torch
 
-from toolkit.build import registry
-from toolkit.build.reference import load_reference, reference_kind
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import graph_source
+from toolkit.pytorch import registry
+from toolkit.pytorch.reference import load_reference, reference_kind
 from toolkit.verify.checks import (
     ParityBackend,
     case_label,
@@ -212,8 +212,8 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
             rtol: float | None, echo) -> list[list[int]]:
     """Greedy decodes of held-out sentences, every step's outputs against PyTorch's, then the translations token
     for token; returns the sentences' ids (the attention check decodes them too). Only translation models."""
-    from toolkit.build.torch_backend import TorchBackend
     from toolkit.core.tokenizer import Tokenizer
+    from toolkit.pytorch.torch_backend import TorchBackend
 
     tok_path = m.tokenizer_path()
     if m.kind != "seq2seq" or tok_path is None or sentences <= 0:

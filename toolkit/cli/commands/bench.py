@@ -89,7 +89,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
             json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
         return
 
-    from toolkit.build import bench as b
+    from toolkit.pytorch import bench as b
 
     writable_file(json_path, "--json")
     notes: list[str] = []

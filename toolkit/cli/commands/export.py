@@ -69,13 +69,13 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         echo = lambda m: click.echo(m, err=True)  # noqa: E731
         declared = None
         if attention:  # the model's own declaration of its attention outputs: the torch side
-            from toolkit.build.export import attention_declaration
             from toolkit.core import manifest
+            from toolkit.pytorch.export import attention_declaration
 
             m = manifest.load(source)
             declared = attention_declaration(m.model, m.config).get("attention")
         if keep_fp32:
-            from toolkit.build import guarded_int8
+            from toolkit.pytorch import guarded_int8
 
             if fp16 or optimize or attention:
                 add_variants(Path(source), opts, echo=echo, attention=declared)
@@ -83,7 +83,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         else:
             path = add_variants(Path(source), opts, echo=echo, attention=declared)
     else:
-        from toolkit.build.export import export as run
+        from toolkit.pytorch.export import export as run
 
         path = run(opts, echo=lambda m: click.echo(m, err=True))
     files = sorted(p for p in path.iterdir())

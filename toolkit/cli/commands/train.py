@@ -48,8 +48,8 @@ def train(model: str, out, data_path, exclude, preset, pre_ln, epochs, lr, seed,
 
     Example: tk train transformer --preset tiny --out runs/tiny
     """
-    from toolkit.build.train import TrainOptions
-    from toolkit.build.train import train as run
+    from toolkit.pytorch.train import TrainOptions
+    from toolkit.pytorch.train import train as run
 
     overrides = {}
     for item in sets:

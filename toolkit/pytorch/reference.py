@@ -9,9 +9,9 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from toolkit.build import checkpoint, registry
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import CheckpointRecord, Manifest
+from toolkit.pytorch import checkpoint, registry
 
 PREFIX = "model."  # the graph wrappers hold the model as `.model`, so initializers are named model.<parameter>
 

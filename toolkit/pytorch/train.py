@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from toolkit.build import checkpoint, registry
-from toolkit.build.epoch_data import EpochData
 from toolkit.core import data, history
 from toolkit.core.batching import DecodeOptions, translate_texts
 from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.core.noise import NoiseConfig
 from toolkit.core.tokenizer import PAD, Tokenizer
+from toolkit.pytorch import checkpoint, registry
+from toolkit.pytorch.epoch_data import EpochData
 
 PRESETS = {
     # A few hundred pairs and a small model: the loss visibly falls in about a minute on 2 cores.
@@ -459,8 +459,8 @@ def evaluate_loss(model, examples, max_tokens: int, device: torch.device | str =
 
 
 def final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max_tokens, n_sentences) -> dict:
-    from toolkit.build.torch_backend import TorchBackend
     from toolkit.core.scoring import bleu_chrf
+    from toolkit.pytorch.torch_backend import TorchBackend
 
     model.eval()
     english, refs = data.references(valid_pairs)

@@ -119,10 +119,10 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     model is a post-LN Transformer); `ct2_threads`: its (intra, inter) threads (None: measured).
     `notes`: receives the roofline line (achieved GFLOP/s of fp32 greedy at the largest batch against sgemm peak).
     """
-    from toolkit.build.reference import load_reference
-    from toolkit.build.torch_backend import TorchBackend
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.tokenizer import Tokenizer
+    from toolkit.pytorch.reference import load_reference
+    from toolkit.pytorch.torch_backend import TorchBackend
     from toolkit.runtimes import ctranslate2 as ct2_engine
     from toolkit.runtimes import onnxruntime as runtime
     from toolkit.verify.checks import held_out_sentences

@@ -72,7 +72,7 @@ def sha256(path: str | Path) -> str:
 
 def build_model(ckpt: dict):
     """(registry entry, config, model with the checkpoint's weights, in eval mode)."""
-    from toolkit.build import registry
+    from toolkit.pytorch import registry
 
     entry = registry.get(ckpt["model"])
     where = ckpt.get("path", "the checkpoint")

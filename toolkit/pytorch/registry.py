@@ -33,7 +33,7 @@ class ModelEntry:
     graphs: Callable[[object], list[GraphSpec]]
     # For "module" entries: model, *inputs -> outputs in declared order.
     run: Callable[..., tuple] | None = None
-    # Its training task (a name in toolkit.build.train.TASKS, which owns the training code); None: none.
+    # Its training task (a name in toolkit.pytorch.train.TASKS, which owns the training code); None: none.
     train: str | None = None
     # The attention variant: graph name -> extra outputs (the masked attention probabilities, in the
     # order the graph computes them), and how to read the same weights off the PyTorch model after a call.

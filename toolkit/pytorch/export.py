@@ -26,7 +26,6 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from toolkit.build import checkpoint, registry
 from toolkit.core import manifest, variants
 from toolkit.core.atomic import exclusive
 from toolkit.core.data import CORPUS_SHA256
@@ -35,6 +34,7 @@ from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
 from toolkit.deploy.stored_variants import ExportOptions, add_variants, make_variant, wanted_variants  # noqa: F401 (re-exported)
+from toolkit.pytorch import checkpoint, registry
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.

@@ -5,7 +5,7 @@ PyTorch on the GPU beside it, device memory per backend, ONNX Runtime's profile 
 decode step, and `tk serve` under concurrent clients. Writes OUT/results.json and OUT/table.md (the README's
 runtime-matrix rows); the verify records go into each model's manifest.json beside the CPU ones.
 
-    python -m toolkit.build.cuda_matrix OUT [--provider cuda] [--sentences 2000] [--bench-sentences 256]
+    python -m toolkit.pytorch.cuda_matrix OUT [--provider cuda] [--sentences 2000] [--bench-sentences 256]
 
 `--provider cpu` runs the same matrix on the CPU: how the script itself is tested on a machine without a GPU.
 """
@@ -37,7 +37,7 @@ def precisions(provider: str) -> list[str]:
 
 
 def run_verify(provider: str, sentences: int, echo, exported: Path = EXPORTED) -> dict:
-    from toolkit.build.export import ExportOptions, export
+    from toolkit.pytorch.export import ExportOptions, export
     from toolkit.verify.record import record_summary
     from toolkit.verify.run import verify
 
@@ -118,10 +118,10 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
     same device and on the CPU and against ONNX Runtime fp32 on the CPU: the fraction of identical sentences."""
     import torch
 
-    from toolkit.build.reference import load_reference
-    from toolkit.build.torch_backend import TorchBackend
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.batching import DecodeOptions, decode_ids
+    from toolkit.pytorch.reference import load_reference
+    from toolkit.pytorch.torch_backend import TorchBackend
     from toolkit.runtimes import onnxruntime as runtime
 
     m = manifest_mod.load(exported / "transformer")
@@ -147,7 +147,7 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
 MEMORY_PROBE = """
 import json, os, subprocess, sys
 from pathlib import Path
-from toolkit.build.cuda_matrix import probe_backend
+from toolkit.pytorch.cuda_matrix import probe_backend
 backend, batch = probe_backend(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))
 row = {"torch_max_allocated_mib": None}
 if sys.argv[2] == "pytorch":
@@ -165,10 +165,10 @@ print("MEMORY " + json.dumps(row))
 
 def probe_backend(model_dir: Path, engine: str, variant: str, batch: int):
     """Loads one backend and runs one greedy pass over `batch` held-out sentences at that batch size (the memory probe)."""
-    from toolkit.build.reference import load_reference
-    from toolkit.build.torch_backend import TorchBackend
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.batching import DecodeOptions, decode_ids
+    from toolkit.pytorch.reference import load_reference
+    from toolkit.pytorch.torch_backend import TorchBackend
     from toolkit.runtimes import onnxruntime as runtime
     from toolkit.verify.checks import held_out_sentences
 
@@ -257,7 +257,7 @@ def run_serve(provider: str, sentences: int, echo, exported: Path = EXPORTED, ch
 
 
 def run_bench(provider: str, sentences: int, echo, exported: Path = EXPORTED) -> list[dict]:
-    from toolkit.build.bench import bench
+    from toolkit.pytorch.bench import bench
 
     results = bench(exported / "transformer", sentences, (1, 64, 256), (1, 4), providers=(provider,), textbook=False,
                     variants=precisions(provider), echo=echo, ct2=False)
@@ -300,7 +300,7 @@ def table(results: dict) -> str:
         for r in serve:
             lines.append(f"| tk serve, {r['clients']} clients, {r['mode']} | {r['throughput']} sentences/s, p50 {r['p50_ms']:.1f} ms, "
                          f"p99 {r['p99_ms']:.1f} ms, mean batch {r['mean_batch']:.1f} |")
-    from toolkit.build.bench import row_provider, torch_row
+    from toolkit.pytorch.bench import row_provider, torch_row
 
     lines += ["", "| backend | search | batch | sentences/s | vs PyTorch cached, same device |", "|---|---|---|---|---|"]
     bench = results.get("bench") if isinstance(results.get("bench"), list) else []
@@ -320,7 +320,7 @@ def positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.build.cuda_matrix", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m toolkit.pytorch.cuda_matrix", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for results.json and table.md")
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--sentences", type=positive, default=2000, help="Tatoeba Challenge sentences to translate")
