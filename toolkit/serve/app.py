@@ -6,8 +6,10 @@ Every error answers `{"error": "one line"}` with its status; no traceback reache
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -22,12 +24,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 
 from toolkit.deploy.translate import TranslationModel
-from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull
+from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
 from toolkit.serve.metrics import Metrics
 
 log = logging.getLogger("tk.serve")
 PAGE = Path(__file__).with_name("page.html")
 MAX_BEAM = 16
+TRANSLATE = "/v1/translate"
+# Names a browser on this machine uses for a loopback server; with the bound address and --allow-host
+# names they are the Host headers served, so a page elsewhere cannot reach the API by DNS rebinding.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class ServeConfig:
     timeout_s: float = 30.0  # per request, queue wait included
     retry_after_s: int = 1  # told to clients refused for a full queue
     description: str = ""  # model, variant and provider, for the page and the log
+    body_timeout_s: float = 10.0  # the whole request body must arrive within this (408 beyond)
+    allowed_hosts: tuple[str, ...] = ()  # Host names served besides LOOPBACK_HOSTS; "*" serves any
 
     @property
     def max_body_bytes(self) -> int:
@@ -76,8 +85,26 @@ class ErrorBody(BaseModel):
     error: str
 
 
+def printable(text: str) -> str:
+    """Text that encodes as UTF-8: lone surrogates (a directory name's undecodable bytes after
+    os.fsdecode, or a client's JSON escapes) become U+FFFD."""
+    return SURROGATES.sub("\ufffd", text)
+
+
 def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return JSONResponse({"error": printable(message)}, status_code=status, headers=headers)
+
+
+def host_name(value: str) -> str:
+    """The name in a Host header or an --allow-host value: no port, no brackets, lower case, no
+    trailing dot; "" for a malformed bracketed address, which no entry matches."""
+    v = value.strip().lower()
+    if v.startswith("["):
+        address, closed, rest = v[1:].partition("]")
+        return address if closed and (not rest or rest[0] == ":" and rest[1:].isdigit()) else ""
+    if v.count(":") == 1:
+        v = v.split(":")[0]
+    return v.rstrip(".")
 
 
 # Over 60 lines: FastAPI routes are closures over this app's batcher, limits and metrics, declared inside the factory.
@@ -99,8 +126,9 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
                   description="English to French translation with the exported ONNX graphs, batched across requests.")
     app.state.batcher = batcher
     app.state.metrics = metrics
-    errors = {400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}, 503: {"model": ErrorBody},
-              504: {"model": ErrorBody}}
+    errors = {400: {"model": ErrorBody}, 408: {"model": ErrorBody}, 413: {"model": ErrorBody}, 421: {"model": ErrorBody},
+              422: {"model": ErrorBody}, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
+    description = printable(config.description)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -108,6 +136,8 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
         if first.get("type") == "json_invalid":
             return error(400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse the body')}; send a JSON object like "
                               '{"text": "I\'m home."}')
+        if first.get("type") == "string_unicode":  # a lone surrogate escape where pydantic's JSON parser wants a string
+            return error(400, "the body has a lone UTF-16 surrogate escape (such as \\ud800), which is not text; send valid Unicode")
         if tuple(first.get("loc", ())) == ("body",) and "json" not in request.headers.get("content-type", "json"):
             return error(400, f"the body is {request.headers['content-type']}, not JSON; send JSON with Content-Type: application/json")
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
@@ -124,7 +154,7 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
         return error(500, "internal error; the server log has the details")
 
-    @app.post("/v1/translate", response_model=TranslateResponse, responses=errors, response_model_exclude_none=True)
+    @app.post(TRANSLATE, response_model=TranslateResponse, responses=errors, response_model_exclude_none=True)
     async def translate(req: TranslateRequest, request: Request):
         """Translates English to French. Sentences of concurrent requests are decoded together."""
         start = time.perf_counter()
@@ -137,11 +167,17 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
         for k, t in enumerate(texts):
             if len(t) > config.max_chars:
                 return error(413, f"sentence {k} has {len(t)} characters, limit {config.max_chars}; split it into sentences")
+            if found := SURROGATES.search(t):
+                # JSON lets "\ud800" through, but it is no character: the tokenizer and the answer's UTF-8 would fail on it.
+                return error(400, f"sentence {k} has a lone UTF-16 surrogate (\\u{ord(found.group()):04x} at {found.start()}), "
+                                  "which is not text; send valid Unicode")
         t = batcher.translator
         max_len = min(req.max_len or t.manifest.max_len, t.manifest.max_len) if t else 0
         key = OptionKey(req.beam, req.n_best, req.alpha, max_len)
         try:
-            results = await asyncio.wait_for(batcher.translate(texts, key), config.timeout_s)
+            results = await asyncio.wait_for(batcher.translate(texts, key, time.monotonic() + config.timeout_s), config.timeout_s)
+        except TooLarge as e:
+            return error(413, str(e))
         except QueueFull as e:
             return error(503, f"server busy: {e}; retry after {config.retry_after_s}s", {"Retry-After": str(config.retry_after_s)})
         except NotReady as e:
@@ -163,10 +199,10 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
 
     @app.get("/ready", responses={503: {"model": ErrorBody}})
     async def ready():
-        """Readiness: the model is loaded and a warm-up translation is done."""
-        if batcher.ready.is_set():
-            return {"status": "ready", "model": config.description}
-        return error(503, f"not ready: {batcher.failed or 'the model is still loading'}")
+        """Readiness: the model is loaded, a warm-up translation is done and the decoding worker runs."""
+        if batcher.healthy:
+            return {"status": "ready", "model": description}
+        return error(503, f"not ready: {batcher.not_ready_reason()}")
 
     @app.get("/metrics", response_class=Response)
     async def prometheus():
@@ -175,19 +211,75 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
-        return HTMLResponse(PAGE.read_text(encoding="utf-8").replace("{{MODEL}}", config.description or "tk"))
+        return HTMLResponse(PAGE.read_text(encoding="utf-8").replace("{{MODEL}}", html.escape(description or "tk")))
 
     return RequestLog(app, config, metrics)
 
 
+class Refused(Exception):
+    """A request answered by the middleware itself, before the app sees it; unread: the client may still
+    be sending a body the answer should not be lost under."""
+
+    def __init__(self, status: int, message: str, unread: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.unread = unread
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the request was answered."""
+
+
+# Closing a connection with request bytes unread makes the kernel reset it, and a client still sending
+# may then lose the answer (a third of 100 kB bodies refused on Content-Length did, on loopback). So the
+# rest of a refused body is read and dropped first, within these bounds (as nginx's lingering close).
+DRAIN_BYTES = 1 << 20
+DRAIN_S = 2.0
+
+
+async def reply(send, status: int, message: str, drain=None) -> None:
+    """A JSON error that closes the connection; with drain (the request's receive), the unread rest of
+    the body is read and dropped, within DRAIN_BYTES and DRAIN_S, before the connection closes."""
+    body = json.dumps({"error": message}).encode()  # ensure_ascii: a client's lone surrogates stay escapes
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": drain is not None})
+    if drain is None:
+        return
+    loop = asyncio.get_running_loop()
+    deadline, dropped = loop.time() + DRAIN_S, 0
+    try:
+        while dropped < DRAIN_BYTES:
+            message = await asyncio.wait_for(drain(), max(deadline - loop.time(), 0))
+            dropped += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+    except asyncio.TimeoutError:
+        pass
+    await send({"type": "http.response.body", "body": b""})
+
+
+def sending_body(scope, at_most: int) -> bool:
+    """Whether the client is sending a body of at most at_most bytes (or chunked) that nothing has read yet.
+    Not one that waits for "100 Continue": reading it would invite it."""
+    headers = dict(scope["headers"])
+    if b"100-continue" in headers.get(b"expect", b"").lower():
+        return False
+    length = headers.get(b"content-length", b"")
+    return b"chunked" in headers.get(b"transfer-encoding", b"").lower() or (length.isdigit() and 0 < int(length) <= at_most)
+
+
 class RequestLog:
-    """Pure ASGI middleware: refuses oversized bodies, counts translation requests by status and
-    logs one line per request (the access log of uvicorn is turned off)."""
+    """Pure ASGI middleware: serves only allowed Host names, reads a translation request's body
+    within its size and time limits, cancels the request when its client goes away, counts
+    translation requests by status and logs one line per request (uvicorn's access log is off)."""
 
     def __init__(self, app: FastAPI, config: ServeConfig, metrics: Metrics):
         self.app = app
         self.config = config
         self.metrics = metrics
+        self.any_host = "*" in config.allowed_hosts
+        self.hosts = {host_name(h) for h in (*LOOPBACK_HOSTS, *config.allowed_hosts)} - {""}
 
     def __getattr__(self, name):  # tests and uvicorn reach the FastAPI app's state and routes through here
         return getattr(self.app, name)
@@ -206,18 +298,86 @@ class RequestLog:
             await send(message)
 
         path = scope["path"]
-        length = dict(scope["headers"]).get(b"content-length")
         try:
-            if path == "/v1/translate" and length and length.isdigit() and int(length) > self.config.max_body_bytes:
-                body = json.dumps({"error": f"request body of {int(length)} bytes, limit {self.config.max_body_bytes}; split the request"})
-                await send_status({"type": "http.response.start", "status": 413,
-                                   "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-                await send_status({"type": "http.response.body", "body": body.encode()})
+            self.check_host(scope)
+            if path == TRANSLATE and scope["method"] == "POST":
+                body = await self.read_body(scope, receive)
+                await self.run_watched(scope, body, receive, send_status)
             else:
                 await self.app(scope, receive, send_status)
+        except Refused as e:
+            await reply(send_status, e.status, printable(str(e)), receive if e.unread else None)
+        except ClientGone:
+            status = 499  # nginx's "client closed request": nobody reads an answer
         finally:
             ms = 1000 * (time.perf_counter() - start)
             n = scope["state"].get("sentences")
-            if path == "/v1/translate":
+            if path == TRANSLATE:
                 self.metrics.requests.labels(str(status)).inc()
-            log.info("%s %s %d %s%.1f ms", scope["method"], path, status, f"{n} sentence{'s' * (n != 1)} " if n is not None else "", ms)
+            log.info("%s %s %d %s%.1f ms", scope["method"], printable(path), status, f"{n} sentence{'s' * (n != 1)} " if n is not None else "",
+                     ms)
+
+    def check_host(self, scope) -> None:
+        if self.any_host:
+            return
+        header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if host_name(header) not in self.hosts:
+            shown = json.dumps(header[:100])
+            raise Refused(421, f"Host {shown} is not served here (a DNS-rebinding guard); to serve it, start tk serve with "
+                               f"--allow-host {host_name(header) or 'NAME'}", unread=sending_body(scope, DRAIN_BYTES))
+
+    async def read_body(self, scope, receive) -> bytes:
+        """The whole body, read as it arrives: refused once it passes the size limit (a chunked body
+        has no Content-Length to check first) or when it is not all there within body_timeout_s."""
+        limit, timeout = self.config.max_body_bytes, self.config.body_timeout_s
+        length = dict(scope["headers"]).get(b"content-length")
+        if length and length.isdigit() and int(length) > limit:
+            raise Refused(413, f"request body of {int(length)} bytes, limit {limit}; split the request", unread=sending_body(scope, DRAIN_BYTES))
+        chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - asyncio.get_running_loop().time(), 0))
+            except asyncio.TimeoutError:
+                raise Refused(408, f"the request body did not arrive within {timeout:g}s; send it whole at once") from None
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                raise Refused(413, f"request body over {limit} bytes, the limit; split the request", unread=message.get("more_body", False))
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def run_watched(self, scope, body: bytes, receive, send) -> None:
+        """Runs the app on the body read while watching the connection: a client that goes away
+        cancels its request, so its queued sentences are dropped instead of decoded."""
+        gone = asyncio.Event()
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def watch():
+            # Once the body is read, uvicorn's receive returns only when the client disconnects or the answer is sent.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        app = asyncio.ensure_future(self.app(scope, replay, send))
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({app, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not app.done():
+                app.cancel()
+                await asyncio.gather(app, return_exceptions=True)
+                raise ClientGone
+            app.result()
+        finally:
+            app.cancel()
+            watcher.cancel()

@@ -58,11 +58,11 @@ def start_server(model_dir: Path, args: list[str]) -> tuple[subprocess.Popen, st
     raise ToolkitError(f"tk serve {model_dir} did not start (exit {proc.wait()})")
 
 
-async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> int:
-    """One keep-alive HTTP/1.1 POST; returns the status. Raw sockets: a client library would take
-    a good share of the two cores the server is measured on."""
-    writer.write(b"POST /v1/translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes, host: str) -> int:
+    """One keep-alive HTTP/1.1 POST to host (host:port, as the Host header); returns the status. Raw
+    sockets: a client library would take a good share of the two cores the server is measured on."""
+    writer.write(b"POST /v1/translate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(body), body))
     head = await reader.readuntil(b"\r\n\r\n")
     length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
     await reader.readexactly(length)
@@ -82,7 +82,7 @@ async def drive(url: str, sentences: list[str], clients: int, beam: int) -> tupl
         try:
             for text in queue:
                 start = time.perf_counter()
-                status = await post(reader, writer, json.dumps({"text": text, "beam": beam}).encode())
+                status = await post(reader, writer, json.dumps({"text": text, "beam": beam}).encode(), f"{host}:{port}")
                 latencies.append(time.perf_counter() - start)
                 errors += status != 200
         finally:
