@@ -113,6 +113,7 @@ def assert_torch_free():
 def cuda_falls_back(monkeypatch):
     """ONNX Runtime as it behaves where its CUDA provider cannot load: every session quietly runs on CPU."""
     from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime import sessions
 
     real = runtime.ort.InferenceSession
 
@@ -120,4 +121,4 @@ def cuda_falls_back(monkeypatch):
         return real(path, options, providers=["CPUExecutionProvider"], **kwargs)
 
     monkeypatch.setattr(runtime.ort, "InferenceSession", cpu_only)
-    monkeypatch.setattr(runtime, "_cuda_probe", None)
+    monkeypatch.setattr(sessions, "_cuda_probe", None)

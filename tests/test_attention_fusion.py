@@ -1,4 +1,4 @@
-"""The fused-attention rewrite (toolkit/attention_fusion.py): same function, same interface, fewer nodes."""
+"""The fused-attention rewrite (toolkit/runtimes/onnxruntime/attention_fusion.py): same function, same interface, fewer nodes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 
 from toolkit.core import manifest
-from toolkit.core.attention_fusion import fuse_attention, fuse_projections
 from toolkit.deploy import attention_graphs
+from toolkit.runtimes.onnxruntime.attention_fusion import fuse_attention, fuse_projections
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "exported" / "transformer"

@@ -14,6 +14,7 @@ import pytest
 
 from toolkit.core import load_cache
 from toolkit.deploy.api import Translator
+from toolkit.runtimes.onnxruntime import graph_cache
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 SENTENCES = ["I'm home.", "Where is the station?", "The cat is sleeping on the sofa."]
@@ -46,9 +47,9 @@ def test_a_cache_directory_others_can_write_is_not_used(cache, capfd):
 def test_a_cache_file_others_can_write_is_ignored(cache):
     cache.mkdir(mode=0o700)
     (cache / load_cache.DIGESTS).write_text(json.dumps({"format": load_cache.FORMAT, "files": {"x": {"stat": [], "sha256": "0"}}}))
-    assert load_cache._read_json(cache / load_cache.DIGESTS)
+    assert load_cache.read_json(cache / load_cache.DIGESTS)
     (cache / load_cache.DIGESTS).chmod(0o666)
-    assert load_cache._read_json(cache / load_cache.DIGESTS) == {}
+    assert load_cache.read_json(cache / load_cache.DIGESTS) == {}
 
 
 def test_a_cache_owned_by_another_user_is_refused():
@@ -60,19 +61,19 @@ def test_a_cache_owned_by_another_user_is_refused():
 
 def test_an_edited_cached_graph_with_its_stat_rewritten_is_rebuilt_not_run(cache):
     expected = translate()
-    entries = [d for d in (cache / "graphs").iterdir() if (d / load_cache.GRAPH).is_file()]
+    entries = [d for d in (cache / "graphs").iterdir() if (d / graph_cache.GRAPH).is_file()]
     assert entries
     originals = {}
     for entry in entries:
-        path = entry / load_cache.GRAPH
+        path = entry / graph_cache.GRAPH
         originals[path] = path.read_bytes()
         graph = onnx.load(str(path), load_external_data=False)
         add = next(n for n in graph.graph.node if n.op_type == "Add")
         add.op_type = "Sub"  # still a valid graph of the same shapes, computing something else
         path.write_bytes(graph.SerializeToString())
-        record = json.loads((entry / load_cache.ENTRY).read_text())
-        record["stat"][load_cache.GRAPH] = load_cache._own_stat_key(path)  # as an attacker would
-        (entry / load_cache.ENTRY).write_text(json.dumps(record))
+        record = json.loads((entry / graph_cache.ENTRY).read_text())
+        record["stat"][graph_cache.GRAPH] = load_cache.own_stat_key(path)  # as an attacker would
+        (entry / graph_cache.ENTRY).write_text(json.dumps(record))
     assert translate() == expected
     for path, original in originals.items():
         assert path.read_bytes() == original  # rebuilt from the model's own graph
@@ -81,9 +82,9 @@ def test_an_edited_cached_graph_with_its_stat_rewritten_is_rebuilt_not_run(cache
 def test_a_cache_entry_written_by_this_version_records_the_graphs_digest(cache):
     translate()
     for entry in (cache / "graphs").iterdir():
-        if (entry / load_cache.ENTRY).is_file():
-            record = json.loads((entry / load_cache.ENTRY).read_text())
-            assert record["graph_crc32"] == zlib.crc32((entry / load_cache.GRAPH).read_bytes())
+        if (entry / graph_cache.ENTRY).is_file():
+            record = json.loads((entry / graph_cache.ENTRY).read_text())
+            assert record["graph_crc32"] == zlib.crc32((entry / graph_cache.GRAPH).read_bytes())
 
 
 def test_the_cache_directory_is_created_private(cache):

@@ -12,8 +12,8 @@ import pytest
 from onnx import numpy_helper
 
 from toolkit.core import manifest
-from toolkit.core.variants import float_layers as weight_layers
-from toolkit.core.variants import fold_for_int8, int8_graph, int8_layers
+from toolkit.runtimes.onnxruntime.variants import float_layers as weight_layers
+from toolkit.runtimes.onnxruntime.variants import fold_for_int8, int8_graph, int8_layers
 from toolkit.verify import int8_layers as layers
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported"

@@ -1,4 +1,4 @@
-"""The start-up cache (toolkit.core.load_cache): a changed model file is still caught, and a changed or
+"""The start-up cache (toolkit.core.load_cache, toolkit.runtimes.onnxruntime.graph_cache): a changed model file is still caught, and a changed or
 corrupt cache entry is ignored, never trusted and never an error; the cached graphs compute exactly
 what the model's own graphs compute."""
 
@@ -16,7 +16,7 @@ from toolkit.core import load_cache, manifest
 from toolkit.core.errors import UsageError
 from toolkit.deploy.api import decode_options
 from toolkit.deploy.translate import open_model, translate_batch
-from toolkit.runtimes.onnxruntime import create_session
+from toolkit.runtimes.onnxruntime import create_session, graph_cache
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 SRC = np.array([[12, 57, 300, 9, 3], [40, 41, 3, 0, 0]], dtype=np.int64)
@@ -98,12 +98,12 @@ def translations(t) -> list[tuple[str, float]]:
 def test_cached_graphs_compute_exactly_what_the_model_graphs_compute(model_copy, monkeypatch):
     first = open_model(model_copy, "cpu")
     entries = sorted((load_cache.directory() / "graphs").iterdir())
-    assert len(entries) == 2 and all((e / load_cache.ENTRY).is_file() for e in entries)
+    assert len(entries) == 2 and all((e / graph_cache.ENTRY).is_file() for e in entries)
     expected = uncached_outputs(model_copy)
     assert same(encoder_outputs(first), expected)
     # The second start loads the saved graphs and saves nothing.
     with monkeypatch.context() as patch:
-        patch.setattr(load_cache, "_save", lambda *a: pytest.fail("the cached graph was not used"))
+        patch.setattr(graph_cache, "_save", lambda *a: pytest.fail("the cached graph was not used"))
         second = open_model(model_copy, "cpu")
     assert same(encoder_outputs(second), expected)
     monkeypatch.setenv("TK_NO_CACHE", "1")
@@ -114,7 +114,7 @@ def test_a_changed_cache_entry_is_rebuilt_from_the_model(model_copy):
     open_model(model_copy, "cpu")
     expected = uncached_outputs(model_copy)
     # Every cached weight zeroed, size kept: loadable, but computing something else.
-    for data in (load_cache.directory() / "graphs").glob(f"*/{load_cache.DATA}"):
+    for data in (load_cache.directory() / "graphs").glob(f"*/{graph_cache.DATA}"):
         data.write_bytes(bytes(data.stat().st_size))
     assert same(encoder_outputs(open_model(model_copy, "cpu")), expected)
     assert same(encoder_outputs(open_model(model_copy, "cpu")), expected)  # and the rebuilt entry is sound
@@ -125,10 +125,10 @@ def test_an_unloadable_cache_entry_falls_back_to_the_model_without_an_error(mode
     expected = uncached_outputs(model_copy)
     # Garbage whose stat the entry records as its own (as a disk error under an intact entry would leave it).
     for entry in (load_cache.directory() / "graphs").iterdir():
-        (entry / load_cache.GRAPH).write_bytes(b"not an onnx graph")
-        record = json.loads((entry / load_cache.ENTRY).read_text())
-        record["stat"][load_cache.GRAPH] = load_cache._stat_key(entry / load_cache.GRAPH)
-        (entry / load_cache.ENTRY).write_text(json.dumps(record))
+        (entry / graph_cache.GRAPH).write_bytes(b"not an onnx graph")
+        record = json.loads((entry / graph_cache.ENTRY).read_text())
+        record["stat"][graph_cache.GRAPH] = load_cache._stat_key(entry / graph_cache.GRAPH)
+        (entry / graph_cache.ENTRY).write_text(json.dumps(record))
     assert same(encoder_outputs(open_model(model_copy, "cpu")), expected)
 
 
@@ -162,14 +162,13 @@ def test_no_cache_when_turned_off_or_unwritable(model_copy, monkeypatch, tmp_pat
 def test_a_variant_built_at_load_is_kept_and_not_built_again(model_copy, monkeypatch):
     """The shipped directories store fp32 only; int8 is built at the first start (seconds), then loaded
     from the cache: a later start builds nothing and computes what a fresh build computes."""
-    from toolkit.core import variants
-    from toolkit.runtimes import onnxruntime as ort_runtime
+    from toolkit.runtimes.onnxruntime import variants
 
     first = open_model(model_copy, "cpu", "int8")
     assert first.built_s > 0
-    real = ort_runtime.graph_source
+    real = variants.graph_source
     with monkeypatch.context() as patch:
-        patch.setattr(ort_runtime, "graph_source", lambda *a: pytest.fail("the cached int8 graph was not used"))
+        patch.setattr(variants, "graph_source", lambda *a: pytest.fail("the cached int8 graph was not used"))
         second = open_model(model_copy, "cpu", "int8")
     assert second.built_s == 0
     monkeypatch.setenv("TK_NO_CACHE", "1")
@@ -178,6 +177,6 @@ def test_a_variant_built_at_load_is_kept_and_not_built_again(model_copy, monkeyp
     # Changed variant-building code (another tk version) gets a new build, not the old copy.
     built = []
     monkeypatch.setattr(variants, "builder_digest", lambda: "another-builder")
-    monkeypatch.setattr(ort_runtime, "graph_source", lambda *a: built.append(a) or real(*a))
+    monkeypatch.setattr(variants, "graph_source", lambda *a: built.append(a) or real(*a))
     open_model(model_copy, "cpu", "int8")
     assert len(built) == 2

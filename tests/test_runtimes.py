@@ -196,6 +196,7 @@ def test_cuda_sessions_compute_fp32_in_float32_not_tf32(monkeypatch):
     """ONNX Runtime's CUDA provider rounds fp32 matrix products to TF32 unless told not to; on an H100 that
     put the shipped Transformer 8e-3 away from PyTorch and failed verify (tolerance 1e-4)."""
     from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime import cuda
 
     seen = {}
 
@@ -206,7 +207,7 @@ def test_cuda_sessions_compute_fp32_in_float32_not_tf32(monkeypatch):
         def get_providers(self):
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
-    monkeypatch.setattr(runtime, "preload_cuda_libraries", lambda: None)
+    monkeypatch.setattr(cuda, "preload_cuda_libraries", lambda: None)
     monkeypatch.setattr(runtime.ort, "InferenceSession", Session)
     runtime.create_session(b"graph", "cuda")
     assert seen["providers"][0] == ("CUDAExecutionProvider", {"use_tf32": "0"})

@@ -207,14 +207,15 @@ def test_the_cuda_problem_is_named(monkeypatch):
     import ctypes
 
     from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime import cuda
 
     monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert "build without the CUDA provider" in runtime.cuda_problem() and ".[cuda]" in runtime.cuda_problem()
     monkeypatch.undo()
-    monkeypatch.setattr(runtime, "_no_nvidia_device", lambda: True)
+    monkeypatch.setattr(cuda, "no_nvidia_device", lambda: True)
     assert runtime.cuda_problem() == "no NVIDIA GPU or driver is visible (/dev/nvidiactl is missing)"
     # With a driver: the library the provider cannot load, as the dynamic loader names it.
-    monkeypatch.setattr(runtime, "_no_nvidia_device", lambda: False)
+    monkeypatch.setattr(cuda, "no_nvidia_device", lambda: False)
     capi = Path(runtime.ort.__file__).parent / "capi"
     try:
         ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
@@ -228,14 +229,16 @@ def test_the_cuda_problem_is_named(monkeypatch):
 
 def test_cuda_sessions_preload_the_pip_cuda_libraries(monkeypatch, tiny_export):
     """The cuda extra's nvidia-* packages are found without LD_LIBRARY_PATH: preload_dlls runs before a CUDA session."""
+    from toolkit.core.errors import ProviderError
     from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime import cuda
 
     calls = []
     monkeypatch.setattr(runtime.ort, "preload_dlls", lambda *a, **k: calls.append(1) or print("noise"), raising=False)
-    monkeypatch.setattr(runtime, "_preloaded", False)
+    monkeypatch.setattr(cuda, "_preloaded", False)
     try:
         runtime.create_session(tiny_export / "encoder.onnx", "cuda")
-    except runtime.ProviderError:
+    except ProviderError:
         pass  # no GPU here: what matters is that the libraries were loaded before the session
     assert calls == [1]
     runtime.create_session(tiny_export / "encoder.onnx", "cpu")

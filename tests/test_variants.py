@@ -46,3 +46,13 @@ def test_unknown_variant_is_a_usage_error_listing_the_known_ones():
 def test_suffixes_are_distinct_so_variants_never_overwrite_each_other():
     suffixes = [v.suffix for v in variants.CATALOGUE.values()]
     assert len(set(suffixes)) == len(suffixes)
+
+
+def test_every_variant_the_catalogue_builds_has_one_onnx_runtime_builder():
+    """The catalogue (core) declares the variants; the ONNX Runtime package builds them: a variant declared without a
+    builder would fail only when someone first asks for it."""
+    from toolkit.runtimes.onnxruntime import variants as built
+
+    assert tuple(built.BUILDERS) == variants.BUILT
+    with pytest.raises(ValueError, match="nothing to build"):
+        built.build(None, None, variants.PLAIN)

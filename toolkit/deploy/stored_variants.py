@@ -9,6 +9,7 @@ from pathlib import Path
 
 from toolkit.core import manifest, variants
 from toolkit.core.errors import UsageError
+from toolkit.runtimes.onnxruntime.variants import build
 
 
 @dataclass
@@ -80,6 +81,6 @@ def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | No
         src, dst = tmp / g["file"], tmp / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
         if written is not None:
             written.append(dst)
-        variants.build(src, dst, variant)
+        build(src, dst, variant)
         out[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
     return out

@@ -205,8 +205,8 @@ def run_copy_profile(provider: str, echo, exported: Path = EXPORTED, sentences: 
     leaves the device: only the token goes in and the log-probabilities come out each step."""
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.batching import DecodeOptions, decode_ids
-    from toolkit.core.variants import graph_source
     from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime.variants import graph_source
     from toolkit.verify.checks import held_out_sentences
 
     m = manifest_mod.load(exported / "transformer")

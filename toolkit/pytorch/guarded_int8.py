@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from toolkit.core import manifest, variants
+from toolkit.runtimes.onnxruntime.variants import int8_graph
 
 BLEU_SENTENCES = 1000  # judging a candidate
 
@@ -32,7 +33,7 @@ def graphs_with(directory: Path, out: Path, keep_fp32: dict[str, list[str]]) -> 
             whole = Path(tmp) / "graph.onnx"
             onnx.save_model(onnx.load(str(m.graph_path(name))), whole)
             dst = out / f"{name}{variants.CATALOGUE['int8'].suffix}.onnx"
-            variants.int8_graph(whole, dst, keep_fp32=keep_fp32.get(name, []))
+            int8_graph(whole, dst, keep_fp32=keep_fp32.get(name, []))
         made[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
     return made
 

@@ -54,7 +54,7 @@ def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", varia
          request_threads: int | None = None) -> LoadedRuntime:
     """Sessions and a step-backend factory (`.backend()`) for every graph of the directory on `runtime`.
     `unverified`: also load a variant the runtime is known to compute outside its tolerance (for verify).
-    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.core.load_cache).
+    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.runtimes.onnxruntime.graph_cache).
     `request_threads`: ONNX Runtime on CPU decodes a call of one batch on this many threads, and concurrent
     streams on `threads` each (toolkit.runtimes.onnxruntime.load_sessions)."""
     check(runtime)

@@ -17,7 +17,8 @@ from toolkit.core.decoding import StepBackend, empty_cache, take_rows, top_k_row
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
-from toolkit.core.variants import describe, graph_source
+from toolkit.core.variants import describe
+from toolkit.runtimes.onnxruntime.variants import graph_source
 
 INSTALL = "pip install 'tk-onnx-deploy[openvino]' (or pip install openvino), or use --runtime onnxruntime"
 

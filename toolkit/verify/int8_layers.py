@@ -87,7 +87,7 @@ class Probe:
     def __init__(self, m: Manifest, sentences: Sequence[str]):
         from toolkit.core.batching import DecodeOptions, decode_ids
         from toolkit.core.tokenizer import Tokenizer
-        from toolkit.core.variants import graph_source
+        from toolkit.runtimes.onnxruntime.variants import graph_source
 
         self.m = m
         self.fp32 = {g: graph_source(m, g, "fp32")[0] for g in m.graphs}
@@ -107,7 +107,7 @@ def _labels(folded: Path, node_map: dict[str, list[str]]) -> dict[str, str]:
     the nodes it replaced (its doc string names them)."""
     import onnx
 
-    from toolkit.core.variants import int8_layers
+    from toolkit.runtimes.onnxruntime.variants import int8_layers
 
     docs = {n.name: n.doc_string for n in onnx.load(folded).graph.node}
     labels = {}
@@ -140,7 +140,7 @@ def layer_table(m: Manifest, sentences: Sequence[str], echo: Callable[[str], Non
     import onnx
 
     from toolkit.core.node_map import node_origins
-    from toolkit.core.variants import fold_for_int8, int8_graph, int8_layers
+    from toolkit.runtimes.onnxruntime.variants import fold_for_int8, int8_graph, int8_layers
 
     probe = probe or Probe(m, sentences)
     rows = []

@@ -25,8 +25,8 @@ import torch
 
 from toolkit.core.manifest import Manifest
 from toolkit.core.node_map import node_origins
-from toolkit.core.variants import graph_source
 from toolkit.pytorch import registry
+from toolkit.runtimes.onnxruntime.variants import graph_source
 
 
 @dataclass

@@ -26,9 +26,9 @@ from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.manifest import Manifest
-from toolkit.core.variants import graph_source
 from toolkit.pytorch import registry
 from toolkit.pytorch.reference import load_reference, reference_kind
+from toolkit.runtimes.onnxruntime.variants import graph_source
 from toolkit.verify.checks import (
     ParityBackend,
     case_label,

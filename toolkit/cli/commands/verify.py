@@ -96,7 +96,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 
 def _int8_layers(model_dir: Path, data_path) -> dict:
     from toolkit.core.manifest import load
-    from toolkit.core.variants import graph_source
+    from toolkit.runtimes.onnxruntime.variants import graph_source
     from toolkit.verify import int8_layers as layers
     from toolkit.verify.checks import held_out_sentences
 

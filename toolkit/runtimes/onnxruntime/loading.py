@@ -1,0 +1,114 @@
+"""A model directory loaded on ONNX Runtime: a session per graph, made side by side, from the directory's files,
+a variant built in memory, or the start-up cache's optimised copy; and step backends over them."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnxruntime as ort
+
+from toolkit.core.manifest import Manifest
+from toolkit.core.variants import PLAIN
+from toolkit.runtimes.onnxruntime import variants
+from toolkit.runtimes.onnxruntime.backend import OrtBackend
+from toolkit.runtimes.onnxruntime.graph_cache import cached_session
+from toolkit.runtimes.onnxruntime.sessions import create_session, session_provider
+
+
+@dataclass
+class LoadedOnnxRuntime:
+    manifest: Manifest
+    sessions: dict[str, ort.InferenceSession]
+    provider: str
+    built_s: float = 0.0  # seconds spent building a variant the directory does not store (0: stored)
+    # With request threads (load_sessions), `sessions` serve a call of one batch with every core, and concurrent
+    # streams decode on sessions of their own, made by this at their first use.
+    stream_maker: Callable[[], dict[str, ort.InferenceSession]] | None = None
+    _stream_sessions: dict[str, ort.InferenceSession] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def backend(self) -> OrtBackend:
+        specs = self.manifest.specs()
+        return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"],
+                          stream_sessions=self._streams if self.stream_maker else None)
+
+    def _streams(self) -> dict[str, ort.InferenceSession]:
+        with self._lock:
+            if not self._stream_sessions:
+                self._stream_sessions.update(self.stream_maker())
+            return self._stream_sessions
+
+
+def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False, threads: int | None = None,
+                  cache: bool = False, request_threads: int | None = None) -> LoadedOnnxRuntime:
+    """Sessions for every graph of the directory; a variant it does not store is built in memory.
+
+    cache: on CPU, load each stored graph from the user cache's optimised copy (graph_cache);
+    only for a directory whose files were just checked against the manifest's sha256.
+    request_threads: on CPU, the decoder session gets that many intra-op threads, spinning between the steps of a
+    call, for calls of one batch (a single request, a short list); the other graphs keep `threads`, and only the
+    decoder spins (two sessions' spinning workers take the cores from each other). Concurrent streams get sessions
+    of `threads` threads each, made at their first use: one pool shared by several streams oversubscribes the cores.
+    """
+    requests = bool(request_threads) and provider == "cpu"
+
+    def create(path, *args, graph: str = "", **kw) -> ort.InferenceSession:
+        if requests and graph == "decoder":
+            kw.update(threads=request_threads, spin=True)
+        return create_session(path, *args, **kw)
+
+    makers, built = {}, {}
+    for name in m.graphs:
+        def source(name: str = name) -> Path | bytes:
+            graph, built[name] = variants.graph_source(m, name, variant)
+            return graph
+
+        if cache and provider == "cpu":
+            # A variant the directory does not store is built only when the cache has no copy of it.
+            makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant),
+                                             functools.partial(create, graph=name), threads)
+        else:
+            makers[name] = lambda name=name: create(source(name), provider, threads=threads, allow_fallback=allow_fallback, graph=name)
+    sessions = _concurrently(makers)
+    used = session_provider(next(iter(sessions.values())))
+    loaded = LoadedOnnxRuntime(m, sessions, used, max(built.values(), default=0.0))  # built side by side
+    if requests:
+        loaded.stream_maker = lambda: load_sessions(m, provider, variant, allow_fallback, threads, cache).sessions
+    return loaded
+
+
+def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict[str, ort.InferenceSession]:
+    """Creates the sessions in one thread each: ONNX Runtime releases the GIL while it loads a graph
+    and prepacks its weights, so the encoder's and decoder's creations overlap."""
+    results: dict[str, ort.InferenceSession | BaseException] = {}
+
+    def make(name: str) -> None:
+        try:
+            results[name] = makers[name]()
+        except BaseException as e:  # re-raised in the caller's thread below
+            results[name] = e
+
+    workers = [threading.Thread(target=make, args=(name,), name=f"tk-load-{name}") for name in list(makers)[1:]]
+    for w in workers:
+        w.start()
+    make(next(iter(makers)))
+    for w in workers:
+        w.join()
+    for name in makers:
+        if isinstance(results[name], BaseException):
+            raise results[name]
+    return {name: results[name] for name in makers}
+
+
+def _graph_identity(m: Manifest, graph: str, variant: str) -> str:
+    """The sha256 of a stored graph and of the weights it reads; for a variant built in memory, also
+    its name and the digest of the code that builds it (an upgraded builder makes a new entry)."""
+    if variant in m.stored:
+        return m.stored[variant].graphs[graph].sha256
+    record = m.graphs[graph]
+    identity = f"{record.sha256} {record.weights.sha256 if record.weights else ''}"
+    return identity if variant == PLAIN else f"{identity} {variant} {variants.builder_digest()}"

@@ -1,0 +1,186 @@
+"""The catalogue's variants (toolkit.core.variants declares them) built from an fp32 graph with onnx and ONNX Runtime.
+
+A variant is a pure function of the fp32 graph and the installed ONNX Runtime, so it can
+be stored beside the graphs (`tk export DIR --quantize int8`) or built in memory when a
+directory does not store it: the shipped models carry fp32 graphs only (size budget),
+and `--variant int8` still works on them, the way CTranslate2 quantises at load time.
+
+Torch-free: the deploy path builds variants with onnx and onnxruntime alone (imported
+only when a variant is built, so fp32 start-up does not pay for them).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from toolkit.core.errors import ToolkitError, first_line
+from toolkit.core.manifest import Manifest
+from toolkit.core.variants import PLAIN, export_flag, get
+from toolkit.runtimes.onnxruntime.sessions import save_optimized
+
+
+def _fp16(src: Path, dst: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save_model(convert_float_to_float16(onnx.load(src), keep_io_types=True, disable_shape_infer=False), dst)
+
+
+def _fused(src: Path, dst: Path) -> Path:
+    """The graph with its attention fused (attention_fusion.py), beside `dst`; the caller removes it."""
+    from toolkit.runtimes.onnxruntime.attention_fusion import fuse
+
+    fused = dst.with_name(dst.name + ".fused.onnx")
+    fuse(src, fused)
+    return fused
+
+
+def _fused_and_optimized(src: Path, dst: Path, level: str) -> None:
+    """The graph with its attention fused, then ONNX Runtime's `level` optimisations applied, written to `dst`."""
+    fused = _fused(src, dst)
+    try:
+        save_optimized(fused, dst, level)
+    finally:
+        fused.unlink(missing_ok=True)
+
+
+def _optimized(src: Path, dst: Path) -> None:
+    _fused_and_optimized(src, dst, "extended")
+
+
+def _int8(src: Path, dst: Path) -> None:
+    int8_graph(src, dst)
+
+
+def int8_graph(src: Path, dst: Path, keep_fp32: Sequence[str] = (), only: Sequence[str] | None = None,
+               folded: Path | None = None) -> None:
+    """The int8 variant of the fp32 graph `src`, with the MatMuls named in `keep_fp32` left in float (or, with
+    `only`, just those quantised). Names are those of int8_layers(); `folded`: a graph made by fold_for_int8 once,
+    reused when many variants of one graph are built."""
+    import logging  # here, not at the top: fp32 start-up does not pay for it
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The exported graphs multiply by Transpose(W) so that W is stored once, under its PyTorch
+    # name; quantize_dynamic only quantises a MatMul whose weight is an initializer, so the
+    # transposes are constant-folded first (ONNX Runtime basic level: standard ops only). Attention
+    # and same-input projections are fused before that: with one weight scale per output column the
+    # merged Q/K/V multiply computes exactly what the three did, its input quantised once instead of
+    # three times (greedy at batch 1: 226 -> 258 sentences/s, identical output).
+    given = folded is not None
+    folded = folded or fold_for_int8(src, dst.with_name(dst.name + ".folded.onnx"))
+    root, level = logging.getLogger(), logging.getLogger().level
+    root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
+    try:
+        # 7-bit weights (reduce_range): x86 CPUs without VNNI multiply u8 x s8 pairs into 16-bit
+        # sums that saturate at full range (the cross keys came out wrong by more than 0.5 on an
+        # AVX2-only EPYC); one graph that is exact on every CPU rather than one per CPU.
+        # onnx's shape inference types no com.microsoft output (the fused attention); everything here is float.
+        # Per-channel weight scales (one per output column): with one scale per tensor, `tk verify
+        # --variant int8` failed on this AVX2 machine (log-probabilities off by 1.39 at batch 64, against
+        # 0.5) and 7% of greedy translations differed from fp32's; per channel, the error is 0.57, 1.6%
+        # differ, and speed is within noise at batch 1 (0.85 to 0.96x at batch 64).
+        quantize_dynamic(folded, dst, weight_type=QuantType.QInt8, reduce_range=True, per_channel=True,
+                         nodes_to_exclude=list(keep_fp32), nodes_to_quantize=list(only) if only is not None else None,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        root.setLevel(level)
+        if not given:
+            folded.unlink(missing_ok=True)
+
+
+def fold_for_int8(src: Path, folded: Path) -> Path:
+    """The graph the quantiser reads: attention fused, transposed weights constant-folded (see int8_graph)."""
+    import onnx
+
+    _fused_and_optimized(src, folded, "basic")
+    # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
+    # projection), which the quantiser's own shape inference rejects; they are only hints.
+    model = onnx.load(folded)
+    del model.graph.value_info[:]
+    onnx.save_model(model, folded)
+    return folded
+
+
+def float_layers(graph: Path) -> list[tuple[str, str]]:
+    """(node, its weight's name) for each node of a graph that multiplies by a float weight (MatMul) or looks one
+    up (Gather: an embedding table): what dynamic quantisation may make int8."""
+    import onnx
+
+    model = onnx.load(graph)
+    weights = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    return [(n.name, n.input[slot]) for n in model.graph.node for op, slot in (("MatMul", 1), ("Gather", 0))
+            if n.op_type == op and n.input[slot] in weights]
+
+
+def int8_layers(folded: Path) -> list[tuple[str, str]]:
+    """The layers of a folded graph (fold_for_int8) that the int8 variant makes int8, named as int8_graph's
+    keep_fp32 and only take them: the quantiser first optimises the graph itself, which can fold a weight in
+    or rename a node ("node_matmul/MatMulAddFusion_MatMul"), so they are read from its own output."""
+    with tempfile.TemporaryDirectory(prefix="tk-int8-") as tmp:
+        untouched, plain = Path(tmp) / "none.onnx", Path(tmp) / "int8.onnx"
+        int8_graph(folded, untouched, only=["tk: no layer"], folded=folded)
+        int8_graph(folded, plain, folded=folded)
+        left = {n for n, _ in float_layers(plain)}
+        return [(n, w) for n, w in float_layers(untouched) if n not in left]
+
+
+# fp32 graph -> the variant's graph, for each variant the catalogue builds (core.variants.BUILT: all but the exported fp32).
+BUILDERS: dict[str, Callable[[Path, Path], None]] = {"fp16": _fp16, "optimized": _optimized, "int8": _int8}
+
+
+def build(src: Path, dst: Path, variant: str) -> None:
+    """Writes `variant` of the fp32 graph `src` to `dst` (self-contained: no external weights)."""
+    get(variant)
+    if variant not in BUILDERS:
+        raise ValueError(f"the {variant} graphs are the exported ones; nothing to build")
+    BUILDERS[variant](src, dst)
+
+
+@functools.lru_cache(maxsize=8)
+def _built(src: str, digest: str, variant: str) -> bytes:
+    # Keyed by the fp32 graph's sha256 as well as its path, so a re-exported graph is rebuilt.
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="tk-variant-") as tmp:
+        # A self-contained copy first: the graph's external weights file lives beside the
+        # original, and the model directory itself may be read-only (an installed package).
+        whole, dst = Path(tmp) / "graph.onnx", Path(tmp) / f"graph.{variant}.onnx"
+        onnx.save_model(onnx.load(src), whole)
+        build(whole, dst, variant)
+        return dst.read_bytes()
+
+
+def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, float]:
+    """The variant's graph as stored in the directory (a path), else built in memory (bytes);
+    with the seconds spent building it (0 when stored)."""
+    if variant == PLAIN or variant in m.stored:
+        return m.graph_path(graph, variant), 0.0
+    get(variant)
+    start = time.perf_counter()
+    try:
+        data = _built(str(m.graph_path(graph)), m.graphs[graph].sha256, variant)
+    except Exception as e:
+        raise ToolkitError(f"could not build the {variant} variant of {m.directory}/{graph}: {first_line(e)}; "
+                           f"use --variant fp32, or store it with `tk export {m.directory} {export_flag(variant)}`") from None
+    return data, time.perf_counter() - start
+
+
+@functools.lru_cache(maxsize=1)
+def builder_digest() -> str:
+    """A checksum of the code that builds variants (this module, the sessions that optimise and the attention
+    fusion), so that a cached copy of a built variant is trusted only while that code is unchanged. CRC-32 and
+    the sizes, not sha256: it tells edits apart and guards against no adversary, and hashlib's OpenSSL took
+    2.5 ms of every `tk translate` start, where zlib is loaded already."""
+    import zlib
+
+    parts = []
+    for name in ("variants.py", "sessions.py", "attention_fusion.py"):  # read, not imported: onnx loads slowly
+        data = Path(__file__).with_name(name).read_bytes()
+        parts.append(f"{zlib.crc32(data):08x}{len(data):x}")
+    return "-".join(parts)
