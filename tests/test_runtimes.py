@@ -229,3 +229,36 @@ def test_a_decoder_run_replaced_on_its_session_sees_every_step():
     t._backend = OrtBackend(b.encoder, b.decoder, b.encoder_spec, b.decoder_spec)
     assert t.translate(["Where is the station?"]) == want
     assert len(calls) > 3  # one run per output token and EOS
+
+
+def test_every_runtime_and_provider_option_offers_the_declared_lists():
+    """The runtimes and providers are declared once (toolkit.core.engines): a command with its own list would offer
+    a runtime the others lack, or miss a new one."""
+    from toolkit import cli
+    from toolkit.core.engines import PROVIDERS, RUNTIMES
+
+    with_provider = set()
+    for name, command in cli.main.commands.items():
+        for param in command.params:
+            if param.name in ("runtime", "runtimes"):
+                assert tuple(param.type.choices) == RUNTIMES, name
+            if param.name == "provider":
+                with_provider.add(name)
+                assert tuple(c for c in param.type.choices if c != "all") == PROVIDERS, name
+    assert with_provider == {"translate", "serve", "verify", "bench", "attention", "translate-corpus"}
+
+
+def test_the_torch_backend_is_reached_through_runtimes_load_and_needs_its_side_imported():
+    """The deploy path imports nothing of the torch side: open_model's backend "torch" is a loader that
+    toolkit.pytorch.torch_backend registers; unregistered, it is one line naming what to import."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom toolkit.core.errors import UsageError\nfrom toolkit.deploy.translate import open_model\n"
+            f"try:\n    open_model({str(SHIPPED)!r}, backend='torch')\nexcept UsageError as e:\n    print(e)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('toolkit.pytorch') or m == 'torch'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said, imported = done.stdout.splitlines()
+    assert said == "the torch backend is not loaded; import toolkit.pytorch.torch_backend first (it needs the torch extra)"
+    assert imported == "[]"

@@ -15,6 +15,7 @@ import click
 
 from toolkit.core.atomic import check_output_path
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_BEAM, MAX_LEN_A, MAX_LEN_B, MAX_STREAMS, MAX_THREADS
+from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS, RUNTIMES
 from toolkit.core.shipped import default_model
 
 DEFAULT_MODEL = default_model  # a callable default: click asks for it only when no model is given
@@ -99,8 +100,23 @@ TEXT = option_group(
     click.option("--strict", is_flag=True, help="Refuse a line longer than the model's maximum instead of truncating it "
                                                 "(translate-corpus: fail its shard)."),
 )
+
+
+def provider_option(default: str | None = None, also: tuple[str, ...] = (), help: str | None = None):
+    """--provider, its choices the declared providers (toolkit.core.engines.PROVIDERS) and `also` (verify's "all")."""
+    return click.option("--provider", type=click.Choice([*PROVIDERS, *also]), default=default, show_default=default is not None,
+                        help=help)
+
+
+def runtime_option(multiple: bool = False, help: str = "Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra)."):
+    """--runtime, its choices the declared runtimes (toolkit.core.engines.RUNTIMES); `multiple`: repeatable, into `runtimes`."""
+    if multiple:
+        return click.option("--runtime", "runtimes", multiple=True, type=click.Choice(RUNTIMES), help=help)
+    return click.option("--runtime", type=click.Choice(RUNTIMES), default=DEFAULT_RUNTIME, show_default=True, help=help)
+
+
 # Where the graphs run, for the commands that translate.
-PROVIDER = click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="[default: cuda if it truly loads, else cpu]")
+PROVIDER = provider_option(help="[default: cuda if it truly loads, else cpu]")
 
 
 def writable_file(path: Path | None, option: str) -> None:

@@ -12,13 +12,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem, shown
+from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.shipped import default_model
 from toolkit.core.textprep import TextOptions
 from toolkit.deploy.translate import Translation, open_model, translate_batch
-
-PROVIDERS = ("cpu", "cuda")
 
 
 def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int = 1, max_len: int | None = None,
@@ -40,7 +39,7 @@ def _check_model_arguments(provider: object, variant: object, threads: object, a
     """Translator's own arguments, checked before anything loads: a provider of 'tpu' was a KeyError, threads of '2'
     an ONNX Runtime message that blamed the model, threads of 0 were taken."""
     if provider is not None and provider not in PROVIDERS:
-        raise UsageError(f"provider must be 'cpu', 'cuda' or None for CUDA where it truly loads (got {shown(provider)})")
+        raise UsageError(f"provider must be {', '.join(map(repr, PROVIDERS))} or None for CUDA where it truly loads (got {shown(provider)})")
     if variant is not None and not isinstance(variant, str):
         raise UsageError(f"variant must be a variant name (a str) or None for the fastest (got {shown(variant)})")
     if threads is not None:

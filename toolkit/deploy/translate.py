@@ -57,8 +57,9 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     what the fp32 graphs compute on that provider (variants.FAST_PLAIN: the attention-fused
     "optimized" graphs on CPU, built once and kept in the start-up cache).
 
-    backend "torch" decodes with the PyTorch model through the same loop (for comparison;
-    it needs torch and the model code, which the ONNX Runtime path never imports).
+    backend "torch" decodes with the PyTorch model through the same loop (for comparison; it needs torch and the
+    model code, which the ONNX Runtime path never imports: import toolkit.pytorch.torch_backend first, which puts
+    it behind toolkit.runtimes.load).
     """
     from toolkit import runtimes
 
@@ -70,14 +71,9 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     tok_path = m.translation_tokenizer()
     m.check_files(cached=True)
     tokenizer = Tokenizer.load(tok_path)
-    if backend == "torch":
-        from toolkit.pytorch.reference import load_reference
-        from toolkit.pytorch.torch_backend import TorchBackend
-
-        _, _, model, _ = load_reference(m)
-        specs = m.specs()
-        return TranslationModel(m, tokenizer, lambda: TorchBackend(model, specs["encoder"], specs["decoder"]), "torch",
-                          time.perf_counter() - start, runtime="torch")
+    if backend == "torch":  # registered by toolkit.pytorch.torch_backend, which the caller imports (the torch side)
+        loaded = runtimes.load(m, "torch")
+        return TranslationModel(m, tokenizer, loaded.backend, "torch", time.perf_counter() - start, runtime="torch")
     if provider is None:
         provider = "cuda" if runtime == "onnxruntime" and ort_runtime.cuda_available() else "cpu"
     if variant is None:

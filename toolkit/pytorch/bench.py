@@ -15,6 +15,7 @@ import torch
 
 from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.decoding import Hypothesis, pad_batch
+from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.tokenizer import BOS, EOS
 from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
@@ -105,9 +106,9 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 
 # Over 60 lines: the rows of one run are timed in turns (run_interleaved) so every backend must be loaded here
 # first; the loading, the settings search and the CTranslate2 conversion are helpers.
-def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=("cpu", "cuda"),
+def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=PROVIDERS,
           textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
-          runtimes: list[str] = ("onnxruntime",), threads: int | None = None, ct2: bool | None = None,
+          runtimes: list[str] = (DEFAULT_RUNTIME,), threads: int | None = None, ct2: bool | None = None,
           ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None, streams: int | None = None,
           data: str | None = None) -> list[Result]:
     """`variants`: which graph variants to time on each runtime [default: see bench_variants].

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ToolkitError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -322,7 +323,7 @@ def positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.pytorch.cuda_matrix", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for results.json and table.md")
-    parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--provider", choices=PROVIDERS, default="cuda")
     parser.add_argument("--sentences", type=positive, default=2000, help="Tatoeba Challenge sentences to translate")
     parser.add_argument("--bench-sentences", type=positive, default=256)
     parser.add_argument("--verify-sentences", type=positive, default=16)

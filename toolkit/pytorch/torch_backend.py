@@ -1,14 +1,21 @@
-"""PyTorch step backend for the shared decoding loop: the reference that the graphs are held to."""
+"""PyTorch step backend for the shared decoding loop: the reference that the graphs are held to.
+
+Importing this module registers the reference as the "torch" backend of toolkit.runtimes.load (`tk translate
+--backend torch`), so the deploy path reaches it through the runtimes' one interface without importing torch.
+"""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from toolkit import runtimes
 from toolkit.core.decoding import StepBackend, empty_cache
 from toolkit.core.graphs import GraphSpec
+from toolkit.core.manifest import Manifest
 
 
 class TorchBackend(StepBackend):
@@ -63,3 +70,30 @@ class TorchBackend(StepBackend):
     def select(self, state: dict[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
         index = self._tensor(rows)
         return {k: v.index_select(self.batch_axis[k], index) for k, v in state.items()}
+
+
+@dataclass
+class LoadedTorch:
+    """A model directory's PyTorch reference, as a LoadedRuntime: no sessions, the model itself runs each step."""
+
+    manifest: Manifest
+    model: torch.nn.Module
+    sessions: dict = field(default_factory=dict)
+    provider: str = "torch"
+    built_s: float = 0.0
+
+    def backend(self) -> TorchBackend:
+        specs = self.manifest.specs()
+        return TorchBackend(self.model, specs["encoder"], specs["decoder"])
+
+
+def load(m: Manifest, **_) -> LoadedTorch:
+    """The directory's reference model on the CPU (its checkpoint, or the graphs' own weights): toolkit.runtimes.load's
+    "torch"; the runtime options (provider, variant, threads) are ONNX Runtime's and do not apply."""
+    from toolkit.pytorch.reference import load_reference
+
+    _, _, model, _ = load_reference(m)
+    return LoadedTorch(m, model)
+
+
+runtimes.register("torch", load)

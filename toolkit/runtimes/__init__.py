@@ -1,17 +1,24 @@
-"""The runtimes that run the exported graphs, one module each: onnxruntime (CPU and CUDA), openvino (its CPU
+"""The runtimes that run the exported graphs, one module or package each: onnxruntime (CPU and CUDA), openvino (its CPU
 plugin), web (onnxruntime-web in a browser, exported as a static site) and ctranslate2 (tk bench's comparison).
-`load` gives what every runtime loads a model directory into: a LoadedRuntime.
+`load` gives what every runtime loads a model directory into: a LoadedRuntime. Which runtimes there are is declared
+once, in toolkit.core.engines (RUNTIMES), and every --runtime choice reads it.
 
-Torch-free; a runtime's package is imported only when it is chosen.
+Torch-free; a runtime's package is imported only when it is chosen. The PyTorch reference (`tk translate --backend
+torch`) loads through `load` too, but lives on the torch side: toolkit.pytorch.torch_backend registers it when imported,
+so nothing here or below imports it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from toolkit.core.decoding import StepBackend
+from toolkit.core.engines import DEFAULT_RUNTIME, RUNTIMES
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
+
+__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "LoadedRuntime", "check", "label", "load", "register", "version"]
 
 
 class LoadedRuntime(Protocol):
@@ -26,7 +33,16 @@ class LoadedRuntime(Protocol):
     def backend(self) -> StepBackend: ...
 
 
-RUNTIMES = ("onnxruntime", "openvino")
+# Loaders registered by the sides that this package may not import: "torch" (toolkit.pytorch.torch_backend).
+_REGISTERED: dict[str, Callable[..., LoadedRuntime]] = {}
+# Where each registrable loader lives, for the error that names it (a name, not an import).
+_REGISTERED_BY = {"torch": "toolkit.pytorch.torch_backend"}
+
+
+def register(name: str, loader: Callable[..., LoadedRuntime]) -> None:
+    """Makes `load(m, name, ...)` call `loader(m, provider=..., variant=..., ...)`: how a side above the deploy path
+    (the PyTorch reference) puts its backend behind the same interface without the deploy path importing it."""
+    _REGISTERED[name] = loader
 
 
 def check(runtime: str) -> None:
@@ -56,7 +72,12 @@ def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", varia
     `unverified`: also load a variant the runtime is known to compute outside its tolerance (for verify).
     `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.runtimes.onnxruntime.graph_cache).
     `request_threads`: ONNX Runtime on CPU decodes a call of one batch on this many threads, and concurrent
-    streams on `threads` each (toolkit.runtimes.onnxruntime.load_sessions)."""
+    streams on `threads` each (toolkit.runtimes.onnxruntime.load_sessions).
+    A runtime registered with `register` ("torch") is loaded by its own loader."""
+    if runtime in _REGISTERED_BY:
+        if runtime not in _REGISTERED:
+            raise UsageError(f"the {runtime} backend is not loaded; import {_REGISTERED_BY[runtime]} first (it needs the {runtime} extra)")
+        return _REGISTERED[runtime](m, provider=provider, variant=variant, allow_fallback=allow_fallback, threads=threads)
     check(runtime)
     if runtime == "openvino":
         from toolkit.runtimes import openvino

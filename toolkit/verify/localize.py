@@ -196,14 +196,15 @@ class Side:
     @classmethod
     def parse(cls, text: str) -> Side:
         """"onnxruntime/cpu/fp32", "openvino/cpu/int8", or a variant alone ("fp32": ONNX Runtime on CPU)."""
+        from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS, RUNTIMES
         from toolkit.core.errors import UsageError
         from toolkit.core.variants import NAMES
 
         parts = text.split("/")
         if len(parts) == 1:
-            parts = ["onnxruntime", "cpu", *parts]
-        if len(parts) != 3 or parts[0] not in ("onnxruntime", "openvino") or parts[1] not in ("cpu", "cuda") or parts[2] not in NAMES:
-            raise UsageError(f"--localize-against {text!r}: give RUNTIME/PROVIDER/VARIANT (onnxruntime|openvino / cpu|cuda / "
+            parts = [DEFAULT_RUNTIME, "cpu", *parts]
+        if len(parts) != 3 or parts[0] not in RUNTIMES or parts[1] not in PROVIDERS or parts[2] not in NAMES:
+            raise UsageError(f"--localize-against {text!r}: give RUNTIME/PROVIDER/VARIANT ({'|'.join(RUNTIMES)} / {'|'.join(PROVIDERS)} / "
                              f"{'|'.join(NAMES)}), e.g. onnxruntime/cpu/fp32, or a variant alone")
         return cls(*parts)
 

@@ -24,6 +24,7 @@ import torch
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
+from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.manifest import Manifest
 from toolkit.pytorch import registry
@@ -92,7 +93,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
             raise UsageError(f"the attention variant is checked on onnxruntime only; drop --variant attention or --runtime {runtime}")
         attention = False  # its extra outputs are read through ONNX Runtime's I/O binding
     variants = [v for v in variants if v != "attention"] if variants else m.variants()
-    providers = ["cpu", "cuda"] if provider == "all" else [provider]
+    providers = list(PROVIDERS) if provider == "all" else [provider]
     # Sessions first: a provider that cannot load fails before any PyTorch work.
     sessions, backends = _load(m, runtime, providers, variants, provider == "all", report, echo)
     echo(f"runtime: {report.runtime}")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from toolkit.cli.options import provider_option
 from toolkit.core.errors import UsageError
 
 
@@ -15,7 +16,7 @@ from toolkit.core.errors import UsageError
 @click.option("-o", "--output", "output_path", type=click.Path(path_type=Path),
               help="PNG to write [default: attention-MODEL.png]; the Transformer writes PNG-encoder, -decoder-self and -cross.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the weights and tokens as JSON.")
-@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@provider_option("cpu")
 def attention(model_dir, text, output_path, json_path, provider):
     """Draw attention heatmaps from the exported graphs (no PyTorch needed; needs the plot extra).
 

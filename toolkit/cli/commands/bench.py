@@ -14,8 +14,11 @@ from toolkit.cli.options import (
     DEFAULT_MODEL,
     STREAMS,
     THREADS,
+    provider_option,
+    runtime_option,
     writable_file,
 )
+from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
 
@@ -30,8 +33,7 @@ from toolkit.core.variants import NAMES
               help="Timed runs per row, taken in turns across backends; the median is reported.")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(NAMES),
               help="Graph variants to time [default: fp32, the stored ones, and int8 on CPU / fp16 on CUDA, built in memory if not stored].")
-@click.option("--runtime", "runtimes", multiple=True, type=click.Choice(["onnxruntime", "openvino"]),
-              help="Runtimes to time, interleaved in one run (repeatable) [default: onnxruntime].")
+@runtime_option(multiple=True, help="Runtimes to time, interleaved in one run (repeatable) [default: onnxruntime].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the results as JSON.")
 @click.option("--text", "text_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="User-level comparison instead: tk's Python API with its defaults against CTranslate2's fastest setting, "
@@ -46,8 +48,7 @@ from toolkit.core.variants import NAMES
 @DATA_OPTION
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: with --streams, measured first].")
 @click.option("--streams", type=STREAMS, help="tk's concurrent decoding streams [default: the fastest (threads, streams) pair, measured first].")
-@click.option("--provider", type=click.Choice(["cuda", "cpu"]),
-              help="ONNX Runtime's provider, with PyTorch on the same device beside it [default: cpu, and cuda where it truly loads].")
+@provider_option(help="ONNX Runtime's provider, with PyTorch on the same device beside it [default: cpu, and cuda where it truly loads].")
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
 @click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
@@ -95,7 +96,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     notes: list[str] = []
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
-                      runtimes=list(runtimes) or ["onnxruntime"], threads=threads, providers=(provider,) if provider else ("cpu", "cuda"),
+                      runtimes=list(runtimes) or [DEFAULT_RUNTIME], threads=threads, providers=(provider,) if provider else PROVIDERS,
                       ct2=False if provider == "cuda" and ct2 is None else ct2, ct2_threads=ct2_threads, notes=notes, streams=streams,
                       data=data_path)
     for note in notes:

@@ -19,6 +19,7 @@ from toolkit.cli.options import (
     THREADS,
     paused_gc,
     plural,
+    runtime_option,
 )
 from toolkit.core.errors import UsageError
 
@@ -36,8 +37,7 @@ from toolkit.core.errors import UsageError
 @DEFAULT_FAST_VARIANT
 @click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
-@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
-              help="Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra).")
+@runtime_option()
 @DECODING
 @TEXT
 @click.option("--n-best", type=BEAM, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
@@ -86,6 +86,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     AtomicOutput.check(output_path)
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
+    if backend == "torch" and runtime == "onnxruntime":  # with another runtime open_model refuses the pair, torch unloaded
+        import toolkit.pytorch.torch_backend  # noqa: F401 (registers the "torch" backend that open_model loads)
     with paused_gc():
         t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
     if provider == "cuda" and t.provider != "cuda":

@@ -11,6 +11,7 @@ from toolkit.cli.options import (
     TEXT,
     THREADS,
     FiniteFloat,
+    provider_option,
 )
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
@@ -27,8 +28,7 @@ from toolkit.core.variants import NAMES
 @click.option("--shard-lines", type=click.IntRange(1, 10_000_000), default=4096, show_default=True,
               help="Lines per shard (a multiple of 2048 batches lines exactly as tk translate -i does).")
 @click.option("--column", help="The text column of Parquet inputs.")
-@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cuda: each actor requests one GPU.")
+@provider_option("cpu", help="cuda: each actor requests one GPU.")
 @click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
 @DECODING
 @TEXT

@@ -10,6 +10,8 @@ from toolkit.cli.options import (
     DATA_OPTION,
     SEED,
     TOLERANCE,
+    provider_option,
+    runtime_option,
     writable_file,
 )
 from toolkit.core.errors import UsageError
@@ -18,9 +20,8 @@ from toolkit.core.variants import NAMES
 
 @click.command()
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--provider", type=click.Choice(["cpu", "cuda", "all"]), default="cpu", show_default=True)
-@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
-              help="Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra).")
+@provider_option("cpu", also=("all",))
+@runtime_option()
 @click.option("--variant", "variants", multiple=True, type=click.Choice([*NAMES, "attention"]),
               help="Graph variants to check [default: every variant in the directory, and attention where declared].")
 @click.option("--atol", type=TOLERANCE, help="Absolute tolerance [default: per variant, see README].")
