@@ -37,7 +37,7 @@ def test_the_top_of_the_package_holds_only_the_entry_points():
     """Each module lives in the folder that says which side it is on."""
     assert sorted(p.name for p in TOOLKIT.glob("*.py")) == ["__init__.py"]
     assert {p.name for p in TOOLKIT.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "cli", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify"}
+        "bench", "cli", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify"}
 
 
 def import_graph() -> dict[str, set[str]]:

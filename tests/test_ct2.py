@@ -53,7 +53,7 @@ def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tin
 
 
 def test_the_ct2_table_holds_ctranslate2_against_tks_faster_fp32_graphs():
-    from toolkit.pytorch.bench import Result, ct2_table
+    from toolkit.bench.backends import Result, ct2_table
 
     def row(backend, search, seconds):
         return Result(backend, search, 1, seconds, 10, 100, 0.0, [[1, 2]] * 10)

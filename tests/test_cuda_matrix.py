@@ -19,7 +19,7 @@ def test_the_matrix_writes_verify_translation_and_bench_results_and_records_veri
     exported = tmp_path / "exported"
     shutil.copytree(REPO / "exported", exported)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "toolkit.pytorch.cuda_matrix", out, "--provider", "cpu", "--sentences", "16",
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bench.cuda_matrix", out, "--provider", "cpu", "--sentences", "16",
                            "--bench-sentences", "4", "--verify-sentences", "2", "--serve-sentences", "8", "--exported", exported],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -44,7 +44,7 @@ def test_the_matrix_writes_verify_translation_and_bench_results_and_records_veri
 
 def test_without_cuda_the_matrix_stops_in_one_line_before_measuring(tmp_path):
     """CUDA_VISIBLE_DEVICES='' hides any GPU, as on a machine without one."""
-    proc = subprocess.run([sys.executable, "-m", "toolkit.pytorch.cuda_matrix", tmp_path / "out"], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bench.cuda_matrix", tmp_path / "out"], capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 1 and proc.stdout.startswith("error: ONNX Runtime could not load its CUDA provider")
     assert not (tmp_path / "out").exists()
@@ -55,19 +55,19 @@ def test_a_part_rerun_with_only_keeps_the_others_and_an_unknown_part_is_one_line
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.json").write_text(json.dumps({"verify": {"nw": {"passed": True, "checks": 3, "failures": 0, "worst_max_abs": {}}}}))
-    proc = subprocess.run([sys.executable, "-m", "toolkit.pytorch.cuda_matrix", out, "--provider", "cpu", "--only", "memory"],
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bench.cuda_matrix", out, "--provider", "cpu", "--only", "memory"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert results["verify"]["nw"]["passed"] and results["memory"]["skipped"]
-    bad = subprocess.run([sys.executable, "-m", "toolkit.pytorch.cuda_matrix", out, "--provider", "cpu", "--only", "speed"],
+    bad = subprocess.run([sys.executable, "-m", "toolkit.bench.cuda_matrix", out, "--provider", "cpu", "--only", "speed"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stdout.startswith("error: --only speed: choose from verify,") and "Traceback" not in bad.stderr
 
 
 def test_the_bench_compares_each_provider_with_pytorch_on_the_same_device():
     """An ONNX Runtime CUDA row is held to PyTorch on CUDA, a CPU row to PyTorch on the CPU."""
-    from toolkit.pytorch.bench import Result, row_provider, table, torch_row
+    from toolkit.bench.backends import Result, row_provider, table, torch_row
 
     rows = [Result("pytorch cached", "greedy", 64, 4.0, 64, 640, 0.0, [[1]] * 64),
             Result("pytorch cached cuda", "greedy", 64, 1.0, 64, 640, 0.0, [[1]] * 64),

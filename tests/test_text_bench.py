@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.bench.text import TextRow, read_text, table
 from toolkit.core.errors import DataError, UsageError
-from toolkit.deploy.text_bench import TextRow, read_text, table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "exported" / "transformer"

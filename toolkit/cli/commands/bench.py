@@ -90,7 +90,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
             json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
         return
 
-    from toolkit.pytorch import bench as b
+    from toolkit.bench import backends as b
 
     writable_file(json_path, "--json")
     notes: list[str] = []
@@ -129,8 +129,8 @@ def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, 
     import json
     import platform
 
+    from toolkit.bench import text as text_bench
     from toolkit.core.batching import cores, default_request_threads, default_streams, default_threads
-    from toolkit.deploy import text_bench
 
     sources, refs = text_bench.read_text(text_path, reference)
     sources, refs = sources[:lines], refs[:lines] if refs else None

@@ -75,7 +75,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
             m = manifest.load(source)
             declared = attention_declaration(m.model, m.config).get("attention")
         if keep_fp32:
-            from toolkit.pytorch import guarded_int8
+            from toolkit.verify import guarded_int8
 
             if fp16 or optimize or attention:
                 add_variants(Path(source), opts, echo=echo, attention=declared)

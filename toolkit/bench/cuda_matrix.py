@@ -5,7 +5,7 @@ PyTorch on the GPU beside it, device memory per backend, ONNX Runtime's profile 
 decode step, and `tk serve` under concurrent clients. Writes OUT/results.json and OUT/table.md (the README's
 runtime-matrix rows); the verify records go into each model's manifest.json beside the CPU ones.
 
-    python -m toolkit.pytorch.cuda_matrix OUT [--provider cuda] [--sentences 2000] [--bench-sentences 256]
+    python -m toolkit.bench.cuda_matrix OUT [--provider cuda] [--sentences 2000] [--bench-sentences 256]
 
 `--provider cpu` runs the same matrix on the CPU: how the script itself is tested on a machine without a GPU.
 """
@@ -148,7 +148,7 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
 MEMORY_PROBE = """
 import json, os, subprocess, sys
 from pathlib import Path
-from toolkit.pytorch.cuda_matrix import probe_backend
+from toolkit.bench.cuda_matrix import probe_backend
 backend, batch = probe_backend(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))
 row = {"torch_max_allocated_mib": None}
 if sys.argv[2] == "pytorch":
@@ -258,7 +258,7 @@ def run_serve(provider: str, sentences: int, echo, exported: Path = EXPORTED, ch
 
 
 def run_bench(provider: str, sentences: int, echo, exported: Path = EXPORTED) -> list[dict]:
-    from toolkit.pytorch.bench import bench
+    from toolkit.bench.backends import bench
 
     results = bench(exported / "transformer", sentences, (1, 64, 256), (1, 4), providers=(provider,), textbook=False,
                     variants=precisions(provider), echo=echo, ct2=False)
@@ -301,7 +301,7 @@ def table(results: dict) -> str:
         for r in serve:
             lines.append(f"| tk serve, {r['clients']} clients, {r['mode']} | {r['throughput']} sentences/s, p50 {r['p50_ms']:.1f} ms, "
                          f"p99 {r['p99_ms']:.1f} ms, mean batch {r['mean_batch']:.1f} |")
-    from toolkit.pytorch.bench import row_provider, torch_row
+    from toolkit.bench.backends import row_provider, torch_row
 
     lines += ["", "| backend | search | batch | sentences/s | vs PyTorch cached, same device |", "|---|---|---|---|---|"]
     bench = results.get("bench") if isinstance(results.get("bench"), list) else []
@@ -321,7 +321,7 @@ def positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.pytorch.cuda_matrix", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.cuda_matrix", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for results.json and table.md")
     parser.add_argument("--provider", choices=PROVIDERS, default="cuda")
     parser.add_argument("--sentences", type=positive, default=2000, help="Tatoeba Challenge sentences to translate")
