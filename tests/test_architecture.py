@@ -1,9 +1,11 @@
-"""The layout holds what it says: the folders on the deploy side never import torch, and no module of
-toolkit imports another that (directly or through others) imports it back, function-level imports included."""
+"""The layout holds what it says: the folders on the deploy side never import torch, the packages import only
+downwards (cli on top; core at the bottom), and no module of toolkit imports another that (directly or through
+others) imports it back; function-level and type-only imports included."""
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +14,17 @@ REPO = Path(__file__).resolve().parents[1]
 TOOLKIT = REPO / "toolkit"
 # What `tk translate`, `tk serve`, corpus translation, the Python API and the other runtimes load.
 TORCH_FREE = ("core", "deploy", "runtimes", "serve", "corpus", "cli")
+TORCH_FREE_MODULES = ("toolkit.bench.text",)  # `tk bench --text`: tk's API against CTranslate2, on a deploy-only install
+# The packages in layers, lowest first. A module imports from its own package and from the layers below its own,
+# never from a package beside it or above it: deploy > runtimes > core is the deploy path; serve and corpus run it,
+# pytorch (the reference, training, export) sits beside them and is never imported by deploy, runtimes or core;
+# verify holds the graphs to the PyTorch reference; bench times all of them; cli (with toolkit/__init__.py's
+# Translator) is the top.
+LAYERS = ({"core"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"bench"}, {"cli", "toolkit"})
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+def module_name(path: Path, root: Path = REPO) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -24,8 +33,8 @@ def modules_in(*folders: str) -> list[str]:
 
 
 def test_every_module_of_the_torch_free_folders_imports_without_torch():
-    names = modules_in(*TORCH_FREE)
-    assert len(names) > 30 and "toolkit.deploy.translate" in names and "toolkit.runtimes.onnxruntime" in names
+    names = modules_in(*TORCH_FREE) + list(TORCH_FREE_MODULES)
+    assert len(names) > 30 and "toolkit.deploy.translate" in names and "toolkit.runtimes.onnxruntime.loading" in names
     code = ("import importlib, sys\n" + "".join(f"importlib.import_module({n!r})\n" for n in names)
             + "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -40,9 +49,10 @@ def test_the_top_of_the_package_holds_only_the_entry_points():
         "bench", "cli", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify"}
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the toolkit modules it imports anywhere in its body (type-only imports, which never run, aside)."""
-    paths = {module_name(p): p for p in TOOLKIT.rglob("*.py")}
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """Module -> the toolkit modules it imports anywhere in its body: at the top, inside functions, and under
+    `if TYPE_CHECKING:` (which never runs, but ties the modules together all the same)."""
+    paths = {module_name(p, root): p for p in (root / "toolkit").rglob("*.py")}
 
     def owner(name: str) -> str | None:
         while name and name not in paths:
@@ -51,12 +61,7 @@ def import_graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {m: set() for m in paths}
     for mod, path in paths.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-                     for n in ast.walk(node)}
-        for node in ast.walk(tree):
-            if id(node) in type_only:
-                continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             targets = []
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("toolkit"):
                 targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module for a in node.names]
@@ -64,6 +69,46 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [a.name for a in node.names if a.name.startswith("toolkit")]
             graph[mod] |= {t for t in map(owner, targets) if t and t != mod and t != "toolkit"}
     return graph
+
+
+def package(module: str) -> str:
+    """toolkit.runtimes.onnxruntime.sessions -> runtimes; toolkit (its __init__) -> toolkit."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Every import of a module in a package beside or above the importer's own ('a -> b')."""
+    rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if package(a) != package(b) and rank[package(b)] >= rank[package(a)])
+
+
+def test_every_package_has_its_place_in_the_layers():
+    placed = {name for layer in LAYERS for name in layer}
+    assert {package(m) for m in import_graph()} == placed
+
+
+def test_packages_import_only_downwards():
+    graph = import_graph()
+    assert "toolkit.core.manifest" in graph["toolkit.runtimes.onnxruntime.loading"]  # the graph sees real imports
+    assert upward_imports(graph) == []
+
+
+def test_the_order_check_finds_upward_imports_planted_in_a_copy(tmp_path):
+    """A function-level import of the deploy side from core, and a type-only import of the torch side from a runtime,
+    each planted in a copy of the tree, are both caught; siblings importing each other are too."""
+    copy = tmp_path / "repo"
+    shutil.copytree(TOOLKIT, copy / "toolkit", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "toolkit" / "core" / "errors.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef _planted():\n    from toolkit.deploy.translate import open_model\n\n    return open_model\n")
+    with open(copy / "toolkit" / "runtimes" / "openvino.py", "a", encoding="utf-8") as f:
+        f.write("\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from toolkit.pytorch import registry\n")
+    with open(copy / "toolkit" / "serve" / "metrics.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef _planted():\n    import toolkit.corpus.run\n")
+    found = upward_imports(import_graph(copy))
+    assert found == ["toolkit.core.errors -> toolkit.deploy.translate", "toolkit.runtimes.openvino -> toolkit.pytorch.registry",
+                     "toolkit.serve.metrics -> toolkit.corpus.run"]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -99,9 +144,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles():
-    graph = import_graph()
-    assert "toolkit.core.manifest" in graph["toolkit.runtimes.onnxruntime.loading"]  # the graph sees real imports
-    assert cycles(graph) == []
+    assert cycles(import_graph()) == []
 
 
 def test_the_cycle_finder_finds_a_planted_circle():
