@@ -1,2 +1,3 @@
-"""The PyTorch side: the model registry, training, checkpoints, export to ONNX, the PyTorch reference and
-step backend, and the measurements that compare PyTorch with the runtimes (bench, the GPU matrix)."""
+"""The PyTorch side: the model registry, training, checkpoints, export to ONNX, and the PyTorch reference and its
+step backend (registered as the "torch" backend of toolkit.runtimes.load when imported). Never imported by core,
+runtimes or deploy."""
