@@ -22,7 +22,7 @@ BODY_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 
 
 @click.command()
-@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @PROVIDER
@@ -52,6 +52,8 @@ def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_b
     Sentences of concurrent requests are decoded together by one worker. Needs the serve
     extra: pip install -e '.[serve]'.
 
+    MODEL_DIR defaults to $TK_MODEL, else the model installed with tk.
+
     Example: tk serve exported/transformer --port 8000
     """
     try:
@@ -65,6 +67,10 @@ def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_b
     for name in allow_hosts:
         if not name.strip() or any(c.isspace() or c in "/?#@" for c in name.strip()):
             raise UsageError(f"--allow-host {name!r} is not a host name; give a name such as example.com, an address, or '*'")
+    if model_dir is None:
+        from toolkit.core.shipped import default_model
+
+        model_dir = default_model()
     t = open_model(model_dir, provider, variant, threads=threads)
     policy = BatchPolicy(max_tokens=max_batch_tokens, max_sentences=max_batch_sentences, max_delay_s=max_delay_ms / 1000,
                          queue_size=queue_size, batching=not no_batching)
