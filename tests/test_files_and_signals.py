@@ -232,3 +232,11 @@ def test_a_sentence_longer_than_the_model_reads_is_refused_by_tk_attention(cli, 
     line = one_line_error(cli("attention", SHIPPED / "transformer", " ".join(["word"] * 5000), "-o", out), 2)
     assert "subwords long" in line and "shorter" in line
     assert not any(tmp_path.iterdir())
+
+
+def test_a_model_directory_whose_name_is_not_utf8_is_one_line(tmp_path):
+    model = Path(os.fsdecode(bytes(tmp_path) + b"/m\xff"))
+    shutil.copytree(SHIPPED / "transformer", model)
+    for args in (["translate", "--model", model, "Hello."], ["serve", model, "--port", "0"]):
+        proc = subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], env=ENV, capture_output=True, timeout=120)
+        assert proc.returncode == 2 and b"not valid UTF-8; rename it" in proc.stderr and b"Traceback" not in proc.stderr, proc.stderr

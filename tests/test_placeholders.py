@@ -234,3 +234,21 @@ def test_the_command_line_summary_counts_repaired_lines(cli, shipped, monkeypatc
     assert "warning: line 1: the model did not copy every protected span" in result.output
     assert "warning: line 2" in result.output  # "Go." has no span, but the fake model wrote one
     assert "2 lines with protected spans put back by the fallback" in result.output
+
+
+def test_the_api_warns_when_the_fallback_put_a_span_back(shipped, monkeypatch):
+    import warnings
+
+    from toolkit import SpanRepairWarning, Translator
+
+    translator = Translator.__new__(Translator)  # the shipped model with a decoder that drops the span
+    translator.loaded = scripted(shipped, "Appelle.")
+    translator._backend = translator.loaded.backend()
+    with pytest.warns(SpanRepairWarning, match=r"texts\[1\]"):
+        out = translator.translate(["Go.", "Call 555 0199."])
+    assert out[1].count("555 0199") == 1
+    translator.loaded = scripted(shipped, "Appelle ⦅0⦆.")
+    translator._backend = translator.loaded.backend()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpanRepairWarning)
+        assert translator.translate(["Call 555 0199."]) == ["Appelle 555 0199."]

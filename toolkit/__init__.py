@@ -5,12 +5,12 @@ The public API: `from toolkit import Translator` (see toolkit.deploy.api). Loade
 """
 
 __version__ = "0.1.0"
-__all__ = ["Translator", "__version__"]
+__all__ = ["SpanRepairWarning", "Translator", "__version__"]
 
 
 def __getattr__(name: str):
-    if name == "Translator":
-        from toolkit.deploy.api import Translator
+    if name in ("Translator", "SpanRepairWarning"):
+        from toolkit.deploy import api
 
-        return Translator
+        return getattr(api, name)
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

@@ -325,6 +325,11 @@ def split_verification(record: dict) -> dict[str, dict]:
 
 def load(directory: str | Path) -> Manifest:
     directory = Path(directory)
+    try:
+        str(directory.resolve()).encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 in the name: ONNX Runtime and OpenVINO cannot open such paths
+        raise UsageError(f"model directory {str(directory)!r} has a path that is not valid UTF-8; rename it (or move it) "
+                         "to a UTF-8 path") from None
     path = directory / NAME
     if not directory.is_dir():
         raise UsageError(f"model directory {directory} does not exist; export one with `tk export`")

@@ -8,6 +8,7 @@ Torch-free, like `tk translate`, which calls the same functions: the same option
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -77,6 +78,10 @@ def _keep(keep: object) -> tuple[str, ...]:
     return terms
 
 
+class SpanRepairWarning(UserWarning):
+    """A translation's protected spans were put back by the fallback (the model dropped, repeated or invented one)."""
+
+
 class Translator:
     """An exported translation model loaded on ONNX Runtime (model_dir None: $TK_MODEL, else the model installed
     with tk; provider None: CUDA if it truly loads, else CPU; variant None: the fastest graphs with fp32's output
@@ -117,8 +122,15 @@ class Translator:
         for name, flag in (("split", split), ("raw", raw), ("strict", strict)):
             _check_flag(name, flag)
         opts = decode_options(self.manifest, beam=beam, n_best=n_best, provider=self.provider, **options)
-        return translate_batch(self.loaded, texts, opts, self._backend, strict=strict,
-                               text=TextOptions(keep=_keep(keep), split=split, enabled=not raw))
+        repaired: list[int] = []
+        out = translate_batch(self.loaded, texts, opts, self._backend, strict=strict,
+                              text=TextOptions(keep=_keep(keep), split=split, enabled=not raw), repaired=repaired)
+        if repaired:
+            # Visible, as tk translate's warning is: a number or kept term had to be put back by the fallback.
+            positions = ", ".join(str(i - 1) for i in repaired[:5]) + (" ..." if len(repaired) > 5 else "")
+            warnings.warn(f"the model did not copy every protected span (number, URL, e-mail, kept term) exactly once in "
+                          f"texts[{positions}]; each was put back once by the fallback", SpanRepairWarning, stacklevel=3)
+        return out
 
     def translate(self, texts: Sequence[str], beam: int = 1, **options) -> list[str]:
         """The best translation of each text, in input order."""
