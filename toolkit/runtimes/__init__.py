@@ -66,10 +66,9 @@ def label(runtime: str) -> str:
 
 
 def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", variant: str = "fp32",
-         allow_fallback: bool = False, threads: int | None = None, unverified: bool = False, cache: bool = False,
+         allow_fallback: bool = False, threads: int | None = None, cache: bool = False,
          request_threads: int | None = None) -> LoadedRuntime:
     """Sessions and a step-backend factory (`.backend()`) for every graph of the directory on `runtime`.
-    `unverified`: also load a variant the runtime is known to compute outside its tolerance (for verify).
     `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.runtimes.onnxruntime.graph_cache).
     `request_threads`: ONNX Runtime on CPU decodes a call of one batch on this many threads, and concurrent
     streams on `threads` each (toolkit.runtimes.onnxruntime.load_sessions).
@@ -82,7 +81,7 @@ def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", varia
     if runtime == "openvino":
         from toolkit.runtimes import openvino
 
-        return openvino.load(m, provider, variant, threads, unverified)
+        return openvino.load(m, provider, variant, threads)
     from toolkit.runtimes import onnxruntime as ort_runtime
 
     return ort_runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,

@@ -140,19 +140,9 @@ class LoadedOpenVINO:
         return OvBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
 
 
-# Variants OpenVINO compiles but computes outside their verified tolerance, each with what `tk verify
-# --runtime openvino --variant V` measured; translation refuses them, verify still runs them to show the
-# numbers. None today: int8 was here (log-probabilities off by 1.39 against 0.5) until int8's weights
-# got one scale per channel, after which OpenVINO passes 178/178 with ONNX Runtime's own errors.
-UNVERIFIED: dict[str, str] = {}
-
-
-def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int | None = None,
-         unverified: bool = False) -> LoadedOpenVINO:
+def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int | None = None) -> LoadedOpenVINO:
     """Every graph of the directory compiled for OpenVINO's CPU plugin; a variant it does not store is built
-    in memory. A variant in UNVERIFIED is refused unless `unverified` (verify, which measures it)."""
-    if variant in UNVERIFIED and not unverified:
-        raise UsageError(UNVERIFIED[variant])
+    in memory. (Each variant passes `tk verify --runtime openvino`; int8 since its weights got one scale per channel.)"""
     if provider not in ("cpu", None):
         raise ProviderError(f"--runtime openvino runs on OpenVINO's CPU plugin only, not provider {provider}; "
                             "use --provider cpu, or --runtime onnxruntime for CUDA")

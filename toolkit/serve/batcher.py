@@ -106,10 +106,6 @@ class Batcher:
         self._thread.join(timeout)
 
     @property
-    def depth(self) -> int:
-        return self._depth
-
-    @property
     def healthy(self) -> bool:
         """Loaded, warmed up, and the decoding worker is still running."""
         return self.ready.is_set() and self.failed is None and self._thread.is_alive() and not self._closing

@@ -8,9 +8,10 @@ Three kinds of evidence, all collected before a verdict:
 Plus ONNX Runtime with graph optimisations off vs on, and CPU vs CUDA drift as a noise floor.
 On `runtime="openvino"` the same checks run on OpenVINO's CPU plugin (toolkit.runtimes).
 
-This module runs the command; the pieces are verify_report (Row, Report), verify_compare (tolerances,
-error statistics, running a graph), verify_checks (static, sweep inputs, real decodes, translations,
-weights), verify_render (the table) and verify_record (JSON, verdict, manifest summary).
+This module runs the command; the pieces are report.py (Row, Report), compare.py (tolerances, error
+statistics, running a graph), checks.py (static, sweep inputs, real decodes, translations, weights),
+render.py (the table), record.py (JSON, verdict, manifest summary), localize.py (the first divergent node),
+attention.py, int8_layers.py and guarded_int8.py (int8 that keeps its worst layers in float).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _load(m: Manifest, runtime: str, providers: list[str], variants: list[str], 
     for p in providers:
         for v in variants:
             try:
-                loaded = runtimes.load(m, runtime, p, v, unverified=True)
+                loaded = runtimes.load(m, runtime, p, v)
             except ProviderError as e:
                 if not any_provider:
                     raise
