@@ -235,7 +235,7 @@ def test_metrics_count_requests_sentences_tokens_batches_and_latency(model):
 
 
 def test_the_serve_path_never_imports_torch():
-    code = ("import sys; import toolkit.serve.server, toolkit.serve.app, toolkit.serve.load; "
+    code = ("import sys; import toolkit.serve.server, toolkit.serve.app, toolkit.bench.serve_load; "
             "assert 'torch' not in sys.modules, 'torch was imported'; print('torch-free')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert proc.stdout.strip() == "torch-free", proc.stderr

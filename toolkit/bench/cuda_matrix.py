@@ -247,7 +247,7 @@ def run_serve(provider: str, sentences: int, echo, exported: Path = EXPORTED, ch
         import uvicorn  # noqa: F401
     except ImportError as e:
         return {"skipped": f"tk serve needs the serve extra (fastapi, uvicorn): {e}"}
-    from toolkit.serve.load import bench_serve
+    from toolkit.bench.serve_load import bench_serve
 
     english, _ = challenge_english(sentences, challenge)
     results = bench_serve(exported / "transformer", english, clients, 1, ["--provider", provider], echo=echo)

@@ -74,9 +74,9 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if serve and set(runtimes) - {"onnxruntime"}:
         raise UsageError("--serve load-tests `tk serve`, which runs on onnxruntime only; drop --runtime openvino")
     if serve:
+        from toolkit.bench.serve_load import bench_serve
+        from toolkit.bench.serve_load import table as load_table
         from toolkit.core.data import describe, load_corpus, references
-        from toolkit.serve.load import bench_serve
-        from toolkit.serve.load import table as load_table
 
         corpus = load_corpus(data_path, download=False)
         click.echo(describe(corpus), err=True)

@@ -95,7 +95,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
 def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
     import time
 
-    from toolkit.runtimes.web import downloads, export_web
+    from toolkit.deploy.web_site import downloads, export_web
 
     if not is_model_dir:
         raise UsageError(f"--web needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")

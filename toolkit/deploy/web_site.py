@@ -18,7 +18,7 @@ from pathlib import Path
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
 from toolkit.core.errors import UsageError
-from toolkit.runtimes.web_tokenizer import write_tokenizer_json
+from toolkit.deploy.web_tokenizer import write_tokenizer_json
 
 WEB = Path(__file__).resolve().parents[2] / "web"
 SITE = WEB / "site"
