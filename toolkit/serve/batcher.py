@@ -106,6 +106,11 @@ class Batcher:
         self._thread.join(timeout)
 
     @property
+    def depth(self) -> int:
+        """Sentences waiting in the lanes (what the queue limit counts)."""
+        return self._depth
+
+    @property
     def healthy(self) -> bool:
         """Loaded, warmed up, and the decoding worker is still running."""
         return self.ready.is_set() and self.failed is None and self._thread.is_alive() and not self._closing
