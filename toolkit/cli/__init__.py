@@ -11,10 +11,11 @@ import sys
 import click
 
 from toolkit import __version__
-from toolkit.cli.commands.attention import attention, plot
+from toolkit.cli.commands.attention import attention
 from toolkit.cli.commands.bench import bench
 from toolkit.cli.commands.evaluate import evaluate
 from toolkit.cli.commands.export import export
+from toolkit.cli.commands.plot import plot
 from toolkit.cli.commands.serve import serve
 from toolkit.cli.commands.train import train
 from toolkit.cli.commands.translate import translate

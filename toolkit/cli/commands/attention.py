@@ -1,4 +1,4 @@
-"""`tk attention and tk plot`."""
+"""`tk attention`: attention heatmaps from the exported graphs."""
 
 from __future__ import annotations
 
@@ -58,21 +58,3 @@ def attention(model_dir, text, output_path, json_path, provider):
         drawn.append(json_path)
     for path in drawn:
         click.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")
-
-
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="PNG to write [default: RUN_DIR/history.png].")
-def plot(run_dir, output_path):
-    """Draw the loss curves that `tk train` recorded in RUN_DIR/history.json.
-
-    Example: tk plot runs/tiny
-    """
-    from toolkit.core import history
-    from toolkit.deploy import pictures
-
-    out = output_path or Path(run_dir) / "history.png"
-    pictures.check_picture_path(out, "-o")
-    data = history.read(run_dir)
-    path = pictures.training_figure(data["epochs"], f"{data.get('model', '')}: {run_dir}", out)
-    click.echo(f"wrote {path} ({len(data['epochs'])} epochs)")
