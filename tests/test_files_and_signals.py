@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import one_line_error
 
 from toolkit.core import atomic, manifest
 from toolkit.core.errors import describe_os_error
@@ -21,15 +22,6 @@ from toolkit.core.errors import describe_os_error
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "exported"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def one_line_error(result, code: int) -> str:
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1, result.output
-    return errors[0]
 
 
 # ---- pictures and outputs: checked first, written atomically ---------------------------------------

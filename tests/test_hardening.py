@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import one_line_error
 
 from toolkit.core import manifest
 from toolkit.core.errors import UsageError
@@ -22,16 +23,6 @@ from toolkit.pytorch import checkpoint, registry
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "exported"
-
-
-def one_line_error(result, code: int) -> str:
-    """The result failed with `code` and said so in one line, with no traceback."""
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1, result.output
-    return errors[0]
 
 
 # ---- kind 1: one-line errors, numeric ranges, output paths checked first ------------------------
