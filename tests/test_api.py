@@ -141,7 +141,7 @@ def _refusal(call) -> str:
     ({"max_len_b": -100}, "max_len_b must be a whole number from 0 to 1000 (got -100)"),
     ({"max_len_a": float("nan")}, "max_len_a must be a finite number from 0 to 100, or None for no length guard (got nan)"),
     ({"max_len_a": -1.0}, "max_len_a must be a finite number from 0 to 100"),
-    ({"alpha": float("inf")}, "alpha must be a finite number from 0 to 10 (got inf)"),
+    ({"alpha": float("inf")}, "alpha must be a finite number from 0 to 10, or None for the model's own (got inf)"),
     ({"max_tokens": 0}, "max_tokens must be a whole number of at least 1 (got 0)"),
     ({"loop_guard": "no"}, "loop_guard must be True or False (got 'no')"),
     ({"split": None}, "split must be True or False (got None)"),

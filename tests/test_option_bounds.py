@@ -17,7 +17,7 @@ from toolkit.core.errors import UsageError
     ({"beam": 0}, "beam must be a whole number from 1 to 64 (got 0)"),
     ({"beam": True}, "beam must be a whole number from 1 to 64 (got True)"),
     ({"beam": 2, "n_best": 3}, "n_best must be a whole number from 1 to the beam size 2 (got 3)"),
-    ({"alpha": float("nan")}, "alpha must be a finite number from 0 to 10 (got nan)"),
+    ({"alpha": float("nan")}, "alpha must be a finite number from 0 to 10, or None for the model's own (got nan)"),
     ({"max_len": -5}, "max_len must be a whole number of at least 1 (got -5)"),
     ({"batch_size": 0}, "batch_size must be a whole number of at least 1 (got 0)"),
     ({"max_src_len": 0}, "max_src_len must be a whole number of at least 1 (got 0)"),

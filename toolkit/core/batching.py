@@ -15,6 +15,7 @@ from toolkit.core.decode_options import (  # noqa: F401
     default_batch_size,
     default_streams,
 )
+from toolkit.core.declaration import TK_RULES
 from toolkit.core.decoding import Hypothesis, StepBackend, length_limits, translate_ids
 
 
@@ -73,7 +74,8 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) 
     def decode(be: StepBackend, idx: list[int]) -> None:
         batch_src = [src[i] for i in idx]
         limits = length_limits(batch_src, opts.max_len, opts.max_len_a, opts.max_len_b)
-        results = translate_ids(be, batch_src, opts.max_len, opts.beam, opts.alpha, opts.n_best, limits, opts.loop_guard)
+        results = translate_ids(be, batch_src, opts.max_len, opts.beam, opts.alpha, opts.n_best, limits, opts.loop_guard,
+                                opts.rules or TK_RULES)
         for i, hyps in zip(idx, results):
             out[i] = hyps
 

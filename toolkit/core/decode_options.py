@@ -66,7 +66,7 @@ def _number_problem(name: str, value: object, bounds: tuple[float, float], none:
 @dataclass
 class DecodeOptions:
     beam: int = 1
-    alpha: float = 0.6  # length penalty exponent for beam search
+    alpha: float | None = None  # length penalty exponent for beam search; None: the model's (tk's 0.6)
     n_best: int = 1
     max_len: int = 64  # longest output, in subword tokens
     batch_size: int = 64  # sentences per batch
@@ -82,6 +82,9 @@ class DecodeOptions:
     # sessions (CTranslate2's inter_threads). Small batches leave cores idle between a step's
     # matrix multiplies; a second stream fills them. Results do not depend on it.
     streams: int = 1
+    # The model's decoding rules (toolkit.core.declaration.DecodingRules: start and end tokens, length penalty);
+    # None: tk's. translate_batch sets them from the model directory, so every way in decodes a model by its own.
+    rules: object | None = None
 
     def __post_init__(self) -> None:
         problem = self.problem()
@@ -96,7 +99,7 @@ class DecodeOptions:
         """
         return (count_problem("beam", self.beam, 1, MAX_BEAM)
                 or count_problem("n_best", self.n_best, 1, self.beam, high_is="the beam size")
-                or _number_problem("alpha", self.alpha, ALPHA)
+                or _number_problem("alpha", self.alpha, ALPHA, "for the model's own")
                 or count_problem("max_len", self.max_len, 1, fix="leave it out for the model's maximum")
                 or count_problem("batch_size", self.batch_size, 1, fix="leave it out for the default")
                 or (None if self.max_tokens is None else count_problem("max_tokens", self.max_tokens, 1, fix="leave it out for no budget"))
@@ -107,17 +110,20 @@ class DecodeOptions:
                 or count_problem("streams", self.streams, 1, MAX_STREAMS, "leave it out for the default"))
 
     @classmethod
-    def for_model(cls, max_positions: int, provider: str = "cpu", *, beam: int = 1, alpha: float = 0.6, n_best: int = 1,
+    def for_model(cls, max_positions: int, provider: str = "cpu", *, beam: int = 1, alpha: float | None = None, n_best: int = 1,
                   max_len: int | None = None, batch_size: int | None = None, max_tokens: int | None = None,
                   max_len_a: float | None = GUARDED["max_len_a"], max_len_b: int = GUARDED["max_len_b"],
-                  loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None) -> DecodeOptions:
+                  loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None, rules: object | None = None,
+                  max_output: int | None = None) -> DecodeOptions:
         """The options as a user gives them (tk translate, translate-corpus, the API) for a model of `max_positions`
         positions: guards on unless told; max_len None: the model's maximum, and any larger one is cut to it; sources
         are cut to it; batch_size None: chosen for the beam and provider (default_batch_size); streams None: one per
-        core (default_streams)."""
-        opts = cls(beam=beam, alpha=alpha, n_best=n_best, max_len=max_positions if max_len is None else max_len,
+        core (default_streams). rules: the model's decoding rules; max_output: its default output limit (None: its positions)."""
+        default_len = max_positions if max_output is None else max_output
+        opts = cls(beam=beam, alpha=alpha, n_best=n_best, max_len=default_len if max_len is None else max_len,
                    batch_size=1 if batch_size is None else batch_size, max_tokens=max_tokens, max_src_len=max_positions,
-                   max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=1 if streams is None else streams)
+                   max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=1 if streams is None else streams,
+                   rules=rules)
         # Every given value is checked by now; what is filled in below is valid by construction, and this runs at
         # every call of the API (a single request), so it is set in place instead of checked again.
         opts.max_len = min(opts.max_len, max_positions)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.core.declaration import TK_RULES, DecodingRules
 from toolkit.core.graphs import NP_DTYPES, GraphSpec
-from toolkit.core.tokenizer import BOS, EOS, PAD
 
 
 class StepBackend:
@@ -86,10 +86,10 @@ class Hypothesis:
         return self.score / (((5 + len(self.tokens) + 1) / 6) ** alpha)
 
 
-def pad_batch(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Token id lists -> (batch, longest) int64 ids padded with PAD, and lengths (batch,)."""
+def pad_batch(seqs: list[list[int]], pad: int = TK_RULES.pad) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> (batch, longest) int64 ids padded with `pad`, and lengths (batch,)."""
     lens = np.array([max(len(s), 1) for s in seqs], dtype=np.int64)
-    src = np.full((len(seqs), int(lens.max())), PAD, dtype=np.int64)
+    src = np.full((len(seqs), int(lens.max())), pad, dtype=np.int64)
     for i, s in enumerate(seqs):
         src[i, : len(s)] = s
     return src, lens
@@ -150,23 +150,24 @@ COMPACT_AT = 2 / 3  # greedy drops finished rows from the state when at most thi
 # Over 60 lines: one step's record, finish and compaction act on the same per-row arrays (tokens, scores, live
 # rows, the state); split, each piece would take and return most of them, and a single request pays every call.
 def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.ndarray | None = None,
-           loop_guard: bool = False) -> list[Hypothesis]:
-    """Most probable next token at every step. Rows that emit EOS, reach their length limit
-    or (with the loop guard) start repeating themselves leave the batch."""
-    ids, lens = pad_batch(src)
+           loop_guard: bool = False, rules: DecodingRules = TK_RULES) -> list[Hypothesis]:
+    """Most probable next token at every step, from the model's start token. Rows that emit its end token
+    (EOS below), reach their length limit or (with the loop guard) start repeating themselves leave the batch."""
+    EOS = rules.end
+    ids, lens = pad_batch(src, rules.pad)
     state = backend.encode(ids, lens)
     n = len(src)
     limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
     max_len = int(limits.max())
     if n == 1:
-        return [_greedy_one(backend, state, max_len, loop_guard)]
+        return [_greedy_one(backend, state, max_len, loop_guard, rules)]
     scores = np.zeros(n)
     out = np.full((n, max_len), EOS, dtype=np.int64)  # each sentence's tokens; EOS from where it stopped
     why = np.zeros(n, dtype=np.int8)  # index into STOPPED
     sentence = np.arange(n)  # the sentence of each row of the decoder state
     live = np.ones(n, dtype=bool)  # rows still decoding; a finished row stays until the state is compacted
     all_live = True  # no finished row waits in the state (then the rows are `sentence` as they stand)
-    token = np.full(n, BOS, dtype=np.int64)
+    token = np.full(n, rules.start, dtype=np.int64)
     everyone = np.arange(n)
     shortest = int(limits.min())  # no row meets its length limit before this step
     # A step's own work is a handful of operations on arrays as small as one row (a single request), where
@@ -220,13 +221,14 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
     return [Hypothesis(out[i, : ends[i]].tolist(), float(scores[i]), STOPPED[why[i]]) for i in range(n)]
 
 
-def _greedy_one(backend: StepBackend, state: Any, limit: int, loop_guard: bool) -> Hypothesis:
+def _greedy_one(backend: StepBackend, state: Any, limit: int, loop_guard: bool, rules: DecodingRules) -> Hypothesis:
     """greedy() for one sentence (a single request), by the same rules: its one-row arrays become Python
     numbers, since at one row every numpy operation costs its call. The score sums every step's
     log-probability (EOS's, and that of a token a guard stopped at, included), as greedy's does."""
     tokens: list[int] = []
     score, why = 0.0, 0
-    token = np.full(1, BOS, dtype=np.int64)
+    token = np.full(1, rules.start, dtype=np.int64)
+    EOS = rules.end
     for t in range(limit):
         values, indices, state = backend.step_top_k(token, state, 1)
         tok = int(indices[0, 0])
@@ -251,8 +253,8 @@ def _greedy_one(backend: StepBackend, state: Any, limit: int, loop_guard: bool) 
 # live and finished hypotheses); split, each piece would take and return most of them.
 def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 4,
                 alpha: float = 0.6, n_best: int = 1, limits: np.ndarray | None = None,
-                loop_guard: bool = False) -> list[list[Hypothesis]]:
-    """Beam search per sentence, batched over sentences; returns the n_best per sentence.
+                loop_guard: bool = False, rules: DecodingRules = TK_RULES) -> list[list[Hypothesis]]:
+    """Beam search per sentence by tk's rule (DecodingRules "gnmt"), batched over sentences; returns the n_best per sentence.
 
     Live hypotheses are ranked by raw log-probability; finished ones by the
     length-normalised score. A sentence stops when it has `beam` finished
@@ -266,7 +268,8 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
     would take them: a sentence stops taking them once it holds `beam` finished or
     `beam` live hypotheses.
     """
-    ids, lens = pad_batch(src)
+    EOS = rules.end
+    ids, lens = pad_batch(src, rules.pad)
     state = backend.encode(ids, lens)
     n = len(src)
     limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
@@ -283,7 +286,7 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
     done_why = np.zeros((n, beam), dtype=np.int8)  # index into STOPPED
     done_count = np.zeros(n, dtype=np.int64)
     active = np.arange(n)  # sentences still searching, in state row order; each owns live_count rows
-    token = np.full(n, BOS, dtype=np.int64)
+    token = np.full(n, rules.start, dtype=np.int64)
     for step in range(max_len):
         values, indices, state = backend.step_top_k(token, state, width)
         a, k = len(active), live_count[active]
@@ -375,9 +378,15 @@ def _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scor
 
 
 def translate_ids(backend: StepBackend, src: list[list[int]], max_len: int, beam: int = 1,
-                  alpha: float = 0.6, n_best: int = 1, limits: np.ndarray | None = None,
-                  loop_guard: bool = False) -> list[list[Hypothesis]]:
-    """Greedy when beam == 1 and one hypothesis is wanted, else beam search."""
+                  alpha: float | None = None, n_best: int = 1, limits: np.ndarray | None = None,
+                  loop_guard: bool = False, rules: DecodingRules = TK_RULES) -> list[list[Hypothesis]]:
+    """Greedy when beam == 1 and one hypothesis is wanted, else beam search by the model's rule.
+    alpha None: the model's own length penalty exponent (rules.alpha)."""
+    alpha = rules.alpha if alpha is None else alpha
     if beam == 1 and n_best == 1:
-        return [[h] for h in greedy(backend, src, max_len, limits, loop_guard)]
-    return beam_search(backend, src, max_len, beam, alpha, n_best, limits, loop_guard)
+        return [[h] for h in greedy(backend, src, max_len, limits, loop_guard, rules)]
+    if rules.length_penalty == "hf":
+        from toolkit.core.beam_hf import beam_search_hf
+
+        return beam_search_hf(backend, src, max_len, beam, alpha, n_best, limits, loop_guard, rules)
+    return beam_search(backend, src, max_len, beam, alpha, n_best, limits, loop_guard, rules)

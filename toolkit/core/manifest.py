@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from toolkit.core.atomic import exclusive, write_atomic
+from toolkit.core.declaration import Declaration, DecodingRules
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError
@@ -127,6 +128,8 @@ class Manifest:
     verification: dict[str, VerificationRecord] = field(default_factory=dict)
     extra_files: list[FileRecord] = field(default_factory=list)
     attention: dict | None = None  # graph -> declared attention outputs
+    # The model's decoding rules and tokenizer (toolkit.core.declaration); None: tk's own (every manifest before it).
+    declaration: dict | None = None
     opset: int | None = None
     versions: dict | None = None
     export_command: str | None = None
@@ -166,6 +169,22 @@ class Manifest:
     @property
     def max_len(self) -> int:
         return int(self.config.get("max_len", 64))
+
+    def declared(self) -> Declaration:
+        """The model's declaration: its own, or tk's rules for a directory written before declarations."""
+        if self.declaration is None:
+            return Declaration()
+        return Declaration.from_dict(self.declaration, str(self.directory / NAME))
+
+    def rules(self) -> DecodingRules:
+        """How this model is decoded (start and end tokens, length penalty), whatever runs its graphs."""
+        return self.declared().decoding
+
+    @property
+    def max_output_len(self) -> int:
+        """Output tokens unless the caller gives a limit: the declared default, within the model's positions."""
+        limit = self.rules().max_new_tokens
+        return self.max_len if limit is None else min(limit, self.max_len)
 
     def specs(self) -> dict[str, GraphSpec]:
         return {name: GraphSpec.from_dict(g.spec) for name, g in self.graphs.items()}
@@ -455,6 +474,11 @@ def schema_problem(data: dict) -> str | None:
     problem = _attention_problem(data.get("attention"), set(data["graphs"]))
     if problem:
         return problem
+    if data.get("declaration") is not None:
+        try:
+            Declaration.from_dict(data["declaration"], NAME)
+        except UsageError as e:
+            return str(e).removeprefix(f"{NAME}: ")
     for key in ("checkpoint", "training", "metrics", "versions", "verify"):
         if key in data and data[key] is not None and not isinstance(data[key], dict):
             return f"'{key}' must be an object"

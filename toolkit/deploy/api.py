@@ -21,16 +21,16 @@ from toolkit.core.textprep import TextOptions
 from toolkit.deploy.translate import Translation, open_model, translate_batch
 
 
-def decode_options(m: Manifest, beam: int = 1, alpha: float = 0.6, n_best: int = 1, max_len: int | None = None,
+def decode_options(m: Manifest, beam: int = 1, alpha: float | None = None, n_best: int = 1, max_len: int | None = None,
                    batch_size: int | None = None, max_tokens: int | None = None, max_len_a: float | None = GUARDED["max_len_a"],
                    max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None,
                    provider: str = "cpu") -> DecodeOptions:
     """Decoding options as `tk translate` takes them, for the model of manifest `m` (DecodeOptions.for_model, which
     checks every value): max_len is capped at the model's maximum, guards on by default, batch_size and streams None:
-    the defaults for the beam, the provider and the cores."""
+    the defaults for the beam, the provider and the cores; alpha None and max_len None: the model's own."""
     return DecodeOptions.for_model(m.max_len, provider, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len,
                                    batch_size=batch_size, max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b,
-                                   loop_guard=loop_guard, streams=streams)
+                                   loop_guard=loop_guard, streams=streams, rules=m.rules(), max_output=m.max_output_len)
 
 
 OPTIONS = ("alpha", "max_len", "batch_size", "max_tokens", "max_len_a", "max_len_b", "loop_guard", "streams")  # decode_options'

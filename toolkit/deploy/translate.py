@@ -165,6 +165,10 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
         opts = dataclasses.replace(opts, streams=fitting_streams(opts.streams, t.threads))
     if opts.max_src_len is None or opts.max_src_len > limit:  # decode_ids cuts the sources (there only)
         opts = dataclasses.replace(opts, max_src_len=limit)
+    rules = t.manifest.rules()
+    if opts.rules is not rules:  # the model's own start and end tokens and length penalty, however opts were made
+        opts = dataclasses.replace(opts, rules=rules)
+    alpha = rules.alpha if opts.alpha is None else opts.alpha
     segments = [textprep.prepare(x, text.keep, text.split, text.enabled) for x in texts]
     flat = [(i, seg) for i, segs in enumerate(segments) for seg in segs]
     ids = t.tokenizer.encode([seg.text for _, seg in flat])
@@ -189,7 +193,8 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
             warn(f"warning: line {lineno}: {guard_note(nbest[0], source_tokens, opts)}")
             if guarded is not None and lineno not in guarded:
                 guarded.append(lineno)
-        per_line[i].append((seg, [Translation(out, h.normalized(opts.alpha), len(h.tokens), source_tokens, int(bool(seq)), h.stopped)
+        per_line[i].append((seg, [Translation(out, rules.normalized(h.score, len(h.tokens), alpha, not h.stopped), len(h.tokens),
+                                              source_tokens, int(bool(seq)), h.stopped)
                                   for h, out in zip(nbest, decoded)]))
     out = []
     for i, parts in enumerate(per_line):

@@ -59,7 +59,7 @@ class TranslateRequest(BaseModel):
     text: str | list[str] = Field(description="One English sentence, or a list of them", examples=["I'm home."])
     beam: int = Field(1, ge=1, le=MAX_BEAM, description="Beam size; 1 is greedy search")
     n_best: int = Field(1, ge=1, le=MAX_BEAM, description="Hypotheses returned per sentence, at most beam")
-    alpha: float = Field(0.6, ge=0.0, le=5.0, description="Length penalty exponent for beam search")
+    alpha: float | None = Field(None, ge=0.0, le=5.0, description="Length penalty exponent for beam search [default: the model's own]")
     max_len: int | None = Field(None, ge=1, description="Longest translation in subword tokens [default: the model's maximum]")
 
     @model_validator(mode="after")
@@ -172,7 +172,7 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
                 return error(400, f"sentence {k} has a lone UTF-16 surrogate (\\u{ord(found.group()):04x} at {found.start()}), "
                                   "which is not text; send valid Unicode")
         t = batcher.translator
-        max_len = min(req.max_len or t.manifest.max_len, t.manifest.max_len) if t else 0
+        max_len = min(req.max_len or t.manifest.max_output_len, t.manifest.max_len) if t else 0
         key = OptionKey(req.beam, req.n_best, req.alpha, max_len)
         try:
             results = await asyncio.wait_for(batcher.translate(texts, key, time.monotonic() + config.timeout_s), config.timeout_s)

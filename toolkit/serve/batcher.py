@@ -53,7 +53,7 @@ class OptionKey:
 
     beam: int
     n_best: int
-    alpha: float
+    alpha: float | None
     max_len: int
 
 

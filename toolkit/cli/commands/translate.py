@@ -98,7 +98,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
         say(f"built the {t.variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s, kept for later starts "
             f"(`tk export {model_dir} {export_flag(t.variant)}` stores them)")
-    opts = DecodeOptions.for_model(t.manifest.max_len, t.provider, n_best=n_best, streams=streams, **decoding)
+    opts = DecodeOptions.for_model(t.manifest.max_len, t.provider, n_best=n_best, streams=streams, rules=t.manifest.rules(),
+                                   max_output=t.manifest.max_output_len, **decoding)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
     total = None
     if text:

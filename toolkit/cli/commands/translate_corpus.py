@@ -59,7 +59,7 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     m = manifest_mod.load(model_dir)
     m.translation_tokenizer()
     # One stream per actor: the actors are the parallelism, each on its node's share of the cores.
-    decode = DecodeOptions.for_model(m.max_len, provider, streams=1, **decoding)
+    decode = DecodeOptions.for_model(m.max_len, provider, streams=1, rules=m.rules(), max_output=m.max_output_len, **decoding)
     text = {"keep": tuple(keep), "split": split, "enabled": not raw}
     # What changes a translation: a rerun into the same OUTPUT_DIR must agree on all of it.
     import dataclasses

@@ -1,0 +1,156 @@
+"""A translation model's own rules, declared once with the model and stored in its manifest ("declaration").
+
+What the graphs alone do not say and every runtime must follow the same way: which token starts the decoder and
+which ends it, what the length penalty of beam search is, whether the last step may emit only the end token, how
+long an output may be unless told, and which tokenizer turns text into the graphs' ids. tk's own models (Transformer,
+GRU seq2seq) declare tk's rules; a model imported from Hugging Face declares the rules of its generation config, so
+that tk decodes it the way `generate` does. Standard library only: the CLI and the decoding loop read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from toolkit.core.errors import UsageError
+
+# tk's tokenizer ids (toolkit.core.tokenizer), repeated here so that this module imports nothing.
+TK_PAD, TK_UNK, TK_BOS, TK_EOS = 0, 1, 2, 3
+
+PENALTIES = ("gnmt", "hf")
+TOKENIZERS = ("sentencepiece", "marian")
+
+
+@dataclass(frozen=True)
+class DecodingRules:
+    """How a model is decoded, whatever runs its graphs.
+
+    length_penalty "gnmt": beam search keeps a sentence's first `beam` finished hypotheses and ranks them by
+    score / ((5 + n + 1) / 6) ** alpha (tk's rule). "hf": Hugging Face's beam search, to the token: the 2 x beam best
+    continuations each step, a finished hypothesis ranked by score / n ** alpha (n: tokens generated, the end token
+    included) and kept among the `beam` best, and a sentence done when its best live score cannot beat its worst
+    finished one (`early_stopping` False), when `beam` are finished (True), or never before the limit ("never").
+    """
+
+    start: int = TK_BOS  # the decoder's first input
+    end: int = TK_EOS  # ends a hypothesis; never part of the output text
+    pad: int = TK_PAD  # pads source batches (the graphs mask it by src_len)
+    length_penalty: str = "gnmt"
+    alpha: float = 0.6  # the length penalty's exponent unless the caller gives one
+    early_stopping: bool | str = False  # "hf" only
+    forced_end: bool = False  # the last step of the length limit emits the end token (HF forced_eos_token_id)
+    max_new_tokens: int | None = None  # output tokens unless the caller gives a limit (None: the model's positions)
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem:
+            raise UsageError(f"declaration.decoding: {problem}; re-export the model directory")
+
+    def problem(self) -> str | None:
+        for name in ("start", "end", "pad"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                return f"{name} must be a token id (a whole number of at least 0), got {value!r}"
+        if self.length_penalty not in PENALTIES:
+            return f"length_penalty must be one of {', '.join(PENALTIES)}, got {self.length_penalty!r}"
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not -10.0 <= self.alpha <= 10.0:
+            return f"alpha must be a number from -10 to 10, got {self.alpha!r}"
+        if self.early_stopping not in (True, False, "never"):
+            return f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}"
+        if not isinstance(self.forced_end, bool):
+            return f"forced_end must be true or false, got {self.forced_end!r}"
+        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool)
+                                                or not 1 <= self.max_new_tokens <= 4096):
+            return f"max_new_tokens must be a whole number from 1 to 4096, got {self.max_new_tokens!r}"
+        return None
+
+    def normalized(self, score: float, tokens: int, alpha: float, ended: bool = True) -> float:
+        """A finished hypothesis's ranking score: its summed log-probability over its length penalty.
+        `tokens`: output tokens, the end token not counted; `ended`: it emitted the end token."""
+        if self.length_penalty == "hf":
+            return score / max(1, tokens + int(ended)) ** alpha
+        return score / (((5 + tokens + 1) / 6) ** alpha)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> DecodingRules:
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: declaration.decoding must be an object; re-export the model directory")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"{where}: declaration.decoding.{unknown[0]} is not a decoding rule (known: {', '.join(sorted(known))})")
+        try:
+            return cls(**data)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
+
+
+TK_RULES = DecodingRules()
+
+
+@dataclass(frozen=True)
+class TokenizerDeclaration:
+    """Which tokenizer turns text into the graphs' ids. "sentencepiece": one SentencePiece model whose ids are the
+    graphs' (tk's, shared by both languages). "marian": Hugging Face's MarianTokenizer layout, a SentencePiece model per
+    side whose pieces are looked up in vocab.json (target_vocab.json when the sides do not share one), the end token
+    appended to every source."""
+
+    kind: str = "sentencepiece"
+    source: str = "tokenizer.model"  # files in the model directory
+    target: str | None = None  # None: the source's
+    vocab: str | None = None  # "marian": pieces -> ids
+    target_vocab: str | None = None  # "marian" with separate vocabularies
+    unk: int = TK_UNK
+
+    def __post_init__(self) -> None:
+        if self.kind not in TOKENIZERS:
+            raise UsageError(f"declaration.tokenizer.kind must be one of {', '.join(TOKENIZERS)}, got {self.kind!r}; re-export")
+        for name in ("source", "target", "vocab", "target_vocab"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "/" in value or "\\" in value or value in ("", ".", "..")):
+                raise UsageError(f"declaration.tokenizer.{name} must be a file name inside the model directory, got {value!r}; re-export")
+        if self.kind == "marian" and self.vocab is None:
+            raise UsageError("declaration.tokenizer: a marian tokenizer needs its vocab file; re-export")
+
+    def files(self) -> list[str]:
+        return [f for f in (self.source, self.target, self.vocab, self.target_vocab) if f is not None]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> TokenizerDeclaration:
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: declaration.tokenizer must be an object; re-export the model directory")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"{where}: declaration.tokenizer.{unknown[0]} is not a tokenizer field (known: {', '.join(sorted(known))})")
+        try:
+            return cls(**data)
+        except (UsageError, TypeError) as e:
+            raise UsageError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """The manifest's "declaration": the decoding rules and the tokenizer; the graphs' interface is in "graphs"."""
+
+    decoding: DecodingRules = TK_RULES
+    tokenizer: TokenizerDeclaration = TokenizerDeclaration()
+    origin: str = "tk"  # "tk" (trained by tk), "hf" (imported from a Hugging Face directory), "adapter"
+
+    def to_dict(self) -> dict:
+        return {"decoding": self.decoding.to_dict(), "tokenizer": self.tokenizer.to_dict(), "origin": self.origin}
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> Declaration:
+        if not isinstance(data, dict) or set(data) - {"decoding", "tokenizer", "origin"}:
+            raise UsageError(f"{where}: 'declaration' must be an object of decoding, tokenizer and origin; re-export")
+        origin = data.get("origin", "tk")
+        if origin not in ("tk", "hf", "adapter"):
+            raise UsageError(f"{where}: declaration.origin must be tk, hf or adapter, got {origin!r}; re-export")
+        return cls(DecodingRules.from_dict(data.get("decoding", {}), where),
+                   TokenizerDeclaration.from_dict(data.get("tokenizer", {}), where), origin)
