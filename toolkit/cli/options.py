@@ -83,7 +83,9 @@ DECODING = option_group(
     click.option("--batch-size", type=BATCH, help="Sentences per batch [default: 64; on CPU with --beam, about 128 / beam]."),
     click.option("--max-tokens", type=POSITIVE, help="Or a budget of padded source tokens per batch."),
     click.option("--beam", type=BEAM, default=1, show_default=True, help="Beam size; 1 is greedy search."),
-    click.option("--alpha", type=FiniteFloat(*ALPHA), help="Length penalty exponent for beam search [default: the model's own: 0.6 for tk's models, the generation config's length_penalty for an imported one]."),
+    click.option("--alpha", type=FiniteFloat(*ALPHA),
+                 help="Length penalty exponent for beam search [default: the model's own: 0.6 for tk's models, "
+                      "the generation config's length_penalty for an imported one]."),
     click.option("--max-len", type=POSITIVE, help="Longest translation in subword tokens [default: the model's maximum]."),
     click.option("--max-len-a", type=FiniteFloat(*MAX_LEN_A), default=GUARDED["max_len_a"], show_default=True,
                  help="Guard: an output is at most A * source tokens + B long (with --max-len-b)."),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
+from toolkit.core.declaration import TK_RULES
+
 # DecodeOptions, its defaults and GUARDED live in a module of their own, which the CLI imports without numpy;
 # they are named here too, where the code that decodes has always found them.
 from toolkit.core.decode_options import (  # noqa: F401
@@ -15,7 +17,6 @@ from toolkit.core.decode_options import (  # noqa: F401
     default_batch_size,
     default_streams,
 )
-from toolkit.core.declaration import TK_RULES
 from toolkit.core.decoding import Hypothesis, StepBackend, length_limits, translate_ids
 
 
