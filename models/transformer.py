@@ -16,6 +16,8 @@ import torch
 from toolkit.models.attention import AddNorm, MultiHeadAttention, PositionalEncoding, PositionWiseFFN
 from torch import nn
 
+from toolkit.core.declaration import layer_key  # noqa: F401 (the cache layout is declared once, there)
+
 
 @dataclass
 class TransformerConfig:
@@ -30,10 +32,6 @@ class TransformerConfig:
     pad_id: int = 0
 
 
-def layer_key(name: str, layer: int) -> str:
-    """Cache entries are one tensor per layer (not stacked), so the exported decoder
-    never splits and re-stacks the whole cache on every step."""
-    return f"{name}_{layer}"
 
 
 class Sublayer(nn.Module):

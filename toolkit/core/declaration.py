@@ -90,6 +90,17 @@ class DecodingRules:
 TK_RULES = DecodingRules()
 
 
+def layer_key(name: str, layer: int) -> str:
+    """The name of layer `layer`'s tensor in tk's cache layout: one tensor per layer (self_k_0, cross_v_1), not stacked,
+    so the exported decoder never splits and re-stacks the whole cache on every step."""
+    return f"{name}_{layer}"
+
+
+def self_attention_cache(layers: int) -> set[str]:
+    """The decoder cache of an attention encoder-decoder in tk's layout: a key and a value tensor per layer."""
+    return {layer_key(f"self_{kv}", i) for i in range(layers) for kv in "kv"}
+
+
 @dataclass(frozen=True)
 class TokenizerDeclaration:
     """Which tokenizer turns text into the graphs' ids. "sentencepiece": one SentencePiece model whose ids are the

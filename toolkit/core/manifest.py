@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from toolkit.core.atomic import exclusive, write_atomic
-from toolkit.core.declaration import Declaration, DecodingRules
+from toolkit.core.declaration import Declaration, DecodingRules, self_attention_cache
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError
@@ -376,7 +376,9 @@ def load(directory: str | Path) -> Manifest:
 # The models a manifest may name: kind, graph names, and the cache each decoder carries from step to step.
 # Torch-free on purpose (translate reads manifests); tests check it against the registry.
 MODELS = {
-    "transformer": ("seq2seq", lambda c: {f"self_{kv}_{i}" for i in range(c["num_layers"]) for kv in "kv"}),
+    "transformer": ("seq2seq", lambda c: self_attention_cache(c["num_layers"])),
+    # Imported from Hugging Face (toolkit.pytorch.hf_marian): the same layout, its decoder's layers.
+    "marian": ("seq2seq", lambda c: self_attention_cache(c["decoder_layers"])),
     "seq2seq": ("seq2seq", lambda c: {"state"}),
     **{name: ("module", None) for name in ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw")},
 }
@@ -500,6 +502,19 @@ SIZES = {
     "num_layers": (1, 16),
     "max_len": (2, 1024),  # BOS and one token at least
     "query_size": (1, 1024),
+    # An imported Marian's (toolkit.pytorch.hf_marian.MarianSettings); opus-mt-*-big: d_model 1024, ffn 4096, 16 heads, 6 layers.
+    "decoder_vocab_size": (5, 65536),
+    "d_model": (1, 1024),
+    "encoder_layers": (1, 16),
+    "decoder_layers": (1, 16),
+    "encoder_attention_heads": (1, 64),
+    "decoder_attention_heads": (1, 64),
+    "encoder_ffn_dim": (1, 8192),
+    "decoder_ffn_dim": (1, 8192),
+    "max_position_embeddings": (2, 4096),
+    "pad_token_id": (0, 65535),
+    "eos_token_id": (0, 65535),
+    "decoder_start_token_id": (0, 65535),
     "key_size": (1, 1024),
     "value_size": (1, 1024),
 }
@@ -521,6 +536,8 @@ def size_problem(key: str, value: object, name: str | None = None) -> str | None
 def _sizes_problem(config: dict, model: str) -> str | None:
     if model == "transformer" and "num_layers" not in config:
         return "config.num_layers is missing"  # its decoder cache is one entry per layer
+    if model == "marian" and "decoder_layers" not in config:
+        return "config.decoder_layers is missing"
     for key in SIZES:
         if key in config:
             problem = size_problem(key, config[key], f"config.{key}")

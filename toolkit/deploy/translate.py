@@ -21,6 +21,7 @@ from toolkit.core.batching import DecodeOptions, decode_ids, default_request_thr
 from toolkit.core.errors import DataError, UsageError, describe_os_error
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
+from toolkit.core.tokenizers import MarianTokenizer, open_tokenizer
 from toolkit.core.variants import FAST_PLAIN, PLAIN
 from toolkit.runtimes import onnxruntime as ort_runtime
 
@@ -32,7 +33,7 @@ class TranslationModel:
     """An exported model directory, loaded for translation on one backend."""
 
     manifest: manifest_mod.Manifest
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | MarianTokenizer
     backend: Callable[[], object]  # a fresh step backend for the shared decoding loop
     provider: str  # "cpu" or "cuda" for ONNX Runtime, "torch" for the PyTorch reference
     startup_s: float
@@ -68,9 +69,9 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
     start = time.perf_counter()
     m = manifest_mod.load(directory)
-    tok_path = m.translation_tokenizer()
+    m.translation_tokenizer()
     m.check_files(cached=True)
-    tokenizer = Tokenizer.load(tok_path)
+    tokenizer = open_tokenizer(m)
     if backend == "torch":  # registered by toolkit.pytorch.torch_backend, which the caller imports (the torch side)
         loaded = runtimes.load(m, "torch")
         return TranslationModel(m, tokenizer, loaded.backend, "torch", time.perf_counter() - start, runtime="torch")

@@ -34,7 +34,7 @@ from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
 from toolkit.deploy.stored_variants import ExportOptions, add_variants, make_variant, wanted_variants  # noqa: F401 (re-exported)
-from toolkit.pytorch import checkpoint, registry
+from toolkit.pytorch import checkpoint, hf_marian, registry
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -145,6 +145,9 @@ def load_model(opts: ExportOptions):
         torch.manual_seed(opts.seed)
         cfg = entry.config(**SMALL)
         return entry, cfg, entry.build(cfg).eval(), None
+    if str(opts.checkpoint).startswith(hf_marian.PREFIX):
+        source = hf_marian.read(opts.checkpoint)
+        return registry.get("marian"), source.settings, source.model, {"hf": source}
     ckpt = checkpoint.load(opts.checkpoint)
     entry, cfg, model = checkpoint.build_model(ckpt)
     return entry, cfg, model, ckpt
@@ -223,7 +226,7 @@ def attention_declaration(model: str, config: dict) -> dict:
 
 def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
     max_len = getattr(cfg, "max_len", 64)
-    vocab = getattr(cfg, "vocab_size", 2)
+    vocab = min(getattr(cfg, "vocab_size", 2), getattr(cfg, "decoder_vocab_size", 1 << 30))  # ids valid on both sides
     graphs = {}
     for spec in entry.graphs(cfg):
         path = tmp / f"{spec.name}.onnx"
@@ -246,7 +249,12 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         **attention_declaration(entry.name, dataclasses.asdict(cfg)),
         "extra_files": node_maps,
     }
-    if ckpt is None:
+    if ckpt is not None and "hf" in ckpt:
+        data.update(hf_marian.write_files(ckpt["hf"], tmp))
+        data["extra_files"] = node_maps + data["extra_files"]
+        data["checkpoint"] = ckpt["hf"].record()
+        data["checkpoint"]["path"] = portable_path(ckpt["hf"].directory)
+    elif ckpt is None:
         # Rebuilt by verify from the seed; the weights digest proves it got the same model.
         data["checkpoint"] = {"random_init": True, "seed": opts.seed, "weights_sha256": checkpoint.weights_sha256(model)}
     else:

@@ -20,6 +20,8 @@ from toolkit.models.attention import AdditiveAttention, DotProductAttention, Mul
 from toolkit.models.kernel_regression import NWKernelRegression
 from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
 from toolkit.models.transformer import Transformer, TransformerConfig, layer_key
+from toolkit.pytorch.hf_marian import MarianSettings
+from toolkit.pytorch.hf_marian import build as hf_build
 
 FLOAT, INT = "float32", "int64"
 
@@ -164,12 +166,23 @@ def _decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...
     )
 
 
+def encoder_decoder_graphs(d_model: int, decoder_layers: int, heads: int, vocab: int) -> list[GraphSpec]:
+    """Any attention encoder-decoder in tk's cache layout: the encoder graph computes the memory and every decoder
+    layer's cross-attention keys/values once; the decoder graph takes one token and a self-attention key and value
+    tensor per layer (batch, heads, past_len, d_head), and returns them one position longer."""
+    layers, dh = range(decoder_layers), d_model // heads
+    cross = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "src_len", dh)) for i in layers for n in ("cross_k", "cross_v"))
+    past = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "past_len", dh), "empty") for i in layers for n in ("self_k", "self_v"))
+    encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", FLOAT, ("batch", "src_len", d_model)), *cross))
+    return [encoder, _decoder_graph(past, cross, vocab)]
+
+
 def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
-    layers, h, dh = range(cfg.num_layers), cfg.num_heads, cfg.num_hiddens // cfg.num_heads
-    cross = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, "src_len", dh)) for i in layers for n in ("cross_k", "cross_v"))
-    past = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, "past_len", dh), "empty") for i in layers for n in ("self_k", "self_v"))
-    encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", FLOAT, ("batch", "src_len", cfg.num_hiddens)), *cross))
-    return [encoder, _decoder_graph(past, cross, cfg.vocab_size)]
+    return encoder_decoder_graphs(cfg.num_hiddens, cfg.num_layers, cfg.num_heads, cfg.vocab_size)
+
+
+def marian_graphs(cfg: MarianSettings) -> list[GraphSpec]:
+    return encoder_decoder_graphs(cfg.d_model, cfg.decoder_layers, cfg.decoder_attention_heads, cfg.decoder_vocab_size)
 
 
 def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
@@ -209,6 +222,8 @@ def read_seq2seq_attention(model: Seq2SeqAttention, graph: str, batch: int) -> l
 # The encoder-decoder Transformer (post-LN; --pre-ln for pre-LN).
 register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, transformer_graphs, train="translation",
                     attention=transformer_attention, read_attention=read_transformer_attention))
+# Hugging Face MarianMTModel (the OPUS-MT family), imported with `tk export hf:DIR` (toolkit.pytorch.hf_marian).
+register(ModelEntry("marian", "seq2seq", MarianSettings, hf_build, marian_graphs))
 # GRU encoder + Bahdanau-attention GRU decoder.
 register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs, train="translation",
                     attention=seq2seq_attention, read_attention=read_seq2seq_attention))

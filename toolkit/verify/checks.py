@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from toolkit.core.declaration import TK_RULES, DecodingRules
 from toolkit.core.decoding import StepBackend, greedy
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import NP_DTYPES, GraphSpec, make_inputs
@@ -139,22 +140,21 @@ def held_out_sentences(n: int, data_path: str | Path | None = None) -> tuple[lis
     return english[:n], f"test split of {data.describe(corpus)}"
 
 
-def prefix_log_probs(backend, src: list[int], prefix: list[int]) -> np.ndarray:
+def prefix_log_probs(backend, src: list[int], prefix: list[int], rules: DecodingRules = TK_RULES) -> np.ndarray:
     """Log-probabilities of the next token after `prefix`, for one sentence, on any backend."""
     from toolkit.core.decoding import pad_batch
-    from toolkit.core.tokenizer import BOS
 
-    ids, lens = pad_batch([src])
+    ids, lens = pad_batch([src], rules.pad)
     state = backend.encode(ids, lens)
     lp = None
-    for tok in [BOS, *prefix]:
+    for tok in [rules.start, *prefix]:
         lp, state = backend.step(np.array([tok], dtype=np.int64), state)
     return lp[0]
 
 
-def compare_translations(rows, ref_backend, backend, src_ids, max_len, variant, provider, tol) -> None:
-    ref = greedy(ref_backend, src_ids, max_len)
-    got = greedy(backend, src_ids, max_len)
+def compare_translations(rows, ref_backend, backend, src_ids, max_len, variant, provider, tol, rules: DecodingRules = TK_RULES) -> None:
+    ref = greedy(ref_backend, src_ids, max_len, rules=rules)
+    got = greedy(backend, src_ids, max_len, rules=rules)
     same = sum(r.tokens == g.tokens for r, g in zip(ref, got))
     row = Row("translation", "encoder+decoder", variant, provider, f"{len(src_ids)} sentences", "greedy tokens",
               outside=1 - same / len(src_ids), ok=same == len(src_ids) or not CATALOGUE[variant].exact_translation,
@@ -162,9 +162,9 @@ def compare_translations(rows, ref_backend, backend, src_ids, max_len, variant, 
     for i, (r, g) in enumerate(zip(ref, got)):
         if r.tokens != g.tokens:
             step = next((k for k, (a, b) in enumerate(zip(r.tokens + [-1], g.tokens + [-1])) if a != b))
-            lp = prefix_log_probs(ref_backend, src_ids[i], r.tokens[:step])
-            a = r.tokens[step] if step < len(r.tokens) else 3
-            b = g.tokens[step] if step < len(g.tokens) else 3
+            lp = prefix_log_probs(ref_backend, src_ids[i], r.tokens[:step], rules)
+            a = r.tokens[step] if step < len(r.tokens) else rules.end
+            b = g.tokens[step] if step < len(g.tokens) else rules.end
             margin = float(lp[a] - lp[b])
             # A margin inside twice the tolerance is a tie the graphs may legitimately break either way.
             kind = "a near-tie" if margin <= 2 * tol[0] else "a real divergence"

@@ -214,7 +214,7 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
             rtol: float | None, echo) -> list[list[int]]:
     """Greedy decodes of held-out sentences, every step's outputs against PyTorch's, then the translations token
     for token; returns the sentences' ids (the attention check decodes them too). Only translation models."""
-    from toolkit.core.tokenizer import Tokenizer
+    from toolkit.core.tokenizers import open_tokenizer
     from toolkit.pytorch.torch_backend import TorchBackend
 
     tok_path = m.tokenizer_path()
@@ -224,15 +224,16 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
     max_len = getattr(cfg, "max_len", 64)
     english, origin = held_out_sentences(sentences, data)
     echo(f"decoding {len(english)} sentences from the {origin}")
-    src_ids = [ids[:max_len] for ids in Tokenizer.load(tok_path).encode(english)]
+    src_ids = [ids[:max_len] for ids in open_tokenizer(m).encode(english)]
+    rules, out_len = m.rules(), m.max_output_len
     ref_backend = TorchBackend(model, specs["encoder"], specs["decoder"])
     for (p, v), s in sessions.items():
         parity = ParityBackend(ref_backend, s, specs, v, p, tolerance(v, atol, rtol), report.rows)
         try:
-            greedy(parity, src_ids, max_len)
+            greedy(parity, src_ids, out_len, rules=rules)
             report.failing_inputs = report.failing_inputs or parity.failing_inputs
             report.step_errors[f"{v}/{p}"] = [parity.step_errors[k] for k in sorted(parity.step_errors)]
-            compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, max_len, v, p, tolerance(v, atol, rtol))
+            compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, out_len, v, p, tolerance(v, atol, rtol), rules)
         except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
             failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
     return src_ids

@@ -1,0 +1,369 @@
+"""Hugging Face MarianMTModel in: a `save_pretrained` directory as a tk translation model (`tk export hf:DIR --out OUT`).
+
+The exported graphs follow tk's cache layout, not transformers': an encoder graph that also computes every decoder
+layer's cross-attention keys and values once, and a one-step decoder graph with one self-attention key and value
+tensor per layer. `MarianForTk` computes each step with Marian's own modules (its projections, layer norms,
+activation and output layer are called, so the exported nodes carry their module paths, model.decoder.layers.1.fc1,
+and `tk verify --localize` names them) and Marian's rules: scaled embeddings when the config says so, its sinusoidal
+positions (sines in the first half, cosines in the second), post-LN layers, the output bias final_logits_bias, the
+start token (decoder_start_token_id, the pad id) and the tokens the generation config forbids.
+
+A Hugging Face directory is untrusted input: weights come from model.safetensors (or its shards), a
+pytorch_model.bin only through tensors-only loading; no code from the directory runs (the model is built from
+transformers' own MarianMTModel, whatever config.json names), and no file outside it is read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from toolkit.core.declaration import Declaration, DecodingRules, TokenizerDeclaration, layer_key
+from toolkit.core.digests import file_sha256
+from toolkit.core.errors import UsageError, first_line
+
+PREFIX = "hf:"
+JSON_TYPES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
+MAX_JSON_BYTES = 16 << 20
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
+# transformers' MarianMTModel leaves these out of what it saves: it computes them at load.
+COMPUTED = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
+
+
+@dataclass
+class MarianSettings:
+    """What tk keeps of a MarianConfig: every field its computation depends on (the manifest's "config")."""
+
+    vocab_size: int = 128
+    decoder_vocab_size: int = 128
+    d_model: int = 32
+    encoder_layers: int = 2
+    decoder_layers: int = 2
+    encoder_attention_heads: int = 4
+    decoder_attention_heads: int = 4
+    encoder_ffn_dim: int = 64
+    decoder_ffn_dim: int = 64
+    activation_function: str = "swish"
+    scale_embedding: bool = True
+    share_encoder_decoder_embeddings: bool = True
+    tie_word_embeddings: bool = True  # the output layer is the decoder's embedding
+    max_position_embeddings: int = 64
+    pad_token_id: int = 127
+    eos_token_id: int = 0
+    decoder_start_token_id: int = 127
+    max_len: int = 64  # tk's positions bound: max_position_embeddings
+    suppress_tokens: str = ""  # comma-separated ids the decoder graph gives -inf (the generation config's bad words)
+    dropout: float = 0.0
+
+    def marian_config(self):
+        from transformers import MarianConfig
+
+        keep = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("max_len", "suppress_tokens")}
+        config = MarianConfig(**keep, forced_eos_token_id=self.eos_token_id, attention_dropout=0.0, activation_dropout=0.0)
+        config._attn_implementation = "eager"
+        return config
+
+    def suppressed(self) -> list[int]:
+        return [int(t) for t in self.suppress_tokens.split(",") if t]
+
+
+ACTIVATIONS = ("swish", "silu", "gelu", "relu", "gelu_new", "gelu_fast", "tanh", "sigmoid")
+
+
+def _check(settings: MarianSettings, where: str) -> None:
+    if settings.activation_function not in ACTIVATIONS:
+        raise UsageError(f"{where}: activation_function {settings.activation_function!r} is not one tk exports ({', '.join(ACTIVATIONS)})")
+    for heads in (settings.encoder_attention_heads, settings.decoder_attention_heads):
+        if settings.d_model % heads:
+            raise UsageError(f"{where}: d_model {settings.d_model} is not divisible by {heads} attention heads")
+    for t in [settings.pad_token_id, settings.eos_token_id, settings.decoder_start_token_id, *settings.suppressed()]:
+        if not 0 <= t < settings.decoder_vocab_size:
+            raise UsageError(f"{where}: token id {t} is outside the target vocabulary of {settings.decoder_vocab_size}")
+
+
+def build(settings: MarianSettings) -> MarianForTk:
+    """A MarianMTModel of these settings, randomly initialised (the weights are loaded after), wrapped for tk."""
+    from transformers import MarianMTModel
+
+    _check(settings, "config")
+    hf = MarianMTModel(settings.marian_config()).eval()
+    return MarianForTk(hf, settings)
+
+
+def _attend(att: nn.Module, q_in: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """transformers' eager attention with Marian's projections: (q k^T) * scaling + mask, softmax, @ v, out_proj."""
+    b, m, _ = q_in.shape
+    q = att.q_proj(q_in).view(b, m, -1, att.head_dim).transpose(1, 2)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * att.scaling
+    if mask is not None:
+        scores = scores + mask
+    out = torch.matmul(torch.softmax(scores, dim=-1), values).transpose(1, 2).reshape(b, m, -1)
+    return att.out_proj(out)
+
+
+def _heads(att: nn.Module, x: torch.Tensor, proj: nn.Module) -> torch.Tensor:
+    b, n, _ = x.shape
+    return proj(x).view(b, n, -1, att.head_dim).transpose(1, 2)
+
+
+class MarianForTk(nn.Module):
+    """MarianMTModel's computation split as tk's graphs are: `encode` (source -> memory and every decoder layer's
+    cross keys/values) and `decode_step` (one token against the self-attention cache). Holds the Hugging Face model's
+    own modules under its own names (model, lm_head, final_logits_bias), so parameter names are transformers'."""
+
+    def __init__(self, hf: nn.Module, settings: MarianSettings):
+        super().__init__()
+        self.model, self.lm_head = hf.model, hf.lm_head
+        self.register_buffer("final_logits_bias", hf.final_logits_bias)
+        self.settings = settings
+        mask = torch.zeros(hf.lm_head.out_features)
+        mask[settings.suppressed()] = float("-inf")
+        self.register_buffer("suppress", mask, persistent=False)
+        object.__setattr__(self, "hf", hf)  # the whole model, for generate(); not a second submodule
+
+    def _mask(self, src_len: torch.Tensor, n: int) -> torch.Tensor:
+        """(batch, 1, 1, n): 0 over a source's tokens, the float minimum over its padding (transformers' additive mask)."""
+        keep = torch.arange(n, device=src_len.device)[None, :] < src_len[:, None]
+        return torch.where(keep, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
+
+    def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> dict[str, torch.Tensor]:
+        enc = self.model.encoder
+        n = src.shape[1]
+        x = enc.embed_tokens(src) * enc.embed_scale + enc.embed_positions(src.shape)
+        mask = self._mask(src_len, n)
+        for layer in enc.layers:
+            x = layer.self_attn_layer_norm(x + _attend(layer.self_attn, x, _heads(layer.self_attn, x, layer.self_attn.k_proj),
+                                                       _heads(layer.self_attn, x, layer.self_attn.v_proj), mask))
+            x = layer.final_layer_norm(x + layer.fc2(layer.activation_fn(layer.fc1(x))))
+        out = {"memory": x, "src_len": src_len}
+        for i, layer in enumerate(self.model.decoder.layers):
+            att = layer.encoder_attn
+            out[layer_key("cross_k", i)], out[layer_key("cross_v", i)] = _heads(att, x, att.k_proj), _heads(att, x, att.v_proj)
+        return out
+
+    def decode_step(self, token: torch.Tensor, cache: dict[str, torch.Tensor]):
+        dec = self.model.decoder
+        past = cache[layer_key("self_k", 0)].shape[2]
+        x = dec.embed_tokens(token[:, None]) * dec.embed_scale + dec.embed_positions((token.shape[0], 1), past)
+        cross_mask = self._mask(cache["src_len"], cache[layer_key("cross_k", 0)].shape[2])
+        new = {}
+        for i, layer in enumerate(dec.layers):
+            att = layer.self_attn
+            sk, sv, ck, cv = (layer_key(name, i) for name in ("self_k", "self_v", "cross_k", "cross_v"))
+            keys = torch.cat([cache[sk], _heads(att, x, att.k_proj)], dim=2)
+            values = torch.cat([cache[sv], _heads(att, x, att.v_proj)], dim=2)
+            new[sk], new[sv] = keys, values
+            # The cache holds only earlier positions: no causal mask is needed.
+            x = layer.self_attn_layer_norm(x + _attend(att, x, keys, values, None))
+            x = layer.encoder_attn_layer_norm(x + _attend(layer.encoder_attn, x, cache[ck], cache[cv], cross_mask))
+            x = layer.final_layer_norm(x + layer.fc2(layer.activation_fn(layer.fc1(x))))
+        logits = self.lm_head(x[:, 0]) + self.final_logits_bias
+        # As generate: log-softmax first, then the forbidden tokens at -inf (the others are not renormalised).
+        return torch.log_softmax(logits, dim=-1) + self.suppress, {**cache, **new}
+
+
+# ---- reading a Hugging Face directory -----------------------------------------------------------------------------
+
+def _inside(directory: Path, name: str) -> Path:
+    """`name` in `directory`, refusing a name that leaves it and a link that points out of it (a Hub cache's
+    snapshot links into its repository's blobs/ folder, which is allowed)."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise UsageError(f"{directory}: refusing file name {name!r}: a Hugging Face directory may only name files inside it")
+    path = directory / name
+    root = directory.resolve()
+    allowed = [root] + ([root.parent.parent] if root.parent.name == "snapshots" else [])
+    real = path.resolve()
+    if path.exists() and not any(real.is_relative_to(a) for a in allowed):
+        raise UsageError(f"{path} links to {real}, outside the Hugging Face directory; copy the file into it")
+    return path
+
+
+def _json(directory: Path, name: str, required: bool = True) -> dict | None:
+    path = _inside(directory, name)
+    if not path.is_file():
+        if required:
+            raise UsageError(f"{directory} has no {name}; give a directory written by save_pretrained (model and MarianTokenizer)")
+        return None
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise UsageError(f"{path} is over {MAX_JSON_BYTES >> 20} MB; it is not a Hugging Face config")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UsageError(f"{path} is not readable JSON ({first_line(e, 80)})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} must hold a JSON object")
+    return data
+
+
+def _weights(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
+    """The state dict and the files it came from: safetensors (single or sharded), else a tensors-only .bin."""
+    from safetensors.torch import load_file
+
+    single, index = _inside(directory, "model.safetensors"), _inside(directory, "model.safetensors.index.json")
+    files: list[Path]
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        weight_map = (_json(directory, "model.safetensors.index.json") or {}).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UsageError(f"{index} has no weight_map")
+        files = [_inside(directory, str(name)) for name in sorted(set(weight_map.values()))]
+    elif _inside(directory, "pytorch_model.bin").is_file():
+        files = [directory / "pytorch_model.bin"]
+    else:
+        raise UsageError(f"{directory} has no model.safetensors (or pytorch_model.bin); save the model with save_pretrained")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            if f.suffix == ".bin":
+                # Tensors only: a pickle that wants anything else is refused, never run.
+                loaded = torch.load(f, map_location="cpu", weights_only=True)
+                if not isinstance(loaded, dict):
+                    raise UsageError(f"{f} does not hold a state dict")
+                state.update(loaded)
+            else:
+                state.update(load_file(str(f)))
+        except UsageError:
+            raise
+        except Exception as e:  # a corrupt file or a refused pickle, as one line
+            raise UsageError(f"cannot read weights {f}: {first_line(e, 120)}") from None
+    return state, files
+
+
+def settings_from(config: dict, generation: dict, where: Path) -> tuple[MarianSettings, DecodingRules]:
+    """tk's settings and decoding rules from config.json and generation_config.json."""
+    if config.get("model_type") != "marian":
+        raise UsageError(f"{where}/config.json has model_type {config.get('model_type')!r}; tk imports MarianMTModel "
+                         "(model_type \"marian\", the OPUS-MT family) from Hugging Face")
+    gen = {**{k: config[k] for k in ("max_length", "num_beams", "length_penalty", "early_stopping", "bad_words_ids",
+                                     "forced_eos_token_id", "decoder_start_token_id") if k in config}, **generation}
+    defaults = MarianSettings()
+    values = {}
+    for f in fields(MarianSettings):
+        if f.name in ("max_len", "suppress_tokens"):
+            continue
+        value = config.get(f.name, getattr(defaults, f.name) if f.name != "decoder_vocab_size" else None)
+        if f.name == "decoder_vocab_size" and value is None:
+            value = config.get("vocab_size", defaults.vocab_size)
+        if f.name == "decoder_start_token_id":
+            value = gen.get("decoder_start_token_id", value)
+        if f.name == "eos_token_id" and isinstance(value, list):
+            value = value[0] if len(value) == 1 else value
+        kind = type(getattr(defaults, f.name))
+        if kind is float and type(value) is int:
+            value = float(value)
+        if type(value) is not kind:
+            raise UsageError(f"{where}/config.json: {f.name} must be {JSON_TYPES[kind]}, got {value!r:.40}")
+        values[f.name] = value
+    if config.get("normalize_before") or config.get("add_final_layer_norm") or config.get("normalize_embedding"):
+        raise UsageError(f"{where}/config.json asks for layer norms MarianMTModel does not have; is it a Marian model?")
+    suppress = []
+    for words in gen.get("bad_words_ids") or []:
+        if not (isinstance(words, list) and all(type(t) is int for t in words)):
+            raise UsageError(f"{where}: bad_words_ids must be lists of token ids")
+        if len(words) != 1:
+            raise UsageError(f"{where}: bad_words_ids entry {words} has several tokens; tk forbids single tokens only")
+        suppress.append(words[0])
+    for t in gen.get("suppress_tokens") or []:
+        suppress.append(t)
+    settings = MarianSettings(**values, max_len=min(values["max_position_embeddings"], 1024),
+                              suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
+    _check(settings, f"{where}/config.json")
+    forced = gen.get("forced_eos_token_id", config.get("forced_eos_token_id"))
+    if forced not in (None, settings.eos_token_id):
+        raise UsageError(f"{where}: forced_eos_token_id {forced} is not the end token {settings.eos_token_id}")
+    max_length = gen.get("max_length", 20)  # transformers' default when neither config sets it
+    if type(max_length) is not int or not 2 + (forced is not None) <= max_length <= 4097:
+        raise UsageError(f"{where}: max_length must be a whole number from 3 to 4097, got {max_length!r}")
+    early = gen.get("early_stopping", False)
+    rules = DecodingRules(start=settings.decoder_start_token_id, end=settings.eos_token_id, pad=settings.pad_token_id,
+                          length_penalty="hf", alpha=float(gen.get("length_penalty", 1.0)),
+                          early_stopping=early if early in (True, False, "never") else False, forced_end=forced is not None,
+                          # generate's max_length counts the start token, and a forced end token takes the last place
+                          max_new_tokens=max_length - 1 - (forced is not None))
+    return settings, rules
+
+
+@dataclass
+class HfSource:
+    """A Hugging Face Marian directory, read: the model wrapped for tk, its rules and the files it came from."""
+
+    directory: Path
+    settings: MarianSettings
+    rules: DecodingRules
+    model: MarianForTk
+    weight_files: list[Path]
+    tokenizer: TokenizerDeclaration
+    num_beams: int
+
+    def record(self) -> dict:
+        """The manifest's checkpoint section: where the weights came from and their digests."""
+        from toolkit.pytorch import checkpoint
+
+        digest = file_sha256(self.weight_files[0]) if len(self.weight_files) == 1 else None
+        return {"path": self.directory.name, "sha256": digest, "weights_sha256": checkpoint.weights_sha256(self.model)}
+
+
+def read(source: str | Path) -> HfSource:
+    """Reads `hf:DIR` (or DIR): config, generation config, weights and MarianTokenizer files."""
+    text = str(source)
+    directory = Path(text[len(PREFIX):] if text.startswith(PREFIX) else text)
+    if not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory; `tk export hf:DIR` takes a directory written by save_pretrained "
+                         "(a Hub id needs the network: download it first with huggingface-cli download)")
+    config = _json(directory, "config.json")
+    generation = _json(directory, "generation_config.json", required=False) or {}
+    settings, rules = settings_from(config, generation, directory)
+    tok_config = _json(directory, "tokenizer_config.json", required=False) or {}
+    separate = bool(tok_config.get("separate_vocabs", False))
+    for name in ("source.spm", "target.spm", "vocab.json") + (("target_vocab.json",) if separate else ()):
+        if not _inside(directory, name).is_file():
+            raise UsageError(f"{directory} has no {name}; save the MarianTokenizer beside the model (tokenizer.save_pretrained(DIR))")
+    from toolkit.core.tokenizers import read_vocab
+
+    vocab = read_vocab(directory / "vocab.json")
+    unk = vocab.get(tok_config.get("unk_token", "<unk>") if isinstance(tok_config.get("unk_token", "<unk>"), str) else "<unk>")
+    if unk is None:
+        raise UsageError(f"{directory}/vocab.json has no <unk> piece")
+    tokenizer = TokenizerDeclaration(kind="marian", source="source.spm", target="target.spm", vocab="vocab.json",
+                                     target_vocab="target_vocab.json" if separate else None, unk=unk)
+    state, files = _weights(directory)
+    model = build(settings)
+    own = model.hf.state_dict()
+    missing = [k for k in own if k not in state and k not in COMPUTED]
+    # Tied weights are saved once, as the embedding the others share; transformers starts a missing output bias at zero.
+    tied = {"final_logits_bias"} | ({"lm_head.weight"} if settings.tie_word_embeddings else set())
+    if settings.share_encoder_decoder_embeddings:
+        tied |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
+    unknown = [k for k in state if k not in own]
+    if unknown:
+        raise UsageError(f"{directory}: weight {unknown[0]} is not a MarianMTModel parameter of this config")
+    if [k for k in missing if k not in tied]:
+        raise UsageError(f"{directory}: weight {[k for k in missing if k not in tied][0]} is missing from the weights file")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise UsageError(f"{directory}: weight {k} has shape {tuple(v.shape)}, the config gives {tuple(own[k].shape)}")
+    model.hf.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    model.eval()
+    beams = generation.get("num_beams", config.get("num_beams", 1))
+    return HfSource(directory, settings, rules, model, files, tokenizer, beams if type(beams) is int and beams >= 1 else 1)
+
+
+def write_files(source: HfSource, tmp: Path) -> dict:
+    """Copies the tokenizer files into the model directory; returns the manifest sections they and the rules make."""
+    extra = []
+    for name in source.tokenizer.files():
+        shutil.copyfile(source.directory / name, tmp / name)
+        extra.append({"file": name, "sha256": file_sha256(tmp / name)})
+    declaration = Declaration(source.rules, source.tokenizer, origin="hf")
+    return {"declaration": declaration.to_dict(), "extra_files": extra,
+            "tokenizer": {"file": "source.spm", "sha256": extra[0]["sha256"], "type": "MarianTokenizer (source.spm, target.spm, vocab.json)"},
+            "special_tokens": {"pad": source.settings.pad_token_id, "unk": source.tokenizer.unk, "bos": source.rules.start,
+                               "eos": source.rules.end},
+            "training": {"options": {"imported_from": "huggingface", "num_beams": source.num_beams,
+                                     "settings": asdict(source.settings)}}}
