@@ -48,6 +48,8 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
     record = m.checkpoint or CheckpointRecord(weights_sha256="")
     if not 0 <= (record.seed or 0) < 2**32:
         raise UsageError(f"{m.directory}/manifest.json: checkpoint.seed must be an integer in [0, 2^32); re-export")
+    if m.model == "marian":
+        return _hf_reference(m, entry, cfg, record, echo, checkpoint_path)
     if checkpoint_path is not None:
         # Given explicitly: its own digest is checked at load, and verify compares it with the graphs' weights.
         ckpt = checkpoint.load(checkpoint_path, warn=echo)
@@ -73,6 +75,32 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
         raise UsageError(f"reference weights ({source}) differ from the ones exported (weights digest mismatch); re-export")
     echo(f"reference: {source}")
     return entry, cfg, model, source
+
+
+def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given: str | Path | None):
+    """An imported Marian's reference: transformers' MarianMTModel from the Hugging Face directory (--checkpoint hf:DIR,
+    or the one recorded at export if it is here), else rebuilt from the graphs' own weights."""
+    from toolkit.pytorch import hf_marian
+
+    where = str(given) if given is not None else record.path
+    if where is not None and Path(str(where).removeprefix(hf_marian.PREFIX)).is_dir():
+        source = hf_marian.read(where)
+        model, origin = source.model, f"Hugging Face directory {source.directory.name}"
+        if given is None and checkpoint.weights_sha256(model) != record.weights_sha256:
+            model, origin = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs ({source.directory.name} changed since export): {GRAPHS_ONLY}"
+    elif given is not None:
+        raise UsageError(f"--checkpoint {given} is not a directory; give the Hugging Face directory the model was exported from (hf:DIR)")
+    else:
+        model, origin = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs (the Hugging Face directory is not here): {GRAPHS_ONLY}"
+    model.eval()
+    digest = checkpoint.weights_sha256(model)
+    if given is not None and record.weights_sha256 and digest != record.weights_sha256:
+        echo(f"warning: the weights of {given} differ from the ones exported; the report compares the graphs with them")
+    elif given is None and record.weights_sha256 and digest != record.weights_sha256:
+        raise UsageError(f"reference weights ({origin}) differ from the ones exported (weights digest mismatch); re-export")
+    echo(f"reference: {origin}")
+    kind = "checkpoint" if "Hugging Face directory" in origin and "graphs" not in origin else "graphs"
+    return entry, cfg, model, origin if kind == "graphs" else f"checkpoint {origin}"
 
 
 def graph_parameters(directory: Path, files: list[str]) -> dict[str, torch.Tensor]:

@@ -108,6 +108,10 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
             report.rows += static_check(graph_source(m, name, v)[0], spec, v)
     _sweep(report, m, entry, model, cfg, sessions, seed, atol, rtol)
     src_ids = _decode(report, m, model, cfg, sessions, backends, sentences, data, atol, rtol, echo)
+    if m.model == "marian":  # imported from Hugging Face: its own generate is the final word
+        from toolkit.verify.hf_parity import generate_parity
+
+        generate_parity(report, m, model, backends, src_ids, echo)
     if attention:
         from toolkit.verify.attention import verify_attention
 
