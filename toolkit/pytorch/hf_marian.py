@@ -95,15 +95,21 @@ def build(settings: MarianSettings) -> MarianForTk:
     return MarianForTk(hf, settings)
 
 
-def _attend(att: nn.Module, q_in: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """transformers' eager attention with Marian's projections: (q k^T) * scaling + mask, softmax, @ v, out_proj."""
-    b, m, _ = q_in.shape
-    q = att.q_proj(q_in).view(b, m, -1, att.head_dim).transpose(1, 2)
-    scores = torch.matmul(q, keys.transpose(2, 3)) * att.scaling
-    if mask is not None:
-        scores = scores + mask
-    out = torch.matmul(torch.softmax(scores, dim=-1), values).transpose(1, 2).reshape(b, m, -1)
-    return att.out_proj(out)
+class _LayerCache:
+    """What Marian's attention modules take as `cache`, over tk's per-layer tensors: a decoder layer calls `update`
+    twice, its self-attention first (the new position's keys/values are appended to the past ones) and its
+    cross-attention second (the encoder's keys/values, computed once by the encoder graph, are returned as they are).
+    So every step runs transformers' own layer code, attention included, and not a copy of it."""
+
+    def __init__(self, past_k: torch.Tensor, past_v: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor):
+        self.past_k, self.past_v, self.cross_k, self.cross_v = past_k, past_v, cross_k, cross_v
+        self.new_k = self.new_v = None
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self.new_k is None:  # self-attention: one position more
+            self.new_k, self.new_v = torch.cat([self.past_k, keys], dim=2), torch.cat([self.past_v, values], dim=2)
+            return self.new_k, self.new_v
+        return self.cross_k, self.cross_v  # cross-attention: the encoder's, not the projections of the dummy states
 
 
 def _heads(att: nn.Module, x: torch.Tensor, proj: nn.Module) -> torch.Tensor:
@@ -114,7 +120,8 @@ def _heads(att: nn.Module, x: torch.Tensor, proj: nn.Module) -> torch.Tensor:
 class MarianForTk(nn.Module):
     """MarianMTModel's computation split as tk's graphs are: `encode` (source -> memory and every decoder layer's
     cross keys/values) and `decode_step` (one token against the self-attention cache). Holds the Hugging Face model's
-    own modules under its own names (model, lm_head, final_logits_bias), so parameter names are transformers'."""
+    own modules under its own names (model, lm_head, final_logits_bias), so parameter names are transformers', and
+    runs its encoder and decoder layers themselves."""
 
     def __init__(self, hf: nn.Module, settings: MarianSettings):
         super().__init__()
@@ -126,20 +133,18 @@ class MarianForTk(nn.Module):
         self.register_buffer("suppress", mask, persistent=False)
         object.__setattr__(self, "hf", hf)  # the whole model, for generate(); not a second submodule
 
-    def _mask(self, src_len: torch.Tensor, n: int) -> torch.Tensor:
-        """(batch, 1, 1, n): 0 over a source's tokens, the float minimum over its padding (transformers' additive mask)."""
+    @staticmethod
+    def _mask(src_len: torch.Tensor, n: int) -> torch.Tensor:
+        """(batch, 1, 1, n): 0 over a source's tokens, the float minimum over its padding (transformers' eager mask)."""
         keep = torch.arange(n, device=src_len.device)[None, :] < src_len[:, None]
         return torch.where(keep, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
 
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> dict[str, torch.Tensor]:
         enc = self.model.encoder
-        n = src.shape[1]
         x = enc.embed_tokens(src) * enc.embed_scale + enc.embed_positions(src.shape)
-        mask = self._mask(src_len, n)
+        mask = self._mask(src_len, src.shape[1])
         for layer in enc.layers:
-            x = layer.self_attn_layer_norm(x + _attend(layer.self_attn, x, _heads(layer.self_attn, x, layer.self_attn.k_proj),
-                                                       _heads(layer.self_attn, x, layer.self_attn.v_proj), mask))
-            x = layer.final_layer_norm(x + layer.fc2(layer.activation_fn(layer.fc1(x))))
+            x = layer(x, mask)
         out = {"memory": x, "src_len": src_len}
         for i, layer in enumerate(self.model.decoder.layers):
             att = layer.encoder_attn
@@ -153,15 +158,12 @@ class MarianForTk(nn.Module):
         cross_mask = self._mask(cache["src_len"], cache[layer_key("cross_k", 0)].shape[2])
         new = {}
         for i, layer in enumerate(dec.layers):
-            att = layer.self_attn
             sk, sv, ck, cv = (layer_key(name, i) for name in ("self_k", "self_v", "cross_k", "cross_v"))
-            keys = torch.cat([cache[sk], _heads(att, x, att.k_proj)], dim=2)
-            values = torch.cat([cache[sv], _heads(att, x, att.v_proj)], dim=2)
-            new[sk], new[sv] = keys, values
-            # The cache holds only earlier positions: no causal mask is needed.
-            x = layer.self_attn_layer_norm(x + _attend(att, x, keys, values, None))
-            x = layer.encoder_attn_layer_norm(x + _attend(layer.encoder_attn, x, cache[ck], cache[cv], cross_mask))
-            x = layer.final_layer_norm(x + layer.fc2(layer.activation_fn(layer.fc1(x))))
+            layer_cache = _LayerCache(cache[sk], cache[sv], cache[ck], cache[cv])
+            # No causal mask: the cache holds only earlier positions. The encoder states passed are a stand-in (the
+            # cache returns the encoder graph's keys/values); their unused projections are dropped from the graph.
+            x = layer(x, None, x, encoder_attention_mask=cross_mask, cache=layer_cache)
+            new[sk], new[sv] = layer_cache.new_k, layer_cache.new_v
         logits = self.lm_head(x[:, 0]) + self.final_logits_bias
         # As generate: log-softmax first, then the forbidden tokens at -inf (the others are not renormalised).
         return torch.log_softmax(logits, dim=-1) + self.suppress, {**cache, **new}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -79,28 +80,32 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
 
 def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given: str | Path | None):
     """An imported Marian's reference: transformers' MarianMTModel from the Hugging Face directory (--checkpoint hf:DIR,
-    or the one recorded at export if it is here), else rebuilt from the graphs' own weights."""
+    or the one recorded at export if it is here, unchanged), else rebuilt from the graphs' own weights."""
     from toolkit.pytorch import hf_marian
 
     where = str(given) if given is not None else record.path
-    if where is not None and Path(str(where).removeprefix(hf_marian.PREFIX)).is_dir():
-        source = hf_marian.read(where)
-        model, origin = source.model, f"Hugging Face directory {source.directory.name}"
-        if given is None and checkpoint.weights_sha256(model) != record.weights_sha256:
-            model, origin = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs ({source.directory.name} changed since export): {GRAPHS_ONLY}"
-    elif given is not None:
+    here = where is not None and Path(str(where).removeprefix(hf_marian.PREFIX)).is_dir()
+    if given is not None and not here:
         raise UsageError(f"--checkpoint {given} is not a directory; give the Hugging Face directory the model was exported from (hf:DIR)")
+    model = source = None
+    if here:
+        hf = hf_marian.read(where)
+        differ = next((k for k, v in dataclasses.asdict(hf.settings).items() if m.config.get(k) != v), None)
+        if differ is not None:
+            raise UsageError(f"{where} is another model than {m.directory} ({differ} {getattr(hf.settings, differ)!r}, exported "
+                             f"{m.config.get(differ)!r}); give the Hugging Face directory the model was exported from")
+        model, source = hf.model.eval(), f"checkpoint Hugging Face directory {hf.directory.name}"
+        if checkpoint.weights_sha256(model) != record.weights_sha256:
+            if given is None:  # the recorded directory has moved on since export: not the reference any more
+                model, why = None, f"{hf.directory.name} changed since export"
+            else:
+                echo(f"warning: the weights in {given} differ from the ones exported; the report compares the graphs with them")
     else:
-        model, origin = weights_from_graphs(m, entry, cfg), f"weights read from the fp32 graphs (the Hugging Face directory is not here): {GRAPHS_ONLY}"
-    model.eval()
-    digest = checkpoint.weights_sha256(model)
-    if given is not None and record.weights_sha256 and digest != record.weights_sha256:
-        echo(f"warning: the weights of {given} differ from the ones exported; the report compares the graphs with them")
-    elif given is None and record.weights_sha256 and digest != record.weights_sha256:
-        raise UsageError(f"reference weights ({origin}) differ from the ones exported (weights digest mismatch); re-export")
-    echo(f"reference: {origin}")
-    kind = "checkpoint" if "Hugging Face directory" in origin and "graphs" not in origin else "graphs"
-    return entry, cfg, model, origin if kind == "graphs" else f"checkpoint {origin}"
+        why = "the Hugging Face directory is not here"
+    if model is None:
+        model, source = weights_from_graphs(m, entry, cfg).eval(), f"weights read from the fp32 graphs ({why}): {GRAPHS_ONLY}"
+    echo(f"reference: {source.removeprefix('checkpoint ')}")
+    return entry, cfg, model, source
 
 
 def graph_parameters(directory: Path, files: list[str]) -> dict[str, torch.Tensor]:
