@@ -93,7 +93,7 @@ def make_inputs(spec: GraphSpec, sizes: dict[str, int], rng: np.random.Generator
     feeds = {}
     for t in spec.inputs:
         shape = t.shape(sizes)
-        if t.fill == "tokens":
+        if t.fill == "tokens" or (t.fill == "empty" and t.dtype == "int64"):  # an integer cache holds token ids
             feeds[t.name] = rng.integers(4 if vocab_size > 4 else 0, vocab_size, size=shape, dtype=np.int64)
         elif t.fill.startswith("lengths:"):
             n = sizes[t.fill.split(":", 1)[1]]

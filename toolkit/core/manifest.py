@@ -379,10 +379,22 @@ MODELS = {
     "transformer": ("seq2seq", lambda c: self_attention_cache(c["num_layers"])),
     # Imported from Hugging Face (toolkit.pytorch.hf_marian): the same layout, its decoder's layers.
     "marian": ("seq2seq", lambda c: self_attention_cache(c["decoder_layers"])),
+    # Your own (toolkit.pytorch.adapter): the state its decoder graph declared.
+    "adapter": ("seq2seq", lambda c: _declared_state(c.get("graphs"))),
     "seq2seq": ("seq2seq", lambda c: {"state"}),
     **{name: ("module", None) for name in ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw")},
 }
 GRAPHS = {"seq2seq": {"encoder", "decoder"}, "module": {"model"}}
+
+
+def _declared_state(graphs: object) -> set[str]:
+    """The decoder cache an adapter's config declares (its graphs as JSON); empty when that is malformed."""
+    try:
+        specs = json.loads(graphs) if isinstance(graphs, str) else None
+        decoder = next(g for g in specs if isinstance(g, dict) and g.get("name") == "decoder")
+        return set(decoder.get("updates", {}).values())
+    except (TypeError, ValueError, StopIteration, AttributeError, RecursionError):
+        return set()
 SHA256 = re.compile(r"[0-9a-f]{64}")
 DTYPES = {"float32", "float16", "int64"}
 

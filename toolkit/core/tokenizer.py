@@ -40,6 +40,8 @@ class Tokenizer:
     def __init__(self, model_proto: bytes):
         self.model_proto = model_proto
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        # Ids never shown as text: tk's are 0 to 3 (PAD, UNK, BOS, EOS); another model's (an adapter's) its own.
+        self.specials = {i for i in (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) if i >= 0}
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -85,7 +87,8 @@ class Tokenizer:
         return self.sp.encode(texts, num_threads=threads)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        ids = [[i for i in seq if i > EOS] for seq in ids]
+        specials = self.specials
+        ids = [[i for i in seq if i not in specials] for seq in ids]
         if len(ids) < FEW:
             return [self.sp.decode(seq) for seq in ids]
         return self.sp.decode(ids)

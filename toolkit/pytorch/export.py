@@ -34,7 +34,7 @@ from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
 from toolkit.deploy.stored_variants import ExportOptions, add_variants, make_variant, wanted_variants  # noqa: F401 (re-exported)
-from toolkit.pytorch import checkpoint, hf_marian, registry
+from toolkit.pytorch import adapter, checkpoint, hf_marian, registry
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -148,6 +148,9 @@ def load_model(opts: ExportOptions):
     if str(opts.checkpoint).startswith(hf_marian.PREFIX):
         source = hf_marian.read(opts.checkpoint)
         return registry.get("marian"), source.settings, source.model, {"hf": source}
+    if adapter.is_target(str(opts.checkpoint)):
+        own, settings = adapter.load(str(opts.checkpoint))
+        return registry.get("adapter"), settings, own.model, {"adapter": own}
     ckpt = checkpoint.load(opts.checkpoint)
     entry, cfg, model = checkpoint.build_model(ckpt)
     return entry, cfg, model, ckpt
@@ -215,6 +218,15 @@ def export(opts: ExportOptions, echo=print) -> Path:
     return out
 
 
+def export_model(source: str, out: str | Path, force: bool = False, fp16: bool = False, optimize: bool = False,
+                 quantize: str | None = None, echo=lambda message: None) -> Path:
+    """The Python API of `tk export SOURCE --out OUT`: SOURCE is a checkpoint, `hf:DIR` (a Hugging Face MarianMTModel
+    directory) or `MODULE:FUNCTION` (your own model: FUNCTION() returns a toolkit.Seq2SeqAdapter). Returns OUT."""
+    opts = ExportOptions(out=Path(out), checkpoint=str(source), force=force, fp16=fp16, optimize=optimize, quantize=quantize,
+                         command=f"export_model({str(source)!r}, {str(out)!r})")
+    return export(opts, echo)
+
+
 def attention_declaration(model: str, config: dict) -> dict:
     """The manifest entry of the attention variant (built in memory from the fp32 graphs when used)."""
     entry = registry.get(model)
@@ -249,7 +261,10 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         **attention_declaration(entry.name, dataclasses.asdict(cfg)),
         "extra_files": node_maps,
     }
-    if ckpt is not None and "hf" in ckpt:
+    if ckpt is not None and "adapter" in ckpt:
+        data.update(adapter.write_files(ckpt["adapter"], cfg, tmp))
+        data["checkpoint"] = {"path": cfg.target, "weights_sha256": checkpoint.weights_sha256(model)}
+    elif ckpt is not None and "hf" in ckpt:
         data.update(hf_marian.write_files(ckpt["hf"], tmp))
         data["extra_files"] = node_maps + data["extra_files"]
         data["checkpoint"] = ckpt["hf"].record()

@@ -51,6 +51,8 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
         raise UsageError(f"{m.directory}/manifest.json: checkpoint.seed must be an integer in [0, 2^32); re-export")
     if m.model == "marian":
         return _hf_reference(m, entry, cfg, record, echo, checkpoint_path)
+    if m.model == "adapter":
+        return _adapter_reference(m, entry, cfg, record, echo, checkpoint_path)
     if checkpoint_path is not None:
         # Given explicitly: its own digest is checked at load, and verify compares it with the graphs' weights.
         ckpt = checkpoint.load(checkpoint_path, warn=echo)
@@ -106,6 +108,23 @@ def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given
         model, source = weights_from_graphs(m, entry, cfg).eval(), f"weights read from the fp32 graphs ({why}): {GRAPHS_ONLY}"
     echo(f"reference: {source.removeprefix('checkpoint ')}")
     return entry, cfg, model, source
+
+
+def _adapter_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given: str | Path | None):
+    """Your own model's reference: what MODULE:FUNCTION builds, given again by the user (a manifest never makes tk
+    import code); its graphs and weights must be the ones exported."""
+    from toolkit.pytorch import adapter
+
+    if given is None:
+        entry.build(cfg)  # refuses, saying which --checkpoint to give
+    own, settings = adapter.load(str(given))
+    if settings.graphs != cfg.graphs:
+        raise UsageError(f"{given} declares other graphs than {m.directory} was exported with; give the function it was exported from")
+    digest = checkpoint.weights_sha256(own.model)
+    if record.weights_sha256 and digest != record.weights_sha256:
+        raise UsageError(f"the weights {given} builds differ from the ones exported to {m.directory} (weights digest mismatch); re-export")
+    echo(f"reference: {given}")
+    return entry, cfg, own.model, f"checkpoint {given}"
 
 
 def graph_parameters(directory: Path, files: list[str]) -> dict[str, torch.Tensor]:
@@ -184,9 +203,12 @@ def resolve_parameters(model: torch.nn.Module, found: dict[str, torch.Tensor]) -
     return out, missing
 
 
-def weights_from_graphs(m: Manifest, entry, cfg) -> torch.nn.Module:
-    """The model rebuilt from the parameters its exported graphs hold."""
-    model = entry.build(cfg)
+def weights_from_graphs(m: Manifest, entry, cfg, like: torch.nn.Module | None = None) -> torch.nn.Module:
+    """The model rebuilt from the parameters its exported graphs hold: into the registry's build of its config, or into
+    a copy of `like` (a model of the same architecture, such as an adapter's, which the registry never builds)."""
+    import copy
+
+    model = entry.build(cfg) if like is None else copy.deepcopy(like)
     found = graph_parameters(m.directory, [g.file for g in m.graphs.values()])
     state, missing = resolve_parameters(model, found)
     if missing:

@@ -20,6 +20,8 @@ from toolkit.models.attention import AdditiveAttention, DotProductAttention, Mul
 from toolkit.models.kernel_regression import NWKernelRegression
 from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
 from toolkit.models.transformer import Transformer, TransformerConfig, layer_key
+from toolkit.pytorch.adapter import AdapterSettings
+from toolkit.pytorch.adapter import build as adapter_build
 from toolkit.pytorch.hf_marian import MarianSettings
 from toolkit.pytorch.hf_marian import build as hf_build
 
@@ -155,7 +157,7 @@ def get(name: str) -> ModelEntry:
 SRC = (TensorSpec("src", INT, ("batch", "src_len"), "tokens"), TensorSpec("src_len", INT, ("batch",), "lengths:src_len"))
 
 
-def _decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...], vocab: int) -> GraphSpec:
+def decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...], vocab: int) -> GraphSpec:
     """token + cache + encoder context -> log_probs + the cache one step on."""
     grown = tuple(TensorSpec(f"new_{t.name}", t.dtype, tuple("past_len+1" if d == "past_len" else d for d in t.dims)) for t in cache)
     return GraphSpec(
@@ -174,7 +176,7 @@ def encoder_decoder_graphs(d_model: int, decoder_layers: int, heads: int, vocab:
     cross = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "src_len", dh)) for i in layers for n in ("cross_k", "cross_v"))
     past = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "past_len", dh), "empty") for i in layers for n in ("self_k", "self_v"))
     encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", FLOAT, ("batch", "src_len", d_model)), *cross))
-    return [encoder, _decoder_graph(past, cross, vocab)]
+    return [encoder, decoder_graph(past, cross, vocab)]
 
 
 def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
@@ -189,7 +191,7 @@ def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
     memory = TensorSpec("memory", FLOAT, ("batch", "src_len", cfg.num_hiddens))
     state = TensorSpec("state", FLOAT, (cfg.num_layers, "batch", cfg.num_hiddens))
     encoder = GraphSpec("encoder", SRC, (memory, state))
-    decoder = _decoder_graph((state,), (memory,), cfg.vocab_size)
+    decoder = decoder_graph((state,), (memory,), cfg.vocab_size)
     return [encoder, decoder]
 
 
@@ -224,6 +226,8 @@ register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, tr
                     attention=transformer_attention, read_attention=read_transformer_attention))
 # Hugging Face MarianMTModel (the OPUS-MT family), imported with `tk export hf:DIR` (toolkit.pytorch.hf_marian).
 register(ModelEntry("marian", "seq2seq", MarianSettings, hf_build, marian_graphs))
+# Your own encoder-decoder, exported with `tk export MODULE:FUNCTION` (toolkit.pytorch.adapter): its graphs as it declared them.
+register(ModelEntry("adapter", "seq2seq", AdapterSettings, adapter_build, lambda cfg: cfg.specs()))
 # GRU encoder + Bahdanau-attention GRU decoder.
 register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs, train="translation",
                     attention=seq2seq_attention, read_attention=read_seq2seq_attention))

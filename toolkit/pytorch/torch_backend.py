@@ -34,8 +34,9 @@ class TorchBackend(StepBackend):
 
     @torch.inference_mode()
     def encode_outputs(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, torch.Tensor]:
-        """Everything the model's encode returns (verify compares it with the encoder graph)."""
-        return self.model.encode(self._tensor(src), self._tensor(src_len))
+        """Everything the model's encode returns (verify compares it with the encoder graph), and src_len, which the
+        decoder graph takes too (a model's encode need not return it)."""
+        return {"src_len": self._tensor(src_len), **self.model.encode(self._tensor(src), self._tensor(src_len))}
 
     def initial_state(self, encoded: dict[str, torch.Tensor], batch: int) -> dict[str, torch.Tensor]:
         """The decoder state: encoder outputs plus empty caches, as the decoder graph declares."""

@@ -193,7 +193,7 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
     if not wanted and report.reference_kind != "graphs":
         return
     try:
-        report.weights_sha256 = ckpt_mod.weights_sha256(model if report.reference_kind == "graphs" else weights_from_graphs(m, entry, cfg))
+        report.weights_sha256 = ckpt_mod.weights_sha256(model if report.reference_kind == "graphs" else weights_from_graphs(m, entry, cfg, model))
     except UsageError as e:
         report.rows.append(Row("weights", "all", "fp32", "-", "-", "weights_sha256", ok=False, detail=str(e)))
         return
