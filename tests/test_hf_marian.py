@@ -33,20 +33,33 @@ def pairs(corpus_zip) -> list[tuple[str, str]]:
     return fra_eng_lines(corpus_zip, 2000)
 
 
-@pytest.fixture(scope="module", params=list(SHAPES))
-def marian(request, tmp_path_factory, pairs) -> tuple[Path, Path]:
-    """(the Hugging Face directory, the tk model directory exported from it)."""
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, pairs) -> dict[str, tuple[Path, Path]]:
+    """Each shape's (Hugging Face directory, tk model directory exported from it with `tk export hf:DIR`)."""
     from click.testing import CliRunner
 
     from toolkit.cli import main
 
-    root = tmp_path_factory.mktemp(request.param)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf = marian_directory(root / "hf", pairs[:400], **SHAPES[request.param])
-    result = CliRunner().invoke(main, ["export", f"hf:{hf}", "--out", str(root / "tk")])
-    assert result.exit_code == 0, result.output
-    return hf, root / "tk"
+    out = {}
+    for name, shape in SHAPES.items():
+        root = tmp_path_factory.mktemp(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf = marian_directory(root / "hf", pairs[:400], **shape)
+        result = CliRunner().invoke(main, ["export", f"hf:{hf}", "--out", str(root / "tk")])
+        assert result.exit_code == 0, result.output
+        out[name] = (hf, root / "tk")
+    return out
+
+
+@pytest.fixture(params=list(SHAPES))
+def marian(request, built) -> tuple[Path, Path]:
+    return built[request.param]
+
+
+@pytest.fixture()
+def shared(built) -> tuple[Path, Path]:
+    return built["shared-swish"]
 
 
 def _held_out(pairs, n: int = 60) -> list[str]:
@@ -105,7 +118,7 @@ def test_translations_are_token_identical_to_generate(marian, pairs, beam):
     # generation config forces the end token into the last place.
     lengths = {len(t) for t in want_tokens}
     assert min(lengths) < m.max_output_len
-    if "shared" in out.parent.name:
+    if "shared" in str(out):
         assert m.max_output_len in lengths
 
 
@@ -150,9 +163,11 @@ def _scale_changed(graph) -> str:
     return node.name
 
 
-@pytest.mark.parametrize("change, module", [(_activation_changed, "activation_fn"), (_scale_changed, "self_attn")])
-def test_a_planted_fault_fails_verify_and_localize_names_the_transformers_module(cli, marian, tmp_path, change, module):
-    hf, out = marian
+@pytest.mark.parametrize("shape, change, module", [("shared-swish", _activation_changed, "activation_fn"),
+                                                   ("separate-gelu", _activation_changed, "activation_fn"),
+                                                   ("shared-swish", _scale_changed, "self_attn")])
+def test_a_planted_fault_fails_verify_and_localize_names_the_transformers_module(cli, built, tmp_path, shape, change, module):
+    hf, out = built[shape]
     directory, planted = _planted(out, tmp_path, change)
     report = tmp_path / "report.json"
     result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--sentences", 4, "--json", report)
@@ -166,8 +181,8 @@ def test_a_planted_fault_fails_verify_and_localize_names_the_transformers_module
     assert f"first divergent node: {first['node']}" in result.output
 
 
-def test_a_pickle_in_place_of_weights_is_refused_and_never_run(cli, marian, tmp_path):
-    hf, _ = marian
+def test_a_pickle_in_place_of_weights_is_refused_and_never_run(cli, shared, tmp_path):
+    hf, _ = shared
     evil = tmp_path / "evil"
     shutil.copytree(hf, evil)
     (evil / "model.safetensors").unlink()
@@ -183,12 +198,12 @@ def test_a_pickle_in_place_of_weights_is_refused_and_never_run(cli, marian, tmp_
     assert one_line_error(result, 2).startswith(f"error: cannot read weights {evil / 'pytorch_model.bin'}")
 
 
-def test_tensors_only_pytorch_weights_export_the_same_model(cli, marian, tmp_path):
+def test_tensors_only_pytorch_weights_export_the_same_model(cli, shared, tmp_path):
     from safetensors.torch import load_file
 
     from toolkit.core import manifest
 
-    hf, out = marian
+    hf, out = shared
     binary = tmp_path / "bin"
     shutil.copytree(hf, binary)
     torch.save(load_file(str(binary / "model.safetensors")), binary / "pytorch_model.bin")
@@ -207,8 +222,8 @@ def test_tensors_only_pytorch_weights_export_the_same_model(cli, marian, tmp_pat
     (lambda d: _edit_json(d / "config.json", activation_function="mish"), "activation_function 'mish' is not one tk exports"),
     (lambda d: (d / "config.json").write_text("{"), "config.json is not readable JSON"),
 ])
-def test_a_broken_or_hostile_hugging_face_directory_is_one_line(cli, marian, tmp_path, spoil, expected):
-    hf, _ = marian
+def test_a_broken_or_hostile_hugging_face_directory_is_one_line(cli, shared, tmp_path, spoil, expected):
+    hf, _ = shared
     bad = tmp_path / "bad"
     shutil.copytree(hf, bad)
     spoil(bad)

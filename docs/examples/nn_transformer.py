@@ -99,9 +99,10 @@ def read_pairs(corpus: Path, limit: int = 60000) -> list[tuple[str, str]]:
     return pairs[:limit]
 
 
-def train(out: Path, corpus: Path, seconds: float = 60.0, d: int = 128, layers: int = 2, vocab: int = 2000, seed: int = 0) -> None:
+def train(out: Path, corpus: Path, seconds: float = 60.0, d: int = 128, layers: int = 2, vocab: int = 2000, seed: int = 0,
+          limit: int = 60000) -> None:
     torch.manual_seed(seed)
-    pairs = read_pairs(corpus)
+    pairs = read_pairs(corpus, limit)
     proto = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter([s for p in pairs for s in p]), model_writer=proto, vocab_size=vocab,
                                    model_type="unigram", pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, minloglevel=2,
