@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from toolkit.core import placeholders, textprep
 from toolkit.core.batching import GUARDED, DecodeOptions
-from toolkit.core.decoding import EOS, StepBackend
+from toolkit.core.decoding import StepBackend
+from toolkit.core.tokenizer import EOS
 
 SHIPPED = Path(__file__).resolve().parents[1] / "exported" / "transformer"
 

@@ -12,7 +12,8 @@ import pytest
 
 from toolkit.core import noise, placeholders, textprep
 from toolkit.core.batching import GUARDED, DecodeOptions
-from toolkit.core.decoding import EOS, StepBackend, beam_search, greedy, length_limits, loop_cut
+from toolkit.core.decoding import StepBackend, beam_search, greedy, length_limits, loop_cut
+from toolkit.core.tokenizer import EOS
 from toolkit.deploy import robustness
 from toolkit.deploy.translate import open_model, translate_batch
 

@@ -74,6 +74,7 @@ def int8_graph(src: Path, dst: Path, keep_fp32: Sequence[str] = (), only: Sequen
     # three times (greedy at batch 1: 226 -> 258 sentences/s, identical output).
     given = folded is not None
     folded = folded or fold_for_int8(src, dst.with_name(dst.name + ".folded.onnx"))
+    keep_fp32 = [*keep_fp32, *float_lookups(folded)]
     root, level = logging.getLogger(), logging.getLogger().level
     root.setLevel(logging.ERROR)  # its "consider pre-processing" advice is about static quantisation
     try:
@@ -94,6 +95,28 @@ def int8_graph(src: Path, dst: Path, keep_fp32: Sequence[str] = (), only: Sequen
             folded.unlink(missing_ok=True)
 
 
+def float_lookups(graph: Path) -> list[str]:
+    """Gather nodes left in float: lookups in a position table (their indices come from a Range). The quantiser's
+    per-channel scales run along the table's rows, which a lookup of a few positions no longer has, and a table of
+    fixed sinusoids gains nothing from 8 bits."""
+    import onnx
+
+    model = onnx.load(graph, load_external_data=False)
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def from_range(name: str, hops: int = 4) -> bool:
+        node = producer.get(name)
+        if node is None or hops == 0:
+            return False
+        if node.op_type == "Range":
+            return True
+        passes = ("Unsqueeze", "Reshape", "Cast", "Add", "Expand", "Identity", "Squeeze")
+        return node.op_type in passes and any(from_range(i, hops - 1) for i in node.input if i)
+
+    return [n.name for n in model.graph.node
+            if n.op_type == "Gather" and len(n.input) > 1 and from_range(n.input[1])]
+
+
 def fold_for_int8(src: Path, folded: Path) -> Path:
     """The graph the quantiser reads: attention fused, transposed weights constant-folded (see int8_graph)."""
     import onnx
@@ -103,8 +126,29 @@ def fold_for_int8(src: Path, folded: Path) -> Path:
     # projection), which the quantiser's own shape inference rejects; they are only hints.
     model = onnx.load(folded)
     del model.graph.value_info[:]
+    untie_lookups(model)
     onnx.save_model(model, folded)
     return folded
+
+
+def untie_lookups(model) -> None:
+    """A table that a Gather looks up and a Gemm or MatMul multiplies by (an embedding tied to the output layer, as
+    Marian's) gets a copy of its own for the Gather: the quantiser transposes a Gemm's weight in place, and the lookup
+    sharing it then read columns for rows (an imported Marian's int8 decoder failed to load). tk's own Transformer
+    multiplies by a folded transpose, a table of its own already."""
+    import onnx
+
+    multiplied = {n.input[1] for n in model.graph.node if n.op_type in ("Gemm", "MatMul") and len(n.input) > 1}
+    tables = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and node.input[0] in multiplied and node.input[0] in tables:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(tables[node.input[0]])
+            copy.name = f"{node.input[0]}.lookup"
+            if copy.name not in tables:
+                model.graph.initializer.append(copy)
+                tables[copy.name] = copy
+            node.input[0] = copy.name
 
 
 def float_layers(graph: Path) -> list[tuple[str, str]]:
