@@ -273,3 +273,20 @@ def test_forbidden_tokens_are_declared_in_the_decoder_graph(marian):
     log_probs = decoder.run(["log_probs"], {n: feeds[n] for n in specs["decoder"].input_names})[0]
     assert m.config["suppress_tokens"] == str(m.rules().pad)
     assert np.isneginf(log_probs[0, m.rules().pad]) and np.isfinite(np.delete(log_probs[0], m.rules().pad)).all()
+
+
+def test_variants_and_openvino_run_an_imported_model(cli, shared, pairs, tmp_path):
+    """int8 and fp16 stored beside the graphs, then verified (int8's translations may differ: it is held to its
+    tolerances); OpenVINO translates it. The quantiser transposed the output layer's weight in place, under the tied
+    embedding's lookup, until that lookup got a table of its own."""
+    hf, out = shared
+    directory = tmp_path / "variants"
+    shutil.copytree(out, directory)
+    for option in ("--quantize", "--fp16"):
+        result = cli("export", directory, *((option, "int8") if option == "--quantize" else (option,)))
+        assert result.exit_code == 0, result.output
+    result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--variant", "int8", "--sentences", 8)
+    assert result.exit_code == 0, result.output
+    english = _held_out(pairs, 8)
+    result = cli("translate", "--model", directory, "--runtime", "openvino", *english)
+    assert result.exit_code == 0, result.output

@@ -18,6 +18,7 @@ from toolkit.core.decoding import Hypothesis, pad_batch
 from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.tokenizer import BOS, EOS
+from toolkit.core.tokenizers import open_tokenizer
 from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
 
 
@@ -132,7 +133,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     tokenizer_path = m.translation_tokenizer()  # before the reference is built: bench times translation models only
     entry, cfg, model, _ = load_reference(m)
     specs = m.specs()
-    tokenizer = Tokenizer.load(tokenizer_path)
+    tokenizer = open_tokenizer(m) if tokenizer_path else None
     english, origin = held_out_sentences(sentences, data)
     src = [s[: m.max_len] for s in tokenizer.encode(english)]
     echo(f"{len(src)} sentences from the {origin}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
@@ -211,7 +212,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             torch_rows = [(n, b, 1) for n, b in backends.items() if n.startswith("pytorch cached")]
             others = [(n, b, 1) for n, b in backends.items() if not n.startswith("pytorch cached")]
             for name, backend, k in [*torch_rows, *[(n, b[t], n_streams) for n, b in ort_backends.items()], *others]:
-                opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_len, streams=k)
+                opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_output_len, streams=k, rules=m.rules())
                 fn = lambda be=backend, o=opts: [h[0].tokens for h in decode_ids(be, src, o)]
                 runs.append((name, search, batch, fn))
             if ct2_dir is not None:

@@ -109,9 +109,9 @@ def run_translation(provider: str, sentences: int, echo, exported: Path = EXPORT
 
 def source_ids(m, english: list[str]) -> list[list[int]]:
     """The model's token ids of each sentence, cut at its longest source, as every command feeds them."""
-    from toolkit.core.tokenizer import Tokenizer
+    from toolkit.core.tokenizers import open_tokenizer
 
-    return [ids[: m.max_len] for ids in Tokenizer.load(m.tokenizer_path()).encode(english)]
+    return [ids[: m.max_len] for ids in open_tokenizer(m).encode(english)]
 
 
 def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPORTED, challenge: Path | None = None) -> dict:

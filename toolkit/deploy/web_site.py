@@ -73,6 +73,9 @@ def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[
     """Writes the site to out (built under a temporary name, then renamed); returns {file: bytes}."""
     m = manifest_mod.load(model_dir)
     tok = m.translation_tokenizer()
+    if m.declared().tokenizer.kind != "sentencepiece" or m.rules() != manifest_mod.Declaration().decoding:
+        raise UsageError(f"{model_dir} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
+                         "tk's tokenizer and rules only (serve it with tk serve instead)")
     version = ort_web_version()
     if out.exists() and not force:
         raise UsageError(f"{out} already exists; use --force to replace it")

@@ -20,7 +20,8 @@ import numpy as np
 
 from toolkit.core.decoding import pad_batch
 from toolkit.core.manifest import Manifest
-from toolkit.core.tokenizer import BOS, EOS
+from toolkit.core.declaration import TK_RULES, DecodingRules
+from toolkit.core.tokenizers import open_tokenizer
 
 TOP = 8  # tokens per position whose log-probabilities are compared
 PROBE = 128  # held-out sentences translated for the table
@@ -55,10 +56,11 @@ def _sessions(m: Manifest, sources: dict[str, Path | bytes]):
                       specs["encoder"], specs["decoder"])
 
 
-def forced_log_probs(backend, src: list[list[int]], targets: list[list[int]]) -> np.ndarray:
-    """Log-probabilities at every position of each target (EOS included), all rows fed the target's tokens:
+def forced_log_probs(backend, src: list[list[int]], targets: list[list[int]], rules: DecodingRules = TK_RULES) -> np.ndarray:
+    """Log-probabilities at every position of each target (its end token included), all rows fed the target's tokens:
     (positions, vocab), rows one after another."""
-    ids, lens = pad_batch(src)
+    EOS, BOS = rules.end, rules.start
+    ids, lens = pad_batch(src, rules.pad)
     state = backend.encode(ids, lens)
     steps = max(len(t) for t in targets) + 1
     fed = np.full((len(src), steps), EOS, dtype=np.int64)
@@ -86,20 +88,20 @@ class Probe:
 
     def __init__(self, m: Manifest, sentences: Sequence[str]):
         from toolkit.core.batching import DecodeOptions, decode_ids
-        from toolkit.core.tokenizer import Tokenizer
         from toolkit.runtimes.onnxruntime.variants import graph_source
 
         self.m = m
         self.fp32 = {g: graph_source(m, g, "fp32")[0] for g in m.graphs}
         backend = _sessions(m, self.fp32)
-        self.src = [s[: m.max_len] or [EOS] for s in Tokenizer.load(m.translation_tokenizer()).encode(list(sentences))]
-        hyps = decode_ids(backend, self.src, DecodeOptions(max_len=m.max_len - 1))
+        rules = m.rules()
+        self.src = [s[: m.max_len] or [rules.end] for s in open_tokenizer(m).encode(list(sentences))]
+        hyps = decode_ids(backend, self.src, DecodeOptions(max_len=m.max_output_len - 1, rules=rules))
         self.targets = [h[0].tokens for h in hyps]
-        self.reference = forced_log_probs(backend, self.src, self.targets)
+        self.reference = forced_log_probs(backend, self.src, self.targets, rules)
 
     def measure(self, sources: dict[str, Path | bytes]) -> Int8Error:
         """The error of a graph pair; a graph missing from `sources` is fp32's."""
-        return error(self.reference, forced_log_probs(_sessions(self.m, {**self.fp32, **sources}), self.src, self.targets))
+        return error(self.reference, forced_log_probs(_sessions(self.m, {**self.fp32, **sources}), self.src, self.targets, self.m.rules()))
 
 
 def _labels(folded: Path, node_map: dict[str, list[str]]) -> dict[str, str]:
