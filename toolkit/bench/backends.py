@@ -122,7 +122,6 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     `notes`: receives the roofline line (achieved GFLOP/s of fp32 greedy at the largest batch against sgemm peak).
     """
     from toolkit.core import manifest as manifest_mod
-    from toolkit.core.tokenizer import Tokenizer
     from toolkit.pytorch.reference import load_reference
     from toolkit.pytorch.torch_backend import TorchBackend
     from toolkit.runtimes import ctranslate2 as ct2_engine

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from toolkit.core.declaration import TK_RULES, DecodingRules
 from toolkit.core.decoding import pad_batch
 from toolkit.core.manifest import Manifest
-from toolkit.core.declaration import TK_RULES, DecodingRules
 from toolkit.core.tokenizers import open_tokenizer
 
 TOP = 8  # tokens per position whose log-probabilities are compared
