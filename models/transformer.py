@@ -16,7 +16,7 @@ import torch
 from toolkit.models.attention import AddNorm, MultiHeadAttention, PositionalEncoding, PositionWiseFFN
 from torch import nn
 
-from toolkit.core.declaration import layer_key  # noqa: F401 (the cache layout is declared once, there)
+from toolkit.core.declaration import layer_key  # the cache layout is declared once, there
 
 
 @dataclass

@@ -12,6 +12,8 @@ from functools import cached_property
 
 import numpy as np
 
+from toolkit.core.declaration import layer_key
+
 Dim = str | int  # a named (dynamic) axis, or a fixed size such as a head count
 
 
@@ -106,3 +108,34 @@ def make_inputs(spec: GraphSpec, sizes: dict[str, int], rng: np.random.Generator
 
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
+
+
+# ---- translation models: an encoder graph and a one-step decoder graph ------------------------------------------
+# Declared here, torch-free, for every model that translates: tk's (toolkit.pytorch.registry), an imported Marian's
+# and an adapter's (toolkit.pytorch.hf_marian, toolkit.pytorch.adapter).
+
+FLOAT, INT = "float32", "int64"
+
+SRC = (TensorSpec("src", INT, ("batch", "src_len"), "tokens"), TensorSpec("src_len", INT, ("batch",), "lengths:src_len"))
+
+
+def decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...], vocab: int) -> GraphSpec:
+    """token + cache + encoder context -> log_probs + the cache one step on."""
+    grown = tuple(TensorSpec(f"new_{t.name}", t.dtype, tuple("past_len+1" if d == "past_len" else d for d in t.dims)) for t in cache)
+    return GraphSpec(
+        "decoder",
+        inputs=(TensorSpec("token", INT, ("batch",), "tokens"), *cache, *context, SRC[1]),
+        outputs=(TensorSpec("log_probs", FLOAT, ("batch", vocab)), *grown),
+        updates={f"new_{t.name}": t.name for t in cache},
+    )
+
+
+def encoder_decoder_graphs(d_model: int, decoder_layers: int, heads: int, vocab: int) -> list[GraphSpec]:
+    """Any attention encoder-decoder in tk's cache layout: the encoder graph computes the memory and every decoder
+    layer's cross-attention keys/values once; the decoder graph takes one token and a self-attention key and value
+    tensor per layer (batch, heads, past_len, d_head), and returns them one position longer."""
+    layers, dh = range(decoder_layers), d_model // heads
+    cross = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "src_len", dh)) for i in layers for n in ("cross_k", "cross_v"))
+    past = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "past_len", dh), "empty") for i in layers for n in ("self_k", "self_v"))
+    encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", FLOAT, ("batch", "src_len", d_model)), *cross))
+    return [encoder, decoder_graph(past, cross, vocab)]

@@ -488,11 +488,9 @@ def schema_problem(data: dict) -> str | None:
     problem = _attention_problem(data.get("attention"), set(data["graphs"]))
     if problem:
         return problem
-    if data.get("declaration") is not None:
-        try:
-            Declaration.from_dict(data["declaration"], NAME)
-        except UsageError as e:
-            return str(e).removeprefix(f"{NAME}: ")
+    problem = _declaration_problem(data.get("declaration"))
+    if problem:
+        return problem
     for key in ("checkpoint", "training", "metrics", "versions", "verify"):
         if key in data and data[key] is not None and not isinstance(data[key], dict):
             return f"'{key}' must be an object"
@@ -555,6 +553,17 @@ def _sizes_problem(config: dict, model: str) -> str | None:
             problem = size_problem(key, config[key], f"config.{key}")
             if problem:
                 return problem
+    return None
+
+
+def _declaration_problem(declaration) -> str | None:
+    """What is wrong with the optional model declaration (toolkit.core.declaration), or None."""
+    if declaration is None:
+        return None
+    try:
+        Declaration.from_dict(declaration, NAME)
+    except UsageError as e:
+        return str(e).removeprefix(f"{NAME}: ")
     return None
 
 

@@ -148,27 +148,23 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
                     first_lineno: int = 1, truncated: list[int] | None = None,
                     text: TextOptions = TextOptions(), guarded: list[int] | None = None,
                     repaired: list[int] | None = None) -> list[list[Translation]]:
-    """The n-best translations of each text, in input order: the one entry point from text to text
-    that `tk translate`, `tk evaluate`, the server and corpus translation share.
+    """The n-best translations of each text, in input order: the one entry point from text to text that `tk translate`,
+    `tk evaluate`, the server and corpus translation share.
 
-    Each line is cleaned and split into sentences (toolkit.core.textprep), all sentences of all lines
-    are decoded in one length-sorted batch, and each line's sentences are joined back. A sentence
-    longer than the model's maximum is truncated with a warning naming its line (its number is
-    appended to `truncated`), or refused with strict. A best translation that a length or loop guard
-    ended is warned about the same way (its line number appended to `guarded`), and so is a best
-    translation whose protected spans (numbers, URLs, e-mail addresses, kept terms) the model did not
-    copy exactly once: each is put back exactly once all the same (placeholders.restore), and the line
-    number is appended to `repaired`.
+    Each line is cleaned and split into sentences (toolkit.core.textprep), all sentences of all lines are decoded in one
+    length-sorted batch, and each line's sentences are joined back. A sentence longer than the model's maximum is
+    truncated with a warning naming its line (its number is appended to `truncated`), or refused with strict. A best
+    translation that a length or loop guard ended is warned about the same way (its line number appended to `guarded`),
+    and so is a best translation whose protected spans (numbers, URLs, e-mail addresses, kept terms) the model did not
+    copy exactly once: each is put back exactly once all the same (placeholders.restore), its line number in `repaired`.
     """
     backend = backend or t.backend()
     limit = t.manifest.max_len
-    if t.threads:  # whatever streams were asked for, no more busy threads than cores
-        opts = dataclasses.replace(opts, streams=fitting_streams(opts.streams, t.threads))
-    if opts.max_src_len is None or opts.max_src_len > limit:  # decode_ids cuts the sources (there only)
-        opts = dataclasses.replace(opts, max_src_len=limit)
+    # The model's own rules, however opts were made; sources cut to its positions (by decode_ids, there only); no more
+    # busy threads than cores, whatever streams were asked for.
     rules = t.manifest.rules()
-    if opts.rules is not rules:  # the model's own start and end tokens and length penalty, however opts were made
-        opts = dataclasses.replace(opts, rules=rules)
+    opts = dataclasses.replace(opts, max_src_len=min(opts.max_src_len or limit, limit), rules=rules,
+                               streams=fitting_streams(opts.streams, t.threads) if t.threads else opts.streams)
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     segments = [textprep.prepare(x, text.keep, text.split, text.enabled) for x in texts]
     flat = [(i, seg) for i, segs in enumerate(segments) for seg in segs]
@@ -194,8 +190,8 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
             warn(f"warning: line {lineno}: {guard_note(nbest[0], source_tokens, opts)}")
             if guarded is not None and lineno not in guarded:
                 guarded.append(lineno)
-        per_line[i].append((seg, [Translation(out, rules.normalized(h.score, len(h.tokens), alpha, not h.stopped), len(h.tokens),
-                                              source_tokens, int(bool(seq)), h.stopped)
+        per_line[i].append((seg, [Translation(out, rules.normalized(h.score, len(h.tokens), alpha, not h.stopped), len(h.tokens), source_tokens,
+                                              int(bool(seq)), h.stopped)
                                   for h, out in zip(nbest, decoded)]))
     out = []
     for i, parts in enumerate(per_line):

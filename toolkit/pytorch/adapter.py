@@ -35,7 +35,7 @@ from torch import nn
 from toolkit.core.declaration import Declaration, DecodingRules, TokenizerDeclaration
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError, first_line
-from toolkit.core.graphs import GraphSpec, TensorSpec
+from toolkit.core.graphs import SRC, GraphSpec, TensorSpec, decoder_graph
 
 DIMS = ("batch", "src_len", "past_len")
 
@@ -130,8 +130,6 @@ def _tensor(name: str, dims: tuple, integer: frozenset[str], fill: str = "normal
 
 def graphs(adapter: Seq2SeqAdapter, target: str) -> list[GraphSpec]:
     """The encoder and decoder declarations of an adapter, in tk's layout (toolkit.pytorch.registry._decoder_graph)."""
-    from toolkit.pytorch.registry import SRC, decoder_graph
-
     if not adapter.encoder_outputs or not adapter.decoder_state:
         raise UsageError(f"{target}(): encoder_outputs and decoder_state must each name at least one tensor")
     clash = set(adapter.encoder_outputs) & set(adapter.decoder_state) | ({"src", "src_len", "token", "log_probs"} &

@@ -142,6 +142,8 @@ def load_model(opts: ExportOptions):
         if not opts.model:
             raise UsageError("--random-init needs a model name, e.g. tk export transformer --random-init --out DIR")
         entry = registry.get(opts.model)
+        if not entry.random_init:
+            raise UsageError(f"--random-init: a {opts.model} model comes from your code; export it with tk export MODULE:FUNCTION")
         torch.manual_seed(opts.seed)
         cfg = entry.config(**SMALL)
         return entry, cfg, entry.build(cfg).eval(), None
@@ -267,7 +269,7 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
     elif ckpt is not None and "hf" in ckpt:
         data.update(hf_marian.write_files(ckpt["hf"], tmp))
         data["extra_files"] = node_maps + data["extra_files"]
-        data["checkpoint"] = ckpt["hf"].record()
+        data["checkpoint"] = ckpt["hf"].record(checkpoint.weights_sha256(model))
         data["checkpoint"]["path"] = portable_path(ckpt["hf"].directory)
     elif ckpt is None:
         # Rebuilt by verify from the seed; the weights digest proves it got the same model.

@@ -53,12 +53,16 @@ class MarianSettings:
     share_encoder_decoder_embeddings: bool = True
     tie_word_embeddings: bool = True  # the output layer is the decoder's embedding
     max_position_embeddings: int = 64
-    pad_token_id: int = 127
+    pad_token_id: int = 1
     eos_token_id: int = 0
-    decoder_start_token_id: int = 127
+    decoder_start_token_id: int = 1
     max_len: int = 64  # tk's positions bound: max_position_embeddings
     suppress_tokens: str = ""  # comma-separated ids the decoder graph gives -inf (the generation config's bad words)
     dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.share_encoder_decoder_embeddings:  # one vocabulary: the decoder's is the encoder's
+            self.decoder_vocab_size = self.vocab_size
 
     def marian_config(self):
         from transformers import MarianConfig
@@ -303,12 +307,10 @@ class HfSource:
     tokenizer: TokenizerDeclaration
     num_beams: int
 
-    def record(self) -> dict:
+    def record(self, weights_sha256: str) -> dict:
         """The manifest's checkpoint section: where the weights came from and their digests."""
-        from toolkit.pytorch import checkpoint
-
         digest = file_sha256(self.weight_files[0]) if len(self.weight_files) == 1 else None
-        return {"path": self.directory.name, "sha256": digest, "weights_sha256": checkpoint.weights_sha256(self.model)}
+        return {"path": self.directory.name, "sha256": digest, "weights_sha256": weights_sha256}
 
 
 def read(source: str | Path) -> HfSource:

@@ -90,7 +90,12 @@ def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given
     if given is not None and not here:
         raise UsageError(f"--checkpoint {given} is not a directory; give the Hugging Face directory the model was exported from (hf:DIR)")
     model = source = None
-    if here:
+    if record.random_init and given is None:  # `tk export marian --random-init`: rebuilt from its seed
+        torch.manual_seed(record.seed or 0)
+        model, source = entry.build(cfg).eval(), f"random init, seed {record.seed or 0}"
+        if checkpoint.weights_sha256(model) != record.weights_sha256:
+            raise UsageError(f"reference weights ({source}) differ from the ones exported (weights digest mismatch); re-export")
+    elif here:
         hf = hf_marian.read(where)
         differ = next((k for k, v in dataclasses.asdict(hf.settings).items() if m.config.get(k) != v), None)
         if differ is not None:
@@ -105,7 +110,11 @@ def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given
     else:
         why = "the Hugging Face directory is not here"
     if model is None:
-        model, source = weights_from_graphs(m, entry, cfg).eval(), f"weights read from the fp32 graphs ({why}): {GRAPHS_ONLY}"
+        try:
+            model, source = weights_from_graphs(m, entry, cfg).eval(), f"weights read from the fp32 graphs ({why}): {GRAPHS_ONLY}"
+        except UsageError as e:  # a parameter the exporter folded away (a bias of zeros, say)
+            raise UsageError(f"{e.args[0].split(';')[0]}, so the graphs alone cannot rebuild the reference ({why}); "
+                             "give the Hugging Face directory it was exported from: --checkpoint hf:DIR") from None
     echo(f"reference: {source.removeprefix('checkpoint ')}")
     return entry, cfg, model, source
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from toolkit.core.errors import UsageError
-from toolkit.core.graphs import GraphSpec, TensorSpec
+from toolkit.core.graphs import FLOAT, INT, SRC, GraphSpec, TensorSpec, decoder_graph, encoder_decoder_graphs
 from toolkit.core.manifest import SIZES, size_problem
 from toolkit.models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
 from toolkit.models.kernel_regression import NWKernelRegression
@@ -24,8 +24,6 @@ from toolkit.pytorch.adapter import AdapterSettings
 from toolkit.pytorch.adapter import build as adapter_build
 from toolkit.pytorch.hf_marian import MarianSettings
 from toolkit.pytorch.hf_marian import build as hf_build
-
-FLOAT, INT = "float32", "int64"
 
 
 @dataclass
@@ -43,6 +41,8 @@ class ModelEntry:
     # order the graph computes them), and how to read the same weights off the PyTorch model after a call.
     attention: Callable[[object], dict[str, tuple[TensorSpec, ...]]] | None = None
     read_attention: Callable[[nn.Module, str, int], list] | None = None
+    # Whether `build(config)` makes the model (with random weights): not for an adapter, whose code only its user names.
+    random_init: bool = True
 
     def config(self, **overrides) -> object:
         known = {f.name for f in dataclasses.fields(self.config_cls)}
@@ -152,32 +152,7 @@ def get(name: str) -> ModelEntry:
     return REGISTRY[name]
 
 
-# ---- seq2seq models: an encoder graph and a one-step decoder graph ---------------------------
-
-SRC = (TensorSpec("src", INT, ("batch", "src_len"), "tokens"), TensorSpec("src_len", INT, ("batch",), "lengths:src_len"))
-
-
-def decoder_graph(cache: tuple[TensorSpec, ...], context: tuple[TensorSpec, ...], vocab: int) -> GraphSpec:
-    """token + cache + encoder context -> log_probs + the cache one step on."""
-    grown = tuple(TensorSpec(f"new_{t.name}", t.dtype, tuple("past_len+1" if d == "past_len" else d for d in t.dims)) for t in cache)
-    return GraphSpec(
-        "decoder",
-        inputs=(TensorSpec("token", INT, ("batch",), "tokens"), *cache, *context, SRC[1]),
-        outputs=(TensorSpec("log_probs", FLOAT, ("batch", vocab)), *grown),
-        updates={f"new_{t.name}": t.name for t in cache},
-    )
-
-
-def encoder_decoder_graphs(d_model: int, decoder_layers: int, heads: int, vocab: int) -> list[GraphSpec]:
-    """Any attention encoder-decoder in tk's cache layout: the encoder graph computes the memory and every decoder
-    layer's cross-attention keys/values once; the decoder graph takes one token and a self-attention key and value
-    tensor per layer (batch, heads, past_len, d_head), and returns them one position longer."""
-    layers, dh = range(decoder_layers), d_model // heads
-    cross = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "src_len", dh)) for i in layers for n in ("cross_k", "cross_v"))
-    past = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", heads, "past_len", dh), "empty") for i in layers for n in ("self_k", "self_v"))
-    encoder = GraphSpec("encoder", SRC, (TensorSpec("memory", FLOAT, ("batch", "src_len", d_model)), *cross))
-    return [encoder, decoder_graph(past, cross, vocab)]
-
+# ---- seq2seq models: an encoder graph and a one-step decoder graph (toolkit.core.graphs) -------
 
 def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
     return encoder_decoder_graphs(cfg.num_hiddens, cfg.num_layers, cfg.num_heads, cfg.vocab_size)
@@ -227,7 +202,7 @@ register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, tr
 # Hugging Face MarianMTModel (the OPUS-MT family), imported with `tk export hf:DIR` (toolkit.pytorch.hf_marian).
 register(ModelEntry("marian", "seq2seq", MarianSettings, hf_build, marian_graphs))
 # Your own encoder-decoder, exported with `tk export MODULE:FUNCTION` (toolkit.pytorch.adapter): its graphs as it declared them.
-register(ModelEntry("adapter", "seq2seq", AdapterSettings, adapter_build, lambda cfg: cfg.specs()))
+register(ModelEntry("adapter", "seq2seq", AdapterSettings, adapter_build, lambda cfg: cfg.specs(), random_init=False))
 # GRU encoder + Bahdanau-attention GRU decoder.
 register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs, train="translation",
                     attention=seq2seq_attention, read_attention=read_seq2seq_attention))
