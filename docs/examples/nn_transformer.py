@@ -138,5 +138,6 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("runs/nn-transformer"))
     parser.add_argument("--data", type=Path, default=Path(os.environ.get("TK_DATA", "../shared/data/fra-eng.zip")))
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--pairs", type=int, default=60000, help="the first N sentence pairs of the corpus")
     args = parser.parse_args()
-    train(args.out, args.data, args.seconds)
+    train(args.out, args.data, args.seconds, limit=args.pairs)
