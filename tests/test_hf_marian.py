@@ -290,3 +290,16 @@ def test_variants_and_openvino_run_an_imported_model(cli, shared, pairs, tmp_pat
     english = _held_out(pairs, 8)
     result = cli("translate", "--model", directory, "--runtime", "openvino", *english)
     assert result.exit_code == 0, result.output
+
+
+def test_an_imported_model_gets_its_sentences_as_they_are(cli, shared):
+    """tk's placeholders and case folding are what tk's models were trained on; an imported model gets each cleaned
+    sentence as it is (a number stays in its sentence), and --keep, which needs placeholders, is refused in one line."""
+    from toolkit import Translator
+
+    _, out = shared
+    t = Translator(out)
+    line = "I have 3 cats.  WHERE IS THE STATION?"
+    plain = dict(raw=True, loop_guard=False, max_len_a=None)
+    assert t.translate([line], loop_guard=False, max_len_a=None) == [" ".join(t.translate(["I have 3 cats.", "WHERE IS THE STATION?"], **plain))]
+    assert "was not trained to copy" in one_line_error(cli("translate", "--model", out, "--keep", "Paris", "I love Paris."), 2)

@@ -152,16 +152,24 @@ class Declaration:
     decoding: DecodingRules = TK_RULES
     tokenizer: TokenizerDeclaration = TokenizerDeclaration()
     origin: str = "tk"  # "tk" (trained by tk), "hf" (imported from a Hugging Face directory), "adapter"
+    # Trained to copy placeholder symbols and to see all-caps text lower-cased (tk's training noise): then tk protects
+    # numbers, URLs and --keep terms with placeholders and folds the case of shouted lines. Another model gets the
+    # text as it is, cleaned and split into sentences.
+    placeholders: bool = True
 
     def to_dict(self) -> dict:
-        return {"decoding": self.decoding.to_dict(), "tokenizer": self.tokenizer.to_dict(), "origin": self.origin}
+        return {"decoding": self.decoding.to_dict(), "tokenizer": self.tokenizer.to_dict(), "origin": self.origin,
+                "placeholders": self.placeholders}
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> Declaration:
-        if not isinstance(data, dict) or set(data) - {"decoding", "tokenizer", "origin"}:
-            raise UsageError(f"{where}: 'declaration' must be an object of decoding, tokenizer and origin; re-export")
+        if not isinstance(data, dict) or set(data) - {"decoding", "tokenizer", "origin", "placeholders"}:
+            raise UsageError(f"{where}: 'declaration' must be an object of decoding, tokenizer, origin and placeholders; re-export")
         origin = data.get("origin", "tk")
         if origin not in ("tk", "hf", "adapter"):
             raise UsageError(f"{where}: declaration.origin must be tk, hf or adapter, got {origin!r}; re-export")
+        placeholders = data.get("placeholders", origin == "tk")
+        if not isinstance(placeholders, bool):
+            raise UsageError(f"{where}: declaration.placeholders must be true or false; re-export")
         return cls(DecodingRules.from_dict(data.get("decoding", {}), where),
-                   TokenizerDeclaration.from_dict(data.get("tokenizer", {}), where), origin)
+                   TokenizerDeclaration.from_dict(data.get("tokenizer", {}), where), origin, placeholders)

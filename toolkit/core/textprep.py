@@ -113,15 +113,18 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in segment("en", text) if s.strip()] or ([text] if text else [])
 
 
-def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bool = True) -> list[Segment]:
+def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bool = True, protect: bool = True) -> list[Segment]:
     """The model inputs of one input line, in order ([] for an empty line): one per sentence, or several
-    for a sentence with more than placeholders.PER_INPUT spans."""
+    for a sentence with more than placeholders.PER_INPUT spans. protect False (a model not trained on tk's
+    placeholders and case folding): the cleaned sentences as they are."""
     keep = tuple(keep)
     text = clean(line, keep)
     if not text:
         return []
     if not enabled:
         return [Segment(line)]
+    if not protect:
+        return [Segment(s) for s in (split_sentences(text) if split else [text])]
     # Spans are protected before splitting: a period inside an address is no sentence end.
     protected, spans = placeholders.protect_line(text, keep)
     out = []

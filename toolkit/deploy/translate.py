@@ -166,7 +166,7 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     opts = dataclasses.replace(opts, max_src_len=min(opts.max_src_len or limit, limit), rules=rules,
                                streams=fitting_streams(opts.streams, t.threads) if t.threads else opts.streams)
     alpha = rules.alpha if opts.alpha is None else opts.alpha
-    segments = [textprep.prepare(x, text.keep, text.split, text.enabled) for x in texts]
+    segments = _segments(t.manifest, texts, text)
     flat = [(i, seg) for i, segs in enumerate(segments) for seg in segs]
     ids = t.tokenizer.encode([seg.text for _, seg in flat])
     for k, seq in enumerate(ids):
@@ -203,6 +203,14 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
             if repaired is not None and lineno not in repaired:
                 repaired.append(lineno)
     return out
+
+
+def _segments(m: manifest_mod.Manifest, texts: list[str], text: TextOptions) -> list[list[textprep.Segment]]:
+    """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them."""
+    protect = m.declared().placeholders
+    if text.keep and not protect:
+        raise UsageError(f"--keep protects terms with tk's placeholders, which this {m.model} model was not trained to copy")
+    return [textprep.prepare(x, text.keep, text.split, text.enabled, protect) for x in texts]
 
 
 def repair_note(report: list[placeholders.Repair]) -> str:

@@ -164,7 +164,7 @@ def write_files(adapter: Seq2SeqAdapter, settings: AdapterSettings, tmp: Path) -
     """The tokenizer copied into the model directory, and the manifest sections it and the rules make."""
     rules = tokenizer_rules(adapter, settings.target)
     (tmp / "tokenizer.model").write_bytes(Path(adapter.tokenizer).read_bytes())
-    declaration = Declaration(rules, TokenizerDeclaration("sentencepiece", "tokenizer.model"), origin="adapter")
+    declaration = Declaration(rules, TokenizerDeclaration("sentencepiece", "tokenizer.model"), origin="adapter", placeholders=False)
     return {"declaration": declaration.to_dict(),
             "tokenizer": {"file": "tokenizer.model", "sha256": file_sha256(tmp / "tokenizer.model"), "type": "sentencepiece (the adapter's)"},
             "special_tokens": {"pad": rules.pad, "bos": rules.start, "eos": rules.end}}

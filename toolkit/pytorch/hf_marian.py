@@ -364,7 +364,7 @@ def write_files(source: HfSource, tmp: Path) -> dict:
     for name in source.tokenizer.files():
         shutil.copyfile(source.directory / name, tmp / name)
         extra.append({"file": name, "sha256": file_sha256(tmp / name)})
-    declaration = Declaration(source.rules, source.tokenizer, origin="hf")
+    declaration = Declaration(source.rules, source.tokenizer, origin="hf", placeholders=False)
     return {"declaration": declaration.to_dict(), "extra_files": extra,
             "tokenizer": {"file": "source.spm", "sha256": extra[0]["sha256"], "type": "MarianTokenizer (source.spm, target.spm, vocab.json)"},
             "special_tokens": {"pad": source.settings.pad_token_id, "unk": source.tokenizer.unk, "bos": source.rules.start,
