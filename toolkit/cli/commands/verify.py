@@ -32,7 +32,8 @@ from toolkit.core.variants import NAMES
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
 @click.option("--record", is_flag=True, help="Store a summary of the verdict in the directory's manifest.json.")
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
-              help="Compare against this checkpoint (its weights digest must match the graphs' weights).")
+              help="Compare against this checkpoint (its weights digest must match the graphs' weights): a tk checkpoint, "
+                   "hf:DIR for a model imported from Hugging Face, MODULE:FUNCTION for your own (tk never imports it unasked).")
 @click.option("--localize/--no-localize", default=None,
               help="Name the first node (and PyTorch module) where the graph parts from PyTorch [default: when a check fails].")
 @click.option("--localize-against", metavar="RUNTIME/PROVIDER/VARIANT",
