@@ -221,6 +221,7 @@ def test_tensors_only_pytorch_weights_export_the_same_model(cli, shared, tmp_pat
     (lambda d: _edit_json(d / "config.json", d_model="64"), "d_model must be a whole number, got '64'"),
     (lambda d: _edit_json(d / "config.json", activation_function="mish"), "activation_function 'mish' is not one tk exports"),
     (lambda d: (d / "config.json").write_text("{"), "config.json is not readable JSON"),
+    (lambda d: _edit_json(d / "config.json", d_model=10**6), "d_model must be at most 1024 (the largest tk builds)"),
 ])
 def test_a_broken_or_hostile_hugging_face_directory_is_one_line(cli, shared, tmp_path, spoil, expected):
     hf, _ = shared

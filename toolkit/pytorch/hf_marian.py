@@ -80,6 +80,13 @@ ACTIVATIONS = ("swish", "silu", "gelu", "relu", "gelu_new", "gelu_fast", "tanh",
 
 
 def _check(settings: MarianSettings, where: str) -> None:
+    """Refuses, before anything is allocated, a config tk cannot build (sizes within the manifest's bounds)."""
+    from toolkit.core.manifest import SIZES, size_problem
+
+    for key, value in asdict(settings).items():
+        problem = size_problem(key, value) if key in SIZES else None
+        if problem:
+            raise UsageError(f"{where}: {problem}")
     if settings.activation_function not in ACTIVATIONS:
         raise UsageError(f"{where}: activation_function {settings.activation_function!r} is not one tk exports ({', '.join(ACTIVATIONS)})")
     for heads in (settings.encoder_attention_heads, settings.decoder_attention_heads):
