@@ -29,6 +29,7 @@ import torch
 from toolkit.core import manifest, variants
 from toolkit.core.atomic import exclusive
 from toolkit.core.data import CORPUS_SHA256
+from toolkit.core.declaration import Declaration
 from toolkit.core.errors import ToolkitError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
@@ -263,6 +264,8 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         **attention_declaration(entry.name, dataclasses.asdict(cfg)),
         "extra_files": node_maps,
     }
+    if entry.kind == "seq2seq":  # tk's own rules, declared like any other model's (an import's replace them below)
+        data["declaration"] = Declaration().to_dict()
     if ckpt is not None and "adapter" in ckpt:
         data.update(adapter.write_files(ckpt["adapter"], cfg, tmp))
         data["checkpoint"] = {"path": cfg.target, "weights_sha256": checkpoint.weights_sha256(model)}
