@@ -109,17 +109,64 @@ def test_translations_are_token_identical_to_generate(marian, pairs, beam):
     want_tokens, want_text = _generate(hf, english, beam)
     translator = Translator(out)
     texts = translator.translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None)
-    assert texts == want_text
+    assert sum(a != b for a, b in zip(texts, want_text)) <= NEAR_TIES
     m = translator.manifest
     opts = decode_options(m, beam=beam, loop_guard=False, max_len_a=None)
-    got = decode_ids(translator.loaded.backend(), translator.loaded.tokenizer.encode(english), opts)
-    assert [h[0].tokens for h in got] == want_tokens
+    src = translator.loaded.tokenizer.encode(english)
+    got = [h[0].tokens for h in decode_ids(translator.loaded.backend(), src, opts)]
+    _assert_identical_but_for_near_ties(hf, m, src, want_tokens, got, beam)
     # Both ways a hypothesis ends are exercised: its end token, and (the shared model) the length limit, where the
     # generation config forces the end token into the last place.
     lengths = {len(t) for t in want_tokens}
     assert min(lengths) < m.max_output_len
     if "shared" in str(out):
         assert m.max_output_len in lengths
+
+
+NEAR_TIES = 2  # of 60 sentences, at most this many may part at a near-tie (below), on whatever CPU runs the tests
+
+
+def _assert_identical_but_for_near_ties(hf: Path, m, src, want: list[list[int]], got: list[list[int]], beam: int) -> None:
+    """ONNX Runtime's tokens are generate's, except where two candidates were a near-tie that rounding on this CPU may
+    break either way (AVX2 and AVX-512 round differently). tk's loop over the PyTorch model must match generate exactly:
+    the decoding rules are the same everywhere; only the graphs' arithmetic may differ, by ~1e-6."""
+    from toolkit.core.decoding import translate_ids
+    from toolkit.pytorch import hf_marian
+    from toolkit.pytorch.torch_backend import TorchBackend
+
+    rules, specs = m.rules(), m.specs()
+    reference = TorchBackend(hf_marian.read(f"hf:{hf}").model, specs["encoder"], specs["decoder"])
+    exact = [h[0].tokens for h in translate_ids(reference, src, m.max_output_len, beam, None, 1, None, False, rules)]
+    assert exact == want
+    parted = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
+    assert len(parted) <= NEAR_TIES, parted
+    for i in parted:
+        if beam == 1:  # greedy parted at a step where PyTorch puts the two tokens within 1e-4 of each other
+            from toolkit.verify.checks import prefix_log_probs
+
+            k = next(k for k, (a, b) in enumerate(zip([*want[i], rules.end], [*got[i], rules.end])) if a != b)
+            lp = prefix_log_probs(reference, src[i], want[i][:k], rules)
+            pick = [t[k] if k < len(t) else rules.end for t in (want[i], got[i])]
+            assert abs(float(lp[pick[0]] - lp[pick[1]])) < 1e-4, (i, k, pick)
+        else:  # beam search ended on two hypotheses that PyTorch scores within 1e-4 of each other
+            scores = [_normalized_score(reference, src[i], tokens, rules, m) for tokens in (want[i], got[i])]
+            assert abs(scores[0] - scores[1]) < 1e-4, (i, scores)
+
+
+def _normalized_score(backend, src: list[int], tokens: list[int], rules, m) -> float:
+    """The PyTorch model's log-probability of `tokens` (and the end token, if they end before the limit), normalised
+    by the model's beam rule: what beam search ranks finished hypotheses by."""
+    import numpy as np
+
+    from toolkit.core.decoding import pad_batch
+
+    ids, lens = pad_batch([src], rules.pad)
+    state, total = backend.encode(ids, lens), 0.0
+    ended = len(tokens) < m.max_output_len
+    for prev, token in zip([rules.start, *tokens], [*tokens, rules.end] if ended else tokens):
+        lp, state = backend.step(np.array([prev], dtype=np.int64), state)
+        total += float(lp[0, token])
+    return rules.normalized(total, len(tokens), rules.alpha, ended)
 
 
 def test_verify_passes_and_holds_the_graphs_to_generate(cli, marian, tmp_path):
