@@ -7,10 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
-import onnx
 import pytest
-from helpers import one_line_error, rehash
-from onnx import helper
+from helpers import one_line_error
+from test_localize import _edit_decoder, _leaky_relu
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -85,19 +84,13 @@ def test_verify_without_the_reference_imports_nothing_and_says_what_to_give(cli,
 
 
 def test_a_planted_fault_fails_verify_and_localize_names_your_module(cli, target, exported, tmp_path):
-    directory = tmp_path / "planted"
-    shutil.copytree(exported, directory)
-    model = onnx.load(directory / "decoder.onnx", load_external_data=False)
-    node = [n for n in model.graph.node if n.op_type == "Relu"][-1]  # the last decoder layer's feed-forward activation
-    node.op_type = "LeakyRelu"
-    node.attribute.append(helper.make_attribute("alpha", 0.1))
-    onnx.save_model(model, directory / "decoder.onnx")
-    rehash(directory)
+    # The last ReLU of the decoder: its last layer's feed-forward activation.
+    directory, planted = _edit_decoder(exported, tmp_path, lambda graph: _leaky_relu(graph, -1))
     report = tmp_path / "report.json"
     result = cli("verify", directory, "--checkpoint", target, "--sentences", 4, "--json", report)
     assert result.exit_code == 1, result.output
     first = json.loads(report.read_text())["localization"]["first"]
-    assert first["node"] == node.name and first["module"].startswith("decoder.layers.1")
+    assert first["node"] == planted and first["module"].startswith("decoder.layers.1")
 
 
 def test_it_translates_torch_free_and_serves(exported, assert_torch_free, tmp_path):

@@ -13,12 +13,12 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 import torch
-from helpers import one_line_error, rehash
+from helpers import one_line_error
 from hf_marian_fixture import fra_eng_lines, marian_directory
 from onnx import numpy_helper
+from test_localize import _edit_decoder
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -179,16 +179,6 @@ def test_verify_passes_and_holds_the_graphs_to_generate(cli, marian, tmp_path):
     assert {r["output"] for r in rows} == {"greedy tokens", "beam 4 tokens"} and all(r["ok"] for r in rows)
 
 
-def _planted(out: Path, tmp_path: Path, change) -> tuple[Path, str]:
-    directory = tmp_path / "planted"
-    shutil.copytree(out, directory)
-    model = onnx.load(directory / "decoder.onnx", load_external_data=False)
-    name = change(model.graph)
-    onnx.save_model(model, directory / "decoder.onnx")
-    rehash(directory)
-    return directory, name
-
-
 def _origin(out: Path, node: str) -> str:
     return json.loads((out / "decoder.nodes.json").read_text())[node][0]
 
@@ -215,7 +205,7 @@ def _scale_changed(graph) -> str:
                                                    ("shared-swish", _scale_changed, "self_attn")])
 def test_a_planted_fault_fails_verify_and_localize_names_the_transformers_module(cli, built, tmp_path, shape, change, module):
     hf, out = built[shape]
-    directory, planted = _planted(out, tmp_path, change)
+    directory, planted = _edit_decoder(out, tmp_path, change)
     report = tmp_path / "report.json"
     result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--sentences", 4, "--json", report)
     assert result.exit_code == 1, result.output

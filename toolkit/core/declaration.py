@@ -75,16 +75,7 @@ class DecodingRules:
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> DecodingRules:
-        if not isinstance(data, dict):
-            raise UsageError(f"{where}: declaration.decoding must be an object; re-export the model directory")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UsageError(f"{where}: declaration.decoding.{unknown[0]} is not a decoding rule (known: {', '.join(sorted(known))})")
-        try:
-            return cls(**data)
-        except UsageError as e:
-            raise UsageError(f"{where}: {e}") from None
+        return _section(cls, data, where, "decoding", "a decoding rule")
 
 
 TK_RULES = DecodingRules()
@@ -133,16 +124,21 @@ class TokenizerDeclaration:
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> TokenizerDeclaration:
-        if not isinstance(data, dict):
-            raise UsageError(f"{where}: declaration.tokenizer must be an object; re-export the model directory")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UsageError(f"{where}: declaration.tokenizer.{unknown[0]} is not a tokenizer field (known: {', '.join(sorted(known))})")
-        try:
-            return cls(**data)
-        except (UsageError, TypeError) as e:
-            raise UsageError(f"{where}: {e}") from None
+        return _section(cls, data, where, "tokenizer", "a tokenizer field")
+
+
+def _section(cls, data: object, where: str, section: str, noun: str):
+    """One section of the declaration from JSON: an object of known fields, each checked by the class itself."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: declaration.{section} must be an object; re-export the model directory")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(f"{where}: declaration.{section}.{unknown[0]} is not {noun} (known: {', '.join(sorted(known))})")
+    try:
+        return cls(**data)
+    except (UsageError, TypeError) as e:
+        raise UsageError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -171,10 +171,13 @@ class Manifest:
         return int(self.config.get("max_len", 64))
 
     def declared(self) -> Declaration:
-        """The model's declaration: its own, or tk's rules for a directory written before declarations."""
-        if self.declaration is None:
-            return Declaration()
-        return Declaration.from_dict(self.declaration, str(self.directory / NAME))
+        """The model's declaration: its own, or tk's rules for a directory written before declarations. Parsed once per
+        declaration (translate_batch reads it at every call, a single request included)."""
+        cached = self.__dict__.get("_declared")
+        if cached is None or cached[0] is not self.declaration:
+            parsed = Declaration() if self.declaration is None else Declaration.from_dict(self.declaration, str(self.directory / NAME))
+            cached = self.__dict__["_declared"] = (self.declaration, parsed)
+        return cached[1]
 
     def rules(self) -> DecodingRules:
         """How this model is decoded (start and end tokens, length penalty), whatever runs its graphs."""

@@ -14,7 +14,7 @@ import sentencepiece as spm
 
 from toolkit.core.declaration import TokenizerDeclaration
 from toolkit.core.errors import UsageError, first_line
-from toolkit.core.tokenizer import FEW, Tokenizer
+from toolkit.core.tokenizer import Tokenizer
 
 MAX_VOCAB_BYTES = 64 << 20  # a vocab.json is about 1 MB at 58k pieces; anything far larger is not one
 
@@ -28,15 +28,23 @@ def open_tokenizer(m) -> Tokenizer | MarianTokenizer:
     return Tokenizer.load(path)
 
 
-def read_vocab(path: Path) -> dict[str, int]:
-    """A Marian vocab.json: piece -> id, each id a whole number."""
+def read_json_object(path: Path, max_bytes: int, what: str) -> dict:
+    """A JSON object from an untrusted file, in one line when it is too large, unreadable or not an object."""
     try:
-        if path.stat().st_size > MAX_VOCAB_BYTES:
-            raise UsageError(f"{path} is over {MAX_VOCAB_BYTES >> 20} MB, too large for a vocabulary; is it the right file?")
+        if path.stat().st_size > max_bytes:
+            raise UsageError(f"{path} is over {max_bytes >> 20} MB, too large for {what}; is it the right file?")
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise UsageError(f"vocabulary {path} is unreadable ({first_line(e, 80)}); re-export the model directory") from None
-    if not isinstance(data, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in data.items()):
+        raise UsageError(f"{path} is not readable JSON ({first_line(e, 80)})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} must hold a JSON object ({what})")
+    return data
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    """A Marian vocab.json: piece -> id, each id a whole number."""
+    data = read_json_object(path, MAX_VOCAB_BYTES, "a vocabulary")
+    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in data.items()):
         raise UsageError(f"vocabulary {path} must map pieces to token ids (a JSON object of whole numbers); re-export")
     return data
 
@@ -101,8 +109,3 @@ class MarianTokenizer:
             piece = self.join_with.id_to_piece(i)
         return piece or ""
 
-    def decode_one(self, seq: list[int]) -> str:
-        return self.decode([seq])[0]
-
-
-__all__ = ["FEW", "MarianTokenizer", "Tokenizer", "open_tokenizer", "read_vocab"]

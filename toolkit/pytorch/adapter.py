@@ -113,6 +113,12 @@ def load(target: str) -> tuple[Seq2SeqAdapter, AdapterSettings]:
     for method in ("encode", "decode_step"):
         if not callable(getattr(adapter.model, method, None)):
             raise UsageError(f"{target}(): the model has no {method} method (see docs/models.md for the contract)")
+    from toolkit.core.manifest import size_problem
+
+    for key in ("vocab_size", "max_len"):  # the manifest's bounds, checked before anything is exported
+        problem = size_problem(key, getattr(adapter, key))
+        if problem:
+            raise UsageError(f"{target}(): {problem}")
     specs = graphs(adapter, target)
     settings = AdapterSettings(target, adapter.vocab_size, adapter.max_len, json.dumps([s.to_dict() for s in specs]))
     adapter.model.eval()

@@ -15,7 +15,6 @@ transformers' own MarianMTModel, whatever config.json names), and no file outsid
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -202,15 +201,9 @@ def _json(directory: Path, name: str, required: bool = True) -> dict | None:
         if required:
             raise UsageError(f"{directory} has no {name}; give a directory written by save_pretrained (model and MarianTokenizer)")
         return None
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise UsageError(f"{path} is over {MAX_JSON_BYTES >> 20} MB; it is not a Hugging Face config")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise UsageError(f"{path} is not readable JSON ({first_line(e, 80)})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path} must hold a JSON object")
-    return data
+    from toolkit.core.tokenizers import read_json_object
+
+    return read_json_object(path, MAX_JSON_BYTES, "a Hugging Face config")
 
 
 def _weights(directory: Path) -> tuple[dict[str, torch.Tensor], list[Path]]:
