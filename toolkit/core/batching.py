@@ -64,6 +64,9 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) 
     """Hypotheses for every source sentence, in input order. Empty sources get no decoding."""
     if opts.max_src_len:
         src = [s[: opts.max_src_len] for s in src]
+    whole_sentences = getattr(backend, "decode_all", None)
+    if whole_sentences is not None:  # a runtime with a loop of its own (CTranslate2) takes every sentence at once
+        return whole_sentences(src, opts)
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
     todo = [i for i, s in enumerate(src) if s]
     # Longest batches first: streams take the next batch as they free up, so the last batches set

@@ -15,6 +15,7 @@ from toolkit.core.atomic import exclusive, write_atomic
 from toolkit.core.declaration import Declaration, DecodingRules, self_attention_cache
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
+from toolkit.core.engines import CONVERTED_RUNTIMES
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.variants import BUILT, PLAIN
@@ -103,6 +104,17 @@ class VerificationRecord:
     worst: dict
 
 
+@dataclass
+class ConversionRecord:
+    """The model converted for a runtime that does not run ONNX graphs (`tk export DIR --ctranslate2`). Its files keep
+    plain names in the directory (a runtime's own name, prefixed: ctranslate2.model.bin) and load from there by the
+    runtime's own names, the keys of `files`."""
+
+    files: dict[str, FileRecord]
+    version: str | None = None  # of the converting runtime
+    command: str | None = None
+
+
 # JSON key -> field name where the two differ (a method or a clearer name took the key).
 RENAMED = {"variants": "stored", "verify": "verification"}
 
@@ -127,6 +139,7 @@ class Manifest:
     # so that verifying on one never erases the evidence of another.
     verification: dict[str, VerificationRecord] = field(default_factory=dict)
     extra_files: list[FileRecord] = field(default_factory=list)
+    converted: dict[str, ConversionRecord] = field(default_factory=dict)  # runtime -> its converted copy of the weights
     attention: dict | None = None  # graph -> declared attention outputs
     # The model's decoding rules and tokenizer (toolkit.core.declaration); None: tk's own (every manifest before it).
     declaration: dict | None = None
@@ -242,6 +255,8 @@ class Manifest:
         for v in self.stored.values():
             out.update({g.file: g.sha256 for g in v.graphs.values()})
         out.update({e.file: e.sha256 for e in self.extra_files})
+        for c in self.converted.values():
+            out.update({f.file: f.sha256 for f in c.files.values()})
         if self.tokenizer:
             out[self.tokenizer.file] = self.tokenizer.sha256
         return out
@@ -488,6 +503,9 @@ def schema_problem(data: dict) -> str | None:
         problem = _file_problem(e, f"extra_files[{i}]")
         if problem:
             return problem
+    problem = _converted_problem(data.get("converted"))
+    if problem:
+        return problem
     problem = _attention_problem(data.get("attention"), set(data["graphs"]))
     if problem:
         return problem
@@ -556,6 +574,23 @@ def _sizes_problem(config: dict, model: str) -> str | None:
             problem = size_problem(key, config[key], f"config.{key}")
             if problem:
                 return problem
+    return None
+
+
+def _converted_problem(converted) -> str | None:
+    if converted is None:
+        return None
+    if not isinstance(converted, dict):
+        return "'converted' must be an object"
+    for runtime, record in converted.items():
+        if runtime not in CONVERTED_RUNTIMES or not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+            return f"converted.{runtime} is not a known runtime's converted model with files"
+        for name, entry in record["files"].items():
+            problem = _file_problem(entry, f"converted.{runtime}.files.{name}")
+            if problem:
+                return problem
+            if name != Path(name).name:
+                return f"converted.{runtime}.files has a file name with a path, {name!r}"
     return None
 
 

@@ -31,6 +31,7 @@ class CorpusJob:
     strict: bool = False
     provider: str = "cpu"
     variant: str = "fp32"
+    runtime: str = "onnxruntime"  # toolkit.core.engines.RUNTIMES
     workers: int = 1
     threads: int | None = None  # ONNX Runtime threads per actor; None: the node's cores shared by its actors
     shard_lines: int = 8192
@@ -163,7 +164,7 @@ def _run_pool(job: CorpusJob, p: shards.Plan, pending: list[shards.Shard], progr
     # batch_size=1: a shard per call, so a shard's output reaches the driver (and its file) as soon as it is done.
     ds = ds.map_batches(ShardTranslator, batch_size=1, concurrency=workers, **resources,
                         fn_constructor_kwargs={"model_dir": str(Path(job.model_dir).resolve()), "provider": job.provider,
-                                               "variant": job.variant, "threads": threads, "decode": job.decode,
+                                               "variant": job.variant, "runtime": job.runtime, "threads": threads, "decode": job.decode,
                                                "text": job.text, "strict": job.strict,
                                                "crash_once": os.environ.get(CRASH_ENV), "counter": counter})
     by_id = {s.id: s for s in pending}

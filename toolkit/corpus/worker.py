@@ -29,10 +29,10 @@ CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
 
 class ShardTranslator:
     def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: DecodeOptions, text: dict,
-                 strict: bool, crash_once: str | None = None, counter=None):
+                 strict: bool, crash_once: str | None = None, counter=None, runtime: str = "onnxruntime"):
         from toolkit.deploy.translate import open_model
 
-        self.t = open_model(model_dir, provider, variant, threads=threads)
+        self.t = open_model(model_dir, provider, variant, threads=threads, runtime=runtime)
         self.opts = decode
         self.text = TextOptions(**text)
         self.strict = strict

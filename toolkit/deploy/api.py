@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem, shown
-from toolkit.core.engines import PROVIDERS
+from toolkit.core.engines import PROVIDERS, RUNTIMES
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.shipped import default_model
@@ -85,15 +85,18 @@ class SpanRepairWarning(UserWarning):
 class Translator:
     """An exported translation model loaded on ONNX Runtime (model_dir None: $TK_MODEL, else the model installed
     with tk; provider None: CUDA if it truly loads, else CPU; variant None: the fastest graphs with fp32's output
-    there, the attention-fused "optimized" ones on CPU)."""
+    there, the attention-fused "optimized" ones on CPU). runtime "openvino" runs the graphs on OpenVINO's CPU plugin,
+    "ctranslate2" the directory's CTranslate2 model (`tk export DIR --ctranslate2`)."""
 
     def __init__(self, model_dir: str | Path | None = None, provider: str | None = None, variant: str | None = None,
-                 threads: int | None = None, allow_cpu_fallback: bool = False) -> None:
+                 threads: int | None = None, allow_cpu_fallback: bool = False, runtime: str = "onnxruntime") -> None:
         _check_model_arguments(provider, variant, threads, allow_cpu_fallback)
+        if runtime not in RUNTIMES:
+            raise UsageError(f"runtime must be one of {', '.join(map(repr, RUNTIMES))} (got {shown(runtime)})")
         if model_dir is None:
             model_dir = default_model()
         self.model_dir = Path(model_dir)
-        self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads)
+        self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, runtime=runtime)
         self.variant = self.loaded.variant
         self._backend = self.loaded.backend()
 

@@ -86,8 +86,9 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         threads = default_threads()  # never all cores per session: the default streams share them
         request_threads = default_request_threads()  # a call of one batch has the cores to itself
     loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
-    for name, spec in m.specs().items():
-        session = loaded.sessions[name]
+    specs = m.specs()
+    for name, session in loaded.sessions.items():  # none where a runtime reads a converted copy (CTranslate2)
+        spec = specs[name]
         got = [i.name for i in session.get_inputs()]
         if got != spec.input_names:
             raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {directory}")

@@ -1,5 +1,6 @@
 """The runtimes that run the exported graphs, one module or package each: onnxruntime (CPU and CUDA), openvino (its CPU
-plugin), web (onnxruntime-web in a browser, exported as a static site) and ctranslate2 (tk bench's comparison).
+plugin), web (onnxruntime-web in a browser, exported as a static site) and ctranslate2 (a converted copy of the
+weights that the directory stores, decoded in CTranslate2's own loop).
 `load` gives what every runtime loads a model directory into: a LoadedRuntime. Which runtimes there are is declared
 once, in toolkit.core.engines (RUNTIMES), and every --runtime choice reads it.
 
@@ -55,6 +56,10 @@ def version(runtime: str) -> str:
         from toolkit.runtimes import openvino
 
         return openvino.version()
+    if runtime == "ctranslate2":
+        from toolkit.runtimes import ctranslate2
+
+        return ctranslate2.version()
     import onnxruntime
 
     return onnxruntime.__version__
@@ -82,6 +87,10 @@ def load(m: Manifest, runtime: str = "onnxruntime", provider: str = "cpu", varia
         from toolkit.runtimes import openvino
 
         return openvino.load(m, provider, variant, threads)
+    if runtime == "ctranslate2":
+        from toolkit.runtimes import ctranslate2
+
+        return ctranslate2.load(m, provider, variant, threads, allow_fallback)
     from toolkit.runtimes import onnxruntime as ort_runtime
 
     return ort_runtime.load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,

@@ -81,6 +81,13 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     from toolkit import runtimes
 
     runtimes.check(runtime)
+    if runtime == "ctranslate2":  # a converted copy, not graphs: checked by its own kinds of evidence
+        from toolkit.verify.ct2_parity import verify_ct2
+
+        if localize or localize_against:
+            raise UsageError("--localize finds a node of the ONNX graphs; CTranslate2 runs none: drop it, or verify "
+                             "--runtime onnxruntime")
+        return verify_ct2(directory, provider, variants, atol, rtol, seed, sentences, echo, checkpoint, expect_digest, data)
     m = manifest_mod.load(directory)
     report = Report(str(directory), seed, runtime=runtimes.label(runtime))
     try:

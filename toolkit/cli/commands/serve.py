@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.options import BATCH, DEFAULT_FAST_VARIANT, PROVIDER, THREADS, FiniteFloat
+from toolkit.cli.options import BATCH, DEFAULT_FAST_VARIANT, PROVIDER, THREADS, FiniteFloat, runtime_option
 from toolkit.core.errors import UsageError
 
 # Every numeric option has a declared range: past it a value is a typo or an attack, not a setting
@@ -27,6 +27,7 @@ BODY_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @PROVIDER
 @DEFAULT_FAST_VARIANT
+@runtime_option()
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--max-delay-ms", type=DELAY_MS, default=10.0, show_default=True,
               help="How long the oldest queued sentence waits for others to share its decode.")
@@ -45,7 +46,7 @@ BODY_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
               help="Also answer requests whose Host header names NAME (repeatable; '*' for any). By default only localhost, "
                    "127.0.0.1, [::1] and the --host address are answered (421 otherwise), against DNS rebinding.")
-def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
+def serve(model_dir, host, port, provider, variant, runtime, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
           queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, allow_hosts):
     """Serve translations over HTTP: POST /v1/translate, a web page at /, /health, /ready, /metrics.
 
@@ -71,10 +72,10 @@ def serve(model_dir, host, port, provider, variant, threads, max_delay_ms, max_b
         from toolkit.core.shipped import default_model
 
         model_dir = default_model()
-    t = open_model(model_dir, provider, variant, threads=threads)
+    t = open_model(model_dir, provider, variant, threads=threads, runtime=runtime)
     policy = BatchPolicy(max_tokens=max_batch_tokens, max_sentences=max_batch_sentences, max_delay_s=max_delay_ms / 1000,
                          queue_size=queue_size, batching=not no_batching)
-    desc = f"{Path(model_dir).name} ({t.manifest.model}, {t.variant}) on {t.provider}" + (", batching off" if no_batching else "")
+    desc = f"{Path(model_dir).name} ({t.manifest.model}, {t.variant}) on {t.where}" + (", batching off" if no_batching else "")
     config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s, description=desc,
                          body_timeout_s=body_timeout_s, allowed_hosts=tuple(allow_hosts))
     run(lambda: t, host, port, config)

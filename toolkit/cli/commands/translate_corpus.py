@@ -12,6 +12,7 @@ from toolkit.cli.options import (
     THREADS,
     FiniteFloat,
     provider_option,
+    runtime_option,
 )
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
@@ -30,12 +31,13 @@ from toolkit.core.variants import NAMES
 @click.option("--column", help="The text column of Parquet inputs.")
 @provider_option("cpu", help="cuda: each actor requests one GPU.")
 @click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True)
+@runtime_option()
 @DECODING
 @TEXT
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.option("--progress-seconds", type=FiniteFloat(0.1, 3600.0), default=10.0, show_default=True,
               help="Longest wait between two progress lines while shards run.")
-def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, shard_lines, column, provider, variant, decoding,
+def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, shard_lines, column, provider, variant, runtime, decoding,
                      keep, split, raw, strict, quiet, progress_seconds):
     """Translate a corpus on Ray Data: shards, one ordered output file, resumable.
 
@@ -68,10 +70,10 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
 
     model_sha256 = hashlib.sha256(json.dumps(m.files(), sort_keys=True).encode()).hexdigest()  # every file's digest
     settings = {"model": str(Path(model_dir).resolve()), "model_files_sha256": model_sha256, "variant": variant,
-                **{k: v for k, v in dataclasses.asdict(decode).items() if k != "streams"}, "keep": list(keep), "split": split, "raw": raw,
-                "strict": strict}
-    job = CorpusJob(str(model_dir), list(inputs), output_dir, settings, decode, text, strict, provider, variant, workers, threads,
-                    shard_lines, column, address, progress_seconds)
+                "runtime": runtime, **{k: v for k, v in dataclasses.asdict(decode).items() if k != "streams"}, "keep": list(keep),
+                "split": split, "raw": raw, "strict": strict}
+    job = CorpusJob(str(model_dir), list(inputs), output_dir, settings, decode, text, strict, provider, variant, runtime, workers,
+                    threads, shard_lines, column, address, progress_seconds)
     result = run(job, say)
     rate = f", {result.lines_per_s:,.1f} lines/s" if result.resumed < result.shards else ""
     say(f"wrote {result.merged}: {result.lines:,} lines from {result.shards} shards ({result.resumed} done earlier) "

@@ -1,4 +1,4 @@
-"""The shipped Transformer's own weights as a CTranslate2 model, for the comparison row of `tk bench`.
+"""A tk Transformer's weights as a CTranslate2 model (`tk export DIR --ctranslate2`, and `tk bench`'s comparison rows).
 
 Weights are read back from the exported fp32 graphs (ONNX initializers, as verify reads
 them), so the CTranslate2 model and tk's graphs compute the same function; the spec is
@@ -8,7 +8,6 @@ Imports onnx, numpy and (lazily) ctranslate2; never torch.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,34 +15,6 @@ import numpy as np
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.tokenizer import BOS, EOS, UNK
-
-INSTALL_HINT = "install the ct2 extra: pip install -e '.[ct2]'"
-
-
-def available() -> bool:
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def thread_candidates() -> list[tuple[int, int]]:
-    """(intra, inter) threads worth trying, for CTranslate2 and for tk's (intra-op threads, streams) alike:
-    all cores in one translation, or one core per concurrent batch."""
-    import os
-
-    cores = min(os.cpu_count() or 1, 4)
-    return sorted({(c, 1) for c in range(1, cores + 1)} | {(1, cores)})
-
-
-def fastest(candidates: list, seconds):
-    """The candidate with the lowest time, each timed twice in turns (best of two)."""
-    times = {c: float("inf") for c in candidates}
-    for _ in range(2):
-        for c in candidates:
-            times[c] = min(times[c], seconds(c))
-    return min(candidates, key=times.__getitem__)
 
 
 def graph_weights(m: Manifest) -> dict[str, np.ndarray]:
@@ -98,9 +69,11 @@ def transformer_spec(m: Manifest):
 
     cfg = m.config
     if m.model != "transformer":
-        raise UsageError(f"the CTranslate2 comparison needs a Transformer directory; {m.directory} holds '{m.model}'")
+        raise UsageError(f"CTranslate2 runs tk's Transformer; {m.directory} holds a '{m.model}' model, which tk does not convert: "
+                         "use --runtime onnxruntime")
     if cfg.get("pre_ln"):
-        raise UsageError(f"{m.directory} is a pre-LN Transformer; the CTranslate2 comparison covers post-LN models only")
+        raise UsageError(f"{m.directory} is a pre-LN Transformer; tk converts post-LN Transformers to CTranslate2 only: "
+                         "use --runtime onnxruntime")
     w = graph_weights(m)
     layers, heads = cfg["num_layers"], cfg["num_heads"]
     spec = ts.TransformerSpec.from_config(layers, heads, pre_norm=False, activation=common_spec.Activation.RELU)
@@ -151,45 +124,3 @@ def convert(m: Manifest, out_dir: str | Path) -> Path:
     spec.optimize(quantization=None)
     spec.save(str(out))
     return out
-
-
-class Ct2Translator:
-    """One loaded CTranslate2 translator; use as a context manager so only one is alive at a time.
-
-    On 2 cores CTranslate2's OpenMP workers stop spinning once the process holds more OpenMP
-    threads than cores, and it then runs 2 to 5 times slower; quantising at load on the main
-    thread creates such threads, so the model is loaded from a short-lived thread.
-    """
-
-    def __init__(self, model_dir: str | Path, compute_type: str = "float32", intra_threads: int = 0,
-                 inter_threads: int = 1):
-        self.args = dict(device="cpu", compute_type=compute_type, intra_threads=intra_threads,
-                         inter_threads=inter_threads)
-        self.model_dir = str(model_dir)
-        self.translator = None
-
-    def __enter__(self) -> Ct2Translator:
-        import ctranslate2
-
-        loaded: list = []
-        loader = threading.Thread(target=lambda: loaded.append(ctranslate2.Translator(self.model_dir, **self.args)))
-        loader.start()
-        loader.join()
-        if not loaded:
-            raise UsageError(f"CTranslate2 could not load {self.model_dir}")
-        self.translator = loaded[0]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.translator is not None:
-            self.translator.unload_model()
-        self.translator = None
-
-    def translate_ids(self, src: list[list[int]], beam: int = 1, max_len: int = 64, batch_size: int = 64,
-                      alpha: float = 0.6, scores: bool = False) -> list[list[int]] | tuple[list[list[int]], list[float]]:
-        """Best output token ids per sentence (EOS excluded), batches of `batch_size` sorted by length."""
-        results = self.translator.translate_batch(
-            [[str(t) for t in s] for s in src], max_batch_size=batch_size, batch_type="examples", beam_size=beam,
-            max_decoding_length=max_len, length_penalty=alpha, return_scores=scores)
-        ids = [[int(t) for t in r.hypotheses[0]] for r in results]
-        return (ids, [r.scores[0] for r in results]) if scores else ids

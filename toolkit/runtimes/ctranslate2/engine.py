@@ -1,0 +1,243 @@
+"""CTranslate2 as a runtime: the converted copy a model directory stores (`tk export DIR --ctranslate2`), loaded
+into a `ctranslate2.Translator` that decodes whole sentences in CTranslate2's own loop.
+
+tk's text handling (cleaning, splitting, capitals, placeholders) and its guards run around it unchanged: sentences go
+in as tk's token ids, results come back as `Hypothesis` lists like the ONNX Runtime loop's. Greedy decoding is exact
+by construction: a greedy prefix does not depend on how long decoding may run, so every sentence is decoded to the
+longest limit of the call and then cut where tk's length limit or loop guard would have stopped it. Beam search is
+CTranslate2's own, with its length penalty (score / length^alpha, not tk's GNMT rule), each length limit a call
+of its own. Imports numpy and (lazily) ctranslate2; never torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.core.decode_options import DecodeOptions, cores
+from toolkit.core.decoding import SHORTEST_LOOP, WIDEST_GROUP, Hypothesis, length_limits, loop_cut
+from toolkit.core.errors import ProviderError, UsageError, first_line
+from toolkit.core.manifest import Manifest
+from toolkit.core.variants import PLAIN
+
+INSTALL_HINT = "install the ct2 extra: pip install 'tk-onnx-deploy[ct2]' (or pip install ctranslate2)"
+RUNTIME = "ctranslate2"
+# tk's variants as CTranslate2 compute types, per device: weights are stored in float32 and quantised at load.
+COMPUTE = {"cpu": {"fp32": "float32", "optimized": "float32", "int8": "int8"},
+           "cuda": {"fp32": "float32", "fp16": "float16", "int8": "int8_float16"}}
+
+
+def available() -> bool:
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UsageError(f"--runtime ctranslate2 needs the ctranslate2 package; {INSTALL_HINT}") from None
+    return ctranslate2
+
+
+def version() -> str:
+    return _ctranslate2().__version__
+
+
+def thread_candidates() -> list[tuple[int, int]]:
+    """(intra, inter) threads worth trying, for CTranslate2 and for tk's (intra-op threads, streams) alike:
+    all cores in one translation, or one core per concurrent batch."""
+    import os
+
+    n = min(os.cpu_count() or 1, 4)
+    return sorted({(c, 1) for c in range(1, n + 1)} | {(1, n)})
+
+
+def fastest(candidates: list, seconds):
+    """The candidate with the lowest time, each timed twice in turns (best of two)."""
+    times = {c: float("inf") for c in candidates}
+    for _ in range(2):
+        for c in candidates:
+            times[c] = min(times[c], seconds(c))
+    return min(candidates, key=times.__getitem__)
+
+
+def _load_translator(source: str, files: dict[str, bytes] | None, **args):
+    """A ctranslate2.Translator, loaded from a short-lived thread: on 2 cores CTranslate2's OpenMP workers stop
+    spinning once the process holds more OpenMP threads than cores, and it then runs 2 to 5 times slower;
+    quantising at load on the main thread creates such threads."""
+    ctranslate2 = _ctranslate2()
+    loaded: list = []
+    failed: list[str] = []
+
+    def run() -> None:
+        try:
+            loaded.append(ctranslate2.Translator(source, files=files, **args))
+        except Exception as e:  # noqa: BLE001 - reported below in one line, with the fix
+            failed.append(first_line(e))
+
+    loader = threading.Thread(target=run)
+    loader.start()
+    loader.join()
+    if not loaded:
+        raise UsageError(f"CTranslate2 could not load {source}: {failed[0] if failed else 'no reason given'}; "
+                         "re-export it with tk export DIR --ctranslate2 --force")
+    return loaded[0]
+
+
+class Ct2Translator:
+    """One loaded CTranslate2 translator from a converted directory (tk bench's comparison rows); use as a context
+    manager so only one is alive at a time."""
+
+    def __init__(self, model_dir: str | Path, compute_type: str = "float32", intra_threads: int = 0,
+                 inter_threads: int = 1):
+        self.args = dict(device="cpu", compute_type=compute_type, intra_threads=intra_threads,
+                         inter_threads=inter_threads)
+        self.model_dir = str(model_dir)
+        self.translator = None
+
+    def __enter__(self) -> Ct2Translator:
+        self.translator = _load_translator(self.model_dir, None, **self.args)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.translator is not None:
+            self.translator.unload_model()
+        self.translator = None
+
+    def translate_ids(self, src: list[list[int]], beam: int = 1, max_len: int = 64, batch_size: int = 64,
+                      alpha: float = 0.6, scores: bool = False) -> list[list[int]] | tuple[list[list[int]], list[float]]:
+        """Best output token ids per sentence (EOS excluded), batches of `batch_size` sorted by length."""
+        results = self.translator.translate_batch(
+            [[str(t) for t in s] for s in src], max_batch_size=batch_size, batch_type="examples", beam_size=beam,
+            max_decoding_length=max_len, length_penalty=alpha, return_scores=scores)
+        ids = [[int(t) for t in r.hypotheses[0]] for r in results]
+        return (ids, [r.scores[0] for r in results]) if scores else ids
+
+
+def _words(ids: list[int]) -> list[str]:
+    """tk's token ids as the converted vocabulary spells them (each id written as a string)."""
+    return [str(t) for t in ids]
+
+
+@dataclass
+class Ct2Backend:
+    """Decodes whole sentences in CTranslate2: `decode_all` takes the place of tk's step loop (see the module
+    docstring for how its results match that loop's)."""
+
+    translator: object
+    end: int  # the model's end token (the converted model ends on it too)
+
+    def decode_all(self, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
+        """Hypotheses for every source sentence, in input order; empty sources get no decoding."""
+        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
+        todo = [i for i, s in enumerate(src) if s]
+        if not todo:
+            return out
+        limits = length_limits([src[i] for i in todo], opts.max_len, opts.max_len_a, opts.max_len_b)
+        if opts.beam == 1:
+            groups = [(todo, limits, int(limits.max()))]
+        else:  # a beam's choices depend on its length limit: each limit decodes on its own
+            groups = [([i for i, n in zip(todo, limits) if n == k], limits[limits == k], int(k)) for k in np.unique(limits)]
+        for idx, lims, longest in groups:
+            results = self.translator.translate_batch(
+                [_words(src[i]) for i in idx], max_batch_size=opts.batch_size, batch_type="examples", beam_size=opts.beam,
+                num_hypotheses=opts.n_best, max_decoding_length=longest, return_scores=True,
+                # Greedy: no length penalty, so each score is the plain sum of log-probabilities, as tk's loop sums it.
+                length_penalty=0.0 if opts.beam == 1 else self._alpha(opts))
+            for i, limit, result in zip(idx, lims, results):
+                out[i] = [self._hypothesis(src[i], [int(t) for t in words], score, int(limit), opts)
+                          for words, score in zip(result.hypotheses, result.scores)]
+        return out
+
+    def _alpha(self, opts: DecodeOptions) -> float:
+        rules = opts.rules
+        return float(opts.alpha if opts.alpha is not None else getattr(rules, "alpha", 0.6))
+
+    def _hypothesis(self, src: list[int], tokens: list[int], score: float, limit: int, opts: DecodeOptions) -> Hypothesis:
+        """tk's hypothesis for CTranslate2's: cut at tk's length limit and loop guard, its score the sum of the
+        log-probabilities of the steps tk's loop would have taken (EOS included when it ended on EOS)."""
+        steps = len(tokens) + 1  # the EOS step
+        if opts.beam > 1:
+            score *= steps ** self._alpha(opts) if len(tokens) < limit else len(tokens) ** self._alpha(opts)
+        stopped, keep = "", len(tokens)
+        if len(tokens) >= limit:
+            stopped, keep, steps = "length", limit, limit
+        if opts.loop_guard:
+            for t in range(SHORTEST_LOOP, keep + 1):  # the first step at which tk's guard sees a loop
+                if tokens[t - 1] not in tokens[max(0, t - 1 - WIDEST_GROUP) : t - 1]:
+                    continue  # no loop can end here (decoding.may_loop's test)
+                cut = int(loop_cut(np.array([tokens[:t]]))[0])
+                if cut >= 0:
+                    stopped, keep, steps = "loop", cut, t
+                    break
+        if stopped:
+            score = sum(self.translator.score_batch([_words(src)], [_words(tokens[:steps])])[0].log_probs[:steps])
+        return Hypothesis(tokens[:keep], float(score), stopped)
+
+    # The decoding loop asks a backend for these when it runs streams; CTranslate2 runs its own (inter_threads).
+    def for_streams(self) -> Ct2Backend:
+        return self
+
+    def fork(self) -> Ct2Backend:
+        return self
+
+
+@dataclass
+class LoadedCt2:
+    """A model directory's converted copy, loaded: `backend()` gives the decoder of whole sentences."""
+
+    manifest: Manifest
+    translator: object
+    provider: str
+    compute_type: str
+    sessions: dict = field(default_factory=dict)  # no ONNX graphs run
+    built_s: float = 0.0
+    runtime: str = RUNTIME
+
+    def backend(self) -> Ct2Backend:
+        return Ct2Backend(self.translator, self.manifest.rules().end)
+
+
+def stored_files(m: Manifest) -> dict[str, bytes]:
+    """The converted model's files by CTranslate2's own names, read from the directory (their digests are checked by
+    Manifest.check_files before anything loads)."""
+    record = m.converted.get(RUNTIME)
+    if record is None:
+        raise UsageError(f"{m.directory} has no CTranslate2 model; add one with: tk export {m.directory} --ctranslate2")
+    files = {}
+    for name, entry in record.files.items():
+        try:
+            files[name] = (m.directory / entry.file).read_bytes()
+        except OSError as e:
+            raise UsageError(f"cannot read {m.directory / entry.file} ({e.strerror}); re-export it with "
+                             f"tk export {m.directory} --ctranslate2 --force") from None
+    return files
+
+
+def load(m: Manifest, provider: str = "cpu", variant: str = PLAIN, threads: int | None = None,
+         allow_fallback: bool = False, inter_threads: int = 1) -> LoadedCt2:
+    """The directory's CTranslate2 model on `provider`, its compute type the variant's (COMPUTE). threads: CTranslate2's
+    intra_threads (default: every core, up to 4); inter_threads: batches translated at once."""
+    ctranslate2 = _ctranslate2()
+    if provider == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        if not allow_fallback:
+            raise ProviderError("--provider cuda: CTranslate2 sees no CUDA device (none here, or its CUDA libraries are "
+                                "missing); use --provider cpu, or --allow-cpu-fallback")
+        provider = "cpu"
+    if provider not in COMPUTE:
+        raise ProviderError(f"CTranslate2 runs on cpu or cuda, not {provider}")
+    compute = COMPUTE[provider].get(variant)
+    if compute is None:
+        raise UsageError(f"--runtime ctranslate2 on {provider} runs the variants {', '.join(COMPUTE[provider])} "
+                         f"(quantised at load), not {variant}")
+    files = stored_files(m)
+    translator = _load_translator(str(m.directory), files, device=provider, compute_type=compute,
+                                  intra_threads=threads or min(cores(), 4), inter_threads=inter_threads)
+    return LoadedCt2(m, translator, provider, compute)
