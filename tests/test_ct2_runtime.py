@@ -113,7 +113,7 @@ def test_greedy_gives_tks_tokens_stops_and_scores_guards_included(converted, cha
             assert _near_tie(m, s, a.tokens, b.tokens), (a, b)
             continue
         assert a.stopped == b.stopped
-        assert b.score == pytest.approx(a.score, abs=1e-3)
+        assert b.score == pytest.approx(a.score, abs=1e-4 * (len(a.tokens) + 1))  # fp32 rounding, about 1e-5 a step
 
 
 def test_text_handling_runs_around_it_and_the_api_and_cli_agree_with_onnx(converted, challenge_lines, cli):

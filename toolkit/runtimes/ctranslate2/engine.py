@@ -152,7 +152,7 @@ class Ct2Backend:
                 # Greedy: no length penalty, so each score is the plain sum of log-probabilities, as tk's loop sums it.
                 length_penalty=0.0 if opts.beam == 1 else self._alpha(opts))
             for i, limit, result in zip(idx, lims, results):
-                out[i] = [self._hypothesis(src[i], [int(t) for t in words], score, int(limit), opts)
+                out[i] = [self._hypothesis(src[i], [int(t) for t in words], score, int(limit), longest, opts)
                           for words, score in zip(result.hypotheses, result.scores)]
         return out
 
@@ -160,13 +160,15 @@ class Ct2Backend:
         rules = opts.rules
         return float(opts.alpha if opts.alpha is not None else getattr(rules, "alpha", 0.6))
 
-    def _hypothesis(self, src: list[int], tokens: list[int], score: float, limit: int, opts: DecodeOptions) -> Hypothesis:
-        """tk's hypothesis for CTranslate2's: cut at tk's length limit and loop guard, its score the sum of the
-        log-probabilities of the steps tk's loop would have taken (EOS included when it ended on EOS)."""
-        steps = len(tokens) + 1  # the EOS step
+    def _hypothesis(self, src: list[int], tokens: list[int], score: float, limit: int, longest: int,
+                    opts: DecodeOptions) -> Hypothesis:
+        """tk's hypothesis for CTranslate2's (decoded for at most `longest` steps): cut at tk's length limit and loop
+        guard, its score the sum of the log-probabilities of the steps tk's loop would have taken (EOS's included
+        when it ended on EOS)."""
+        taken = len(tokens) + (len(tokens) < longest)  # CTranslate2's steps: its tokens, and EOS unless it ran out
         if opts.beam > 1:
-            score *= steps ** self._alpha(opts) if len(tokens) < limit else len(tokens) ** self._alpha(opts)
-        stopped, keep = "", len(tokens)
+            score *= taken ** self._alpha(opts)  # CTranslate2 ranks by score / steps^alpha and reports that
+        stopped, keep, steps = "", len(tokens), taken
         if len(tokens) >= limit:
             stopped, keep, steps = "length", limit, limit
         if opts.loop_guard:
@@ -177,7 +179,7 @@ class Ct2Backend:
                 if cut >= 0:
                     stopped, keep, steps = "loop", cut, t
                     break
-        if stopped:
+        if steps != taken:  # fewer steps than CTranslate2 took: their log-probabilities, summed (a rare case)
             score = sum(self.translator.score_batch([_words(src)], [_words(tokens[:steps])])[0].log_probs[:steps])
         return Hypothesis(tokens[:keep], float(score), stopped)
 
