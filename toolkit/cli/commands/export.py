@@ -35,7 +35,10 @@ from toolkit.core.variants import BUILT
 @click.option("--web", "web_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="On an exported directory: write a static site to DIR that translates in the browser (needs `npm ci --prefix web`; "
               "--force replaces an existing site).")
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, web_dir):
+@click.option("--to-hf", "hf_dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="On an exported Transformer: write it as a Hugging Face MarianMTModel directory DIR (safetensors, "
+              "config, generation config, tokenizer.json) that transformers loads with from_pretrained (--force replaces one).")
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, web_dir, hf_dir):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -49,6 +52,8 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     import time
 
     is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
+    if hf_dir is not None:
+        return _export_hf(Path(source), hf_dir, force, is_model_dir, any((out, random_init, fp16, optimize, quantize, attention, web_dir)))
     if web_dir is not None:
         return _export_web(Path(source), web_dir, force, is_model_dir, out or random_init or fp16 or optimize or quantize or attention)
 
@@ -109,3 +114,21 @@ def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, ot
     sizes = ", ".join(f"{v} {n / 2**20:,.1f} MiB" for v, n in downloads(web_dir).items())
     click.echo(f"download per page load (runtime, tokenizer and one variant's graphs): {sizes} (index.html?variant=int8); "
                f"serve it with any static file server, e.g. python -m http.server -d {web_dir}")
+
+
+def _export_hf(source: Path, hf_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
+    import time
+
+    from toolkit.deploy.to_hf import write_hf
+
+    if not is_model_dir:
+        raise UsageError(f"--to-hf needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")
+    if other_options:
+        raise UsageError("--to-hf converts the directory as it is; run it without --out, --random-init, --fp16, --optimize, "
+                         "--quantize, --attention or --web")
+    start = time.time()
+    files = write_hf(source, hf_dir, force, echo=lambda m: click.echo(m, err=True))
+    click.echo(f"wrote {hf_dir} in {time.time() - start:.1f}s:")
+    for name, size in files.items():
+        click.echo(f"  {name:<24} {size / 1024:>10,.1f} KiB")
+    click.echo(f"check it with: tk verify {source} --to-hf {hf_dir}", err=True)

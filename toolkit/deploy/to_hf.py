@@ -1,0 +1,327 @@
+"""`tk export DIR --to-hf OUT`: tk's Transformer as a Hugging Face MarianMTModel directory.
+
+The mapping is exact, not an approximation: tk's post-LN Transformer and Marian's layers compute the same function
+once three differences are absorbed into the weights and the configuration.
+
+- Positions. tk adds a sinusoid table whose channels interleave sin and cos (P[:, 2j] = sin, P[:, 2j + 1] = cos,
+  models/attention.py); Marian's MarianSinusoidalPositionalEmbedding puts every sin first and every cos after. One
+  fixed permutation of the d_model channels of the residual stream (`channels`: tk's channel 2j becomes Marian's j,
+  2j + 1 becomes d/2 + j) maps one onto the other. It is applied to every weight that reads or writes the residual
+  stream: the embedding's columns, the input columns of q, k, v and fc1, the output rows (and biases) of out_proj and
+  fc2, every LayerNorm's gamma and beta. It commutes with LayerNorm (a per-row mean and variance over all channels)
+  and with the residual adds, and the tied output projection reads the permuted stream through the permuted
+  embedding, so the logits are unchanged.
+- Biases. tk's attention projections have none: Marian's are written as zeros. The output layer is the tied
+  embedding (Marian: shared embeddings, lm_head tied to them, final_logits_bias zero).
+- Rules. Embeddings are scaled by sqrt(d_model) (scale_embedding), the activation is ReLU, LayerNorm's eps is 1e-5
+  and attention scales by 1 / sqrt(d_head) on both sides. The decoder starts from tk's start token <s> (2), not from
+  <pad> as Marian's models do; no end token is forced at the length limit.
+
+The tokenizer. transformers' MarianTokenizer appends </s> to every source, and tk's models were trained without a
+source end token, so the directory also holds `tokenizer.json` (a `tokenizers` Unigram model converted from tk's
+SentencePiece model, tk's NFKC and whitespace normalisation in front, no post-processor) and a tokenizer_config.json
+naming PreTrainedTokenizerFast: `AutoTokenizer.from_pretrained(OUT)(text)` gives tk's ids, and transformers.js and
+Optimum read the same file. Marian's own files (source.spm, target.spm, vocab.json) are there too; loaded explicitly,
+MarianTokenizer needs add_special_tokens=False.
+
+Torch-free: numpy, json, the ONNX graphs' initializers (read as the CTranslate2 runtime reads them), safetensors and
+tokenizers (the hf extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.core import manifest as manifest_mod
+from toolkit.core.errors import UsageError
+from toolkit.core.manifest import Manifest
+from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
+
+INSTALL_HINT = "pip install -e '.[hf]' (safetensors and tokenizers)"
+SPECIALS = {PAD: "<pad>", UNK: "<unk>", BOS: "<s>", EOS: "</s>"}
+LEADING = 1 << 20  # tokenizer.json's decoder strips up to this many leading spaces: all of them
+
+
+def channels(d: int) -> np.ndarray:
+    """Marian's channel c holds tk's channel channels(d)[c]: tk's sine channels (even) first, then its cosines (odd)."""
+    return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+
+
+def mappable(m: Manifest) -> None:
+    """A one-line usage error for a model directory this conversion cannot write exactly."""
+    if m.model != "transformer":
+        raise UsageError(f"{m.directory} holds a '{m.model}' model; --to-hf writes tk's Transformer only "
+                         "(exported/transformer or another `tk export` of a transformer checkpoint)")
+    if m.config.get("pre_ln"):
+        raise UsageError(f"{m.directory} is a pre-LN Transformer; Marian's layers are post-LN, so --to-hf cannot map it exactly")
+    if m.config["num_hiddens"] % 2 or m.config["num_hiddens"] % m.config["num_heads"]:
+        raise UsageError(f"{m.directory}: d_model {m.config['num_hiddens']} must be even and divisible by the heads for --to-hf")
+    if m.rules() != manifest_mod.Declaration().decoding:
+        raise UsageError(f"{m.directory} declares decoding rules of its own; --to-hf writes tk's rules only")
+    m.translation_tokenizer()  # a usage error for a directory without a tokenizer (a --random-init export)
+    m.check_files()  # every file there, with the recorded sha256
+
+
+def marian_tensors(weights: dict[str, np.ndarray], cfg: dict, permute: bool = True) -> dict[str, np.ndarray]:
+    """tk's weights (names of models/transformer.py, as graph_weights reads them) as MarianMTModel's state dict, in the
+    names save_pretrained writes (the tied embedding once, as model.shared.weight). `permute=False` leaves the channel
+    permutation out (a planted fault the tests show `tk verify --to-hf` catches)."""
+    d = cfg["num_hiddens"]
+    p = channels(d) if permute else np.arange(d)
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    zeros = lambda n: np.zeros(n, dtype=np.float32)  # noqa: E731
+    out: dict[str, np.ndarray] = {"model.shared.weight": f32(weights["embedding.weight"][:, p]),
+                                  "final_logits_bias": zeros((1, cfg["vocab_size"]))}
+
+    def attention(dst: str, src: str) -> None:
+        for proj, name in (("q_proj", "W_q"), ("k_proj", "W_k"), ("v_proj", "W_v")):
+            w = weights[f"{src}.{name}.weight"]
+            out[f"{dst}.{proj}.weight"], out[f"{dst}.{proj}.bias"] = f32(w[:, p]), zeros(w.shape[0])
+        out[f"{dst}.out_proj.weight"], out[f"{dst}.out_proj.bias"] = f32(weights[f"{src}.W_o.weight"][p, :]), zeros(d)
+
+    def norm(dst: str, src: str) -> None:
+        out[f"{dst}.weight"], out[f"{dst}.bias"] = (f32(weights[f"{src}.addnorm.ln.{k}"][p]) for k in ("weight", "bias"))
+
+    def ffn(dst: str, src: str) -> None:
+        out[f"{dst}.fc1.weight"], out[f"{dst}.fc1.bias"] = f32(weights[f"{src}.ffn.dense1.weight"][:, p]), f32(weights[f"{src}.ffn.dense1.bias"])
+        out[f"{dst}.fc2.weight"], out[f"{dst}.fc2.bias"] = f32(weights[f"{src}.ffn.dense2.weight"][p, :]), f32(weights[f"{src}.ffn.dense2.bias"][p])
+
+    for i in range(cfg["num_layers"]):
+        enc, dec = f"model.encoder.layers.{i}", f"model.decoder.layers.{i}"
+        attention(f"{enc}.self_attn", f"encoder_blocks.{i}.attention")
+        norm(f"{enc}.self_attn_layer_norm", f"encoder_blocks.{i}.sub1")
+        ffn(enc, f"encoder_blocks.{i}")
+        norm(f"{enc}.final_layer_norm", f"encoder_blocks.{i}.sub2")
+        attention(f"{dec}.self_attn", f"decoder_blocks.{i}.self_attention")
+        norm(f"{dec}.self_attn_layer_norm", f"decoder_blocks.{i}.sub1")
+        attention(f"{dec}.encoder_attn", f"decoder_blocks.{i}.cross_attention")
+        norm(f"{dec}.encoder_attn_layer_norm", f"decoder_blocks.{i}.sub2")
+        ffn(dec, f"decoder_blocks.{i}")
+        norm(f"{dec}.final_layer_norm", f"decoder_blocks.{i}.sub3")
+    return out
+
+
+def check_positions(weights: dict[str, np.ndarray], cfg: dict) -> None:
+    """tk's stored sinusoid table, permuted, is Marian's (which transformers recomputes at load): the premise of the
+    mapping, checked on the weights themselves rather than assumed."""
+    d, n = cfg["num_hiddens"], cfg["max_len"]
+    table = weights.get("pos_encoding.P")
+    if table is None or table.shape != (n, d):
+        raise UsageError(f"the encoder graph holds no {n} x {d} positional table (pos_encoding.P); re-export the model directory")
+    pos = np.arange(n, dtype=np.float64)[:, None] / np.power(10000, 2 * np.arange(d // 2) / d)[None, :]
+    marian = np.concatenate([np.sin(pos), np.cos(pos)], axis=1)
+    err = float(np.abs(table[:, channels(d)] - marian).max())
+    if err > 1e-4:
+        raise UsageError(f"the positional table differs from Marian's sinusoids by {err:.2g} after the channel permutation; "
+                         "--to-hf maps tk's standard table only")
+
+
+def marian_config(cfg: dict) -> dict:
+    layers, heads, ffn = cfg["num_layers"], cfg["num_heads"], cfg["ffn_num_hiddens"]
+    return {
+        "architectures": ["MarianMTModel"], "model_type": "marian",
+        "vocab_size": cfg["vocab_size"], "decoder_vocab_size": cfg["vocab_size"], "d_model": cfg["num_hiddens"],
+        "encoder_layers": layers, "decoder_layers": layers, "encoder_attention_heads": heads, "decoder_attention_heads": heads,
+        "encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "activation_function": "relu",
+        "max_position_embeddings": cfg["max_len"], "scale_embedding": True,
+        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
+        "dropout": cfg.get("dropout", 0.1), "attention_dropout": 0.0, "activation_dropout": 0.0,
+        "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "init_std": 0.02,
+        "pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": EOS, "decoder_start_token_id": BOS,
+        "forced_eos_token_id": None, "is_encoder_decoder": True, "use_cache": True, "dtype": "float32",
+    }
+
+
+BEAM_RULE = ("greedy (num_beams 1) gives tk's translations. tk's beam search ranks finished hypotheses by "
+             "score / ((5 + n + 1) / 6) ** 0.6 (GNMT) and stops at the first num_beams finished; generate's by "
+             "score / n ** length_penalty with its own stopping rule, so with num_beams > 1 the translations can differ "
+             "(length_penalty=0.6 comes nearest)")
+
+
+def generation_config(m: Manifest) -> dict:
+    """Greedy, to tk's output limit (generate's max_length counts the start token). The difference of the beam rules
+    is said in the file itself ("tk_beam_rule": transformers keeps a key it does not know, and save_pretrained writes
+    it back); a length_penalty here would make every greedy generate warn that it is ignored."""
+    rules = m.rules()
+    return {"decoder_start_token_id": rules.start, "bos_token_id": BOS, "eos_token_id": rules.end, "pad_token_id": rules.pad,
+            "forced_eos_token_id": None, "max_length": m.max_output_len + 1, "num_beams": 1, "do_sample": False,
+            "tk_beam_rule": BEAM_RULE}
+
+
+def tokenizer_json(proto_bytes: bytes, max_len: int) -> str:
+    """tk's SentencePiece unigram model as a `tokenizers` tokenizer that gives toolkit.core.tokenizer.Tokenizer's ids:
+    tk's normalisation (NFKC, runs of whitespace as Python's str.split sees it to one space, stripped), SentencePiece's
+    dummy prefix and escaped spaces (Metaspace, prepended once), user-defined symbols (⦅0⦆ ...) kept whole, byte
+    fallback, and no post-processor (no end token on the source). Decoding drops <pad>, <unk>, <s> and </s> (all
+    special), as tk's does."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import Unigram
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(proto_bytes)
+    spec, norm = proto.trainer_spec, proto.normalizer_spec
+    if spec.model_type != pb.TrainerSpec.UNIGRAM or norm.precompiled_charsmap or not norm.add_dummy_prefix or not norm.escape_whitespaces:
+        raise UsageError("the tokenizer is not tk's (a unigram model with the identity rule, a dummy prefix and escaped "
+                         "spaces); --to-hf converts tk's tokenizer only")
+    user = [p.piece for p in proto.pieces if p.type == pb.ModelProto.SentencePiece.USER_DEFINED]
+    tok = Tokenizer(Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=spec.unk_id, byte_fallback=spec.byte_fallback))
+    space = "".join(chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace())  # what str.split() splits on
+    space_class = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in space) + "]+"
+    # SentencePiece strips trailing "▁" typed in the text with the trailing spaces, and adds the dummy prefix even before
+    # a leading "▁", which Metaspace would not: the first is removed, the second doubled.
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(space_class), " "), normalizers.Strip(),
+                                           normalizers.Replace(Regex("[ ▁]+\\z"), ""), normalizers.Replace(Regex("\\A▁"), "▁▁")])
+    # "always", on the whole text (split=False: one chunk): "first" would skip the prefix when the text had leading
+    # whitespace, which the normaliser strips (it prepends only to a chunk at original offset 0).
+    steps = [pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=False)]
+    # SentencePiece emits a user-defined piece whole wherever it appears, and never matches a control, unknown or byte
+    # piece ("</s>", "<unk>", "<0xE2>") in the text, which the Unigram model would. Those all start with "<", which no
+    # other piece holds (tk's "<" is a byte-fallback character): isolating "<" keeps them out of reach, and changes
+    # nothing else (no piece SentencePiece may match spans a "<").
+    kind = pb.ModelProto.SentencePiece
+    unmatched = [p.piece for p in proto.pieces if p.type in (kind.CONTROL, kind.UNKNOWN, kind.BYTE)]
+    isolate = sorted(user, key=len, reverse=True)
+    if all(u.startswith("<") for u in unmatched) and not any("<" in p.piece for p in proto.pieces if p.piece not in unmatched):
+        isolate.append("<")
+    if isolate:
+        steps.append(pre_tokenizers.Split(Regex("|".join(re.escape(u) for u in isolate)), behavior="isolated"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    # SentencePiece's decoder drops every leading space (the dummy prefix and any "▁" pieces before the first character).
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", LEADING, 0)])
+    tok.add_special_tokens([AddedToken(SPECIALS[i], special=True, normalized=False) for i in sorted(SPECIALS)])
+    tok.enable_truncation(max_len)
+    return tok.to_str(pretty=True)
+
+
+def tokenizer_files(m: Manifest) -> dict[str, bytes]:
+    """tokenizer.json and its config for AutoTokenizer, and Marian's layout (source.spm, target.spm, vocab.json)."""
+    import sentencepiece as spm
+
+    proto = m.translation_tokenizer().read_bytes()
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    for i, piece in SPECIALS.items():
+        if sp.id_to_piece(i) != piece:
+            raise UsageError(f"{m.directory}'s tokenizer has {sp.id_to_piece(i)!r} at id {i}, not {piece!r}; --to-hf converts tk's tokenizer only")
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    specials = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials, "model_max_length": m.max_len,
+              "padding_side": "right", "truncation_side": "right", "clean_up_tokenization_spaces": False,
+              "split_special_tokens": True,  # "</s>" typed in the text is text, as for SentencePiece
+              "model_input_names": ["input_ids", "attention_mask"], "source_lang": "en", "target_lang": "fr",
+              "separate_vocabs": False}
+    dump = lambda d: (json.dumps(d, indent=2, ensure_ascii=False) + "\n").encode("utf-8")  # noqa: E731
+    return {"tokenizer.json": tokenizer_json(proto, m.max_len).encode("utf-8"), "tokenizer_config.json": dump(config),
+            "special_tokens_map.json": dump(specials), "source.spm": proto, "target.spm": proto, "vocab.json": dump(vocab)}
+
+
+def model_card(m: Manifest) -> bytes:
+    return f"""# {m.model} (tk), as a Hugging Face MarianMTModel
+
+English to French: tk's post-LN Transformer, {m.config['num_layers']} + {m.config['num_layers']} layers, d_model {m.config['num_hiddens']},
+a shared SentencePiece vocabulary of {m.config['vocab_size']}. Written by `tk export {m.directory} --to-hf DIR` from
+tk's exported graphs; `tk verify {m.directory} --to-hf DIR` compares the two.
+
+```python
+from transformers import AutoTokenizer, MarianMTModel
+path = "path/to/this/directory"
+tokenizer = AutoTokenizer.from_pretrained(path)  # tokenizer.json: tk's ids, no end token on the source
+model = MarianMTModel.from_pretrained(path)
+batch = tokenizer(["I'm home."], return_tensors="pt", padding=True, truncation=True)
+print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
+```
+
+- The model was trained without an end token on the source. `MarianTokenizer.from_pretrained(path)` appends one to
+  every source: call it with `add_special_tokens=False` (it also skips tk's NFKC normalisation).
+- Greedy `generate` gives tk's greedy translations without text handling (`tk translate --raw`; its length and
+  loop guards may end a runaway translation sooner). Beam search differs by rule: tk ranks
+  finished hypotheses by GNMT's length penalty, score / ((5 + n + 1) / 6) ** 0.6, generate by score / n ** length_penalty;
+  with `num_beams=4`, pass `length_penalty=0.6` for the nearest.
+- Truncate sources to the model's positions (`truncation=True`): a longer source is an index error in the model.
+- `tk translate` also handles the text around the model (sentence splitting, ALL CAPS and Title Case folding,
+  placeholders for numbers and URLs); generate sees the text as it is.
+- Positions: {m.max_len} (sources are truncated to {m.max_len} tokens, outputs stop at {m.max_output_len}).
+""".encode()
+
+
+def write_hf(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None,
+             permute: bool = True) -> dict[str, int]:
+    """Writes the MarianMTModel directory (built under a temporary name, then renamed); returns {file: bytes}."""
+    m = manifest_mod.load(model_dir)
+    mappable(m)
+    replaceable(out, force)
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        raise UsageError(f"--to-hf needs safetensors and tokenizers: {INSTALL_HINT}") from None
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        raise UsageError(f"--to-hf needs safetensors and tokenizers: {INSTALL_HINT}") from None
+    from toolkit.runtimes.ctranslate2 import graph_weights
+
+    echo(f"reading the weights of {model_dir}'s fp32 graphs ...")
+    weights = graph_weights(m)
+    check_positions(weights, m.config)
+    tensors = marian_tensors(weights, m.config, permute)
+    files = tokenizer_files(m)
+    dump = lambda d: (json.dumps(d, indent=2) + "\n").encode("utf-8")  # noqa: E731
+    files.update({"config.json": dump(marian_config(m.config)), "generation_config.json": dump(generation_config(m)),
+                  "README.md": model_card(m)})
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise UsageError(f"cannot write to {out.parent} ({e.strerror}); choose another --to-hf directory") from None
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        replaceable(out, force)  # again: another writer may have made it meanwhile
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / out.name)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+
+
+def is_hf_directory(path: Path) -> bool:
+    """A directory --to-hf may replace: one holding a MarianMTModel config.json."""
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("model_type") == "marian"
+
+
+def replaceable(out: Path, force: bool) -> None:
+    """An existing empty directory is written into; a non-empty one only with --force, and only if it is a MarianMTModel
+    directory (--force never deletes anything else)."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise UsageError(f"--to-hf {out} exists and is not a directory; choose another path")
+    if not any(out.iterdir()):
+        return
+    if not force:
+        raise UsageError(f"--to-hf {out} already exists and is not empty; use --force to replace it")
+    if not is_hf_directory(out):
+        raise UsageError(f"--to-hf {out} is not a Hugging Face MarianMTModel directory (no marian config.json); "
+                         "--force will not delete it: choose another directory or remove it yourself")
