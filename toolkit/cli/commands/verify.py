@@ -44,8 +44,11 @@ from toolkit.core.variants import NAMES
 @click.option("--int8-layers", is_flag=True,
               help="Also rank the int8 layers: each quantised alone, its error in the log-probabilities along fp32's translations.")
 @click.option("--expect-digest", help="Fail unless the graphs' weights have this weights_sha256 (from the checkpoint or a trusted manifest).")
+@click.option("--to-hf", "hf_dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="Instead: check the Hugging Face MarianMTModel directory that `tk export MODEL_DIR --to-hf DIR` wrote against "
+                   "the fp32 graphs (transformers' log-probabilities, tokenizer and greedy generate; needs the hf extra).")
 def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path,
-           int8_layers, expect_digest, localize, localize_against, localize_plot):
+           int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
     \b
@@ -61,6 +64,9 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 
     writable_file(json_path, "--json")
     writable_file(localize_plot, "--localize-plot")
+    if hf_dir is not None:
+        _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot)
+        return _verify_hf(model_dir, hf_dir, atol, rtol, seed, sentences, data_path, json_path)
     if expect_digest is not None and not is_digest(expect_digest):
         raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
     against = None
@@ -93,6 +99,35 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     if record:
         keys = record_summary(report, model_dir, seconds)
         click.echo(f"recorded {', '.join(keys)} in {Path(model_dir) / 'manifest.json'} (other runtimes' and providers' records kept)", err=True)
+    raise_on_failure(report)
+
+
+def _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against,
+                   localize_plot) -> None:
+    """--to-hf runs its own checks: the options of the graphs' checks are refused beside it, not ignored."""
+    others = [name for name, given in (("--provider", provider != "cpu"), ("--runtime", runtime != "onnxruntime"), ("--variant", variants),
+                                       ("--record", record), ("--checkpoint", checkpoint_path), ("--int8-layers", int8_layers),
+                                       ("--expect-digest", expect_digest), ("--localize", localize is not None),
+                                       ("--localize-against", localize_against), ("--localize-plot", localize_plot)) if given]
+    if others:
+        raise UsageError(f"--to-hf compares a Hugging Face directory with the fp32 graphs on ONNX Runtime's CPU; drop {', '.join(others)}")
+
+
+def _verify_hf(model_dir: Path, hf_dir: Path, atol, rtol, seed: int, sentences: int, data_path, json_path) -> None:
+    import time
+
+    from toolkit.verify.record import raise_on_failure, write_json
+    from toolkit.verify.render import render
+    from toolkit.verify.to_hf import verify_hf
+
+    start = time.time()
+    report = verify_hf(model_dir, hf_dir, atol, rtol, seed, sentences, data_path, echo=lambda m: click.echo(m, err=True))
+    click.echo(render(report))
+    if json_path:
+        write_json(report, json_path)
+    n = len(report.rows)
+    click.echo(f"reference ({report.reference_kind}): {report.reference_proves}", err=True)
+    click.echo(f"{n - len(report.failures)}/{n} checks passed in {time.time() - start:.1f}s (seed {seed}, {report.runtime})", err=True)
     raise_on_failure(report)
 
 
