@@ -115,6 +115,12 @@ def test_auto_tokenizer_gives_tk_ids_and_text_and_marian_tokenizer_needs_no_spec
     tk = Tokenizer.load(SHIPPED / "tokenizer.model")
     english = challenge(challenge_test, 300) + ["  Ｔｈｅ  ﬁrst ⦅0⦆ costs ⦅1⦆€.\u00a0", "Ça coûte 5 € — 🙂", ""]
     assert tokenizer(english)["input_ids"] == tk.encode(english)  # no end token on the source
+    # Where a conversion goes wrong first: typed "▁", "<" and "</s>", whitespace and format characters, byte fallback.
+    rng = np.random.default_rng(0)
+    bits = [tk.sp.id_to_piece(int(i)).replace("▁", " ") for i in rng.integers(0, tk.vocab_size, 1000)]
+    bits += ["▁", " ", "\t", "\u3000", "\u200b", "\ufeff", "<", "</s>", "<unk>", "<0x41>", "⦅0⦆", "🙂", "中"] * 40
+    odd = ["".join(rng.choice(bits, int(rng.integers(0, 8)))) for _ in range(500)]
+    assert tokenizer(odd)["input_ids"] == tk.encode(odd)
     french = [line.split("\t")[3] for line in challenge_test.read_text(encoding="utf-8").splitlines()[:300]]
     ids = tk.encode(french)
     assert tokenizer.batch_decode(ids, skip_special_tokens=True) == tk.decode(ids)
