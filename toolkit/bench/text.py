@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.core.errors import DataError, UsageError
@@ -25,20 +25,27 @@ REQUEST_BEAM = 1
 
 
 @dataclass
+class Engine:
+    """One engine's time on one row, and how its translations compare with tk's (its API, ONNX Runtime, defaults)."""
+
+    name: str  # "tk", "tk on ctranslate2", "ctranslate2", "transformers", "optimum"
+    seconds: float  # median seconds for the file, or per request / per start
+    threads: str = ""  # how it ran: "2 x 1" (intra x inter) or "torch 2 threads"
+    same: float | None = None  # share of translations identical to tk's
+    bleu: float | None = None
+    version: str = ""
+
+
+@dataclass
 class TextRow:
     row: str  # "file, greedy", "file, beam 4", "requests, greedy", "cold start"
-    variant: str  # tk's variant; CTranslate2 runs the matching compute type
-    tk_s: float  # median seconds for the file, or per request / per start
-    ct2_s: float
-    ct2_threads: tuple[int, int]  # CTranslate2's (intra, inter) threads for this row
+    variant: str  # tk's variant; CTranslate2 runs the matching compute type; the Hugging Face peers run fp32
     sentences: int
-    tk_bleu: float | None = None
-    ct2_bleu: float | None = None
+    engines: list[Engine] = field(default_factory=list)
 
-    @property
-    def tk_speedup(self) -> float:
-        """How many times faster tk is than CTranslate2 on this row (below 1: slower)."""
-        return self.ct2_s / self.tk_s
+    def speedup(self, engine: Engine) -> float:
+        """How many times faster tk (the first engine) is than `engine` on this row (below 1: slower)."""
+        return engine.seconds / self.engines[0].seconds
 
 
 def read_text(path: Path, reference: Path | None = None) -> tuple[list[str], list[str] | None]:
@@ -96,34 +103,67 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def bench_text(model_dir: Path, sources: list[str], references: list[str] | None, variants=("fp32", "int8"),
-               beams=(1, 4), requests: int = 200, repeat: int = 3, cold_starts: int = 5,
-               echo: Callable[[str], None] = print) -> list[TextRow]:
-    """Every row for every variant: the file at each beam, single-sentence requests, cold start."""
+               beams=(1, 4), requests: int = 200, repeat: int = 3, cold_starts: int = 5, peers: tuple[str, ...] = (),
+               peer_python: str | None = None, echo: Callable[[str], None] = print) -> list[TextRow]:
+    """Every row for every variant: the file at each beam, single-sentence requests, cold start. Engines: tk's API
+    (ONNX Runtime, defaults), tk's API on its CTranslate2 model, CTranslate2's own translate_batch at its fastest
+    threads, and the Hugging Face `peers` (fp32 rows only; toolkit.bench.hf_peers) run by `peer_python`."""
+    import shutil
     import tempfile
 
     from toolkit.core.manifest import load
     from toolkit.runtimes import ctranslate2 as ct2
+    from toolkit.runtimes.ctranslate2 import stored
 
     if not ct2.available():
         raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
     m = load(model_dir)
     rows: list[TextRow] = []
-    with tempfile.TemporaryDirectory(prefix="tk-ct2-") as ct2_dir:
+    with tempfile.TemporaryDirectory(prefix="tk-text-bench-") as work:
+        ct2_dir = Path(work) / "ct2"
         ct2.convert(m, ct2_dir)
+        tk_ct2_dir = model_dir
+        if "ctranslate2" not in m.converted:  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
+            tk_ct2_dir = Path(work) / "model"
+            shutil.copytree(model_dir, tk_ct2_dir)
+            stored.add(tk_ct2_dir, echo=lambda s: None)
+        hf = _run_peers(m, Path(work), sources, beams, requests, repeat, peers, peer_python, echo) if peers else {}
         for variant in variants:
-            pair = _Pair(m, model_dir, ct2_dir, variant)
+            pair = _Pair(m, model_dir, tk_ct2_dir, str(ct2_dir), variant)
             pair.choose_threads(sources[:256], echo)
-            rows += [pair.file_row(sources, references, beam, repeat, echo) for beam in beams]
-            rows.append(pair.request_row(sources[:requests], repeat, echo))
-            tk_s, ct2_s = cold_start(model_dir, ct2_dir, variant, pair.compute, pair.request_threads, sources[0], cold_starts)
-            rows.append(TextRow("cold start", variant, tk_s, ct2_s, pair.request_threads, 1))
+            for beam in beams:
+                row = pair.file_row(sources, references, beam, repeat, echo)
+                if variant == "fp32":
+                    row.engines += _peer_engines(hf, str(beam), pair.outputs, references)
+                rows.append(row)
+            row = pair.request_row(sources[:requests], repeat, echo)
+            if variant == "fp32":
+                row.engines += _peer_engines(hf, "requests", None, None)
+            rows.append(row)
+            tk_s, ct2_s = cold_start(model_dir, str(ct2_dir), variant, pair.compute, pair.request_threads, sources[0], cold_starts)
+            rows.append(TextRow("cold start", variant, 1, [Engine("tk", tk_s), Engine("ctranslate2", ct2_s, _threads(pair.request_threads))]))
     return rows
 
 
-class _Pair:
-    """tk (its API, defaults) and CTranslate2 (a compute type, its fastest threads) over one variant's weights."""
+def _threads(threads: tuple[int, int]) -> str:
+    return f"{threads[0]} x {threads[1]}"
 
-    def __init__(self, m, model_dir: Path, ct2_dir: str, variant: str):
+
+def _bleu(outputs: list[str], references: list[str] | None) -> float | None:
+    from toolkit.core.scoring import bleu_chrf
+
+    return round(bleu_chrf(outputs, [[r] for r in references])["bleu"], 1) if references else None
+
+
+def _same(outputs: list[str], tk: list[str]) -> float:
+    return sum(a == b for a, b in zip(outputs, tk)) / max(1, len(tk))
+
+
+class _Pair:
+    """tk (its API, defaults; and on its CTranslate2 model) and CTranslate2 (a compute type, its fastest threads) over
+    one variant's weights."""
+
+    def __init__(self, m, model_dir: Path, tk_ct2_dir: Path, ct2_dir: str, variant: str):
         from toolkit.deploy.api import Translator
 
         self.max_len, self.ct2_dir, self.variant = m.max_len, ct2_dir, variant
@@ -131,8 +171,11 @@ class _Pair:
         self.engine = Ct2Text(ct2_dir, m.translation_tokenizer(), self.compute, m.max_len)
         # fp32 is tk's default (None: the fastest graphs with fp32's output); int8 must be asked for.
         self.tk = Translator(model_dir, provider="cpu", variant=None if variant == "fp32" else variant)
-        self.tk.translate(["Hello.", "How are you?"])  # first-call allocations, as CTranslate2's warm-up below
+        self.tk_ct2 = Translator(tk_ct2_dir, provider="cpu", variant=variant, runtime="ctranslate2")
+        for t in (self.tk, self.tk_ct2):
+            t.translate(["Hello.", "How are you?"])  # first-call allocations, as CTranslate2's warm-up below
         self.file_threads = self.request_threads = (1, 1)
+        self.outputs: list[str] = []  # tk's translations of the last file row
 
     def ct2_seconds(self, threads: tuple[int, int], fn: Callable[[object], object]) -> float:
         """One timed pass; the CTranslate2 translator is loaded (untimed) around it, so only one is alive at a time."""
@@ -153,25 +196,76 @@ class _Pair:
 
     def file_row(self, sources: list[str], references: list[str] | None, beam: int, repeat: int,
                  echo: Callable[[str], None]) -> TextRow:
-        from toolkit.core.scoring import bleu_chrf
-
         out: dict[str, list[str]] = {}
-        tk_s, ct2_s = _median_turns([
+        tk_s, tk_ct2_s, ct2_s = _median_turns([
             lambda: _timed(lambda: out.__setitem__("tk", self.tk.translate(sources, beam=beam))),
+            lambda: _timed(lambda: out.__setitem__("tk_ct2", self.tk_ct2.translate(sources, beam=beam))),
             lambda: self.ct2_seconds(self.file_threads, lambda tr: out.__setitem__("ct2", self.engine.translate(tr, sources, beam)))],
             repeat)
         name = "greedy" if beam == 1 else f"beam {beam}"
-        echo(f"{self.variant} file, {name}: tk {tk_s:.2f} s, CTranslate2 {ct2_s:.2f} s")
-        bleu = [round(bleu_chrf(out[k], [[r] for r in references])["bleu"], 1) if references else None for k in ("tk", "ct2")]
-        return TextRow(f"file, {name}", self.variant, tk_s, ct2_s, self.file_threads, len(sources), *bleu)
+        echo(f"{self.variant} file, {name}: tk {tk_s:.2f} s, tk on CTranslate2 {tk_ct2_s:.2f} s, CTranslate2 {ct2_s:.2f} s")
+        self.outputs = out["tk"]
+        return TextRow(f"file, {name}", self.variant, len(sources), [
+            Engine("tk", tk_s, "defaults", 1.0, _bleu(out["tk"], references)),
+            Engine("tk on ctranslate2", tk_ct2_s, "defaults", _same(out["tk_ct2"], out["tk"]), _bleu(out["tk_ct2"], references)),
+            Engine("ctranslate2", ct2_s, _threads(self.file_threads), _same(out["ct2"], out["tk"]), _bleu(out["ct2"], references))])
 
     def request_row(self, asked: list[str], repeat: int, echo: Callable[[str], None]) -> TextRow:
-        tk_s, ct2_s = _median_turns([
+        tk_s, tk_ct2_s, ct2_s = _median_turns([
             lambda: _timed(lambda: [self.tk.translate([s], beam=REQUEST_BEAM) for s in asked]),
+            lambda: _timed(lambda: [self.tk_ct2.translate([s], beam=REQUEST_BEAM) for s in asked]),
             lambda: self.ct2_seconds(self.request_threads, lambda tr: [self.engine.translate(tr, [s], REQUEST_BEAM) for s in asked])],
             repeat)
-        echo(f"{self.variant} requests: tk {1000 * tk_s / len(asked):.2f} ms, CTranslate2 {1000 * ct2_s / len(asked):.2f} ms")
-        return TextRow("requests, greedy", self.variant, tk_s / len(asked), ct2_s / len(asked), self.request_threads, len(asked))
+        n = len(asked)
+        echo(f"{self.variant} requests: tk {1000 * tk_s / n:.2f} ms, tk on CTranslate2 {1000 * tk_ct2_s / n:.2f} ms, "
+             f"CTranslate2 {1000 * ct2_s / n:.2f} ms")
+        return TextRow("requests, greedy", self.variant, n, [Engine("tk", tk_s / n, "defaults"),
+                                                              Engine("tk on ctranslate2", tk_ct2_s / n, "defaults"),
+                                                              Engine("ctranslate2", ct2_s / n, _threads(self.request_threads))])
+
+
+def _run_peers(m, work: Path, sources: list[str], beams, requests: int, repeat: int, peers: tuple[str, ...],
+               peer_python: str | None, echo: Callable[[str], None]) -> dict:
+    """The Hugging Face peers' results (toolkit.bench.hf_peers), over the model written with --to-hf."""
+    import json
+
+    from toolkit.deploy.to_hf import write_hf
+
+    hf_dir = work / "hf"
+    write_hf(m.directory, hf_dir, False, echo=lambda s: None)
+    python = peer_python or sys.executable
+    echo(f"Hugging Face peers ({', '.join(peers)}) on {python}, over the model written with --to-hf ...")
+    request = {"hf_dir": str(hf_dir), "sources": sources, "beams": list(beams), "requests": requests, "repeat": repeat,
+               "engines": list(peers), "batch": FILE_BATCH}
+    try:
+        done = subprocess.run([python, str(Path(__file__).with_name("hf_peers.py"))], input=json.dumps(request),
+                              capture_output=True, text=True, timeout=7200)
+    except OSError as e:
+        raise UsageError(f"--peer-python {python} cannot run ({e.strerror}); give a Python interpreter") from None
+    if done.returncode != 0:
+        raise UsageError(f"the peers' script failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    results = json.loads(done.stdout)
+    for engine, r in results.items():
+        echo(f"{engine}: {r['error']}" if "error" in r else f"{engine}: {r['version']}, torch {r['threads']} threads")
+    return results
+
+
+def _peer_engines(hf: dict, key: str, tk: list[str] | None, references: list[str] | None) -> list[Engine]:
+    """The peers' engines for a file row (key: the beam) or the requests row (key "requests")."""
+    import statistics
+
+    out = []
+    for name, r in hf.items():
+        if "error" in r:
+            continue
+        entry = r["requests"] if key == "requests" else r["file"].get(key)
+        if entry is None:
+            continue
+        outputs = entry.get("outputs")
+        out.append(Engine(name, statistics.median(entry["seconds"]), f"torch {r['threads']} threads",
+                          _same(outputs, tk) if outputs and tk else None, _bleu(outputs, references) if outputs else None,
+                          r["version"]))
+    return out
 
 
 TK_SCRIPT = ("import sys\nfrom toolkit import Translator\n"
@@ -219,16 +313,14 @@ def cold_start(model_dir: Path, ct2_dir: str, variant: str, compute: str, thread
 
 
 def table(rows: list[TextRow]) -> str:
-    """One line per row: each side's time, tk's speed-up over CTranslate2 (above 1: tk is faster), BLEU."""
-    out = [f"{'row':<17} {'variant':<7} {'tk defaults':>12} {'CTranslate2':>12} {'CT2 threads':>11} {'tk speed-up':>11} "
-           f"{'BLEU tk':>7} {'BLEU CT2':>8}"]
+    """One line per engine and row: its speed, how many times faster tk is (above 1: tk is faster), the share of its
+    translations identical to tk's, BLEU."""
+    out = [f"{'row':<17} {'variant':<7} {'engine':<18} {'speed':>13} {'threads':>15} {'tk is':>8} {'same as tk':>10} {'BLEU':>5}"]
     for r in rows:
-        if r.row.startswith("file"):
-            tk, c2 = f"{r.sentences / r.tk_s:,.0f} sent/s", f"{r.sentences / r.ct2_s:,.0f} sent/s"
-        else:
-            tk, c2 = f"{1000 * r.tk_s:.1f} ms", f"{1000 * r.ct2_s:.1f} ms"
-        bleu_tk = "" if r.tk_bleu is None else f"{r.tk_bleu:.1f}"
-        bleu_c2 = "" if r.ct2_bleu is None else f"{r.ct2_bleu:.1f}"
-        out.append(f"{r.row:<17} {r.variant:<7} {tk:>12} {c2:>12} {f'{r.ct2_threads[0]} x {r.ct2_threads[1]}':>11} "
-                   f"{r.tk_speedup:>10.2f}x {bleu_tk:>7} {bleu_c2:>8}")
+        for i, e in enumerate(r.engines):
+            speed = f"{r.sentences / e.seconds:,.0f} sent/s" if r.row.startswith("file") else f"{1000 * e.seconds:.1f} ms"
+            same = "" if e.same is None else f"{100 * e.same:.0f}%"
+            bleu = "" if e.bleu is None else f"{e.bleu:.1f}"
+            lead = f"{r.row:<17} {r.variant:<7}" if i == 0 else " " * 25
+            out.append(f"{lead} {e.name:<18} {speed:>13} {e.threads:>15} {r.speedup(e):>7.2f}x {same:>10} {bleu:>5}")
     return "\n".join(out)

@@ -43,6 +43,12 @@ from toolkit.core.variants import NAMES
 @click.option("--lines", type=click.IntRange(1, 100000), default=2000, show_default=True, help="With --text: first lines of the file translated.")
 @click.option("--requests", type=click.IntRange(1, 100000), default=200, show_default=True,
               help="With --text: sentences sent one call at a time for the single-request row.")
+@click.option("--peer", "peers", multiple=True, type=click.Choice(["transformers", "optimum"]),
+              help="With --text: also time a Hugging Face peer on the same weights (written with --to-hf): transformers' generate, "
+                   "Optimum's ORTModelForSeq2SeqLM (its exporter, its defaults). Repeatable; fp32 rows.")
+@click.option("--peer-python", type=click.Path(path_type=Path, dir_okay=False),
+              help="With --peer: the Python that runs the peers [default: this one]. Optimum pins an older transformers than "
+                   "the hf extra, so it usually lives in an environment of its own.")
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
 @DATA_OPTION
@@ -53,7 +59,7 @@ from toolkit.core.variants import NAMES
 @click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, text_path, reference, lines,
-          requests, serve, clients, data_path, threads, streams, provider, ct2, ct2_threads):
+          requests, peers, peer_python, serve, clients, data_path, threads, streams, provider, ct2, ct2_threads):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
@@ -70,7 +76,9 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     _check_provider(provider, text_path)
     if text_path:
         writable_file(json_path, "--json")
-        return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path)
+        return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path, peers, peer_python)
+    if peers or peer_python:
+        raise UsageError("--peer and --peer-python time the Hugging Face peers in the user-level comparison; add --text FILE")
     if serve and set(runtimes) - {"onnxruntime"}:
         raise UsageError("--serve load-tests `tk serve`, which runs on onnxruntime only; drop --runtime openvino")
     if serve:
@@ -125,7 +133,7 @@ def _check_provider(provider: str | None, text_path: Path | None) -> None:
 
 
 def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, requests: int, beams, variants, repeat: int,
-          json_path: Path | None) -> None:
+          json_path: Path | None, peers=(), peer_python: Path | None = None) -> None:
     import json
     import platform
 
@@ -138,8 +146,12 @@ def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, 
     echo(f"{len(sources)} lines of {text_path}; tk defaults here: {default_threads()} thread(s) x {default_streams()} stream(s) "
          f"for a file, a decoder on {default_request_threads()} thread(s) for a single request")
     rows = text_bench.bench_text(model_dir, sources, refs, tuple(variants) or ("fp32", "int8"), tuple(beams) or (1, 4),
-                                 min(requests, len(sources)), repeat, echo=echo)
+                                 min(requests, len(sources)), repeat, peers=tuple(dict.fromkeys(peers)),
+                                 peer_python=str(peer_python) if peer_python else None, echo=echo)
     click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
     click.echo(text_bench.table(rows))
     if json_path:
-        json_path.write_text(json.dumps([{**r.__dict__, "tk_speedup": r.tk_speedup} for r in rows], indent=2) + "\n", encoding="utf-8")
+        import dataclasses
+
+        json_path.write_text(json.dumps([{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}}
+                                         for r in rows], indent=2) + "\n", encoding="utf-8")
