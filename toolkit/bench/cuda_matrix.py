@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated parts to run [default: all]: " + ", ".join(PARTS))
     args = parser.parse_args(argv)
     from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix, gpu_environment
-    from toolkit.verify.run import environment
+    from toolkit.verify.report import environment
 
     if args.provider == "cuda" and not cuda_available():
         print(f"error: {cuda_fix()}")

@@ -139,7 +139,7 @@ class Manifest:
     # so that verifying on one never erases the evidence of another.
     verification: dict[str, VerificationRecord] = field(default_factory=dict)
     extra_files: list[FileRecord] = field(default_factory=list)
-    converted: dict[str, ConversionRecord] = field(default_factory=dict)  # runtime -> its converted copy of the weights
+    converted: dict[str, ConversionRecord] | None = None  # runtime -> its converted copy of the weights
     attention: dict | None = None  # graph -> declared attention outputs
     # The model's decoding rules and tokenizer (toolkit.core.declaration); None: tk's own (every manifest before it).
     declaration: dict | None = None
@@ -255,7 +255,7 @@ class Manifest:
         for v in self.stored.values():
             out.update({g.file: g.sha256 for g in v.graphs.values()})
         out.update({e.file: e.sha256 for e in self.extra_files})
-        for c in self.converted.values():
+        for c in (self.converted or {}).values():
             out.update({f.file: f.sha256 for f in c.files.values()})
         if self.tokenizer:
             out[self.tokenizer.file] = self.tokenizer.sha256
@@ -480,18 +480,9 @@ def schema_problem(data: dict) -> str | None:
         got = set(data["graphs"]["decoder"]["spec"].get("updates", {}).values())
         if got != cache(data["config"]):
             return f"its graphs carry the cache {sorted(got)}, which is not a '{data['model']}' model's {sorted(cache(data['config']))}"
-    variants = data.get("variants", {})
-    if not isinstance(variants, dict):
-        return "'variants' must be an object"
-    for v, d in variants.items():
-        if v not in BUILT or not isinstance(d, dict) or not isinstance(d.get("graphs"), dict):
-            return f"variants.{v} is not a known variant with graphs"
-        if set(d["graphs"]) != set(data["graphs"]):
-            return f"variants.{v} lists graphs {sorted(d['graphs'])}, not {sorted(data['graphs'])}"
-        for name, g in d["graphs"].items():
-            problem = _file_problem(g, f"variants.{v}.graphs.{name}")
-            if problem:
-                return problem
+    problem = _variants_problem(data.get("variants", {}), set(data["graphs"]))
+    if problem:
+        return problem
     if data.get("tokenizer") is not None:
         problem = _file_problem(data["tokenizer"], "tokenizer")
         if problem:
@@ -572,6 +563,21 @@ def _sizes_problem(config: dict, model: str) -> str | None:
     for key in SIZES:
         if key in config:
             problem = size_problem(key, config[key], f"config.{key}")
+            if problem:
+                return problem
+    return None
+
+
+def _variants_problem(variants, graphs: set[str]) -> str | None:
+    if not isinstance(variants, dict):
+        return "'variants' must be an object"
+    for v, d in variants.items():
+        if v not in BUILT or not isinstance(d, dict) or not isinstance(d.get("graphs"), dict):
+            return f"variants.{v} is not a known variant with graphs"
+        if set(d["graphs"]) != graphs:
+            return f"variants.{v} lists graphs {sorted(d['graphs'])}, not {sorted(graphs)}"
+        for name, g in d["graphs"].items():
+            problem = _file_problem(g, f"variants.{v}.graphs.{name}")
             if problem:
                 return problem
     return None

@@ -26,7 +26,7 @@ from toolkit.core.variants import CATALOGUE
 from toolkit.pytorch.reference import load_reference, reference_kind
 from toolkit.verify.checks import check_weights, held_out_sentences, prefix_log_probs
 from toolkit.verify.compare import compare, tolerance
-from toolkit.verify.report import Report, Row
+from toolkit.verify.report import Report, Row, environment
 
 RUNTIME = "ctranslate2"
 # (batch, longest source, longest target): single sentences to the model's limit, and ragged batches.
@@ -36,11 +36,13 @@ SHAPES = ((1, 1, 1), (1, 5, 12), (2, 17, 3), (3, 9, 30), (5, 33, 7), (8, 64, 63)
 def verify_ct2(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
                rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
                checkpoint: str | Path | None = None, expect_digest: str | None = None,
-               data: str | Path | None = None) -> Report:
+               data: str | Path | None = None, localize: bool = False) -> Report:
     from toolkit import runtimes
     from toolkit.runtimes import ctranslate2 as ct2
-    from toolkit.verify.run import environment
 
+    if localize:
+        raise UsageError("--localize finds a node of the ONNX graphs, and CTranslate2 runs none; drop it, or verify "
+                         "--runtime onnxruntime")
     m = manifest_mod.load(directory)
     report = Report(str(directory), seed, runtime=runtimes.label(RUNTIME))
     try:

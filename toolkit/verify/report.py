@@ -22,6 +22,25 @@ class Row:
     detail: str = ""
 
 
+def environment(providers: list[str]) -> dict:
+    """The versions and machine a report was measured with."""
+    import platform
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    env = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__,
+           "python": platform.python_version(), "machine": f"{platform.machine()} {platform.system()}",
+           "providers": providers, "available_providers": ort.get_available_providers()}
+    if "cuda" in providers:
+        from toolkit.runtimes.onnxruntime import gpu_environment
+
+        env.update(gpu_environment())
+    return env
+
+
 @dataclass
 class Report:
     directory: str

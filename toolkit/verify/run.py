@@ -16,12 +16,9 @@ attention.py, int8_layers.py and guarded_int8.py (int8 that keeps its worst laye
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import numpy as np
-import onnx
-import torch
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
@@ -49,20 +46,7 @@ from toolkit.verify.compare import (
     run_torch,
     tolerance,
 )
-from toolkit.verify.report import Report, Row
-
-
-def environment(providers: list[str]) -> dict:
-    import onnxruntime as ort
-
-    env = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__, "numpy": np.__version__,
-           "python": platform.python_version(), "machine": f"{platform.machine()} {platform.system()}",
-           "providers": providers, "available_providers": ort.get_available_providers()}
-    if "cuda" in providers:
-        from toolkit.runtimes.onnxruntime import gpu_environment
-
-        env.update(gpu_environment())
-    return env
+from toolkit.verify.report import Report, Row, environment  # noqa: F401 (environment: named here too)
 
 
 def is_digest(text: str) -> bool:
@@ -84,10 +68,8 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     if runtime == "ctranslate2":  # a converted copy, not graphs: checked by its own kinds of evidence
         from toolkit.verify.ct2_parity import verify_ct2
 
-        if localize or localize_against:
-            raise UsageError("--localize finds a node of the ONNX graphs; CTranslate2 runs none: drop it, or verify "
-                             "--runtime onnxruntime")
-        return verify_ct2(directory, provider, variants, atol, rtol, seed, sentences, echo, checkpoint, expect_digest, data)
+        return verify_ct2(directory, provider, variants, atol, rtol, seed, sentences, echo, checkpoint, expect_digest, data,
+                          bool(localize or localize_against))
     m = manifest_mod.load(directory)
     report = Report(str(directory), seed, runtime=runtimes.label(runtime))
     try:
@@ -123,19 +105,26 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         from toolkit.verify.attention import verify_attention
 
         verify_attention(m, entry, model, cfg, report, [p for p in providers if p not in report.skipped], seed, src_ids, atol, rtol, echo)
-    target = report.failing_inputs if report.failures else report.probe_inputs if localize else None
-    if target is not None and localize is not False:
-        from toolkit.verify.localize import localize as find_divergence
-
-        echo(f"localizing: {target['graph']} [{target['variant']}, {target['provider']}, {target['case']}], every intermediate tensor")
-        try:
-            loc = find_divergence(m, entry, model, cfg, target["graph"], target["variant"], target["provider"].split("-")[-1], runtime,
-                                  target["case"], target["feeds"], tolerance(target["variant"], atol, rtol), localize_against)
-            report.localization = loc.to_json()
-            report.localization["step_errors"] = report.step_errors.get(f"{target['variant']}/{target['provider']}", [])
-        except Exception as e:  # the verdict stands without it; say why it is missing
-            echo(f"localize: not available for this case ({first_line(e)}); the checks above are the verdict")
+    _localize(report, m, entry, model, cfg, runtime, atol, rtol, localize, localize_against, echo)
     return report
+
+
+def _localize(report: Report, m: Manifest, entry, model, cfg, runtime: str, atol, rtol, localize: bool | None,
+              localize_against, echo) -> None:
+    """The first divergent node of the first failing case (or, asked with nothing failing, of a sweep case)."""
+    target = report.failing_inputs if report.failures else report.probe_inputs if localize else None
+    if target is None or localize is False:
+        return
+    from toolkit.verify.localize import localize as find_divergence
+
+    echo(f"localizing: {target['graph']} [{target['variant']}, {target['provider']}, {target['case']}], every intermediate tensor")
+    try:
+        loc = find_divergence(m, entry, model, cfg, target["graph"], target["variant"], target["provider"].split("-")[-1], runtime,
+                              target["case"], target["feeds"], tolerance(target["variant"], atol, rtol), localize_against)
+        report.localization = loc.to_json()
+        report.localization["step_errors"] = report.step_errors.get(f"{target['variant']}/{target['provider']}", [])
+    except Exception as e:  # the verdict stands without it; say why it is missing
+        echo(f"localize: not available for this case ({first_line(e)}); the checks above are the verdict")
 
 
 def _load(m: Manifest, runtime: str, providers: list[str], variants: list[str], any_provider: bool, report: Report,

@@ -32,13 +32,16 @@ from toolkit.core.variants import BUILT
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
+@click.option("--ctranslate2", "ct2", is_flag=True,
+              help="On an exported Transformer: also store its weights converted for CTranslate2, for --runtime ctranslate2 "
+                   "(float32; int8 is chosen at load; --force converts again).")
 @click.option("--web", "web_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="On an exported directory: write a static site to DIR that translates in the browser (needs `npm ci --prefix web`; "
               "--force replaces an existing site).")
 @click.option("--to-hf", "hf_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="On an exported Transformer: write it as a Hugging Face MarianMTModel directory DIR (safetensors, "
               "config, generation config, tokenizer.json) that transformers loads with from_pretrained (--force replaces one).")
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, web_dir, hf_dir):
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, ct2, web_dir, hf_dir):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -47,15 +50,15 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     \b
     Example: tk export runs/transformer/checkpoint.pt --out exported/transformer
              tk export exported/transformer --quantize int8
+             tk export exported/transformer --ctranslate2
              tk export exported/transformer --web site/  (then: python -m http.server -d site/)
     """
     import time
 
     is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
-    if hf_dir is not None:
-        return _export_hf(Path(source), hf_dir, force, is_model_dir, any((out, random_init, fp16, optimize, quantize, attention, web_dir)))
-    if web_dir is not None:
-        return _export_web(Path(source), web_dir, force, is_model_dir, out or random_init or fp16 or optimize or quantize or attention)
+    if hf_dir is not None or ct2 or web_dir is not None:  # the directory, as it is, written for another runtime
+        return _convert(Path(source), force, is_model_dir, hf_dir, ct2, web_dir,
+                        any((out, random_init, fp16, optimize, quantize, attention)))
 
     from toolkit.deploy.stored_variants import ExportOptions, add_variants
 
@@ -97,6 +100,41 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         click.echo(f"  {f.name:<22} {f.stat().st_size / 1024:>10,.1f} KiB")
 
 
+def _convert(source: Path, force: bool, is_model_dir: bool, hf_dir: Path | None, ct2: bool, web_dir: Path | None,
+             other_options: bool) -> None:
+    """--to-hf, --ctranslate2 and --web: each converts an exported directory on its own."""
+    asked = [flag for flag, given in (("--to-hf", hf_dir is not None), ("--ctranslate2", ct2), ("--web", web_dir is not None)) if given]
+    if len(asked) > 1:
+        raise UsageError(f"{' and '.join(asked)} each convert the directory on their own; run one at a time")
+    if hf_dir is not None:
+        return _export_hf(source, hf_dir, force, is_model_dir, other_options)
+    if ct2:
+        return _export_ct2(source, force, is_model_dir, other_options)
+    return _export_web(source, web_dir, force, is_model_dir, other_options)
+
+
+def _export_ct2(source: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
+    import time
+
+    from toolkit.runtimes.ctranslate2 import stored
+
+    if not is_model_dir:
+        raise UsageError(f"--ctranslate2 needs an exported model directory (one with manifest.json), not {source}; "
+                         "export the checkpoint first")
+    if other_options:
+        raise UsageError("--ctranslate2 converts the directory's fp32 weights as they are; run it without --out, --random-init, "
+                         "--fp16, --optimize, --quantize or --attention")
+    start = time.time()
+    stored.add(source, force, command_line(), echo=lambda m: click.echo(m, err=True))
+    from toolkit.core import manifest
+
+    record = manifest.load(source).converted["ctranslate2"]
+    click.echo(f"wrote the CTranslate2 model into {source} in {time.time() - start:.1f}s:")
+    for entry in record.files.values():
+        click.echo(f"  {entry.file:<32} {entry.bytes / 1024:>10,.1f} KiB")
+    click.echo(f"check it with: tk verify {source} --runtime ctranslate2", err=True)
+
+
 def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
     import time
 
@@ -125,7 +163,7 @@ def _export_hf(source: Path, hf_dir: Path, force: bool, is_model_dir: bool, othe
         raise UsageError(f"--to-hf needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")
     if other_options:
         raise UsageError("--to-hf converts the directory as it is; run it without --out, --random-init, --fp16, --optimize, "
-                         "--quantize, --attention or --web")
+                         "--quantize or --attention")
     start = time.time()
     files = write_hf(source, hf_dir, force, echo=lambda m: click.echo(m, err=True))
     click.echo(f"wrote {hf_dir} in {time.time() - start:.1f}s:")

@@ -210,7 +210,7 @@ class LoadedCt2:
 def stored_files(m: Manifest) -> dict[str, bytes]:
     """The converted model's files by CTranslate2's own names, read from the directory (their digests are checked by
     Manifest.check_files before anything loads)."""
-    record = m.converted.get(RUNTIME)
+    record = (m.converted or {}).get(RUNTIME)
     if record is None:
         raise UsageError(f"{m.directory} has no CTranslate2 model; add one with: tk export {m.directory} --ctranslate2")
     files = {}

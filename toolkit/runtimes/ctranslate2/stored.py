@@ -28,7 +28,7 @@ def add(directory: Path, force: bool = False, command: str | None = None, echo: 
     with manifest.locked(directory):
         m = manifest.load(directory)
         m.check_files()
-        if RUNTIME in m.converted and not force:
+        if RUNTIME in (m.converted or {}) and not force:
             raise UsageError(f"{directory} already has a CTranslate2 model; use --force to convert it again")
         written: list[Path] = []
         with tempfile.TemporaryDirectory(prefix="tk-ct2-", dir=directory) as tmp:
@@ -49,7 +49,7 @@ def add(directory: Path, force: bool = False, command: str | None = None, echo: 
                     staged.replace(final)
                     written.append(final)
                     records[name] = manifest.FileRecord(final.name, manifest.file_sha256(final), final.stat().st_size)
-                m.converted[RUNTIME] = manifest.ConversionRecord(records, ct2_version, command)
+                m.converted = {**(m.converted or {}), RUNTIME: manifest.ConversionRecord(records, ct2_version, command)}
                 m.save()
             except BaseException:
                 for path in written:
