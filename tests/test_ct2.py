@@ -38,7 +38,7 @@ def test_ct2_refuses_a_model_it_cannot_express(random_export, tmp_path):
 def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tiny_export, tmp_path):
     out = tmp_path / "bench.json"
     result = cli("bench", "--model", tiny_export, "--sentences", 6, "--batch-size", 3, "--beam", 1, "--beam", 2, "--repeat", 1,
-                 "--no-textbook", "--variant", "fp32", "--variant", "int8", "--ct2", "--json", out)
+                 "--no-textbook", "--variant", "fp32", "--variant", "int8", "--runtime", "ctranslate2", "--json", out)
     assert result.exit_code == 0, result.output
     assert re.search(r"onnxruntime: batch 3: \d intra-op threads x \d decoding streams \(the fastest measured", result.output)
     assert re.search(r"ctranslate2 4\.\S+: batch 3: \d intra_threads x \d inter_threads", result.output)

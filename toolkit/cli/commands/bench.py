@@ -80,7 +80,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if peers or peer_python:
         raise UsageError("--peer and --peer-python time the Hugging Face peers in the user-level comparison; add --text FILE")
     if serve and set(runtimes) - {"onnxruntime"}:
-        raise UsageError("--serve load-tests `tk serve`, which runs on onnxruntime only; drop --runtime openvino")
+        raise UsageError(f"--serve load-tests `tk serve` on onnxruntime; drop --runtime {sorted(set(runtimes) - {'onnxruntime'})[0]}")
     if serve:
         from toolkit.bench.serve_load import bench_serve
         from toolkit.bench.serve_load import table as load_table
@@ -101,6 +101,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     from toolkit.bench import backends as b
 
     writable_file(json_path, "--json")
+    runtimes, ct2 = _ct2_rows(runtimes, ct2)
     notes: list[str] = []
     results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
                       repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
@@ -117,6 +118,15 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+def _ct2_rows(runtimes: tuple[str, ...], ct2: bool | None) -> tuple[tuple[str, ...], bool | None]:
+    """--runtime ctranslate2 asks for CTranslate2's rows (the --ct2 rows: it decodes in its own loop), beside tk's."""
+    if "ctranslate2" not in runtimes:
+        return runtimes, ct2
+    if ct2 is False:
+        raise UsageError("--runtime ctranslate2 times CTranslate2's rows, which --no-ct2 turns off; drop one of them")
+    return tuple(r for r in runtimes if r != "ctranslate2"), True
 
 
 def _check_provider(provider: str | None, text_path: Path | None) -> None:
