@@ -1,11 +1,14 @@
 """Shared fixtures: the corpus beside the repository, a tiny trained transformer, and its export.
 
-Everything here is built once per test session and never touches the network.
+Everything here is built once per test run and never touches the network: with the suite spread over worker processes
+(pytest-xdist), the first worker to ask builds a model and the others wait for it and use the same files.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,24 +43,44 @@ def challenge_test() -> Path:
     return SHARED_DATA / "tatoeba-test-eng-fra.txt"
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, made by `build(folder)` once per test run: by this process, or by whichever xdist worker
+    asked first (the others wait on a lock and reuse it). Tests copy what they change, as they always have."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this run
+    folder, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    with FileLock(str(root / f"shared-{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, corpus_zip) -> Path:
     """A transformer trained for a few seconds on a few hundred pairs: real tokenizer, real sentences."""
     from toolkit.pytorch.train import TrainOptions, train
 
-    out = tmp_path_factory.mktemp("tiny-run")
-    train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=8, seed=0),
-          echo=lambda m: None)
-    return out / "checkpoint.pt"
+    def build(out: Path) -> None:
+        train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=8, seed=0),
+              echo=lambda m: None)
+
+    return built_once(tmp_path_factory, "tiny-run", build) / "checkpoint.pt"
 
 
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory, tiny_checkpoint) -> Path:
     from toolkit.pytorch.export import ExportOptions, export
 
-    out = tmp_path_factory.mktemp("tiny-export") / "transformer"
-    export(ExportOptions(out=out, checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
-    return out
+    def build(out: Path) -> None:
+        export(ExportOptions(out=out / "transformer", checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
+
+    return built_once(tmp_path_factory, "tiny-export", build) / "transformer"
 
 
 @pytest.fixture(scope="session")
@@ -65,13 +88,9 @@ def random_export(tmp_path_factory):
     """Exports a registry model with small random weights, once per model per session."""
     from toolkit.pytorch.export import ExportOptions, export
 
-    root = tmp_path_factory.mktemp("random-exports")
-    cache: dict[str, Path] = {}
-
     def get(name: str) -> Path:
-        if name not in cache:
-            cache[name] = export(ExportOptions(out=root / name, model=name, random_init=True), echo=lambda m: None)
-        return cache[name]
+        return built_once(tmp_path_factory, f"random-{name}",
+                          lambda out: export(ExportOptions(out=out / name, model=name, random_init=True), echo=lambda m: None)) / name
 
     return get
 

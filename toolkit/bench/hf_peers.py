@@ -41,7 +41,8 @@ def _translate(model, tokenizer, lines: list[str], beam: int, batch: int) -> lis
     with torch.inference_mode():
         for start in range(0, len(order), batch):
             idx = order[start : start + batch]
-            inputs = tokenizer([lines[i] for i in idx], return_tensors="pt", padding=True)
+            # Cut to the model's positions, as tk cuts its sources (the tokenizer's model_max_length).
+            inputs = tokenizer([lines[i] for i in idx], return_tensors="pt", padding=True, truncation=True)
             generated = model.generate(**inputs, num_beams=beam, do_sample=False)
             for i, text in zip(idx, tokenizer.batch_decode(generated, skip_special_tokens=True)):
                 out[i] = text
