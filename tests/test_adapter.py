@@ -28,9 +28,9 @@ def _example():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, corpus_zip) -> Path:
-    """The example trained for 10 s on 4,000 pairs (the docs train it for a minute on all of them)."""
+    """The example trained for 4 s on 4,000 pairs (the docs train it for a minute on all of them)."""
     out = tmp_path_factory.mktemp("nn-transformer") / "run"
-    _example().train(out, corpus_zip, seconds=10, d=64, vocab=800, limit=4000)
+    _example().train(out, corpus_zip, seconds=4, d=64, vocab=800, limit=4000)
     return out
 
 
