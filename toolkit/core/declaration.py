@@ -87,6 +87,13 @@ def layer_key(name: str, layer: int) -> str:
     return f"{name}_{layer}"
 
 
+def transformer_layers(config: dict) -> tuple[int, int]:
+    """(encoder layers, decoder layers) of a tk Transformer's config: `decoder_layers` where the config states it,
+    else `num_layers` for both (manifests and checkpoints written before the two could differ)."""
+    decoder = config.get("decoder_layers")
+    return config["num_layers"], config["num_layers"] if decoder is None else decoder
+
+
 def self_attention_cache(layers: int) -> set[str]:
     """The decoder cache of an attention encoder-decoder in tk's layout: a key and a value tensor per layer."""
     return {layer_key(f"self_{kv}", i) for i in range(layers) for kv in "kv"}

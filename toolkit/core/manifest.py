@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from toolkit.core.atomic import exclusive, write_atomic
-from toolkit.core.declaration import Declaration, DecodingRules, self_attention_cache
+from toolkit.core.declaration import Declaration, DecodingRules, self_attention_cache, transformer_layers
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.engines import CONVERTED_RUNTIMES
@@ -394,7 +394,7 @@ def load(directory: str | Path) -> Manifest:
 # The models a manifest may name: kind, graph names, and the cache each decoder carries from step to step.
 # Torch-free on purpose (translate reads manifests); tests check it against the registry.
 MODELS = {
-    "transformer": ("seq2seq", lambda c: self_attention_cache(c["num_layers"])),
+    "transformer": ("seq2seq", lambda c: self_attention_cache(transformer_layers(c)[1])),
     # Imported from Hugging Face (toolkit.pytorch.hf_marian): the same layout, its decoder's layers.
     "marian": ("seq2seq", lambda c: self_attention_cache(c["decoder_layers"])),
     # Your own (toolkit.pytorch.adapter): the state its decoder graph declared.

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core import manifest as manifest_mod
+from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
@@ -95,12 +96,15 @@ def marian_tensors(weights: dict[str, np.ndarray], cfg: dict, permute: bool = Tr
         out[f"{dst}.fc1.weight"], out[f"{dst}.fc1.bias"] = f32(weights[f"{src}.ffn.dense1.weight"][:, p]), f32(weights[f"{src}.ffn.dense1.bias"])
         out[f"{dst}.fc2.weight"], out[f"{dst}.fc2.bias"] = f32(weights[f"{src}.ffn.dense2.weight"][p, :]), f32(weights[f"{src}.ffn.dense2.bias"][p])
 
-    for i in range(cfg["num_layers"]):
-        enc, dec = f"model.encoder.layers.{i}", f"model.decoder.layers.{i}"
+    encoder_layers, decoder_layers = transformer_layers(cfg)
+    for i in range(encoder_layers):
+        enc = f"model.encoder.layers.{i}"
         attention(f"{enc}.self_attn", f"encoder_blocks.{i}.attention")
         norm(f"{enc}.self_attn_layer_norm", f"encoder_blocks.{i}.sub1")
         ffn(enc, f"encoder_blocks.{i}")
         norm(f"{enc}.final_layer_norm", f"encoder_blocks.{i}.sub2")
+    for i in range(decoder_layers):
+        dec = f"model.decoder.layers.{i}"
         attention(f"{dec}.self_attn", f"decoder_blocks.{i}.self_attention")
         norm(f"{dec}.self_attn_layer_norm", f"decoder_blocks.{i}.sub1")
         attention(f"{dec}.encoder_attn", f"decoder_blocks.{i}.cross_attention")
@@ -126,11 +130,11 @@ def check_positions(weights: dict[str, np.ndarray], cfg: dict) -> None:
 
 
 def marian_config(cfg: dict) -> dict:
-    layers, heads, ffn = cfg["num_layers"], cfg["num_heads"], cfg["ffn_num_hiddens"]
+    (encoder_layers, decoder_layers), heads, ffn = transformer_layers(cfg), cfg["num_heads"], cfg["ffn_num_hiddens"]
     return {
         "architectures": ["MarianMTModel"], "model_type": "marian",
         "vocab_size": cfg["vocab_size"], "decoder_vocab_size": cfg["vocab_size"], "d_model": cfg["num_hiddens"],
-        "encoder_layers": layers, "decoder_layers": layers, "encoder_attention_heads": heads, "decoder_attention_heads": heads,
+        "encoder_layers": encoder_layers, "decoder_layers": decoder_layers, "encoder_attention_heads": heads, "decoder_attention_heads": heads,
         "encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "activation_function": "relu",
         "max_position_embeddings": cfg["max_len"], "scale_embedding": True,
         "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
@@ -228,7 +232,7 @@ def tokenizer_files(m: Manifest) -> dict[str, bytes]:
 def model_card(m: Manifest) -> bytes:
     return f"""# {m.model} (tk), as a Hugging Face MarianMTModel
 
-English to French: tk's post-LN Transformer, {m.config['num_layers']} + {m.config['num_layers']} layers, d_model {m.config['num_hiddens']},
+English to French: tk's post-LN Transformer, {' + '.join(map(str, transformer_layers(m.config)))} layers, d_model {m.config['num_hiddens']},
 a shared SentencePiece vocabulary of {m.config['vocab_size']}. Written by `tk export {m.directory} --to-hf DIR` from
 tk's exported graphs; `tk verify {m.directory} --to-hf DIR` compares the two.
 

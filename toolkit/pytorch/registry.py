@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,7 +50,9 @@ class ModelEntry:
         return self.config_cls(**{k: v for k, v in overrides.items() if k in known})
 
     def field_types(self) -> dict[str, type]:
-        return {f.name: type(f.default) for f in dataclasses.fields(self.config_cls)}
+        """Each config field's type: its default's, or for an optional field (default None) the type it holds."""
+        return {f.name: type(f.default) if f.default is not None else _optional_type(self.config_cls, f.name)
+                for f in dataclasses.fields(self.config_cls)}
 
     def checked_config(self, values: dict, where: str) -> object:
         """The config from stored values (a checkpoint's), refusing unknown keys, wrong types and impossible sizes."""
@@ -77,6 +80,12 @@ class ModelEntry:
                 raise UsageError(f"--set {key}: not a setting of {self.name}; known: {', '.join(sorted(types))}")
             out[key] = parse_value(key, raw, types[key])
         return out
+
+
+def _optional_type(cls: type, name: str) -> type:
+    """int for a field annotated `int | None` (TransformerConfig.decoder_layers)."""
+    kinds = [k for k in typing.get_args(typing.get_type_hints(cls)[name]) if k is not type(None)]
+    return kinds[0] if len(kinds) == 1 else object
 
 
 def _fits(value, kind: type) -> bool:
@@ -155,7 +164,7 @@ def get(name: str) -> ModelEntry:
 # ---- seq2seq models: an encoder graph and a one-step decoder graph (toolkit.core.graphs) -------
 
 def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
-    return encoder_decoder_graphs(cfg.num_hiddens, cfg.num_layers, cfg.num_heads, cfg.vocab_size)
+    return encoder_decoder_graphs(cfg.num_hiddens, cfg.decoder_layers, cfg.num_heads, cfg.vocab_size)
 
 
 def marian_graphs(cfg: MarianSettings) -> list[GraphSpec]:
@@ -173,9 +182,9 @@ def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
 def transformer_attention(cfg: TransformerConfig) -> dict[str, tuple[TensorSpec, ...]]:
     """Encoder self-attention per layer over the source; per decoder step, each layer's self-attention
     over the target prefix (the cache plus the new position) and its cross-attention over the source."""
-    layers, h = range(cfg.num_layers), cfg.num_heads
-    encoder = tuple(TensorSpec(layer_key("encoder_attention", i), FLOAT, ("batch", h, "src_len", "src_len")) for i in layers)
-    decoder = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, k)) for i in layers
+    h = cfg.num_heads
+    encoder = tuple(TensorSpec(layer_key("encoder_attention", i), FLOAT, ("batch", h, "src_len", "src_len")) for i in range(cfg.num_layers))
+    decoder = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, k)) for i in range(cfg.decoder_layers)
                     for n, k in (("self_attention", "past_len+1"), ("cross_attention", "src_len")))
     return {"encoder": encoder, "decoder": decoder}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.tokenizer import BOS, EOS, UNK
@@ -75,7 +76,7 @@ def transformer_spec(m: Manifest):
         raise UsageError(f"{m.directory} is a pre-LN Transformer; tk converts post-LN Transformers to CTranslate2 only: "
                          "use --runtime onnxruntime")
     w = graph_weights(m)
-    layers, heads = cfg["num_layers"], cfg["num_heads"]
+    layers, heads = transformer_layers(cfg), cfg["num_heads"]  # (encoder, decoder): the two may differ
     spec = ts.TransformerSpec.from_config(layers, heads, pre_norm=False, activation=common_spec.Activation.RELU)
     emb = w["embedding.weight"]
     for stack in (spec.encoder, spec.decoder):
