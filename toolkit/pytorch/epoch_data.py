@@ -1,4 +1,5 @@
-"""Each training epoch's examples: the same pairs with that epoch's robustness noise, tokenized.
+"""Each training epoch's examples: the same pairs (with that epoch's copy pairs, toolkit.core.copydata) and that
+epoch's robustness noise, tokenized.
 
 Noising and tokenizing 150,000 pairs takes seconds of Python per epoch, so the next epoch's
 examples are prepared in a worker process while the current epoch trains. The worker is
@@ -11,20 +12,23 @@ import concurrent.futures
 import multiprocessing
 
 from toolkit.core import data
+from toolkit.core.copydata import CopyData
 from toolkit.core.noise import NoiseConfig, PairNoise
 from toolkit.core.tokenizer import Tokenizer
 
 _worker: dict = {}
 
 
-def _init(pairs, proto: bytes, max_len: int, noise: dict | None, seed: int) -> None:
+def _init(pairs, proto: bytes, max_len: int, noise: dict | None, seed: int, copy_rate: float = 0.0) -> None:
     _worker.update(pairs=pairs, tokenizer=Tokenizer(proto), max_len=max_len, seed=seed,
-                   noise=PairNoise(NoiseConfig(**noise), seed) if noise is not None else None)
+                   noise=PairNoise(NoiseConfig(**noise), seed) if noise is not None else None,
+                   copy=CopyData(pairs, copy_rate, seed) if copy_rate else None)
 
 
 def _examples(epoch: int) -> list[tuple[list[int], list[int]]]:
     w = _worker
-    pairs = w["noise"].pairs(w["pairs"], w["seed"] * 1000 + epoch) if w["noise"] else w["pairs"]
+    pairs = w["pairs"] + w["copy"].epoch_pairs(epoch) if w["copy"] else w["pairs"]  # copy pairs: names swapped on both sides
+    pairs = w["noise"].pairs(pairs, w["seed"] * 1000 + epoch) if w["noise"] else pairs
     return data.encode_pairs(w["tokenizer"], pairs, w["max_len"])
 
 
@@ -32,11 +36,11 @@ class EpochData:
     """examples(epoch) -> that epoch's (source ids, target ids); deterministic given the seed, so a
     resumed run sees exactly the batches it would have seen."""
 
-    def __init__(self, pairs, tokenizer: Tokenizer, max_len: int, noise: NoiseConfig | None, seed: int):
-        args = (pairs, tokenizer.model_proto, max_len, noise.asdict() if noise else None, seed)
+    def __init__(self, pairs, tokenizer: Tokenizer, max_len: int, noise: NoiseConfig | None, seed: int, copy_rate: float = 0.0):
+        args = (pairs, tokenizer.model_proto, max_len, noise.asdict() if noise else None, seed, copy_rate)
         self._pool = None
         self._cache: dict[int, object] = {}
-        if noise is None:  # the pairs never change: encode once, here
+        if noise is None and not copy_rate:  # the pairs never change: encode once, here
             _init(*args)
             self._fixed = _examples(0)
         else:

@@ -33,7 +33,16 @@ PRESETS = {
     "base": dict(vocab_size=6000, num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_layers=3,
                  embed_size=256, epochs=12, max_tokens=6000, lr=1e-3, warmup=1500, eval_sentences=500,
                  noise=True, average_last=1),
+    # Issue 41's student, for one GPU lease (docs/models.md#the-student-recipe-issue-41): a deep encoder over a shallow
+    # decoder (6 + 2; Kasai et al. 2021, Bergamot's tiny students), tied embeddings, label smoothing, the robustness
+    # noise, copy pairs that teach names (toolkit.core.copydata), longer training and the mean of the last 6 epochs.
+    # 7.32M parameters: the exported/ size budget (40 MiB) caps an fp32 Transformer beside the GRU at about 7.5M.
+    "student": dict(vocab_size=6000, num_hiddens=256, ffn_num_hiddens=768, num_heads=4, num_layers=6, decoder_layers=2,
+                    epochs=32, max_tokens=6000, lr=1e-3, warmup=2000, eval_sentences=500, noise=True, average_last=6,
+                    label_smoothing=0.1, copy_rate=0.08),
 }
+# Presets that describe one model only; `tk train OTHER --preset NAME` is refused.
+PRESET_MODELS = {"student": ("transformer",)}
 # What differs per model from the size preset. The Transformer keeps the paper's schedule and
 # averages its last epochs; the GRU halves its rate when validation loss stalls and stops early.
 MODEL_PRESETS = {
@@ -43,7 +52,10 @@ MODEL_PRESETS = {
 }
 # Training settings `--set` accepts besides the model's config fields, with their types.
 SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int,
-            "average_last": int, "patience": int}
+            "average_last": int, "patience": int, "label_smoothing": float, "copy_rate": float}
+# Settings whose 0 means "off" and whose bounds are [0, high]; every other setting must be positive.
+FRACTIONS = {"label_smoothing": 0.5, "copy_rate": 1.0}
+LABEL_SMOOTHING = 0.1  # unless a preset or --set says otherwise
 
 
 @dataclass
@@ -96,7 +108,9 @@ def check_settings(opts: TrainOptions, entry: registry.ModelEntry) -> None:
     opts.overrides = entry.parse_overrides(opts.overrides, SETTINGS)
     for key in SETTINGS:
         value = opts.setting(key)
-        if value is not None and value <= 0:
+        if value is not None and key in FRACTIONS and not 0 <= value <= FRACTIONS[key]:
+            raise UsageError(f"{key} must be from 0 to {FRACTIONS[key]}, got {value}")
+        if value is not None and key not in FRACTIONS and value <= 0:
             raise UsageError(f"{key} must be positive, got {value}")
     registry.check_config(opts.model, entry.config(**config_fields(opts, entry)), "--set")
 
@@ -137,6 +151,9 @@ def train(opts: TrainOptions, echo=print) -> dict:
     """Runs training as configured; returns the final metrics."""
     if opts.preset not in PRESETS:
         raise UsageError(f"unknown preset '{opts.preset}'; choose one of: {', '.join(PRESETS)}")
+    if opts.model not in PRESET_MODELS.get(opts.preset, (opts.model,)):
+        raise UsageError(f"--preset {opts.preset} is a recipe for {' and '.join(PRESET_MODELS[opts.preset])} only; "
+                         "use --preset tiny or base")
     entry = registry.get(opts.model)
     if entry.train is None:
         raise UsageError(f"model '{opts.model}' has no training task; train one of: {', '.join(registry.trainable())}")
@@ -292,7 +309,9 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
                 state.pop(key, None)
 
     noise_cfg = NoiseConfig() if opts.setting("noise") else None
-    epochs_data = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed)
+    copy_rate = opts.setting("copy_rate") or 0.0
+    smoothing = LABEL_SMOOTHING if opts.setting("label_smoothing") is None else opts.setting("label_smoothing")
+    epochs_data = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed, copy_rate)
     valid_examples = data.encode_pairs(tokenizer, valid_pairs, cfg.max_len)
     epochs, max_tokens = opts.setting("epochs"), opts.setting("max_tokens")
     schedule = Schedule(opts.setting("schedule") or "inverse_sqrt", opts.setting("lr"), opts.setting("warmup"), opts.setting("patience"))
@@ -301,13 +320,14 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     echo(f"{opts.model}: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, {len(train_pairs)} training pairs, "
          f"{len(valid_examples)} validation pairs, {epochs} epochs, {'bf16 autocast' if use_bf16 else 'fp32'}, "
-         f"noise {'on' if noise_cfg else 'off'}; {hardware(device)}")
+         f"noise {'on' if noise_cfg else 'off'}{f', copy pairs {copy_rate:g} per pair' if copy_rate else ''}; {hardware(device)}")
 
     # The command that started the run stays recorded; each --resume is appended after it.
     provenance = {"command": opts.command, "seed": opts.seed, "hardware": hardware(device),
                   "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()}, "resumed_with": [],
                   "noise": noise_cfg.asdict() if noise_cfg else None,
-                  "recipe": {k: opts.setting(k) for k in ("epochs", "lr", "warmup", "max_tokens", "schedule", "patience", "average_last")}}
+                  "recipe": {**{k: opts.setting(k) for k in ("epochs", "lr", "warmup", "max_tokens", "schedule", "patience", "average_last")},
+                             "label_smoothing": smoothing, "copy_rate": copy_rate}}
     if resumed:
         first = resumed.get("train", {})
         provenance.update(command=first.get("command", opts.command), options=first.get("options", provenance["options"]),
@@ -347,7 +367,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
                     group["lr"] = schedule.lr(state["step"] + 1, state)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
                     log_probs = model(src, src_len, tgt_in)
-                loss, _ = label_smoothed_nll(log_probs.float(), tgt_out, 0.1)
+                loss, _ = label_smoothed_nll(log_probs.float(), tgt_out, smoothing)
                 n_tokens = int((tgt_out != PAD).sum())
                 optimizer.zero_grad(set_to_none=True)
                 (loss / n_tokens).backward()
