@@ -31,7 +31,10 @@ from toolkit.core.variants import NAMES
                    "short phrases, names/numbers/URLs, several sentences per line) and the runaway rate.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the robustness sets.")
 @click.option("--raw", is_flag=True, help="With --robustness: no input handling (as tk translate --raw), to measure what it adds.")
-def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw):
+@click.option("--names", "names_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Instead: how many unseen names come out verbatim (k of n) on a name test set, e.g. docs/names-test.tsv "
+                   "[beam: the first --beam, default 4].")
+def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw, names_path):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
 
     Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
@@ -41,6 +44,15 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
     from toolkit.core import manifest as manifest_mod
     from toolkit.deploy.evaluate import evaluate_model, evaluate_robustness
 
+    if names_path:
+        from toolkit.deploy.names import evaluate_names
+
+        results = evaluate_names(model_dir, names_path, beams[0] if beams else 4, threads=threads, variant=variant,
+                                 echo=lambda m: click.echo(m, err=True))
+        click.echo(json.dumps(results, indent=2, ensure_ascii=False))
+        if record:
+            manifest_mod.record_metric(model_dir, "names", variant, results)
+        return
     if robustness:
         from toolkit.deploy.robustness import table
 
