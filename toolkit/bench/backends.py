@@ -236,12 +236,15 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
 
 def matmul_flops_per_token(cfg: dict) -> tuple[float, float]:
     """Multiply-add FLOPs of the weight matrices per source and per target token (attention scores left out)."""
-    d, ff, layers, vocab = cfg["num_hiddens"], cfg["ffn_num_hiddens"], cfg["num_layers"], cfg["vocab_size"]
+    from toolkit.core.declaration import transformer_layers
+
+    d, ff, vocab = cfg["num_hiddens"], cfg["ffn_num_hiddens"], cfg["vocab_size"]
+    encoder, decoder = transformer_layers(cfg)
     ffn = 2 * 2 * d * ff
     # Source: encoder Q, K, V, O and FFN, plus each decoder layer's cross-attention K and V.
-    per_src = layers * (2 * 4 * d * d + ffn) + layers * 2 * 2 * d * d
+    per_src = encoder * (2 * 4 * d * d + ffn) + decoder * 2 * 2 * d * d
     # Target: self-attention Q, K, V, O, cross-attention Q and O, FFN, and the output projection.
-    per_tgt = layers * (2 * 6 * d * d + ffn) + 2 * d * vocab
+    per_tgt = decoder * (2 * 6 * d * d + ffn) + 2 * d * vocab
     return float(per_src), float(per_tgt)
 
 
