@@ -5,8 +5,8 @@ tk's text handling (cleaning, splitting, capitals, placeholders) and its guards 
 in as tk's token ids, results come back as `Hypothesis` lists like the ONNX Runtime loop's. Greedy decoding is exact
 by construction: a greedy prefix does not depend on how long decoding may run, so every sentence is decoded to the
 longest limit of the call and then cut where tk's length limit or loop guard would have stopped it. Beam search is
-CTranslate2's own, with its length penalty (score / length^alpha, not tk's GNMT rule), each length limit a call
-of its own. Imports numpy and (lazily) ctranslate2; never torch.
+CTranslate2's own, with its length penalty (score / length^alpha, not tk's GNMT rule), decoded to the call's longest
+limit and cut the same way. Imports numpy and (lazily) ctranslate2; never torch.
 """
 
 from __future__ import annotations
@@ -143,10 +143,9 @@ class Ct2Backend:
         if not todo:
             return out
         limits = length_limits([src[i] for i in todo], opts.max_len, opts.max_len_a, opts.max_len_b)
-        if opts.beam == 1:
-            groups = [(todo, limits, int(limits.max()))]
-        else:  # a beam's choices depend on its length limit: each limit decodes on its own
-            groups = [([i for i, n in zip(todo, limits) if n == k], limits[limits == k], int(k)) for k in np.unique(limits)]
+        # One call to the longest limit, each hypothesis then cut at its sentence's own: exact for greedy; for a beam
+        # only the rare hypotheses that reach their limit could differ (a call per limit made beam 4 1.3x slower).
+        groups = [(todo, limits, int(limits.max()))]
         engine = self.batches() if self.batches is not None and len(todo) > opts.batch_size else self.translator
         for idx, lims, longest in groups:
             results = engine.translate_batch(
