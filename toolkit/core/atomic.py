@@ -133,6 +133,21 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         f.write(data)
 
 
+def replace_directory(tmp: Path, out: Path) -> None:
+    """Puts the finished directory `tmp` at `out` by renames only, so `out` is at every moment the old directory or the
+    new one, whole; the old one is moved aside first and deleted once the new one is in place."""
+    import shutil
+    import tempfile
+
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        os.replace(out, old / out.name)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def check_output_path(path: str | Path, option: str) -> None:
     """The one check of an output file path, before any work, so a long run never fails at its very end
     and a mistyped path never creates directories: its directory must exist and be writable."""

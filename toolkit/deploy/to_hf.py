@@ -31,7 +31,6 @@ tokenizers (the hf extra).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core import manifest as manifest_mod
+from toolkit.core.atomic import replace_directory
 from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
@@ -293,13 +293,7 @@ def write_hf(model_dir: Path, out: Path, force: bool = False, echo: Callable[[st
             (tmp / name).write_bytes(data)
         tmp.chmod(0o755)  # mkdtemp makes it private
         replaceable(out, force)  # again: another writer may have made it meanwhile
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.replace(out, old / out.name)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

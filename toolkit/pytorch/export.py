@@ -27,7 +27,7 @@ import onnx.numpy_helper
 import torch
 
 from toolkit.core import manifest, variants
-from toolkit.core.atomic import exclusive
+from toolkit.core.atomic import exclusive, replace_directory
 from toolkit.core.data import CORPUS_SHA256
 from toolkit.core.declaration import Declaration
 from toolkit.core.errors import ToolkitError, UsageError, first_line
@@ -208,13 +208,7 @@ def export(opts: ExportOptions, echo=print) -> Path:
         with exclusive(out.parent, f"{out.parent}"):
             # Checked again under the lock: another export may have written `out` while this one ran.
             replaceable(out, opts.force)
-            old = None
-            if out.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-                os.replace(out, old / out.name)
-            os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

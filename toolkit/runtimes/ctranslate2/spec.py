@@ -47,6 +47,13 @@ def _ffn(spec, w: dict[str, np.ndarray], scope: str) -> None:
     _linear(spec.linear_1, w[f"{scope}.ffn.dense2.weight"], w[f"{scope}.ffn.dense2.bias"])
 
 
+def _self_attention(spec, w: dict[str, np.ndarray], scope: str, module: str) -> None:
+    """Q, K and V as one fused projection (CTranslate2's layout), the output projection, and the sublayer's LayerNorm."""
+    _linear(spec.linear[0], np.concatenate([w[f"{scope}.{module}.W_{x}.weight"] for x in "qkv"]))
+    _linear(spec.linear[1], w[f"{scope}.{module}.W_o.weight"])
+    _norm(spec.layer_norm, w, f"{scope}.sub1")
+
+
 def _specs():
     """CTranslate2's spec modules, imported without torch: they import it when they can (for bfloat16 and
     torch tensors, neither used here), which would take seconds and break the deploy path's torch-free promise."""
@@ -87,18 +94,12 @@ def transformer_spec(m: Manifest):
     _linear(spec.decoder.projection, emb)  # tied output projection
     for i, layer in enumerate(spec.encoder.layer):
         p = f"encoder_blocks.{i}"
-        att = layer.self_attention
-        _linear(att.linear[0], np.concatenate([w[f"{p}.attention.W_{x}.weight"] for x in "qkv"]))
-        _linear(att.linear[1], w[f"{p}.attention.W_o.weight"])
-        _norm(att.layer_norm, w, f"{p}.sub1")
+        _self_attention(layer.self_attention, w, p, "attention")
         _ffn(layer.ffn, w, p)
         _norm(layer.ffn.layer_norm, w, f"{p}.sub2")
     for i, layer in enumerate(spec.decoder.layer):
         p = f"decoder_blocks.{i}"
-        att = layer.self_attention
-        _linear(att.linear[0], np.concatenate([w[f"{p}.self_attention.W_{x}.weight"] for x in "qkv"]))
-        _linear(att.linear[1], w[f"{p}.self_attention.W_o.weight"])
-        _norm(att.layer_norm, w, f"{p}.sub1")
+        _self_attention(layer.self_attention, w, p, "self_attention")
         cross = layer.attention
         _linear(cross.linear[0], w[f"{p}.cross_attention.W_q.weight"])
         _linear(cross.linear[1], np.concatenate([w[f"{p}.cross_attention.W_{x}.weight"] for x in "kv"]))
