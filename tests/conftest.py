@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,13 +55,36 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # shared by the workers of this run
     folder, done = root / f"shared-{name}", root / f"shared-{name}.done"
-    with FileLock(str(root / f"shared-{name}.lock")):
+    with _own_time_limit(name), FileLock(str(root / f"shared-{name}.lock")):
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             build(folder)
             done.touch()
     return folder
+
+
+# A shared build (or the wait for another worker's) may take minutes on a loaded 2-core machine; it has this limit
+# of its own instead of eating the time limit of the test that happened to ask first.
+SHARED_BUILD_LIMIT_S = 600
+
+
+@contextmanager
+def _own_time_limit(name: str) -> Iterator[None]:
+    """Runs the block under SHARED_BUILD_LIMIT_S, then gives the asking test back the time it had left.
+    pytest-timeout's signal method arms ITIMER_REAL for each test; its handler fails the test when it fires."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    left, _ = signal.getitimer(signal.ITIMER_REAL)
+    if left <= 0:  # no limit armed (pytest-timeout off): nothing to lend
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, SHARED_BUILD_LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, left)
 
 
 @pytest.fixture(scope="session")
