@@ -30,14 +30,14 @@ SHIPPED = REPO / "exported" / "transformer"
 SIZE_BUDGET = 40 * 2**20  # tests/test_shipped.py
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "docs" / f"{name}.py")
+def _script(name: str, folder: str = "docs"):
+    spec = importlib.util.spec_from_file_location(name, REPO / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-lease41 = _script("lease41")
+lease = _script("lease", "tools")
 
 
 def tk(*args):
@@ -61,24 +61,24 @@ def test_the_student_is_a_deep_encoder_over_a_shallow_decoder_within_10m_paramet
     assert recipe["epochs"] > 30  # longer than the shipped recipe's 30
     model = Transformer(cfg)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == lease41.parameters(dataclasses.asdict(cfg)) == 7_320_576
+    assert counted == lease.parameters(dataclasses.asdict(cfg)) == 7_320_576
     assert counted <= 10_000_000
     assert [n for n, p in model.named_parameters() if p.shape[0] == cfg.vocab_size] == ["embedding.weight"]  # tied: one table
     # The formula holds for the shipped model too (its weights.bin: every parameter and the positional table).
     shipped = manifest.load(SHIPPED)
-    assert lease41.weights_bytes(shipped.config) == (SHIPPED / "weights.bin").stat().st_size
+    assert lease.weights_bytes(shipped.config) == (SHIPPED / "weights.bin").stat().st_size
     # exported/ with the student in place of the shipped Transformer: its weights, and graphs and node maps that grow
     # with the layers they hold (the encoder's with 6 of 3, the decoder's with 2 of 3), stay within the budget.
     files = {p.name: p.stat().st_size for p in SHIPPED.iterdir()}
     graphs = 2 * (files["encoder.onnx"] + files["encoder.nodes.json"]) + (files["decoder.onnx"] + files["decoder.nodes.json"])
-    student_dir = lease41.weights_bytes(dataclasses.asdict(cfg)) + graphs + sum(
+    student_dir = lease.weights_bytes(dataclasses.asdict(cfg)) + graphs + sum(
         size for name, size in files.items() if not name.startswith(("encoder.", "decoder.", "weights.bin")))
-    projected = lease41.tree_bytes(REPO / "exported") - lease41.tree_bytes(SHIPPED) + student_dir
+    projected = lease.tree_bytes(REPO / "exported") - lease.tree_bytes(SHIPPED) + student_dir
     assert projected + 256 * 2**10 <= SIZE_BUDGET, f"{projected / 2**20:.2f} MiB"
     # The same sizes with a 1,024-wide FFN (8.4M parameters, within 10M) would not fit: the budget is what binds.
     wider = {**dataclasses.asdict(cfg), "ffn_num_hiddens": 1024}
-    assert lease41.parameters(wider) <= 10_000_000
-    assert projected - lease41.weights_bytes(dataclasses.asdict(cfg)) + lease41.weights_bytes(wider) > SIZE_BUDGET
+    assert lease.parameters(wider) <= 10_000_000
+    assert projected - lease.weights_bytes(dataclasses.asdict(cfg)) + lease.weights_bytes(wider) > SIZE_BUDGET
 
 
 @pytest.mark.timeout(30)
@@ -357,7 +357,7 @@ def test_dry_run_scores_the_unseen_names_through_tk_evaluate(dry_export):
     assert manifest.load(dry_export).metrics["names"]["total"] == scores["total"]
 
 
-# ---- the runbook ------------------------------------------------------------------------------------------
+# ---- the lease tool (tools/lease.py) ------------------------------------------------------------------------------------------
 
 def _manifest(challenge4, split4, challenge1, split1, names_share=0.95, cuda=True, config=None):
     ev = {"tatoeba_challenge_beam4": {"bleu": challenge4}, "test_split_beam4": {"bleu_multi_ref": split4},
@@ -374,7 +374,7 @@ def test_the_ship_rule_holds_every_condition_of_the_issue():
     good = _manifest(45.3, 56.9, 44.0, 55.9)
 
     def verdict(student, bench=fast, size=39 * 2**20):
-        return {what: ok for what, ok, _ in lease41.conditions(student, shipped, bench, size)}
+        return {what: ok for what, ok, _ in lease.conditions(student, shipped, bench, size)}
 
     assert all(verdict(good).values())
     assert not all(verdict(_manifest(44.9, 56.9, 44.0, 55.9)).values())  # beats the shipped model, but under 45.0
@@ -396,32 +396,32 @@ def test_pack_and_unpack_carry_files_in_parts_with_their_digests(tmp_path, monke
     payload = random.Random(0).randbytes(50_000)
     Path("runs/x/weights.bin").write_bytes(payload)
     Path("runs/x/manifest.json").write_text("{}")
-    index = lease41.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out", "m", part_bytes=16_384)
+    index = lease.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out", "m", part_bytes=16_384)
     assert len(index["parts"]) >= 4 and all((tmp_path / "out" / p["file"]).stat().st_size <= 16_384 for p in index["parts"])
-    assert sorted(lease41.unpack(tmp_path / "out", tmp_path / "back", "m")) == ["runs/x/manifest.json", "runs/x/weights.bin"]
+    assert sorted(lease.unpack(tmp_path / "out", tmp_path / "back", "m")) == ["runs/x/manifest.json", "runs/x/weights.bin"]
     assert (tmp_path / "back" / "runs/x/weights.bin").read_bytes() == payload
     # Parts written by two calls fit together; a damaged part is refused.
-    again = lease41.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out2", "m", part_bytes=16_384,
+    again = lease.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out2", "m", part_bytes=16_384,
                          parts=(0, 1), work=tmp_path / "work")
-    lease41.pack([], tmp_path / "out2", "m", part_bytes=16_384, parts=(2, 99), work=tmp_path / "work")
+    lease.pack([], tmp_path / "out2", "m", part_bytes=16_384, parts=(2, 99), work=tmp_path / "work")
     assert again["sha256"] == index["sha256"]
-    assert lease41.unpack(tmp_path / "out2", tmp_path / "back2", "m")
+    assert lease.unpack(tmp_path / "out2", tmp_path / "back2", "m")
     broken = tmp_path / "out" / index["parts"][1]["file"]
     broken.write_bytes(b"x" + broken.read_bytes()[1:])
     with pytest.raises(SystemExit, match="not the part that was packed"):
-        lease41.unpack(tmp_path / "out", tmp_path / "back3", "m")
+        lease.unpack(tmp_path / "out", tmp_path / "back3", "m")
 
 
 @pytest.mark.timeout(60)
 def test_the_runbook_starts_resumes_and_finishes_the_run_it_finds(dry_run, monkeypatch, tmp_path):
-    """`lease41.py train` starts the recipe with the shipped tokenizer and the Challenge set excluded, adds --resume once
+    """`lease.py train` starts the recipe with the shipped tokenizer and the Challenge set excluded, adds --resume once
     a checkpoint is there, stops asking once the run is done; its slim checkpoint holds the final weights alone."""
     commands = []
-    monkeypatch.setattr(lease41, "tk", lambda *args, check=True: commands.append([str(a) for a in args]) or 0)
+    monkeypatch.setattr(lease, "tk", lambda *args, check=True: commands.append([str(a) for a in args]) or 0)
     args = type("Args", (), {"device": "cuda", "minutes": 8.0, "epochs": None})()
-    monkeypatch.setattr(lease41, "RUN", tmp_path / "fresh")
+    monkeypatch.setattr(lease, "RUN", tmp_path / "fresh")
     with pytest.raises(SystemExit, match="no checkpoint"):
-        lease41.stage_train(args)  # a fresh run (the stub trains nothing, so no checkpoint follows)
+        lease.stage_train(args)  # a fresh run (the stub trains nothing, so no checkpoint follows)
     first = commands[-1]
     assert first[:4] == ["train", "transformer", "--preset", "student"] and "--resume" not in first
     assert first[first.index("--tokenizer") + 1].endswith("exported/transformer/tokenizer.model")
@@ -429,16 +429,16 @@ def test_the_runbook_starts_resumes_and_finishes_the_run_it_finds(dry_run, monke
     unfinished = tmp_path / "unfinished"  # the dry run's checkpoint as it was mid-run: the next call resumes it
     unfinished.mkdir()
     torch.save({**torch.load(dry_run["out"] / "checkpoint.pt", weights_only=True), "metrics": {}}, unfinished / "checkpoint.pt")
-    monkeypatch.setattr(lease41, "RUN", unfinished)
-    lease41.stage_train(args)
+    monkeypatch.setattr(lease, "RUN", unfinished)
+    lease.stage_train(args)
     at = first.index("--out") + 1
     assert commands[-1] == [*first[:at], str(unfinished), *first[at + 1:], "--resume"]
-    monkeypatch.setattr(lease41, "RUN", dry_run["out"])
+    monkeypatch.setattr(lease, "RUN", dry_run["out"])
     commands.clear()
-    lease41.stage_train(args)  # the dry run is finished: nothing to do
-    assert commands == [] and lease41.progress()["finished"]
+    lease.stage_train(args)  # the dry run is finished: nothing to do
+    assert commands == [] and lease.progress()["finished"]
     slim = tmp_path / "slim.pt"
-    ckpt = lease41.write_slim(dry_run["out"] / "checkpoint.pt", slim)
+    ckpt = lease.write_slim(dry_run["out"] / "checkpoint.pt", slim)
     small = checkpoint.load(slim)
     assert "optimizer" not in small and "train_state_dict" not in small and slim.stat().st_size < (dry_run["out"] / "checkpoint.pt").stat().st_size
     assert all(torch.equal(small["state_dict"][k], v) for k, v in ckpt["state_dict"].items())

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
+import itertools
+import json
+import lzma
 import math
 import os
 import platform
@@ -19,9 +24,9 @@ from torch import nn
 
 from toolkit.core import data, history
 from toolkit.core.batching import DecodeOptions, translate_texts
-from toolkit.core.errors import ToolkitError, UsageError
+from toolkit.core.errors import ToolkitError, UsageError, first_line
 from toolkit.core.noise import NoiseConfig
-from toolkit.core.tokenizer import PAD, Tokenizer
+from toolkit.core.tokenizer import BOS, EOS, PAD, Tokenizer
 from toolkit.pytorch import checkpoint, registry
 from toolkit.pytorch.epoch_data import EpochData
 
@@ -52,7 +57,12 @@ MODEL_PRESETS = {
 }
 # Training settings `--set` accepts besides the model's config fields, with their types.
 SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int,
-            "average_last": int, "patience": int, "label_smoothing": float, "copy_rate": float}
+            "average_last": int, "patience": int, "label_smoothing": float, "copy_rate": float,
+            # Fast training on a GPU (all off unless set; tools/lease.py sets them for the student's lease):
+            # batch_tokens: larger training batches, the recipe's rate and warm-up scaled to them (batch_recipe);
+            # compile: torch.compile the forward pass and loss; data_workers: processes making the next epochs;
+            # finish_minutes: end the run, averaged and evaluated, within this many minutes (fewer epochs if need be).
+            "batch_tokens": int, "compile": bool, "data_workers": int, "finish_minutes": float}
 # Settings whose 0 means "off" and whose bounds are [0, high]; every other setting must be positive.
 FRACTIONS = {"label_smoothing": 0.5, "copy_rate": 1.0}
 LABEL_SMOOTHING = 0.1  # unless a preset or --set says otherwise
@@ -108,6 +118,8 @@ def check_settings(opts: TrainOptions, entry: registry.ModelEntry) -> None:
     opts.overrides = entry.parse_overrides(opts.overrides, SETTINGS)
     for key in SETTINGS:
         value = opts.setting(key)
+        if isinstance(value, bool):
+            continue
         if value is not None and key in FRACTIONS and not 0 <= value <= FRACTIONS[key]:
             raise UsageError(f"{key} must be from 0 to {FRACTIONS[key]}, got {value}")
         if value is not None and key not in FRACTIONS and value <= 0:
@@ -209,6 +221,144 @@ def label_smoothed_nll(log_probs: torch.Tensor, target: torch.Tensor, eps: float
     return loss, nll[mask].sum()
 
 
+def dense_label_smoothed_nll(log_probs: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:
+    """label_smoothed_nll's smoothed loss with the pad positions zeroed instead of selected: the same sum (in another
+    order), and no tensor whose size depends on the data, so torch.compile keeps it in one graph."""
+    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -log_probs.mean(-1)
+    return torch.where(target != PAD, (1 - eps) * nll + eps * smooth, 0.0).sum()
+
+
+def batch_recipe(max_tokens: int, lr: float, warmup: int, batch_tokens: int | None) -> tuple[int, float, int]:
+    """(padded tokens per training batch, peak learning rate, warm-up steps) for batches of `batch_tokens`.
+
+    The square-root rule for Adam (Malladi et al. 2022; Granziol et al. 2022): k = batch_tokens / max_tokens times the
+    tokens per step takes sqrt(k) times the rate, and the warm-up spans the same tokens (warm-up / k steps). Under the
+    inverse-square-root schedule the whole run's rate is then sqrt(k) times the recipe's at every count of tokens seen.
+    """
+    if not batch_tokens or batch_tokens == max_tokens:
+        return max_tokens, lr, warmup
+    k = batch_tokens / max_tokens
+    return batch_tokens, lr * math.sqrt(k), max(1, round(warmup / k))
+
+
+class EpochTensors:
+    """One epoch's examples as padded id matrices on the training device, so a batch is two index operations there
+    instead of padding Python lists per step (a large batch holds a thousand sentences). A batch's tensors equal
+    to_tensors' (padded to the batch's longest sentence), or are padded further to a multiple of `pad_multiple`
+    positions so a compiled model sees few shapes; padding changes no loss (pad keys are masked, pad targets ignored,
+    and the decoder's causal mask keeps trailing positions out of earlier ones)."""
+
+    def __init__(self, examples, device: torch.device, pad_multiple: int = 1):
+        self.src_len = np.fromiter((len(s) for s, _ in examples), np.int64, len(examples))
+        self.tgt_len = np.fromiter((len(t) + 1 for _, t in examples), np.int64, len(examples))  # with BOS or EOS
+        self.multiple, self.device = pad_multiple, device
+        self.src = self._matrix(self.src_len, (s for s, _ in examples))
+        self.tgt_in = self._matrix(self.tgt_len, ([BOS, *t] for _, t in examples))
+        self.tgt_out = self._matrix(self.tgt_len, ([*t, EOS] for _, t in examples))
+        self.src_len_t = torch.from_numpy(self.src_len).to(device)
+
+    def _width(self, n: int) -> int:
+        return -(-n // self.multiple) * self.multiple
+
+    def _matrix(self, lengths: np.ndarray, rows) -> torch.Tensor:
+        # int32 halves the memory; batch() widens to the int64 the model's embedding takes.
+        out = np.full((len(lengths), self._width(int(lengths.max(initial=1)))), PAD, np.int32)
+        out[np.arange(out.shape[1]) < lengths[:, None]] = np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lengths.sum()))
+        return torch.from_numpy(out).to(self.device)
+
+    def batch(self, idx: list[int]) -> tuple[tuple[torch.Tensor, ...], int, int]:
+        """((src, src_len, tgt_in, tgt_out), target tokens, source tokens); the counts come from the host's lengths,
+        so reading them never waits for the GPU."""
+        rows = np.asarray(idx)
+        ls, lt = self._width(int(self.src_len[rows].max())), self._width(int(self.tgt_len[rows].max()))
+        index = torch.from_numpy(rows).to(self.device, non_blocking=True)
+        tensors = (self.src[:, :ls].index_select(0, index).long(), self.src_len_t.index_select(0, index),
+                   self.tgt_in[:, :lt].index_select(0, index).long(), self.tgt_out[:, :lt].index_select(0, index).long())
+        return tensors, int(self.tgt_len[rows].sum()), int(self.src_len[rows].sum())
+
+
+# ---- epochs prepared ahead (tools/lease.py prepare): tokenized where the CPU time is free, carried to the GPU ----------
+
+PREPARED = "epochs"  # the folder under --out
+
+
+def epochs_key(train_pairs, tokenizer: Tokenizer, max_len: int, noise: NoiseConfig | None, seed: int, copy_rate: float) -> str:
+    """What an epoch's examples depend on (EpochData's inputs); prepared epochs made for other inputs are refused."""
+    h = hashlib.sha256()
+    for en, fr in train_pairs:
+        h.update(f"{en}\t{fr}\n".encode())
+    h.update(tokenizer.model_proto)
+    h.update(json.dumps([max_len, noise.asdict() if noise else None, seed, copy_rate]).encode())
+    return h.hexdigest()
+
+
+def write_prepared_epoch(folder: Path, key: str, epoch: int, examples) -> Path:
+    """epoch-NNN.npz.xz: every example's two lengths and their ids end to end (uint16), xz-compressed (2.3 MB for
+    160,000 pairs); index.json names the key and each file's sha256. Written atomically."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lengths = np.array([(len(s), len(t)) for s, t in examples], np.int64).reshape(-1, 2)
+    ids = np.fromiter(itertools.chain.from_iterable(s + t for s, t in examples), np.int64, int(lengths.sum()))
+    if (len(ids) and int(ids.max()) > np.iinfo(np.uint16).max) or (len(lengths) and int(lengths.max()) > np.iinfo(np.uint16).max):
+        raise UsageError("prepared epochs hold ids and lengths below 65,536; train this vocabulary without them")
+    lengths, ids = lengths.astype(np.uint16), ids.astype(np.uint16)
+    buffer = io.BytesIO()
+    np.savez(buffer, lengths=lengths, ids=ids)
+    path = folder / f"epoch-{epoch:03d}.npz.xz"
+    blob = lzma.compress(buffer.getvalue(), preset=6)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)
+    index_path = folder / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    if index.get("key") != key:
+        index = {"key": key, "epochs": {}}
+    index["epochs"][str(epoch)] = hashlib.sha256(blob).hexdigest()
+    tmp = index_path.with_name("index.json.tmp")
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, index_path)
+    return path
+
+
+class PreparedEpochs:
+    """EpochData's examples(epoch), read from the files prepared ahead where there is one, made by `source` (its
+    worker processes) for the epochs after them. The files come from elsewhere: nothing in them is unpickled, their
+    sha256 and key must match, and every id must lie in the vocabulary."""
+
+    def __init__(self, folder: Path, key: str, vocab_size: int, source, start: int = 0):
+        self.folder, self.vocab_size, self.source = folder, vocab_size, source
+        index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {"key": key, "epochs": {}}
+        if index.get("key") != key:
+            raise UsageError(f"{folder} holds epochs prepared for other data, tokenizer, noise or seed than this run's; "
+                             f"prepare them again for this command (tools/lease.py prepare) or remove {folder}")
+        self.files = {int(e): digest for e, digest in index.get("epochs", {}).items()}
+        self._last: tuple[int, list] | None = None  # the run asks for an epoch twice (the progress bar, then the loop)
+        source.prefetch(next(e for e in itertools.count(start) if e not in self.files))  # the first epoch no file holds
+
+    def examples(self, epoch: int):
+        if epoch not in self.files:
+            return self.source.examples(epoch)
+        if self._last is None or self._last[0] != epoch:
+            self._last = (epoch, self._read(epoch))
+        return self._last[1]
+
+    def _read(self, epoch: int) -> list:
+        path = self.folder / f"epoch-{epoch:03d}.npz.xz"
+        blob = path.read_bytes() if path.is_file() else b""
+        if hashlib.sha256(blob).hexdigest() != self.files[epoch]:
+            raise UsageError(f"{path} is missing or not the file that was prepared (sha256 differs); prepare the epochs again")
+        with np.load(io.BytesIO(lzma.decompress(blob)), allow_pickle=False) as arrays:
+            lengths, ids = arrays["lengths"].astype(np.int64), arrays["ids"].astype(np.int64)
+        if lengths.ndim != 2 or lengths.shape[1] != 2 or int(lengths.sum()) != len(ids) or (len(ids) and int(ids.max()) >= self.vocab_size):
+            raise UsageError(f"{path} does not hold token ids of this vocabulary; prepare the epochs again")
+        ends = np.cumsum(lengths.reshape(-1))
+        pieces = np.split(ids, ends[:-1]) if len(ends) else []
+        return [(pieces[2 * i].tolist(), pieces[2 * i + 1].tolist()) for i in range(len(lengths))]
+
+    def close(self) -> None:
+        self.source.close()
+
+
 def to_tensors(examples, idx, device: torch.device | str = "cpu"):
     src = [examples[i][0] for i in idx]
     tgt_in, tgt_out = data.teacher_forcing([examples[i][1] for i in idx])
@@ -270,6 +420,150 @@ class Schedule:
         return bool(self.patience) and state["bad_epochs"] >= self.patience
 
 
+def training_inputs(opts: TrainOptions, entry: registry.ModelEntry, echo, resumed: dict | None = None):
+    """(corpus, training pairs, validation pairs, tokenizer, config) as the run sees them (a resumed run: its own
+    tokenizer and config)."""
+    corpus = data.load_corpus(opts.data, Path(opts.exclude) if opts.exclude else None)
+    echo(data.describe(corpus))
+    train_pairs = corpus.splits["train"]
+    limit = opts.setting("limit_pairs")
+    if limit:
+        train_pairs = random.Random(opts.seed).sample(train_pairs, min(limit, len(train_pairs)))
+    valid_pairs = corpus.splits["valid"][: max(200, limit or 0)] if limit else corpus.splits["valid"]
+    if resumed:
+        return corpus, train_pairs, valid_pairs, Tokenizer(resumed["tokenizer"]), entry.config(**resumed["config"])
+    tokenizer = load_tokenizer(opts, train_pairs, echo)
+    return corpus, train_pairs, valid_pairs, tokenizer, build_config(opts, entry, tokenizer)
+
+
+def epoch_inputs(opts: TrainOptions) -> tuple[NoiseConfig | None, float]:
+    return (NoiseConfig() if opts.setting("noise") else None), (opts.setting("copy_rate") or 0.0)
+
+
+def open_epochs(opts: TrainOptions, train_pairs, tokenizer: Tokenizer, cfg, start: int):
+    """Each epoch's examples: EpochData (with data_workers processes), and the files under OUT/epochs where they were
+    prepared ahead."""
+    noise_cfg, copy_rate = epoch_inputs(opts)
+    made = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed, copy_rate, workers=opts.setting("data_workers") or 1)
+    folder = opts.out / PREPARED
+    if not folder.is_dir():
+        return made
+    key = epochs_key(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed, copy_rate)
+    try:
+        return PreparedEpochs(folder, key, cfg.vocab_size, made, start)
+    except BaseException:
+        made.close()
+        raise
+
+
+def prepare_epochs(opts: TrainOptions, epochs: list[int], echo=print) -> list[Path]:
+    """Writes the examples of `epochs` that `tk train` with these options would make into OUT/epochs (read by the run
+    in place of making them), so a GPU machine spends no time tokenizing them."""
+    entry = registry.get(opts.model)
+    check_settings(opts, entry)
+    check_out_dir(opts.out)
+    _, train_pairs, _, tokenizer, cfg = training_inputs(opts, entry, echo)
+    noise_cfg, copy_rate = epoch_inputs(opts)
+    key = epochs_key(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed, copy_rate)
+    made = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed, copy_rate, workers=opts.setting("data_workers") or 1)
+    try:
+        return [write_prepared_epoch(opts.out / PREPARED, key, e, made.examples(e)) for e in epochs]
+    finally:
+        made.close()
+
+
+COMPILE_PAD = 8  # sentence lengths padded to a multiple of this under compile: a few shapes, not one per length
+
+
+class TrainStep:
+    """One step's forward pass, smoothed loss and backward (the loss scaled per target token); with compile the
+    forward and loss run torch.compile'd. A compile that fails (an unsupported operation, a missing compiler) is said
+    once and the run goes on eager, rather than losing a lease's minutes to a traceback."""
+
+    def __init__(self, model: nn.Module, smoothing: float, use_bf16: bool, device: torch.device, compile_: bool, echo,
+                 backend: str = "inductor"):
+        self.model, self.smoothing, self.use_bf16, self.device, self.echo = model, smoothing, use_bf16, device, echo
+        # backend: "inductor" generates the kernels (Triton on a GPU); the tests trace with "aot_eager", which checks the
+        # captured forward and backward without minutes of C++ compilation on a CPU.
+        self.compiled = torch.compile(self.dense_loss, backend=backend) if compile_ else None
+
+    def _log_probs(self, src, src_len, tgt_in) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
+            return self.model(src, src_len, tgt_in).float()
+
+    def eager_loss(self, src, src_len, tgt_in, tgt_out) -> torch.Tensor:
+        return label_smoothed_nll(self._log_probs(src, src_len, tgt_in), tgt_out, self.smoothing)[0]
+
+    def dense_loss(self, src, src_len, tgt_in, tgt_out) -> torch.Tensor:
+        return dense_label_smoothed_nll(self._log_probs(src, src_len, tgt_in), tgt_out, self.smoothing)
+
+    def __call__(self, batch: tuple[torch.Tensor, ...], n_tokens: int) -> torch.Tensor:
+        """The batch's smoothed loss (summed), after its gradients (of the loss per token) are accumulated."""
+        if self.compiled is not None:
+            try:
+                loss = self.compiled(*batch)
+                (loss / n_tokens).backward()
+                return loss.detach()
+            except Exception as e:  # KeyboardInterrupt is no Exception: Ctrl-C still checkpoints
+                self.echo(f"torch.compile failed ({type(e).__name__}: {first_line(e)}); training goes on eager")
+                self.compiled = None
+                self.model.zero_grad(set_to_none=True)
+        loss = self.eager_loss(*batch)
+        (loss / n_tokens).backward()
+        return loss.detach()
+
+
+class RunningLoss:
+    """The running training loss per token (0.98 x before + 0.02 x this step), folded in from the steps' loss tensors
+    when read, so the GPU is waited for every few steps rather than every step; the same figures as reading each."""
+
+    EVERY = 25
+
+    def __init__(self, state: dict):
+        self.state, self.pending, self.avg = state, [], None
+
+    def start_epoch(self, avg: float | None) -> None:
+        self.avg, self.pending = avg, []
+
+    def add(self, loss: torch.Tensor, n_tokens: int) -> None:
+        self.pending.append((loss, n_tokens))
+
+    def due(self) -> bool:
+        return len(self.pending) >= self.EVERY
+
+    def read(self) -> float | None:
+        if self.pending:
+            for value, n in zip(torch.stack([loss for loss, _ in self.pending]).tolist(), [n for _, n in self.pending]):
+                per_token = value / n
+                self.avg = per_token if self.avg is None else 0.98 * self.avg + 0.02 * per_token
+            self.pending = []
+            self.state["loss_avg"] = self.avg
+        return self.avg
+
+
+FINISH_RESERVE_S = 30.0  # the final metrics: 500 sentences decoded greedily on the CPU, the validation loss
+
+
+def time_boxed_epochs(recipe_epochs: int, state: dict, epoch_seconds: list[float], used_s: float, budget_s: float, echo) -> int:
+    """The epochs the run ends at so that it ends, averaged and evaluated, within budget_s of this process: the
+    recipe's, or fewer when the epochs left would not fit at the pace of this process's latest epoch (the first is
+    not trusted: it holds the compile and the data's start). One epoch's time and FINISH_RESERVE_S are kept for the
+    final averaging and metrics. Decided again after every epoch, so a slow first estimate is undone by a faster pace."""
+    if len(epoch_seconds) < 2:
+        return recipe_epochs
+    pace = epoch_seconds[-1]
+    fit = state["epoch"] + max(0, int((budget_s - used_s - pace - FINISH_RESERVE_S) // pace))
+    epochs = max(state["epoch"], min(recipe_epochs, fit))
+    previous = state.get("epochs_cut", {}).get("to", recipe_epochs)
+    if epochs < recipe_epochs:
+        state["epochs_cut"] = {"from": recipe_epochs, "to": epochs, "pace_s": round(pace, 2)}
+    else:
+        state.pop("epochs_cut", None)
+    if epochs != previous:
+        echo(f"finish_minutes {budget_s / 60:g}: {pace:.1f} s an epoch, so the run ends at epoch {epochs} of {recipe_epochs}")
+    return epochs
+
+
 # Over 60 lines: one training run's mutable state (model, optimizer, schedule, averaging, RNG, progress, the
 # signal flag) lives in this frame so that every checkpoint saves all of it at once.
 def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
@@ -280,21 +574,7 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     if not opts.resume and ckpt_path.exists():
         raise UsageError(f"{ckpt_path} already exists; pass --resume to continue it or choose another --out")
     device = pick_device(opts.device)
-
-    corpus = data.load_corpus(opts.data, Path(opts.exclude) if opts.exclude else None)
-    echo(data.describe(corpus))
-    train_pairs = corpus.splits["train"]
-    limit = opts.setting("limit_pairs")
-    if limit:
-        train_pairs = random.Random(opts.seed).sample(train_pairs, min(limit, len(train_pairs)))
-    valid_pairs = corpus.splits["valid"][: max(200, limit or 0)] if limit else corpus.splits["valid"]
-
-    if resumed:
-        tokenizer = Tokenizer(resumed["tokenizer"])
-        cfg = entry.config(**resumed["config"])
-    else:
-        tokenizer = load_tokenizer(opts, train_pairs, echo)
-        cfg = build_config(opts, entry, tokenizer)
+    corpus, train_pairs, valid_pairs, tokenizer, cfg = training_inputs(opts, entry, echo, resumed)
     model = entry.build(cfg).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     state = {"epoch": 0, "batch": 0, "step": 0, "elapsed": 0.0, "history": []}
@@ -308,26 +588,33 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
             for key in ("metrics", "final_weights"):
                 state.pop(key, None)
 
-    noise_cfg = NoiseConfig() if opts.setting("noise") else None
-    copy_rate = opts.setting("copy_rate") or 0.0
+    noise_cfg, copy_rate = epoch_inputs(opts)
     smoothing = LABEL_SMOOTHING if opts.setting("label_smoothing") is None else opts.setting("label_smoothing")
-    epochs_data = EpochData(train_pairs, tokenizer, cfg.max_len, noise_cfg, opts.seed, copy_rate)
+    epochs_data = open_epochs(opts, train_pairs, tokenizer, cfg, state["epoch"])
     valid_examples = data.encode_pairs(tokenizer, valid_pairs, cfg.max_len)
     epochs, max_tokens = opts.setting("epochs"), opts.setting("max_tokens")
-    schedule = Schedule(opts.setting("schedule") or "inverse_sqrt", opts.setting("lr"), opts.setting("warmup"), opts.setting("patience"))
+    batch_tokens, peak_lr, warmup = batch_recipe(max_tokens, opts.setting("lr"), opts.setting("warmup"), opts.setting("batch_tokens"))
+    schedule = Schedule(opts.setting("schedule") or "inverse_sqrt", peak_lr, warmup, opts.setting("patience"))
     average_last = opts.setting("average_last") or 1
     use_bf16 = opts.precision == "bf16" or (opts.precision == "auto" and (device.type == "cuda" or bf16_is_fast()))
     n_params = sum(p.numel() for p in model.parameters())
     echo(f"{opts.model}: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, {len(train_pairs)} training pairs, "
          f"{len(valid_examples)} validation pairs, {epochs} epochs, {'bf16 autocast' if use_bf16 else 'fp32'}, "
          f"noise {'on' if noise_cfg else 'off'}{f', copy pairs {copy_rate:g} per pair' if copy_rate else ''}; {hardware(device)}")
+    if batch_tokens != max_tokens:
+        echo(f"batches of {batch_tokens} tokens ({batch_tokens / max_tokens:g}x the recipe's {max_tokens}): peak rate {peak_lr:.3g}, "
+             f"warm-up {warmup} steps (square-root rule)")
+    step = TrainStep(model, smoothing, use_bf16, device, bool(opts.setting("compile")), echo)
 
     # The command that started the run stays recorded; each --resume is appended after it.
     provenance = {"command": opts.command, "seed": opts.seed, "hardware": hardware(device),
                   "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()}, "resumed_with": [],
                   "noise": noise_cfg.asdict() if noise_cfg else None,
                   "recipe": {**{k: opts.setting(k) for k in ("epochs", "lr", "warmup", "max_tokens", "schedule", "patience", "average_last")},
-                             "label_smoothing": smoothing, "copy_rate": copy_rate}}
+                             "label_smoothing": smoothing, "copy_rate": copy_rate,
+                             # Only when set, so the records of runs without them read as before.
+                             **{k: opts.setting(k) for k in ("batch_tokens", "compile", "finish_minutes") if opts.setting(k)},
+                             **({"scaled": {"lr": peak_lr, "warmup": warmup}} if batch_tokens != max_tokens else {})}}
     if resumed:
         first = resumed.get("train", {})
         provenance.update(command=first.get("command", opts.command), options=first.get("options", provenance["options"]),
@@ -351,46 +638,47 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
     started, last_save = time.time(), time.time()
     elapsed0 = state["elapsed"]
     stopped_early = False
-    bar = _progress_bar(epochs, len(data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed)), state)
+    bar = _progress_bar(epochs, len(data.length_batches(epochs_data.examples(state["epoch"]), batch_tokens, opts.seed)), state)
+    losses = RunningLoss(state)
+    epoch_seconds: list[float] = []  # this process's epochs, for finish_minutes
     # SIGTERM (a scheduler, `kill`) stops like Ctrl-C (toolkit.core.signals raises KeyboardInterrupt): checkpoint first.
     try:
         while state["epoch"] < epochs and not state.get("stopped_early"):
             model.train()
-            batches = data.length_batches(epochs_data.examples(state["epoch"]), max_tokens, opts.seed + state["epoch"])
+            epoch_started = time.time()
             examples = epochs_data.examples(state["epoch"])
+            batches = data.length_batches(examples, batch_tokens, opts.seed + state["epoch"])
+            tensors = EpochTensors(examples, device, COMPILE_PAD if step.compiled else 1)
             window_tokens, window_start = 0, time.time()
             # Resuming mid-epoch (or after its last batch) continues the epoch's running loss.
-            loss_avg = state.get("loss_avg") if state["batch"] else None
+            losses.start_epoch(state.get("loss_avg") if state["batch"] else None)
             for b in range(state["batch"], len(batches)):
-                src, src_len, tgt_in, tgt_out = to_tensors(examples, batches[b], device)
+                batch, n_tokens, n_source = tensors.batch(batches[b])
                 for group in optimizer.param_groups:
                     group["lr"] = schedule.lr(state["step"] + 1, state)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    log_probs = model(src, src_len, tgt_in)
-                loss, _ = label_smoothed_nll(log_probs.float(), tgt_out, smoothing)
-                n_tokens = int((tgt_out != PAD).sum())
                 optimizer.zero_grad(set_to_none=True)
-                (loss / n_tokens).backward()
+                losses.add(step(batch, n_tokens), n_tokens)
                 nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 state["step"] += 1
                 state["batch"] = b + 1
-                per_token = loss.item() / n_tokens
-                loss_avg = per_token if loss_avg is None else 0.98 * loss_avg + 0.02 * per_token
-                state["loss_avg"] = loss_avg
-                window_tokens += n_tokens + int(src_len.sum())
+                window_tokens += n_tokens + n_source
                 bar.update(1)
-                bar.set_postfix_str(f"epoch {state['epoch'] + 1}/{epochs} loss {loss_avg:.3f} "
-                                    f"{window_tokens / max(time.time() - window_start, 1e-6):,.0f} tok/s", refresh=False)
+                if losses.due():  # reading the losses waits for the GPU: every few steps, not every step
+                    bar.set_postfix_str(f"epoch {state['epoch'] + 1}/{epochs} loss {losses.read():.3f} "
+                                        f"{window_tokens / max(time.time() - window_start, 1e-6):,.0f} tok/s", refresh=False)
                 state["elapsed"] = elapsed0 + time.time() - started
                 if time.time() - last_save > opts.save_every:
+                    losses.read()
                     save()
                     last_save = time.time()
                 if opts.max_minutes and state["elapsed"] - elapsed0 > 60 * opts.max_minutes:
+                    losses.read()
                     save()
                     bar.close()
                     echo(f"stopped after --max-minutes {opts.max_minutes}; checkpoint {ckpt_path}; continue with --resume")
                     return state.get("metrics", {})
+            loss_avg = losses.read()
             valid_loss = evaluate_loss(model, valid_examples, max_tokens, device)
             _save_epoch_weights(model, opts.out, state["epoch"] + 1, max(average_last, 1))
             state["history"].append({"epoch": state["epoch"] + 1, "train_loss": loss_avg, "valid_loss": valid_loss,
@@ -402,12 +690,17 @@ def train_seq2seq(opts: TrainOptions, entry: registry.ModelEntry, echo) -> dict:
             state["epoch"] += 1
             state["batch"] = 0
             save()
+            epoch_seconds.append(time.time() - epoch_started)
+            if opts.setting("finish_minutes"):
+                epochs = time_boxed_epochs(opts.setting("epochs"), state, epoch_seconds, time.time() - started,
+                                           60 * opts.setting("finish_minutes"), echo)
             if state["stopped_early"]:
                 bar.write(f"valid loss has not improved for {state['bad_epochs']} epochs; stopping early "
                           f"(best: epoch {state['best_epoch']})")
                 stopped_early = True
     except KeyboardInterrupt:
         bar.close()
+        losses.read()
         save()
         raise Interrupted(f"interrupted; checkpoint saved to {ckpt_path}; continue with --resume") from None
     finally:
