@@ -2,7 +2,16 @@
 what they share in options.py. Heavy imports (torch, onnxruntime) live inside the commands, so
 `tk --help` is instant and `tk translate` never loads torch."""
 
+# ruff: noqa: E402 (the signal handlers are installed before the other imports, on purpose)
 from __future__ import annotations
+
+# First, before the imports below (53 ms of them, and each command's own after): a Ctrl-C or SIGTERM while tk starts
+# exits 130 with one line. Python's own handler would print a KeyboardInterrupt traceback, and SIGTERM's would kill
+# the process with 143; the module imports only the standard library. Put back at the end of this module (an
+# in-process import leaves its caller as it was); Group.main installs it again for the command's whole run.
+from toolkit.core import signals
+
+_STARTUP = signals.exit_at_once()
 
 import contextlib
 import os
@@ -21,8 +30,7 @@ from toolkit.cli.commands.train import train
 from toolkit.cli.commands.translate import translate
 from toolkit.cli.commands.translate_corpus import translate_corpus
 from toolkit.cli.commands.verify import verify
-from toolkit.core import signals
-from toolkit.core.errors import ToolkitError, describe_os_error, first_line
+from toolkit.core.errors import ToolkitError, describe_os_error, first_line, os_error_exit_code
 
 # What the torch extra installs: the build side (train, export from PyTorch, verify, bench's PyTorch rows).
 BUILD_SIDE = ("torch", "onnxscript")
@@ -31,9 +39,16 @@ BUILD_SIDE = ("torch", "onnxscript")
 class Group(click.Group):
     """Turns every ToolkitError into one line on stderr and its exit code, never a traceback.
 
-    Ctrl-C and SIGTERM exit 130; an OS error (a full disk, a vanished file) is one line and exit 1;
+    Ctrl-C and SIGTERM exit 130; an OS error is one line, exit 2 where the path given is at fault (permission
+    denied, a vanished file) and 1 where the machine is (a full disk);
     anything else is a bug in tk, reported in one line as such (TK_DEBUG=1 shows the traceback).
     """
+
+    def main(self, *args, **kwargs):
+        # From the first line the group runs to its last: a signal outside a command's handled() block (parsing the
+        # arguments, the exit) exits 130 at once, as during start-up; handled() raises KeyboardInterrupt inside it.
+        with signals.starting():
+            return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
         if sys.stdout is None:  # started with stdout closed (`>&-`): whatever it printed would be lost
@@ -44,6 +59,9 @@ class Group(click.Group):
             with signals.handled():
                 return super().invoke(ctx)
         except ToolkitError as e:
+            if signals.interrupted() and e.exit_code != 130:  # raised because of the signal (see below): say that
+                click.echo("error: interrupted", err=True)
+                sys.exit(130)
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
@@ -65,13 +83,19 @@ class Group(click.Group):
             if os.environ.get("TK_DEBUG"):
                 raise
             click.echo(f"error: {describe_os_error(e)}", err=True)
-            sys.exit(1)
+            sys.exit(os_error_exit_code(e))  # 2 where the path given is at fault (permission denied), 1 for a full disk
         except RecursionError:
             if os.environ.get("TK_DEBUG"):
                 raise
             click.echo("error: an input is nested too deeply to read (a corrupt or hostile file?); check the files you gave", err=True)
             sys.exit(2)
         except Exception as e:
+            if signals.interrupted() and not os.environ.get("TK_DEBUG"):
+                # The signal was raised inside code that turned it into another error (a native module's import
+                # says "ImportError: initialization failed", which a runtime's loader may report as a ToolkitError
+                # above): the cause is the interruption, not a fault of tk's or the user's.
+                click.echo("error: interrupted", err=True)
+                sys.exit(130)
             if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in BUILD_SIDE:
                 click.echo(f"error: tk {ctx.invoked_subcommand} needs PyTorch, which the base install leaves out; install the torch "
                            "extra: pip install 'tk-onnx-deploy[torch]' (on Linux x86_64, pip install torch==2.13.0 first: the CPU build)",
@@ -93,3 +117,5 @@ def main() -> None:
 
 for command in (train, export, verify, translate, evaluate, bench, attention, plot, serve, translate_corpus):
     main.add_command(command)
+
+signals.restore(_STARTUP)

@@ -63,3 +63,26 @@ def describe_os_error(e: OSError) -> str:
     name = errno.errorcode.get(e.errno or 0, "")
     where = f"{e.filename}: " if e.filename else ""
     return where + _OS_FIXES.get(name, f"{(e.strerror or str(e) or type(e).__name__).lower()}; check the path and retry")
+
+
+# Errors in a path the user gave (it cannot be read, does not exist, is the wrong kind of file): usage problems, exit 2 as
+# docs/commands.md says. The others (a full disk, a failing device, too many open files) are the machine's: exit 1.
+_PATH_ERRORS = frozenset({"EACCES", "EPERM", "ENOENT", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "EROFS", "EEXIST", "ELOOP"})
+
+
+def os_error_exit_code(e: OSError) -> int:
+    """The exit code of an OS error: 2 where the path given is at fault (permission denied included), else 1."""
+    import errno
+
+    return 2 if errno.errorcode.get(e.errno or 0, "") in _PATH_ERRORS else 1
+
+
+def path_problem(path: object, what: str) -> str | None:
+    """Why `path` cannot be used by ONNX, ONNX Runtime or a manifest, or None: a name with bytes that are not UTF-8
+    (Python keeps them as lone surrogates, which those libraries cannot take)."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{what} {str(path)!r} is not a valid UTF-8 path (ONNX cannot write or read such a name); choose a UTF-8 name"
+    return None
+

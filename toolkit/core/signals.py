@@ -6,6 +6,11 @@ A second signal while that clean-up runs means "stop now": the process exits 130
 unwinding, instead of raising inside the clean-up (a traceback) or inside a native runtime's teardown
 (an abort). Files are still never half-written: every output is renamed into place only when complete,
 and a later write removes the temporary files of a writer that died.
+
+Before a command runs (while `tk` imports its modules and parses its arguments) there is nothing to clean
+up, so a signal then exits 130 at once with the same line (`starting`): raised as KeyboardInterrupt inside
+an import it would print a traceback, or turn into the ImportError of a native module's initialisation.
+This module imports only the standard library, so the CLI installs it before anything heavy.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _active = False  # inside handled(): claim() puts the handlers back where a library replaced them
+_received = False  # a signal arrived inside handled(): whatever error follows was caused by it
 
 
 def _first(signum, frame) -> None:
+    global _received
+    _received = True
     for sig in SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _again)
@@ -33,25 +41,65 @@ def _again(signum, frame) -> None:
     os._exit(130)
 
 
+def _install(handler) -> dict:
+    """Puts `handler` on every signal the process does not ignore (a shell's background job starts with SIGINT
+    ignored, and it stays ignored); returns the handlers it replaced. The main thread only: signals are delivered there."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {sig: h for sig in SIGNALS if (h := signal.getsignal(sig)) is not signal.SIG_IGN}
+    for sig in previous:
+        signal.signal(sig, handler)
+    return previous
+
+
+def _restore(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def exit_at_once() -> dict:
+    """From now on a signal exits 130 with one line (nothing to clean up yet: start-up). Returns what to restore."""
+    return _install(_again)
+
+
+def restore(previous: dict) -> None:
+    """Puts back the handlers `exit_at_once` replaced."""
+    _restore(previous)
+
+
+@contextlib.contextmanager
+def starting() -> Iterator[None]:
+    """The block (argument parsing, the command's own set-up around handled()) exits 130 at once on a signal;
+    the handlers that were there are put back after it, so that running tk in-process leaves its caller as it was."""
+    previous = exit_at_once()
+    try:
+        yield
+    finally:
+        _restore(previous)
+
+
+def interrupted() -> bool:
+    """Whether a signal arrived in the current handled() block: an error raised after it (an import that a
+    KeyboardInterrupt turned into "ImportError: initialization failed") is the interruption, not a fault."""
+    return _received
+
+
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
-    """Installs the handlers for the block (the main thread only: signals are delivered there), then puts
-    back the ones that were there, so that running a command in-process leaves its caller as it was."""
+    """Installs the handlers for the block, then puts back the ones that were there, so that running a command
+    in-process leaves its caller as it was."""
+    global _active, _received
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    # A signal the process was started ignoring (SIGINT of a shell's background job) stays ignored.
-    global _active
-    previous = {sig: h for sig in SIGNALS if (h := signal.getsignal(sig)) is not signal.SIG_IGN}
-    for sig in previous:
-        signal.signal(sig, _first)
+    _received = False
+    previous = _install(_first)
     _active = True
     try:
         yield
     finally:
         _active = False
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
 
 
 def claim() -> None:

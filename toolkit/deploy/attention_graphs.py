@@ -176,6 +176,27 @@ def gather(rec, specs: dict[str, GraphSpec], sentence: int, src_len: int, steps:
     return out
 
 
+def training_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel regression's keys and values from train_points.npz, as float32 arrays. Never unpickled (allow_pickle
+    False: an object array's pickle would run code), and whatever else is wrong with the file is one line."""
+    import zipfile
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            x, y = f["x"], f["y"]
+    except ValueError as e:
+        why = ("it holds an object array, which tk does not load (that would unpickle, which runs code)"
+               if "allow_pickle" in str(e) else f"it is not a valid .npz ({str(e)[:80]})")
+        raise UsageError(f"{path}: {why}; re-export the nw checkpoint") from None
+    except (KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise UsageError(f"{path} is not a valid train_points.npz ({type(e).__name__}: {str(e)[:80]}); "
+                         "re-export the nw checkpoint") from None
+    if x.dtype.kind not in "fiu" or y.dtype.kind not in "fiu" or x.shape != y.shape or x.ndim != 1:
+        raise UsageError(f"{path} holds arrays of {x.dtype} {x.shape} and {y.dtype} {y.shape}, not two equal-length numeric "
+                         "vectors x and y; re-export the nw checkpoint")
+    return x.astype(np.float32), y.astype(np.float32)
+
+
 def translate(directory: str | Path, sentences: list[str], provider: str = "cpu") -> list[Attention]:
     """Greedy translations with the attention graphs, through the one decoding loop, with their weights."""
     from toolkit.core import manifest as manifest_mod
@@ -187,6 +208,11 @@ def translate(directory: str | Path, sentences: list[str], provider: str = "cpu"
         raise UsageError(f"{directory} is not a trained translation model; use exported/transformer or exported/seq2seq")
     if not sentences or not all(s.strip() for s in sentences):
         raise UsageError("give a non-empty English sentence to translate, e.g. tk attention exported/transformer \"I'm home.\"")
+    for sentence in sentences:
+        try:
+            sentence.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python keeps them as lone surrogates)
+            raise UsageError("the sentence is not valid UTF-8 text; pass it as UTF-8") from None
     m.check_files()
     tokenizer = Tokenizer.load(m.tokenizer_path())
     att_specs = specs(m)
@@ -226,8 +252,7 @@ def nadaraya_watson(directory: str | Path, step: float = 0.1) -> dict[str, np.nd
     points = m.directory / "train_points.npz"
     if not points.is_file():
         raise UsageError(f"{directory} has no train_points.npz (exported with --random-init); export the trained nw checkpoint")
-    with np.load(points) as f:
-        x_train, y_train = f["x"].astype(np.float32), f["y"].astype(np.float32)
+    x_train, y_train = training_points(points)
     weights = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(m.graph_path("model")).graph.initializer}
     w = float(np.asarray(weights.get("model.w", 1.0)).reshape(-1)[0])
     session = create_session(m.graph_path("model"))

@@ -24,20 +24,29 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
+import torch
 from torch import nn
 
 from toolkit.core.declaration import Declaration, DecodingRules, TokenizerDeclaration
+from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError, first_line
-from toolkit.core.graphs import SRC, GraphSpec, TensorSpec, decoder_graph
+from toolkit.core.graphs import SRC, GraphSpec, TensorSpec, decoder_graph, make_inputs
 
 DIMS = ("batch", "src_len", "past_len")
+# The example batch the contract is checked on before export (all distinct and >= 2, as the exporter's own sizes are,
+# so a swapped or fixed axis shows): a model that breaks the contract fails here in one line, not in torch.onnx's
+# tracer or, worse, in every later translate.
+TRIAL_SIZES = {"batch": 3, "src_len": 7, "past_len": 5}
+TORCH_DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
 
 @dataclass
@@ -92,6 +101,9 @@ def resolve(target: str):
             module = importlib.import_module(module_name)
     except UsageError:
         raise
+    except SystemExit as e:  # sys.exit() in the module: exiting silently with its status would hide why
+        raise UsageError(f"importing {module_name} for {target} exited with status {shown(e.code)} (SystemExit) instead of "
+                         "defining the function; remove the exit from the module's top level") from None
     except Exception as e:  # the user's module failed to import: its own error, in one line
         raise UsageError(f"cannot import {module_name} for {target}: {type(e).__name__}: {first_line(e, 120)}") from None
     built = getattr(module, function, None)
@@ -100,29 +112,72 @@ def resolve(target: str):
     return built
 
 
-def load(target: str) -> tuple[Seq2SeqAdapter, AdapterSettings]:
-    """Calls TARGET() and checks what it returned against the contract."""
+def _run(label: str, call: Callable, *args):
+    """The user's code (`label` in messages), its failures one line each: an exception by its type and message,
+    sys.exit() by its status (SystemExit would end tk silently, with the adapter's status)."""
     try:
-        adapter = resolve(target)()
+        return call(*args)
     except UsageError:
         raise
+    except SystemExit as e:
+        raise UsageError(f"{label} exited with status {shown(e.code)} (SystemExit) instead of returning; "
+                         "raise an exception (or return) instead of calling sys.exit") from None
     except Exception as e:
-        raise UsageError(f"{target}() failed: {type(e).__name__}: {first_line(e, 120)}") from None
+        raise UsageError(f"{label} failed: {type(e).__name__}: {first_line(e, 120)}") from None
+
+
+def load(target: str) -> tuple[Seq2SeqAdapter, AdapterSettings]:
+    """Calls TARGET() and checks what it returned against the contract, running the model once on an example batch."""
+    adapter = _run(f"{target}()", resolve(target))
     if not isinstance(adapter, Seq2SeqAdapter):
         raise UsageError(f"{target}() returned {type(adapter).__name__}, not a toolkit.Seq2SeqAdapter (see docs/models.md)")
+    check_fields(adapter, target)
+    specs = graphs(adapter, target)
+    tokenizer_rules(adapter, target)  # a tokenizer that cannot work is said before minutes of export
+    adapter.model.eval()
+    trial(adapter, specs, target)
+    settings = AdapterSettings(target, adapter.vocab_size, adapter.max_len, json.dumps([s.to_dict() for s in specs]))
+    return adapter, settings
+
+
+def check_fields(adapter: Seq2SeqAdapter, target: str) -> None:
+    """The adapter's fields, each of the type the contract names (a list where a dict is wanted was an AttributeError)."""
+    if not isinstance(adapter.model, nn.Module):
+        raise UsageError(f"{target}(): the model is a {type(adapter.model).__name__}, not a torch.nn.Module; make its class "
+                         "subclass torch.nn.Module (tk exports its encode and decode_step with torch.onnx)")
     for method in ("encode", "decode_step"):
         if not callable(getattr(adapter.model, method, None)):
             raise UsageError(f"{target}(): the model has no {method} method (see docs/models.md for the contract)")
+    for name in ("encoder_outputs", "decoder_state"):
+        value = getattr(adapter, name)
+        if not isinstance(value, Mapping):
+            raise UsageError(f"{target}(): {name} is a {type(value).__name__}; give a dict of tensor name -> dims, "
+                             "e.g. {'memory': ('batch', 'src_len', 256)}")
+        for tensor, dims in value.items():
+            if not isinstance(tensor, str) or not tensor.isidentifier():
+                raise UsageError(f"{target}(): {name} has the key {shown(tensor)}; name each tensor with an identifier (a str)")
+            if not isinstance(dims, (tuple, list)) or not dims:
+                raise UsageError(f"{target}(): {name}[{tensor!r}] is {shown(dims)}; give its dims as a tuple, e.g. ('batch', 'src_len', 256)")
+    integer = adapter.integer
+    if isinstance(integer, str) or not isinstance(integer, (set, frozenset, list, tuple)) or not all(isinstance(n, str) for n in integer):
+        raise UsageError(f"{target}(): integer is {shown(integer)}; give a set of tensor names, e.g. frozenset({{'prefix'}})")
+    adapter.integer = frozenset(integer)
+    tokenizer = adapter.tokenizer
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        fix = ("write the bytes to a file (Path('tokenizer.model').write_bytes(data)) and give its path"
+               if isinstance(tokenizer, (bytes, bytearray)) else "give the path of the SentencePiece model file")
+        raise UsageError(f"{target}(): tokenizer is a {type(tokenizer).__name__}, not the path of a SentencePiece model file; {fix}")
     from toolkit.core.manifest import size_problem
 
     for key in ("vocab_size", "max_len"):  # the manifest's bounds, checked before anything is exported
         problem = size_problem(key, getattr(adapter, key))
         if problem:
             raise UsageError(f"{target}(): {problem}")
-    specs = graphs(adapter, target)
-    settings = AdapterSettings(target, adapter.vocab_size, adapter.max_len, json.dumps([s.to_dict() for s in specs]))
-    adapter.model.eval()
-    return adapter, settings
+    # tk's graphs are float32: float64 weights exported as they are made a graph that every translate then failed on.
+    for name, tensor in [*adapter.model.named_parameters(), *adapter.model.named_buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+            raise UsageError(f"{target}(): the model's weights are {str(tensor.dtype).removeprefix('torch.')} ({name}); tk exports "
+                             "float32 graphs (--fp16 adds a half-precision copy): return model.float() from the function")
 
 
 def _tensor(name: str, dims: tuple, integer: frozenset[str], fill: str = "normal") -> TensorSpec:
@@ -144,11 +199,68 @@ def graphs(adapter: Seq2SeqAdapter, target: str) -> list[GraphSpec]:
         raise UsageError(f"{target}(): tensor name {sorted(clash)[0]!r} is used twice or is one of tk's own")
     for name, dims in adapter.decoder_state.items():
         if "past_len" not in dims:
-            raise UsageError(f"decoder_state {name} has no 'past_len' dimension: the state grows one position per step")
+            raise UsageError(f"decoder_state {name} has no 'past_len' dimension: {FIXED_STATE}")
     context = tuple(_tensor(n, tuple(d), adapter.integer) for n, d in adapter.encoder_outputs.items())
     state = tuple(_tensor(n, tuple(d), adapter.integer, "empty") for n, d in adapter.decoder_state.items())
     encoder = GraphSpec("encoder", SRC, context)
     return [encoder, decoder_graph(state, context, adapter.vocab_size)]
+
+
+FIXED_STATE = ("tk's decoder state grows one position per step (a key/value cache per layer, or the token prefix); a state "
+               "of fixed size, such as an RNN's hidden state, is not supported: keep the prefix as the state and run the "
+               "decoder over it (docs/examples/nn_transformer.py)")
+
+
+def trial(adapter: Seq2SeqAdapter, specs: list[GraphSpec], target: str) -> None:
+    """Runs encode and one decode_step on an example batch and checks every tensor they return against the
+    declaration: its type, dtype and shape, log_probs' vocabulary width, and each state one position longer."""
+    encoder, decoder = specs
+    sizes = TRIAL_SIZES
+    rng = np.random.default_rng(0)
+    feeds = {n: torch.from_numpy(v) for n, v in make_inputs(encoder, sizes, rng, adapter.vocab_size).items()}
+    with torch.no_grad():
+        out = _run(f"{target}: model.encode(src, src_len)", adapter.model.encode, feeds["src"], feeds["src_len"])
+        _check_outputs(target, "model.encode", out, encoder.outputs, sizes, "encoder_outputs")
+        state = {n: torch.from_numpy(v) for n, v in make_inputs(decoder, sizes, rng, adapter.vocab_size).items()}
+        state.update({t.name: out[t.name] for t in encoder.outputs})
+        state["src_len"] = feeds["src_len"]
+        token = state.pop("token")
+        answer = _run(f"{target}: model.decode_step(token, state)", adapter.model.decode_step, token, dict(state))
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        raise UsageError(f"{target}: model.decode_step returned {type(answer).__name__}; return (log_probs, state)")
+    log_probs, new_state = answer
+    grown = {t.name.removeprefix("new_"): t for t in decoder.outputs[1:]}
+    _check_outputs(target, "model.decode_step", {"log_probs": log_probs}, decoder.outputs[:1], sizes, "log_probs")
+    for name in grown:
+        before = tuple(state[name].shape)
+        got = new_state.get(name) if isinstance(new_state, Mapping) else None
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == before:
+            raise UsageError(f"{target}: model.decode_step returned {name} with the shape it was given {before}, not one "
+                             f"position longer; {FIXED_STATE}")
+    _check_outputs(target, "model.decode_step's state", new_state, tuple(TensorSpec(n, t.dtype, t.dims) for n, t in grown.items()),
+                   sizes, "decoder_state")
+
+
+def _check_outputs(target: str, what: str, out: object, declared: tuple[TensorSpec, ...], sizes: dict, field_name: str) -> None:
+    if not isinstance(out, Mapping):
+        raise UsageError(f"{target}: {what} returned a {type(out).__name__}, not a dict of tensors by name; "
+                         f"return {{name: tensor}} for every tensor of {field_name}")
+    for t in declared:
+        value = out.get(t.name)
+        if not isinstance(value, torch.Tensor):
+            got = "nothing" if value is None else f"a {type(value).__name__}"
+            raise UsageError(f"{target}: {what} returned {got} for {t.name}; return a tensor for every name of {field_name}")
+        if value.dtype != TORCH_DTYPES[t.dtype]:
+            fix = "return model.float() from the function, or cast it" if value.is_floating_point() else "cast it"
+            raise UsageError(f"{target}: {what} returned {t.name} as {str(value.dtype).removeprefix('torch.')}, not {t.dtype} "
+                             f"as declared; {fix}" + (" (or list it in integer)" if t.dtype == "float32" and not value.is_floating_point() else ""))
+        want = t.shape(sizes)
+        if tuple(value.shape) != want:
+            names = "(" + ", ".join(f"{d}={w}" if isinstance(d, str) else str(d) for d, w in zip(t.dims, want)) + ")"
+            why = (f"its last dimension must be vocab_size {want[-1]}: the decoder's output over the whole vocabulary"
+                   if t.name == "log_probs" and len(value.shape) == 2 and value.shape[0] == want[0] else "as declared")
+            raise UsageError(f"{target}: {what} returned {t.name} of shape {tuple(value.shape)} on an example batch, "
+                             f"expected {names}; {why}")
 
 
 def tokenizer_rules(adapter: Seq2SeqAdapter, target: str) -> DecodingRules:
