@@ -241,7 +241,9 @@ def test_an_existing_directory_needs_force_and_force_replaces_only_a_marian_dire
     (target / "stale.bin").write_bytes(b"old")
     result = cli("export", SHIPPED, "--to-hf", target, "--force")
     assert result.exit_code == 0, result.output
-    assert not (target / "stale.bin").exists() and (target / "model.safetensors").stat().st_size == (hf_dir / "model.safetensors").stat().st_size
+    # tk's files replaced, a file tk did not write kept (issue 46: --force never deletes what tk did not write)
+    assert (target / "stale.bin").read_bytes() == b"old"
+    assert (target / "model.safetensors").stat().st_size == (hf_dir / "model.safetensors").stat().st_size
     assert "as it is" in one_line_error(cli("export", SHIPPED, "--to-hf", target, "--fp16"), 2)
     assert "does not exist" in one_line_error(cli("verify", SHIPPED, "--to-hf", tmp_path / "nowhere"), 2)
     assert "drop --record" in one_line_error(cli("verify", SHIPPED, "--to-hf", target, "--record"), 2)

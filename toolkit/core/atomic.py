@@ -4,6 +4,8 @@ Every file tk writes goes to a temporary file beside the target, is fsynced, the
 (`AtomicWriter`), so an interrupted or failed write leaves the previous file as it was. The
 temporary name carries the writer's process id: a later write to the same target removes the
 leftovers of writers that no longer run (a `kill -9`), and never those of one still writing.
+An output the user names that is a FIFO or a device (`--json /dev/null`, `-o /dev/stdout`) is written
+through instead: renaming over it would replace the device with a regular file.
 Torch-free (the deploy path writes manifests, translations and corpus shards).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +36,16 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def is_temporary(name: str) -> bool:
+    """A name of exactly the form of tk's temporary files (`.NAME.PID-XXXXXXXX.tmp`)."""
+    return _TEMPORARY.fullmatch(name) is not None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the writer with this process id may still run (another user's process counts as running)."""
+    return _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -65,19 +78,44 @@ def remove_stale_temporaries(directory: Path) -> None:
                 path.unlink()
 
 
+def _special(path: Path) -> str | None:
+    """What a path that exists but is neither a regular file nor a directory is ("a FIFO", "a character device", ...),
+    following links (/dev/stdout is a link to /proc/self/fd/1, itself a link to a pipe); None for anything else."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return None
+
+
 class AtomicWriter:
     """One file being written: `open()`, write to `.file`, then `commit()` (fsync and rename) or `abort()`.
 
     The new file keeps the mode of the file it replaces (else the umask's default, not mkstemp's 0600).
+    `user_path`: the path was named by the user (--json, -o). A link is followed to its target, and a FIFO or a
+    device (/dev/null, /dev/stdout) is written through: there is no file to replace, and renaming over it would
+    destroy it (as root, /dev/null itself). tk's own files (a manifest, a shard) sit in directories that may come from
+    elsewhere: a link there is replaced, never followed, and a FIFO or device in their place is refused.
     """
 
-    def __init__(self, path: str | Path, text: bool = False):
+    def __init__(self, path: str | Path, text: bool = False, user_path: bool = False):
         self.target = Path(path)
         self.text = text
+        self.user_path = user_path
+        self.through = False
         self.tmp: Path | None = None
         self.file: IO | None = None
 
     def open(self) -> AtomicWriter:
+        special = _special(self.target) if self.user_path or not self.target.is_symlink() else None
+        if special is not None:
+            return self._open_through(special)
+        if self.user_path:
+            self.target = Path(os.path.realpath(self.target))
         if not self.target.parent.is_dir():
             raise FileNotFoundError(2, "No such file or directory", str(self.target.parent))
         remove_stale_temporaries(self.target.parent)
@@ -93,8 +131,28 @@ class AtomicWriter:
             raise
         return self
 
+    def _open_through(self, special: str) -> AtomicWriter:
+        """Opens a FIFO or device named by the user for writing, as the shell's `>` would."""
+        if not self.user_path:
+            from toolkit.core.errors import UsageError
+
+            raise UsageError(f"{self.target} is {special}, not a file; tk writes it only as a regular file: remove it and retry")
+        try:
+            self.file = open(self.target, "w", encoding="utf-8", newline="\n") if self.text else open(self.target, "wb")  # noqa: SIM115
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(self.target)) from None
+        self.through = True
+        return self
+
     def commit(self) -> None:
-        """Makes the file the target: on any failure the target is left as it was and the temporary removed."""
+        """Makes the file the target: on any failure the target is left as it was and the temporary removed.
+        Written through (a FIFO, a device): flushed, so an error (ENOSPC from /dev/full) is raised here, naming the path."""
+        if self.through:
+            try:
+                self.file.close()
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(self.target)) from None
+            return
         try:
             self.file.flush()
             os.fsync(self.file.fileno())
@@ -116,43 +174,39 @@ class AtomicWriter:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path) -> Iterator[IO[bytes]]:
+def atomic_file(path: str | Path, user_path: bool = False) -> Iterator[IO[bytes]]:
     """A binary file that replaces `path` only when the block ends without an exception.
-    The directory must exist: a mistyped path never creates directories."""
-    writer = AtomicWriter(path).open()
+    The directory must exist: a mistyped path never creates directories. `user_path`: see AtomicWriter."""
+    writer = AtomicWriter(path, user_path=user_path).open()
     try:
         yield writer.file
+    except OSError as e:
+        writer.abort()
+        if writer.through and e.filename is None:  # a write to a device (ENOSPC from /dev/full): say which output
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     except BaseException:
         writer.abort()
         raise
     writer.commit()
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
-    with atomic_file(path) as f:
+def write_atomic(path: str | Path, data: bytes, user_path: bool = False) -> None:
+    with atomic_file(path, user_path) as f:
         f.write(data)
-
-
-def replace_directory(tmp: Path, out: Path) -> None:
-    """Puts the finished directory `tmp` at `out` by renames only, so `out` is at every moment the old directory or the
-    new one, whole; the old one is moved aside first and deleted once the new one is in place."""
-    import shutil
-    import tempfile
-
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        os.replace(out, old / out.name)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_output_path(path: str | Path, option: str) -> None:
     """The one check of an output file path, before any work, so a long run never fails at its very end
-    and a mistyped path never creates directories: its directory must exist and be writable."""
+    and a mistyped path never creates directories: its directory must exist and be writable. A FIFO or a
+    device (/dev/null, /dev/stdout, even through a link) is written through: it must be writable itself."""
     from toolkit.core.errors import UsageError
 
+    special = _special(Path(path))
+    if special is not None:
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{option} {path} is {special} that is not writable; check its permissions or choose another path")
+        return
     target = Path(os.path.realpath(path))
     try:
         too_long = len(os.fsencode(target.name)) > os.pathconf(target.parent if target.parent.is_dir() else "/", "PC_NAME_MAX")
@@ -164,15 +218,14 @@ def check_output_path(path: str | Path, option: str) -> None:
         raise UsageError(f"{option} {path} is a directory; give a file name")
     if not target.parent.is_dir():
         raise UsageError(f"{option} {path}: directory {target.parent} does not exist; create it or choose another path")
-    probe = target if target.exists() and not target.is_file() else target.parent
-    if not os.access(probe, os.W_OK):
-        raise UsageError(f"{option} {path}: {probe} is not writable; check its permissions or choose another path")
+    if not os.access(target.parent, os.W_OK):
+        raise UsageError(f"{option} {path}: {target.parent} is not writable; check its permissions or choose another path")
 
 
-def save_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
+def save_with(path: str | Path, write: Callable[[IO[bytes]], None], user_path: bool = False) -> None:
     """`write(file)` into a temporary file that becomes `path` only if it succeeds (a plot library
-    that fails half way through, say, leaves the previous picture intact)."""
-    with atomic_file(path) as f:
+    that fails half way through, say, leaves the previous picture intact). `user_path`: see AtomicWriter."""
+    with atomic_file(path, user_path) as f:
         write(f)
 
 

@@ -48,7 +48,7 @@ def _save(fig, path: Path) -> Path:
     rendered.seek(0)
     with Image.open(rendered) as image:
         quantized = image.convert("RGB").quantize(256)
-    save_with(path, lambda f: quantized.save(f, format="PNG", optimize=True))
+    save_with(path, lambda f: quantized.save(f, format="PNG", optimize=True), user_path=True)  # -o: a FIFO or device is written through
     return path
 
 

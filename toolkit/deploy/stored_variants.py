@@ -4,9 +4,11 @@ toolkit/pytorch/export.py, which uses this module for the variants it writes bes
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.convert import output
 from toolkit.core import manifest, variants
 from toolkit.core.errors import UsageError
 from toolkit.runtimes.onnxruntime.variants import build
@@ -56,31 +58,38 @@ def _add_variants(directory: Path, opts: ExportOptions, echo, attention: dict | 
     if present and not opts.force:
         raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
     graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
+    # Built in a temporary directory inside (named with this process's id, so a later write removes it if this one is
+    # killed) and renamed into place only when all are complete: a killed rebuild (--force) never leaves a half-written
+    # graph that the manifest lists.
+    tmp = output.temporary_directory(directory, "tk-variants")
     written: list[Path] = []
     try:
         for variant in wanted:
             echo(f"writing the {variant} variant ...")
-            made = make_variant(directory, graphs, variant, written)
+            made = make_variant(directory, graphs, variant, into=tmp)
             m.stored[variant] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()},
                                                        **variants.CATALOGUE[variant].record(), command=opts.command)
         if opts.attention:
             echo("declaring the attention outputs ...")
             m.attention = attention
+        for staged in sorted(tmp.iterdir()):
+            written.append(directory / staged.name)
+            staged.replace(directory / staged.name)
         m.save()
     except BaseException:
         for path in written:
             path.unlink(missing_ok=True)
         raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 
-def make_variant(tmp: Path, graphs: dict, variant: str, written: list[Path] | None = None) -> dict:
-    """Writes `variant` of each graph beside it; appends every file it creates to `written`."""
+def make_variant(tmp: Path, graphs: dict, variant: str, into: Path | None = None) -> dict:
+    """Writes `variant` of each graph of directory `tmp` beside it, or into the directory `into`."""
     out = {}
     for name, g in graphs.items():
-        src, dst = tmp / g["file"], tmp / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
-        if written is not None:
-            written.append(dst)
+        src, dst = tmp / g["file"], (into or tmp) / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
         build(src, dst, variant)
         out[name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
     return out

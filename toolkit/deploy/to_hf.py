@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from toolkit.convert import output
 from toolkit.core import manifest as manifest_mod
-from toolkit.core.atomic import replace_directory
 from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
@@ -230,7 +228,8 @@ def tokenizer_files(m: Manifest) -> dict[str, bytes]:
 
 
 def model_card(m: Manifest) -> bytes:
-    return f"""# {m.model} (tk), as a Hugging Face MarianMTModel
+    """README.md, signed (CARD_MARK) so that a later --force can tell tk's card, which it replaces, from a user's edit."""
+    return signed_card(f"""# {m.model} (tk), as a Hugging Face MarianMTModel
 
 English to French: tk's post-LN Transformer, {' + '.join(map(str, transformer_layers(m.config)))} layers, d_model {m.config['num_hiddens']},
 a shared SentencePiece vocabulary of {m.config['vocab_size']}. Written by `tk export {m.directory} --to-hf DIR` from
@@ -255,15 +254,50 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 - `tk translate` also handles the text around the model (sentence splitting, ALL CAPS and Title Case folding,
   placeholders for numbers and URLs); generate sees the text as it is.
 - Positions: {m.max_len} (sources are truncated to {m.max_len} tokens, outputs stop at {m.max_output_len}).
-""".encode()
+""".encode())
+
+
+CARD_MARK = b"<!-- written by tk export --to-hf, sha256 "
+
+
+def signed_card(body: bytes) -> bytes:
+    import hashlib
+
+    return body + CARD_MARK + hashlib.sha256(body).hexdigest().encode() + b" -->\n"
+
+
+def is_tk_card(path: Path) -> bool:
+    """README.md as tk wrote it: the card it signed, unedited (a user's README, or tk's card edited, is theirs)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    body, mark, _ = data.rpartition(CARD_MARK)
+    return bool(mark) and signed_card(body) == data
+
+
+# Every file --to-hf writes: the only entries of an existing MarianMTModel directory that --force replaces.
+WRITTEN = frozenset({"model.safetensors", "config.json", "generation_config.json", "README.md", "tokenizer.json",
+                     "tokenizer_config.json", "special_tokens_map.json", "source.spm", "target.spm", "vocab.json"})
+
+
+def hf_entries(out: Path) -> set[str] | None:
+    """What --force replaces in an existing directory: tk's files in a MarianMTModel directory, its README.md only while
+    it is tk's unedited card; None for any other directory (--force will not touch it)."""
+    if not is_hf_directory(out):
+        return None
+    return set(WRITTEN) - (set() if is_tk_card(out / "README.md") else {"README.md"})
 
 
 def write_hf(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None,
              permute: bool = True) -> dict[str, int]:
-    """Writes the MarianMTModel directory (built under a temporary name, then renamed); returns {file: bytes}."""
+    """Writes the MarianMTModel directory (built under a temporary name, then renamed into place by
+    toolkit.convert.output); returns {file: bytes} of the files written. With --force in a MarianMTModel directory that
+    holds more (a git clone: .git, a user's README), only tk's files are replaced and the rest is kept."""
+    target = output.prepare(out, option="--to-hf", sources=[model_dir], force=force, owned=hf_entries, keep_foreign=True,
+                            what="a Hugging Face MarianMTModel directory (no marian config.json)")
     m = manifest_mod.load(model_dir)
     mappable(m)
-    replaceable(out, force)
     try:
         from safetensors.numpy import save_file
     except ImportError:
@@ -282,22 +316,16 @@ def write_hf(model_dir: Path, out: Path, force: bool = False, echo: Callable[[st
     dump = lambda d: (json.dumps(d, indent=2) + "\n").encode("utf-8")  # noqa: E731
     files.update({"config.json": dump(marian_config(m.config)), "generation_config.json": dump(generation_config(m)),
                   "README.md": model_card(m)})
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:
-        raise UsageError(f"cannot write to {out.parent} ({e.strerror}); choose another --to-hf directory") from None
-    try:
+    kept: list[str] = []
+    with output.writing(target, skipped=kept.extend) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        replaceable(out, force)  # again: another writer may have made it meanwhile
-        replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+    for name in kept:
+        echo(f"kept {out / name}: tk did not write it (tk's own {name} was not written)")
+        del sizes[name]
+    return sizes
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -307,19 +335,3 @@ def is_hf_directory(path: Path) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("model_type") == "marian"
-
-
-def replaceable(out: Path, force: bool) -> None:
-    """An existing empty directory is written into; a non-empty one only with --force, and only if it is a MarianMTModel
-    directory (--force never deletes anything else)."""
-    if not (out.exists() or out.is_symlink()):
-        return
-    if out.is_symlink() or not out.is_dir():
-        raise UsageError(f"--to-hf {out} exists and is not a directory; choose another path")
-    if not any(out.iterdir()):
-        return
-    if not force:
-        raise UsageError(f"--to-hf {out} already exists and is not empty; use --force to replace it")
-    if not is_hf_directory(out):
-        raise UsageError(f"--to-hf {out} is not a Hugging Face MarianMTModel directory (no marian config.json); "
-                         "--force will not delete it: choose another directory or remove it yourself")

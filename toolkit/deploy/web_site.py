@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from toolkit.convert import output
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
 from toolkit.core.errors import UsageError
@@ -70,24 +70,22 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
 
 
 def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None) -> dict[str, int]:
-    """Writes the site to out (built under a temporary name, then renamed); returns {file: bytes}."""
+    """Writes the site to out (built under a temporary name, then moved into place by toolkit.convert.output; with
+    --force, a site's entries are replaced and anything else there, .git or CNAME, kept); returns {file: bytes}."""
+    output.refuse_source_inside(out, [model_dir], "--web")  # before any work (prepare below checks the rest)
     m = manifest_mod.load(model_dir)
     tok = m.translation_tokenizer()
     if m.declared().tokenizer.kind != "sentencepiece" or m.rules() != manifest_mod.Declaration().decoding:
         raise UsageError(f"{model_dir} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
                          "tk's tokenizer and rules only (serve it with tk serve instead)")
     version = ort_web_version()
-    if out.exists() and not force:
-        raise UsageError(f"{out} already exists; use --force to replace it")
-    if out.exists() and not (out / "model.json").is_file():
-        raise UsageError(f"{out} exists and is not a tk web site (no model.json); --force replaces only a site, choose another directory")
-    m.check_files()
     model = site_model(m)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    target = output.prepare(out, option="--web", sources=[model_dir], force=force, owned=lambda site: site_entries(site, m, model),
+                            what="a tk web site (no model.json)", keep_foreign=True)
+    m.check_files()
+    fp32 = model["variants"]["fp32"]
+    with output.writing(target) as tmp:
         echo(f"writing the web site for {model_dir} (onnxruntime-web {version}) ...")
-        fp32 = model["variants"]["fp32"]
         for name in [*fp32["graphs"].values(), fp32["weights"], *(e.file for e in m.extra_files)]:
             shutil.copyfile(m.directory / name, tmp / name)
         for variant, entry in model["variants"].items():
@@ -103,14 +101,26 @@ def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[
         for f in ORT_FILES:
             shutil.copyfile(ORT_DIST / f, tmp / "vendor" / f)
         shutil.copyfile(WEB / "LICENSE-onnxruntime-web.txt", tmp / "vendor" / "LICENSE-onnxruntime-web.txt")
-        tmp.chmod(0o755)  # mkdtemp makes it private; a web server must read it
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+        written = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
+    return {str(name): (out / name).stat().st_size for name in written}
+
+
+def site_entries(site: Path, m: manifest_mod.Manifest, model: dict) -> set[str] | None:
+    """What --force replaces in an existing directory: the entries a tk site holds (those the old model.json names and
+    those this site writes); None for a directory that is no tk site. Anything else there (.git, CNAME) is kept."""
+    try:
+        old = json.loads((site / "model.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(old, dict):
+        return None
+    names = {"model.json", "vendor", *(f.name for f in SITE.iterdir()), *(e.file for e in m.extra_files)}
+    for record in (model, old):
+        names.add(str(record.get("tokenizer")))
+        for entry in (record.get("variants") or {}).values():
+            if isinstance(entry, dict):
+                names.update(str(f) for f in [*(entry.get("graphs") or {}).values(), entry.get("weights")] if f)
+    return {Path(n).parts[0] for n in names if n and Path(n).parts}
 
 
 def downloads(site: Path) -> dict[str, int]:

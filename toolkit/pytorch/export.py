@@ -15,8 +15,6 @@ import json
 import logging
 import os
 import platform
-import shutil
-import tempfile
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -26,11 +24,11 @@ import onnx
 import onnx.numpy_helper
 import torch
 
+from toolkit.convert import output
 from toolkit.core import manifest, variants
-from toolkit.core.atomic import exclusive, replace_directory
 from toolkit.core.data import CORPUS_SHA256
 from toolkit.core.declaration import Declaration
-from toolkit.core.errors import ToolkitError, UsageError, first_line
+from toolkit.core.errors import ToolkitError, UsageError, first_line, path_problem
 from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
@@ -159,25 +157,42 @@ def load_model(opts: ExportOptions):
     return entry, cfg, model, ckpt
 
 
-def replaceable(out: Path, force: bool) -> None:
-    """--force replaces only what export itself makes: a directory holding a tk manifest (or an empty one)."""
-    if not (out.exists() or out.is_symlink()):
-        return
-    if not force:
-        raise UsageError(f"output directory {out} already exists; use --force to overwrite")
-    if out.is_symlink() or not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory; --force replaces only an exported tk model directory")
-    if any(out.iterdir()) and not is_model_directory(out):
-        raise UsageError(f"{out} is not an exported tk model directory (no tk manifest.json); "
-                         "--force will not delete it: choose another --out or remove it yourself")
+def tk_entries(out: Path) -> set[str] | None:
+    """The entries of a model directory that tk wrote: manifest.json and every file its manifest lists (read as plain
+    JSON, so a manifest this tk no longer accepts is still replaced); None: no tk manifest there."""
+    try:
+        data = json.loads((out / manifest.NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply to parse
+        return None
+    if not (isinstance(data, dict) and data.get("format") == manifest.FORMAT):
+        return None
+    names = {manifest.NAME}
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        values = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if isinstance(item, dict) and isinstance(item.get("file"), str) and item["file"]:
+            names.add(Path(item["file"]).parts[0])
+        stack.extend(v for v in values if isinstance(v, (dict, list)))
+    return names
+
+
+def sources(opts: ExportOptions) -> list[str]:
+    """The files and directories an export reads: a checkpoint, or an `hf:` directory (MODULE:FUNCTION imports code)."""
+    if opts.random_init or not opts.checkpoint or adapter.is_target(str(opts.checkpoint)):
+        return []
+    source = str(opts.checkpoint)
+    return [source[len(hf_marian.PREFIX):] if source.startswith(hf_marian.PREFIX) else source]
+
+
+def prepare_output(opts: ExportOptions) -> output.Output:
+    """--out, checked before any work: --force replaces only a directory tk exported, holding nothing else."""
+    return output.prepare(opts.out, option="--out", sources=sources(opts), force=opts.force, owned=tk_entries,
+                          what="an exported tk model directory (no tk manifest.json)", keep_foreign=False)
 
 
 def is_model_directory(path: Path) -> bool:
-    try:
-        data = json.loads((path / manifest.NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply to parse
-        return False
-    return isinstance(data, dict) and data.get("format") == manifest.FORMAT
+    return tk_entries(path) is not None
 
 
 def portable_path(path: str | Path) -> str:
@@ -192,27 +207,16 @@ def portable_path(path: str | Path) -> str:
 
 def export(opts: ExportOptions, echo=print) -> Path:
     """Writes the model directory; on any failure nothing is left at opts.out."""
-    out = opts.out
-    replaceable(out, opts.force)
+    if problem := path_problem(Path(opts.out).absolute(), "--out"):  # before any work: ONNX fails on it only at the end
+        raise UsageError(problem)
+    target = prepare_output(opts)
     if opts.opset < 18:
         raise UsageError(f"--opset {opts.opset} is too old; the dynamo exporter needs opset 18 or newer")
     entry, cfg, model, ckpt = load_model(opts)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:
-        raise UsageError(f"cannot write to {out.parent} ({e.strerror}); choose another --out") from None
-    try:
+    with output.writing(target) as tmp:
         data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
         manifest.write(tmp, data)
-        with exclusive(out.parent, f"{out.parent}"):
-            # Checked again under the lock: another export may have written `out` while this one ran.
-            replaceable(out, opts.force)
-            replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return opts.out
 
 
 def export_model(source: str, out: str | Path, force: bool = False, fp16: bool = False, optimize: bool = False,

@@ -14,7 +14,7 @@ from toolkit.verify.report import Report
 
 
 def write_json(report: Report, path: Path) -> None:
-    write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode("utf-8"))
+    write_atomic(path, (json.dumps(report.to_json(), indent=2) + "\n").encode("utf-8"), user_path=True)  # --json: a FIFO or device is written through
 
 
 def raise_on_failure(report: Report) -> None:

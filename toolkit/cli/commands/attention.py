@@ -54,7 +54,7 @@ def attention(model_dir, text, output_path, json_path, provider):
         drawn = pictures.translation_figures(result, out)
         payload = result.to_json()
     if json_path:
-        write_atomic(json_path, (json.dumps(payload) + "\n").encode("utf-8"))
+        write_atomic(json_path, (json.dumps(payload) + "\n").encode("utf-8"), user_path=True)  # a FIFO or device: written through
         drawn.append(json_path)
     for path in drawn:
         click.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")

@@ -8,11 +8,12 @@ names that say whose they are, so each is stored as ctranslate2.NAME and loaded 
 
 from __future__ import annotations
 
+import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from toolkit.convert import output
 from toolkit.core import manifest
 from toolkit.core.errors import UsageError
 from toolkit.runtimes.ctranslate2.engine import RUNTIME, version
@@ -30,29 +31,38 @@ def add(directory: Path, force: bool = False, command: str | None = None, echo: 
         m.check_files()
         if RUNTIME in (m.converted or {}) and not force:
             raise UsageError(f"{directory} already has a CTranslate2 model; use --force to convert it again")
-        written: list[Path] = []
-        with tempfile.TemporaryDirectory(prefix="tk-ct2-", dir=directory) as tmp:
+        # Named with this process's id, so that a later conversion removes it if this one is killed (kill -9).
+        tmp = output.temporary_directory(directory, "tk-ct2")
+        try:
             echo("converting the fp32 weights to CTranslate2 ...")
             convert(m, tmp)
-            files = {}
-            try:
-                for path in sorted(Path(tmp).iterdir()):
-                    # Written under a temporary name first: a failed conversion never leaves a half-replaced file
-                    # that the manifest of the previous conversion still lists.
-                    staged = directory / f".{PREFIX}{path.name}.new"
-                    shutil.move(path, staged)
-                    written.append(staged)
-                    files[path.name] = staged
-                records = {}
-                for name, staged in files.items():
-                    final = directory / f"{PREFIX}{name}"
-                    staged.replace(final)
-                    written.append(final)
-                    records[name] = manifest.FileRecord(final.name, manifest.file_sha256(final), final.stat().st_size)
-                m.converted = {**(m.converted or {}), RUNTIME: manifest.ConversionRecord(records, ct2_version, command)}
-                m.save()
-            except BaseException:
-                for path in written:
-                    path.unlink(missing_ok=True)
-                raise
+            _store(m, directory, tmp, ct2_version, command)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return directory
+
+
+def _store(m: manifest.Manifest, directory: Path, tmp: Path, ct2_version: str, command: str | None) -> None:
+    """Moves the converted files in and records them; on failure the new files are removed and the old ones stay."""
+    written: list[Path] = []
+    files = {}
+    try:
+        for path in sorted(tmp.iterdir()):
+            # Under a temporary name first (tk's form, with this process's id: a later write in the directory removes
+            # it if this one dies): a failed conversion never leaves a half-replaced file the old manifest still lists.
+            staged = directory / f".{PREFIX}{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+            shutil.move(path, staged)
+            written.append(staged)
+            files[path.name] = staged
+        records = {}
+        for name, staged in files.items():
+            final = directory / f"{PREFIX}{name}"
+            staged.replace(final)
+            written.append(final)
+            records[name] = manifest.FileRecord(final.name, manifest.file_sha256(final), final.stat().st_size)
+        m.converted = {**(m.converted or {}), RUNTIME: manifest.ConversionRecord(records, ct2_version, command)}
+        m.save()
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise

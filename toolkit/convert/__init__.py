@@ -1,0 +1,1 @@
+"""Writing converted outputs: the one step every directory writer of tk takes (toolkit.convert.output)."""

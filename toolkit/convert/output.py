@@ -1,0 +1,220 @@
+"""The one way tk writes an output directory: `tk export --out`, `--to-hf`, `--web`, and the temporary directories
+that `--ctranslate2` and stored variants fill inside a model directory.
+
+1. `prepare`, before any work: a source inside (or equal to) the output is refused (replacing the output would
+   delete it), and so is an output tk may not replace: not a directory, not empty without --force, or not of the
+   kind this writer makes (`owned` says which of its entries tk wrote; None: it is no such directory). Entries tk
+   did not write (a git clone's .git, a user's notes) are refused by name (a model directory) or kept (--to-hf, --web).
+2. The writer fills `.OUT.new.PID-XXXXXXXX` beside OUT, made like every directory tk writes: 0777 less the umask
+   (0755 usually; mkdtemp's 0700 would keep a service account out).
+3. `finish`, under a lock on OUT's parent, checks again (another command may have written OUT meanwhile) and moves
+   the new directory into place by renames: whole when OUT held only tk's entries, else entry by entry, the rest left.
+
+Temporary directories carry the writer's process id: a later write of the same OUT removes those of writers that
+died (kill -9), never those of one still running, nor anything whose name is not exactly of tk's form.
+Torch-free: the deploy side writes through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toolkit.core.atomic import exclusive, is_temporary, pid_alive
+from toolkit.core.errors import UsageError, describe_os_error
+
+# Only names of exactly this form are ever removed: `.OUT.new.PID-XXXXXXXX` (being written) or `.OUT.old.PID-XXXXXXXX`
+# (the previous OUT, moved aside until the new one is in place).
+_DIRECTORY = re.compile(r"\.(?P<name>.+)\.(?:new|old)\.(?P<pid>\d{1,9})-[0-9a-f]{8}")
+_NAME_BYTES = 200  # of OUT's name in a temporary's name: the whole stays within a file name's 255 bytes
+_LISTED = 5  # foreign entries named in a refusal
+
+
+def _short(name: str) -> str:
+    raw = os.fsencode(name)
+    return name if len(raw) <= _NAME_BYTES else os.fsdecode(raw[:_NAME_BYTES])
+
+
+def is_temporary_directory(name: str) -> bool:
+    return _DIRECTORY.fullmatch(name) is not None
+
+
+def sweep(parent: Path, name: str) -> None:
+    """Removes the temporary directories of `parent/name` left by writers that no longer run."""
+    short = _short(name)
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    for path in entries:
+        m = _DIRECTORY.fullmatch(path.name)
+        if m and m["name"] == short and not pid_alive(int(m["pid"])) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def temporary_directory(parent: Path, name: str, role: str = "new") -> Path:
+    """A new, empty `.NAME.ROLE.PID-XXXXXXXX` in `parent`, after sweeping the dead writers' ones of NAME."""
+    sweep(parent, name)
+    while True:
+        path = parent / f".{_short(name)}.{role}.{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            os.mkdir(path, 0o777)  # the umask decides, as for every directory tk writes
+        except FileExistsError:
+            continue
+        return path
+
+
+def _resolved(source: Path) -> list[Path]:
+    """Where a source lies: itself and, for a directory, what its entries point at (a link into OUT counts)."""
+    paths = [Path(os.path.abspath(source)), Path(os.path.realpath(source))]
+    if paths[1].is_dir():
+        with contextlib.suppress(OSError):
+            paths += [Path(os.path.realpath(p)) for p in source.iterdir() if p.is_symlink()]
+    return paths
+
+
+def refuse_source_inside(out: Path, sources: Iterable[str | Path], option: str) -> None:
+    """A source equal to OUT or inside it would be deleted by replacing OUT: refused before any work."""
+    targets = {Path(os.path.abspath(out)), Path(os.path.realpath(out))}
+    for source in sources:
+        for path in _resolved(Path(source)):
+            if any(path == target or target in path.parents for target in targets):
+                raise UsageError(f"{option} {out} holds {source}, which this command reads; replacing {out} would delete it: "
+                                 "choose an output directory outside the source")
+
+
+def replace_directory(tmp: Path, out: Path) -> None:
+    """Puts the finished directory `tmp` at `out` by renames only, so `out` is at every moment the old directory or the
+    new one, whole; the old one is moved aside first and deleted once the new one is in place."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = temporary_directory(out.parent, out.name, "old")
+        os.replace(out, old / out.name)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:  # the old directory back where it was; never deleted unless the new one is in place
+            os.replace(old / out.name, out)
+            old.rmdir()
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _merge(tmp: Path, out: Path, replaced: frozenset[str], kept: frozenset[str]) -> list[str]:
+    """OUT holds entries tk did not write: tk's own are replaced one by one and the others left as they are (a new
+    entry whose name is taken by one of them is not written). Undone on failure. Returns the new entries not written."""
+    old = temporary_directory(out.parent, out.name, "old")
+    aside: list[str] = []
+    placed: list[str] = []
+    new = sorted(p.name for p in tmp.iterdir())
+    try:
+        # tk's entries the new output lacks go too; a writer's temporary is left to that writer (or to the sweep)
+        stale = sorted(n for n in replaced - set(new) if not (is_temporary(n) or is_temporary_directory(n)))
+        for name in [n for n in new if n not in kept] + stale:
+            if (out / name).exists() or (out / name).is_symlink():
+                os.replace(out / name, old / name)
+                aside.append(name)
+            if name in new:
+                os.replace(tmp / name, out / name)
+                placed.append(name)
+    except BaseException:
+        for name in reversed(placed):
+            with contextlib.suppress(OSError):
+                os.replace(out / name, tmp / name)
+        for name in reversed(aside):
+            with contextlib.suppress(OSError):
+                os.replace(old / name, out / name)
+        with contextlib.suppress(OSError):
+            old.rmdir()  # only once empty: what could not be put back stays there, not deleted
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return [n for n in new if n in kept]
+
+
+@dataclass
+class Output:
+    """An output directory being written; made by `prepare`."""
+
+    out: Path
+    option: str  # names OUT in messages: "--out", "--to-hf", "--web"
+    force: bool
+    owned: Callable[[Path], set[str] | None]  # OUT's entries tk wrote; None: OUT is not a directory this writer makes
+    what: str  # what this writer makes, for "is not ...": "an exported tk model directory (no tk manifest.json)"
+    keep_foreign: bool  # entries tk did not write: kept (True) or refused by name (False)
+    tmp: Path | None = None
+    kept: frozenset[str] = field(default_factory=frozenset)
+    replaced: frozenset[str] = field(default_factory=frozenset)
+
+    def check(self) -> None:
+        out, option = self.out, self.option
+        self.kept = self.replaced = frozenset()
+        if not (out.exists() or out.is_symlink()):
+            return
+        if out.is_symlink() or not out.is_dir():
+            raise UsageError(f"{option} {out} exists and is not a directory; choose another path")
+        entries = {p.name for p in out.iterdir()}
+        if not entries:
+            return
+        if not self.force:
+            raise UsageError(f"{option} {out} already exists; use --force to replace it")
+        owned = self.owned(out)
+        if owned is None:
+            raise UsageError(f"{option} {out} is not {self.what}; --force will not delete it: choose another directory or remove it yourself")
+        foreign = {e for e in entries - owned if not (is_temporary(e) or is_temporary_directory(e))}
+        if foreign and not self.keep_foreign:
+            listed = ", ".join(sorted(foreign)[:_LISTED]) + (f" and {len(foreign) - _LISTED} more" if len(foreign) > _LISTED else "")
+            raise UsageError(f"{option} {out} holds entries tk did not write ({listed}); --force will not delete them: "
+                             "move them out or choose another directory")
+        self.kept, self.replaced = frozenset(foreign), frozenset(entries - foreign)
+
+    def start(self) -> Path:
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = temporary_directory(self.out.parent, self.out.name)
+        except OSError as e:
+            raise UsageError(f"cannot write to {self.out.parent} ({describe_os_error(e)}); choose another {self.option}") from None
+        return self.tmp
+
+    def finish(self) -> list[str]:
+        """Moves the written directory into place; returns the names left to entries tk did not write."""
+        with exclusive(self.out.parent, str(self.out.parent)):
+            self.check()  # again, under the lock: another command may have written OUT meanwhile
+            skipped = _merge(self.tmp, self.out, self.replaced, self.kept) if self.kept else []
+            if not self.kept:
+                replace_directory(self.tmp, self.out)
+        self.discard()
+        return skipped
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+def prepare(out: Path, *, option: str, sources: Iterable[str | Path], force: bool, owned: Callable[[Path], set[str] | None],
+            what: str, keep_foreign: bool) -> Output:
+    """Every check of an output directory, before any work (see the module's docstring)."""
+    refuse_source_inside(out, sources, option)
+    output = Output(out, option, force, owned, what, keep_foreign)
+    output.check()
+    return output
+
+
+@contextlib.contextmanager
+def writing(output: Output, skipped: Callable[[list[str]], None] = lambda names: None) -> Iterator[Path]:
+    """The temporary directory to fill; moved into place when the block ends without an exception, else removed.
+    `skipped` hears the names of new entries not written because an entry tk did not write holds the name."""
+    tmp = output.start()
+    try:
+        yield tmp
+        names = output.finish()
+    finally:
+        output.discard()
+    if names:
+        skipped(names)
