@@ -183,7 +183,6 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
     computes with the same weights; a weight tampered with (manifest digests rewritten) would pass.
     """
     from toolkit.pytorch import checkpoint as ckpt_mod
-    from toolkit.pytorch.reference import weights_from_graphs
 
     wanted = []
     if checkpoint_path is not None:
@@ -193,7 +192,7 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
     if not wanted and report.reference_kind != "graphs":
         return
     try:
-        report.weights_sha256 = ckpt_mod.weights_sha256(model if report.reference_kind == "graphs" else weights_from_graphs(m, entry, cfg, model))
+        report.weights_sha256 = ckpt_mod.weights_sha256(model if report.reference_kind == "graphs" else graphs_like(m, model))
     except UsageError as e:
         report.rows.append(Row("weights", "all", "fp32", "-", "-", "weights_sha256", ok=False, detail=str(e)))
         return
@@ -202,3 +201,37 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
         report.rows.append(Row("weights", "all", "fp32", "-", "-", "weights_sha256", ok=ok,
                                detail=f"graphs {report.weights_sha256[:16]}, {what} {digest[:16]}" + ("" if ok else ": the graphs' weights differ")))
         echo(f"weights digest {'matches' if ok else 'DOES NOT match'} the {what}: {report.weights_sha256}")
+
+
+def graphs_like(m, reference):
+    """A copy of the reference model holding the weights the exported graphs hold, for the weights digest.
+
+    The exporter stores identical tensors once: the zero biases and unit LayerNorm weights of an untrained model, say,
+    become one initializer named after the first of them, and the others are in no graph under their own names. Such
+    a parameter is in the graphs when the tensor the reference gives it is there under another name (same shape, dtype
+    and values): any change to that shared tensor changes the parameters it stands for, so the digest still tells.
+    A parameter whose value is in no graph (among the parameters found) makes the graphs' weights differ from the
+    reference's.
+    """
+    import copy
+
+    import torch
+
+    from toolkit.pytorch.reference import graph_parameters, resolve_parameters
+
+    model = copy.deepcopy(reference)
+    found = graph_parameters(m.directory, [g.file for g in m.graphs.values()])
+    state, missing = resolve_parameters(model, found)
+    by_shape: dict[tuple, list] = {}
+    for tensor in state.values():  # the model's own parameters only: the exporter names a merged tensor after one
+        by_shape.setdefault((tuple(tensor.shape), tensor.dtype), []).append(tensor)
+    own = model.state_dict()
+    for name in missing:
+        want = own[name]
+        twin = next((t for t in by_shape.get((tuple(want.shape), want.dtype), []) if torch.equal(t, want)), None)
+        if twin is None:
+            raise UsageError(f"parameter {name} of the reference is in no graph of {m.directory}, under its own name or "
+                             "merged with an identical tensor: the graphs' weights differ from the reference's")
+        state[name] = twin
+    model.load_state_dict(state)
+    return model

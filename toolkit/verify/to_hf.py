@@ -56,6 +56,12 @@ def verify_hf(model_dir: str | Path, hf_dir: str | Path, atol: float | None = No
     report.reference_proves = (f"transformers' MarianMTModel and tokenizer from {hf_dir} compute what tk's exported graphs compute "
                                "(log-probabilities, tokens and text); it says nothing of the weights' provenance")
     tol = tolerance("fp32", atol, rtol)
+    other = _other_sizes(m, hf_dir)
+    if other:  # another model's directory: nothing of it can be compared with these graphs (its ids index other tables)
+        report.rows.append(Row("static", GRAPH, "fp32", PROVIDER, "-", "sizes", ok=False,
+                               detail=f"{hf_dir} does not match {model_dir}: {other}; give the directory that "
+                                      f"`tk export {model_dir} --to-hf DIR` wrote"))
+        return report
     _static(report, m, hf_dir)
     try:
         from transformers import AutoTokenizer, MarianMTModel
@@ -77,6 +83,26 @@ def verify_hf(model_dir: str | Path, hf_dir: str | Path, atol: float | None = No
         echo(f"tokenizing and translating {len(english)} sentences from the {origin}, greedy")
         _generate(report, m, model, tokenizer, backend(), english, tol)
     return report
+
+
+# The config.json keys that fix the shapes of a MarianMTModel's tensors.
+SIZES = ("vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings")
+
+
+def _other_sizes(m: Manifest, hf_dir: Path) -> str | None:
+    """Which size of HF's configuration (as transformers reads it, defaults included) is not the model's (say
+    "vocab_size 524, the model's 6000"), or None; a config transformers cannot read is left to the static check and
+    from_pretrained, which name it."""
+    from transformers import MarianConfig
+
+    try:
+        got = MarianConfig.from_pretrained(hf_dir).to_dict()
+    except Exception:  # noqa: BLE001 - reported by the checks that follow
+        return None
+    want = to_hf.marian_config(m.config)
+    key = next((k for k in SIZES if got.get(k) != want[k]), None)
+    return None if key is None else f"its config gives {key} {str(got.get(key))[:20]}, the model's is {want[key]}"
 
 
 def _static(report: Report, m: Manifest, hf_dir: Path) -> None:

@@ -13,22 +13,49 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core.declaration import transformer_layers
-from toolkit.core.errors import UsageError
+from toolkit.core.errors import UsageError, first_line
 from toolkit.core.manifest import Manifest
 from toolkit.core.tokenizer import BOS, EOS, UNK
 
 
+def external_data_problem(graph, m: Manifest, file: str) -> str | None:
+    """Why a graph's external data may not be read, or None: every externally stored tensor must point into the
+    weights file the manifest records for the model directory (a graph is a file from outside: a location such as
+    ../../etc/passwd or an absolute path is never followed)."""
+    recorded = {g.weights.file for g in m.graphs.values() if g.weights is not None}
+    for init in graph.graph.initializer:
+        if init.data_location != init.EXTERNAL:
+            continue
+        location = next((e.value for e in init.external_data if e.key == "location"), "")
+        if location not in recorded:
+            return (f"{m.directory / file}: tensor {init.name!r} points to external data {location!r}, not the model "
+                    f"directory's weights file ({', '.join(sorted(recorded)) or 'none recorded'}); re-export the model directory")
+    return None
+
+
 def graph_weights(m: Manifest) -> dict[str, np.ndarray]:
-    """Every named weight of the encoder and decoder graphs (the tied embedding appears in both)."""
+    """Every named weight of the encoder and decoder graphs (the tied embedding appears in both). External data is read
+    only from the weights file the manifest records (external_data_problem)."""
     import onnx
     from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_model
 
     weights: dict[str, np.ndarray] = {}
     for name in ("encoder", "decoder"):
-        graph = onnx.load(str(m.directory / m.graphs[name].file))
-        for init in graph.graph.initializer:
-            if init.name.startswith("model."):
-                weights[init.name[len("model."):]] = numpy_helper.to_array(init)
+        file = m.graphs[name].file
+        try:
+            graph = onnx.load(str(m.directory / file), load_external_data=False)
+            problem = external_data_problem(graph, m, file)
+            if problem:
+                raise UsageError(problem)
+            load_external_data_for_model(graph, str(m.directory))
+            for init in graph.graph.initializer:
+                if init.name.startswith("model."):
+                    weights[init.name[len("model."):]] = numpy_helper.to_array(init)
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a corrupt graph or weights file (digests rewritten), in one line
+            raise UsageError(f"cannot read the weights of {m.directory / file} ({first_line(e, 120)}); re-export the model directory") from None
     return weights
 
 
@@ -71,20 +98,50 @@ def _specs():
     return common_spec, ts
 
 
-def transformer_spec(m: Manifest):
-    """A ctranslate2 TransformerSpec holding the directory's weights (post-LN Transformer only)."""
+def conversion_problem(m: Manifest) -> str | None:
+    """Why tk cannot convert the directory's model to CTranslate2 (and what to run instead), or None. Said by
+    `tk export DIR --ctranslate2` and by `--runtime ctranslate2` on a directory without a conversion, so that the one
+    never advises the other where it would refuse."""
+    if m.model != "transformer":
+        what = "an imported Marian ('marian')" if m.model == "marian" else f"a '{m.model}' model"
+        return (f"CTranslate2 runs tk's Transformer; {m.directory} holds {what}, which tk does not convert to CTranslate2: "
+                "use --runtime onnxruntime (the default)")
+    if m.config.get("pre_ln"):
+        return (f"{m.directory} is a pre-LN Transformer; tk converts post-LN Transformers to CTranslate2 only: "
+                "use --runtime onnxruntime (the default)")
+    return None
+
+
+def _empty_spec(m: Manifest):
+    """A ctranslate2 TransformerSpec of the directory's sizes, configured as tk converts it, without weights."""
     common_spec, ts = _specs()
 
     cfg = m.config
-    if m.model != "transformer":
-        raise UsageError(f"CTranslate2 runs tk's Transformer; {m.directory} holds a '{m.model}' model, which tk does not convert: "
-                         "use --runtime onnxruntime")
-    if cfg.get("pre_ln"):
-        raise UsageError(f"{m.directory} is a pre-LN Transformer; tk converts post-LN Transformers to CTranslate2 only: "
-                         "use --runtime onnxruntime")
-    w = graph_weights(m)
+    if problem := conversion_problem(m):
+        raise UsageError(problem)
     layers, heads = transformer_layers(cfg), cfg["num_heads"]  # (encoder, decoder): the two may differ
     spec = ts.TransformerSpec.from_config(layers, heads, pre_norm=False, activation=common_spec.Activation.RELU)
+    spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default
+    # Token ids are the vocabulary: tk tokenizes, CTranslate2 sees ids written as strings.
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = str(UNK), str(BOS), str(EOS)
+    spec.config.decoder_start_token = str(BOS)
+    return spec
+
+
+# The config keys tk sets itself: a converted config.json must hold each (the others are CTranslate2's defaults, which
+# a conversion by an older CTranslate2 may lack).
+TK_CONFIG_KEYS = ("layer_norm_epsilon", "unk_token", "bos_token", "eos_token", "decoder_start_token")
+
+
+def vocabulary(m: Manifest) -> list[str]:
+    """The converted vocabulary: every token id of the model, written as a string."""
+    return [str(i) for i in range(m.config["vocab_size"])]
+
+
+def transformer_spec(m: Manifest):
+    """A ctranslate2 TransformerSpec holding the directory's weights (post-LN Transformer only)."""
+    spec = _empty_spec(m)
+    w = graph_weights(m)
     emb = w["embedding.weight"]
     for stack in (spec.encoder, spec.decoder):
         # The sinusoidal table is given as learned positions: tk interleaves sin/cos, CTranslate2's own table does not.
@@ -107,13 +164,8 @@ def transformer_spec(m: Manifest):
         _norm(cross.layer_norm, w, f"{p}.sub2")
         _ffn(layer.ffn, w, p)
         _norm(layer.ffn.layer_norm, w, f"{p}.sub3")
-    spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default
-    # Token ids are the vocabulary: tk tokenizes, CTranslate2 sees ids written as strings.
-    vocab = [str(i) for i in range(cfg["vocab_size"])]
-    spec.register_source_vocabulary(vocab)
-    spec.register_target_vocabulary(vocab)
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = str(UNK), str(BOS), str(EOS)
-    spec.config.decoder_start_token = str(BOS)
+    spec.register_source_vocabulary(vocabulary(m))
+    spec.register_target_vocabulary(vocabulary(m))
     return spec
 
 
@@ -126,3 +178,68 @@ def convert(m: Manifest, out_dir: str | Path) -> Path:
     spec.optimize(quantization=None)
     spec.save(str(out))
     return out
+
+
+# ---- a stored conversion, checked at load ----------------------------------------------------------------------------
+# Its digests prove only that the files are the ones the manifest lists; whoever edited the files may have rewritten
+# them. So each is also held to what tk writes: CTranslate2 would otherwise load a vocabulary of the wrong size or with
+# other entries (and fail on the first token it cannot map back), or decode with a rule tk's loop does not have.
+
+VOCABULARY_FILES = ("shared_vocabulary.json", "shared_vocabulary.txt")
+
+
+def _vocabulary_problem(m: Manifest, name: str, data: bytes) -> str | None:
+    import json
+
+    try:
+        text = data.decode("utf-8")
+        entries = json.loads(text) if name.endswith(".json") else text.splitlines()
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return f"is not a readable vocabulary ({first_line(e, 80)})"
+    want = vocabulary(m)
+    if not isinstance(entries, list) or len(entries) != len(want):
+        size = len(entries) if isinstance(entries, list) else "no list of"
+        return f"holds {size} entries, but the model's vocabulary has {len(want)}"
+    wrong = next((i for i, (got, w) in enumerate(zip(entries, want)) if got != w), None)
+    if wrong is not None:
+        return f"entry {wrong} is {str(entries[wrong])[:40]!r}, not the token id {want[wrong]!r} tk writes there"
+    return None
+
+
+def _config_problem(m: Manifest, data: bytes) -> str | None:
+    import json
+
+    try:
+        got = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return f"is not readable JSON ({first_line(e, 80)})"
+    if not isinstance(got, dict):
+        return "must hold a JSON object"
+    want = json.loads(json.dumps(_empty_spec(m).config.to_dict()))
+    for key, value in got.items():
+        if key not in want:
+            return f"has key {key!r}, which tk does not write"
+        if value != want[key]:
+            return f"has {key} {json.dumps(value)[:40]}, where tk writes {json.dumps(want[key])}"
+    missing = next((k for k in TK_CONFIG_KEYS if k not in got), None)
+    return f"lacks {missing}, which tk writes" if missing else None
+
+
+def check_converted(m: Manifest, files: dict[str, bytes], paths: dict[str, Path]) -> None:
+    """A one-line usage error unless the stored conversion's files (by CTranslate2's names, as `paths` name them in
+    the directory) hold what tk writes: its model.bin, config.json (tk's values, no other keys) and one vocabulary of
+    the model's token ids (its size the model's, each entry the id tk wrote)."""
+    vocabularies = [name for name in files if name in VOCABULARY_FILES]
+    for name in files:
+        if name not in ("model.bin", "config.json", *VOCABULARY_FILES):
+            raise UsageError(f"{paths[name]}: {name} is not a file tk's CTranslate2 conversion holds; "
+                             f"convert it again with tk export {m.directory} --ctranslate2 --force")
+    absent = next((name for name in ("model.bin", "config.json") if name not in files), None) or (None if vocabularies else "shared_vocabulary.json")
+    if absent is not None:
+        raise UsageError(f"{m.directory}'s CTranslate2 conversion has no {absent}; convert it again with "
+                         f"tk export {m.directory} --ctranslate2 --force")
+    for name in [*vocabularies, "config.json"]:
+        problem = _vocabulary_problem(m, name, files[name]) if name in vocabularies else _config_problem(m, files[name])
+        if problem:
+            raise UsageError(f"{paths[name]} {problem}: not the conversion tk wrote; convert it again with "
+                             f"tk export {m.directory} --ctranslate2 --force")
