@@ -13,14 +13,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TOOLKIT = REPO / "toolkit"
 # What `tk translate`, `tk serve`, corpus translation, the Python API and the other runtimes load.
-TORCH_FREE = ("core", "deploy", "runtimes", "serve", "corpus", "cli")
+TORCH_FREE = ("core", "convert", "deploy", "runtimes", "serve", "corpus", "cli")
 TORCH_FREE_MODULES = ("toolkit.bench.text",)  # `tk bench --text`: tk's API against CTranslate2, on a deploy-only install
 # The packages in layers, lowest first. A module imports from its own package and from the layers below its own,
 # never from a package beside it or above it: deploy > runtimes > core is the deploy path; serve and corpus run it,
 # pytorch (the reference, training, export) sits beside them and is never imported by deploy, runtimes or core;
 # verify holds the graphs to the PyTorch reference; bench times all of them; cli (with toolkit/__init__.py's
 # Translator) is the top.
-LAYERS = ({"core"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"bench"}, {"cli", "toolkit"})
+LAYERS = ({"core"}, {"convert"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"bench"}, {"cli", "toolkit"})
 
 
 def module_name(path: Path, root: Path = REPO) -> str:
@@ -46,7 +46,7 @@ def test_the_top_of_the_package_holds_only_the_entry_points():
     """Each module lives in the folder that says which side it is on."""
     assert sorted(p.name for p in TOOLKIT.glob("*.py")) == ["__init__.py"]
     assert {p.name for p in TOOLKIT.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "bench", "cli", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify"}
+        "bench", "cli", "convert", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify"}
 
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
@@ -102,12 +102,12 @@ def test_the_order_check_finds_upward_imports_planted_in_a_copy(tmp_path):
     shutil.copytree(TOOLKIT, copy / "toolkit", ignore=shutil.ignore_patterns("__pycache__"))
     with open(copy / "toolkit" / "core" / "errors.py", "a", encoding="utf-8") as f:
         f.write("\n\ndef _planted():\n    from toolkit.deploy.translate import open_model\n\n    return open_model\n")
-    with open(copy / "toolkit" / "runtimes" / "openvino.py", "a", encoding="utf-8") as f:
+    with open(copy / "toolkit" / "runtimes" / "openvino" / "engine.py", "a", encoding="utf-8") as f:
         f.write("\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from toolkit.pytorch import registry\n")
     with open(copy / "toolkit" / "serve" / "metrics.py", "a", encoding="utf-8") as f:
         f.write("\n\ndef _planted():\n    import toolkit.corpus.run\n")
     found = upward_imports(import_graph(copy))
-    assert found == ["toolkit.core.errors -> toolkit.deploy.translate", "toolkit.runtimes.openvino -> toolkit.pytorch.registry",
+    assert found == ["toolkit.core.errors -> toolkit.deploy.translate", "toolkit.runtimes.openvino.engine -> toolkit.pytorch.registry",
                      "toolkit.serve.metrics -> toolkit.corpus.run"]
 
 
@@ -175,3 +175,56 @@ def test_no_source_file_is_hidden_from_clones_by_gitignore():
     hidden = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input="\n".join(sources), cwd=root,
                             capture_output=True, text=True).stdout.split()
     assert hidden == []
+
+
+def runtime_name_uses(source: str, names: tuple[str, ...]) -> list[str]:
+    """Each place a runtime's name is branched on or defaulted to: a comparison (==, !=, in, not in) with the name
+    or a collection holding it, a parameter's default, a class attribute's (a dataclass field's), or a `default=`
+    keyword (a click option's); as 'line: the code'."""
+    def named(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        hits = []
+        if isinstance(node, ast.Compare):
+            hits = [node] if any(named(n) for n in (node.left, *node.comparators)) else []
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            hits = [d for d in (*node.args.defaults, *node.args.kw_defaults) if d is not None and named(d)]
+        elif isinstance(node, ast.ClassDef):
+            hits = [b.value for b in node.body if isinstance(b, (ast.Assign, ast.AnnAssign)) and b.value is not None and named(b.value)]
+        elif isinstance(node, ast.Call):
+            hits = [k.value for k in node.keywords if k.arg == "default" and named(k.value)]
+        found += [f"{n.lineno}: {ast.get_source_segment(source, n)}" for n in hits]
+    return found
+
+
+def test_no_module_outside_a_runtimes_package_branches_on_its_name():
+    """deploy, serve, corpus, verify, bench and the commands ask the registry (toolkit.runtimes.registry) what a
+    runtime runs and how; only the runtime's own package, and the registry's one table, say its name."""
+    from toolkit.runtimes import registry
+
+    names = registry.names()
+    assert {"onnxruntime", "openvino", "ctranslate2"} <= set(names)
+    own = {TOOLKIT / "runtimes" / name for name in names} | {TOOLKIT / "runtimes" / "registry.py"}
+    found = []
+    for path in sorted(TOOLKIT.rglob("*.py")):
+        if not any(path == o or o in path.parents for o in own):
+            found += [f"{path.relative_to(REPO)}:{use}" for use in runtime_name_uses(path.read_text(encoding="utf-8"), names)]
+    assert found == []
+
+
+def test_the_runtime_name_scan_finds_each_kind_of_use():
+    planted = (
+        "import click\n"
+        "def open_model(runtime='onnxruntime'):\n"
+        "    if runtime == 'openvino' or runtime in ('ctranslate2', 'x'):\n"
+        "        pass\n"
+        "class Job:\n    runtime: str = 'onnxruntime'\n"
+        "OPTION = click.option('--runtime', default='onnxruntime')\n"
+        "LABEL = 'onnxruntime cpu'\n"  # a row's label, not the name: no branch on it
+    )
+    found = runtime_name_uses(planted, ("onnxruntime", "openvino", "ctranslate2"))
+    assert [f.split(":")[0] for f in sorted(found)] == ["2", "3", "3", "6", "7"]  # line 3: two comparisons

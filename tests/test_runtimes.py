@@ -89,7 +89,7 @@ def test_bench_times_openvino_beside_onnxruntime_on_the_same_sentences(cli, tmp_
     assert result.exit_code == 0, result.output
     rows = {r["backend"]: r for r in json.loads(out.read_text())}
     assert {"onnxruntime cpu", "onnxruntime cpu int8", "openvino cpu", "openvino cpu int8"} <= set(rows)
-    same = [line for line in result.output.splitlines() if line.startswith("openvino cpu ")]
+    same = [line for line in result.output.splitlines() if line.startswith("openvino cpu ") and " greedy " in line]  # its rows
     assert same and same[0].rstrip().endswith("100%")  # the same tokens as PyTorch on the same sentences
 
 
@@ -227,16 +227,17 @@ def test_a_decoder_run_replaced_on_its_session_sees_every_step():
 
 
 def test_every_runtime_and_provider_option_offers_the_declared_lists():
-    """The runtimes and providers are declared once (toolkit.core.engines): a command with its own list would offer
-    a runtime the others lack, or miss a new one."""
+    """The runtimes (toolkit.runtimes.registry) and providers (toolkit.core.engines) are declared once: a command with
+    its own list would offer a runtime the others lack, or miss a new one."""
     from toolkit import cli
-    from toolkit.core.engines import PROVIDERS, RUNTIMES
+    from toolkit.core.engines import PROVIDERS
+    from toolkit.runtimes.registry import names
 
     with_provider = set()
     for name, command in cli.main.commands.items():
         for param in command.params:
             if param.name in ("runtime", "runtimes"):
-                assert tuple(param.type.choices) == RUNTIMES, name
+                assert tuple(param.type.choices) == names(), name
             if param.name == "provider":
                 with_provider.add(name)
                 assert tuple(c for c in param.type.choices if c != "all") == PROVIDERS, name

@@ -95,8 +95,8 @@ def config(request_sentences: int = 64, max_chars: int = 1000, timeout_s: float 
 
 
 def alone(model, text: str, beam: int = 1, n_best: int = 1) -> list:
-    opts = DecodeOptions(beam=beam, n_best=n_best, max_len=model.manifest.max_len, batch_size=1, max_src_len=model.manifest.max_len)
-    return translate_batch(model, [text], opts)[0]
+    # tk translate's options (guards on): what the server must give (it decoded without guards until issue 46).
+    return translate_batch(model, [text], DecodeOptions.for_manifest(model.manifest, beam=beam, n_best=n_best, batch_size=1))[0]
 
 
 def test_translations_come_back_in_order_with_scores_for_n_best(model, english):
@@ -106,8 +106,7 @@ def test_translations_come_back_in_order_with_scores_for_n_best(model, english):
         r = client.post("/v1/translate", json={"text": texts, "beam": 3, "n_best": 2, "alpha": 0.8})
         assert r.status_code == 200, r.text
         body = r.json()
-        opts = DecodeOptions(beam=3, n_best=2, alpha=0.8, max_len=model.manifest.max_len, max_src_len=model.manifest.max_len)
-        expected = translate_batch(model, texts, opts)
+        expected = translate_batch(model, texts, DecodeOptions.for_manifest(model.manifest, beam=3, n_best=2, alpha=0.8))
         assert body["translations"] == [n[0].text for n in expected]
         assert [[(h["text"], h["score"]) for h in n] for n in body["n_best"]] == \
             [[(h.text, round(h.score, 4)) for h in n] for n in expected]
@@ -115,7 +114,7 @@ def test_translations_come_back_in_order_with_scores_for_n_best(model, english):
         assert one["translations"] == [alone(model, english[0])[0].text] and "n_best" not in one
         schema = client.get("/openapi.json").json()
         fields = schema["components"]["schemas"]["TranslateRequest"]["properties"]
-        assert {"text", "beam", "n_best", "alpha", "max_len"} <= set(fields)
+        assert {"text", "beam", "n_best", "alpha", "max_len", "max_len_a", "max_len_b", "loop_guard"} <= set(fields)
 
 
 def test_a_translation_never_depends_on_what_else_was_in_its_batch(model, english):
@@ -167,7 +166,7 @@ def test_a_crash_in_decoding_answers_500_without_a_traceback(model, monkeypatch)
         def broken(*args, **kwargs):
             raise RuntimeError("secret detail at /internal/path")
 
-        monkeypatch.setattr("toolkit.serve.batcher.translate_batch", broken)
+        monkeypatch.setattr("toolkit.serve.batcher.decode_sentences", broken)
         r = client.post("/v1/translate", json={"text": "Hi."})
         assert r.status_code == 500
         assert r.json() == {"error": "internal error; the server log has the details"}

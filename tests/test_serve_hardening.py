@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed: p
 from fastapi.testclient import TestClient  # noqa: E402
 from test_serve import LONG_WAIT, config, metric, running, start_cli_server, until, wait_ready  # noqa: E402
 
-from toolkit.deploy.translate import open_model, translate_batch  # noqa: E402
+from toolkit.deploy.translate import decode_sentences, open_model  # noqa: E402
 from toolkit.serve.app import DRAIN_BYTES, ServeConfig, create_app  # noqa: E402
 from toolkit.serve.batcher import Batcher, BatchPolicy, OptionKey  # noqa: E402
 from toolkit.serve.metrics import Metrics  # noqa: E402
@@ -224,9 +224,9 @@ def gated(model, policy: BatchPolicy, monkeypatch) -> Iterator[tuple[Batcher, li
         decoded.append((list(texts), opts.beam))
         if list(texts) == ["Wait."]:
             gate.wait(60)
-        return translate_batch(translator, texts, opts, **kwargs)
+        return decode_sentences(translator, texts, opts, **kwargs)
 
-    monkeypatch.setattr("toolkit.serve.batcher.translate_batch", recording)
+    monkeypatch.setattr("toolkit.serve.batcher.decode_sentences", recording)
     batcher = Batcher(lambda: model, policy, Metrics())
     batcher.start()
     assert batcher.ready.wait(60)

@@ -15,10 +15,11 @@ import torch
 
 from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.decoding import Hypothesis, pad_batch
-from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS
+from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.tokenizer import BOS, EOS
 from toolkit.core.tokenizers import open_tokenizer
+from toolkit.runtimes import registry
 from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
 
 
@@ -109,14 +110,16 @@ def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]
 # first; the loading, the settings search and the CTranslate2 conversion are helpers.
 def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), providers=PROVIDERS,
           textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
-          runtimes: list[str] = (DEFAULT_RUNTIME,), threads: int | None = None, ct2: bool | None = None,
+          runtimes: list[str] = (registry.DEFAULT,), threads: int | None = None, ct2: bool | None = None,
           ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None, streams: int | None = None,
           data: str | None = None) -> list[Result]:
     """`variants`: which graph variants to time on each runtime [default: see bench_variants].
 
-    `runtimes`: onnxruntime (on every provider) and/or openvino (its CPU plugin), timed in the same turns.
-    `threads`, `streams`: ONNX Runtime intra-op threads and concurrent decoding streams (None for
-    both: the fastest pair measured here, from the same candidates as CTranslate2's intra/inter).
+    `runtimes`: the registered runtimes that read the graphs (onnxruntime on every provider, openvino on its CPU
+    plugin), each on the providers it declares, timed in the same turns.
+    `threads`, `streams`: the default runtime's intra-op threads and concurrent decoding streams (None for
+    both: the fastest pair measured here, from the same candidates as CTranslate2's intra/inter), which every
+    runtime whose backends decode streams side by side (RuntimeSpec.streams) runs with.
     `ct2`: add CTranslate2 float32 and int8 rows (None: when ctranslate2 is installed and the
     model is a post-LN Transformer); `ct2_threads`: its (intra, inter) threads (None: measured).
     `notes`: receives the roofline line (achieved GFLOP/s of fp32 greedy at the largest batch against sgemm peak).
@@ -125,7 +128,6 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     from toolkit.pytorch.reference import load_reference
     from toolkit.pytorch.torch_backend import TorchBackend
     from toolkit.runtimes import ctranslate2 as ct2_engine
-    from toolkit.runtimes import onnxruntime as runtime
     from toolkit.verify.checks import held_out_sentences
 
     m = manifest_mod.load(model_dir)
@@ -144,21 +146,22 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
              f"only {len(src)} sentences (--sentences, --data)")
     batch_sizes = ran
     # PyTorch through the same loop on each device timed: ONNX Runtime on CUDA is compared with PyTorch on CUDA.
-    devices = [p for p in dict.fromkeys(providers) if p == "cpu" or (torch.cuda.is_available() and "onnxruntime" in runtimes)]
+    chosen = [registry.get(r) for r in runtimes]
+    devices = [p for p in dict.fromkeys(providers) if p == "cpu" or (torch.cuda.is_available() and any(p in s.providers for s in chosen))]
     if "cuda" in providers and "cuda" not in devices:
         echo("pytorch cached cuda: skipped, this torch build sees no CUDA device")
     backends = {torch_row(p): TorchBackend(model, specs["encoder"], specs["decoder"], device=p) for p in devices or ["cpu"]}
     loads: dict[tuple, object] = {}
 
-    def load(p: str, v: str, t: int):
-        if (p, v, t) not in loads:
-            loads[p, v, t] = runtime.load_sessions(m, p, v, threads=t)
-        return loads[p, v, t]
+    def load(p: str, v: str, t: int | None, name: str = registry.DEFAULT):
+        if (name, p, v, t) not in loads:
+            loads[name, p, v, t] = registry.load(m, name, p, v, threads=t)
+        return loads[name, p, v, t]
 
     given = (threads or max(1, (os.cpu_count() or 1) // (streams or 1)), streams or 1) if threads or streams else None
     tk_setting = best_settings(batch_sizes, given, lambda c, b: _time_tk(
         load("cpu", "fp32", c[0]).backend(), src[: probe_size(b)], [b], m.max_len, c[1]))
-    echo("onnxruntime: " + describe_settings(tk_setting, "intra-op threads", "decoding streams")
+    echo(f"{registry.DEFAULT}: " + describe_settings(tk_setting, "intra-op threads", "decoding streams")
          + f" ({'given' if given else 'the fastest measured'}; --threads and --streams set them)")
     if ct2 is None:
         ct2 = ct2_engine.available() and m.model == "transformer" and not m.config.get("pre_ln")
@@ -173,32 +176,9 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
         echo(f"ctranslate2 {ctranslate2_version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
              + f" ({'given' if ct2_threads else 'the fastest measured'}; --ct2-threads sets them)")
     ort_backends: dict[str, dict[int, object]] = {}  # name -> intra-op threads -> backend
-    for p in providers if "onnxruntime" in runtimes else ():
-        for v in bench_variants(m, p, variants):
-            name = f"onnxruntime {p}" + ("" if v == "fp32" else f" {v}")
-            try:
-                for t in sorted({t for t, _ in tk_setting.values()}):
-                    loaded = load(p, v, t)
-                    ort_backends.setdefault(name, {})[t] = loaded.backend()
-            except Exception as e:  # a provider that cannot load is reported, not fatal
-                echo(f"skipping onnxruntime {p} {v}: {first_line(e)}")
-                ort_backends.pop(name, None)
-                if isinstance(e, ProviderError):
-                    break
-                continue
-            if loaded.built_s:
-                echo(f"onnxruntime {p} {v}: graphs built in memory from the fp32 graphs in {loaded.built_s:.2f}s")
-    if "openvino" in runtimes:
-        from toolkit.runtimes import openvino
-
-        echo(f"openvino {openvino.version()} on its CPU plugin")
-        for v in bench_variants(m, "cpu", variants):
-            try:
-                loaded = openvino.load(m, "cpu", v)
-            except Exception as e:  # a variant OpenVINO cannot compile is reported, not fatal
-                echo(f"skipping openvino cpu {v}: {first_line(e)}")
-                continue
-            backends["openvino cpu" + ("" if v == "fp32" else f" {v}")] = loaded.backend()
+    for spec in chosen:
+        _load_rows(spec, m, [p for p in providers if p in spec.providers], variants, sorted({t for t, _ in tk_setting.values()}),
+                   load, ort_backends if spec.streams else backends, echo)
     results = []
     for batch in batch_sizes:
         for beam in beams:
@@ -223,7 +203,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
                 echo(_line(r))
     if ct2_dir is not None:
         ct2_dir.cleanup()
-    row = next((r for r in results if r.backend == "onnxruntime cpu" and r.search == "greedy" and r.batch == max(batch_sizes)), None)
+    row = next((r for r in results if r.backend == f"{registry.DEFAULT} cpu" and r.search == "greedy" and r.batch == max(batch_sizes)), None)
     if notes is not None and row is not None and m.model == "transformer":
         per_src, per_tgt = matmul_flops_per_token(m.config)
         flops = per_src * sum(len(s) for s in src) + per_tgt * row.tokens
@@ -232,6 +212,34 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
                      f"({per_tgt / 1e6:.2f} MFLOP per target token, {per_src / 1e6:.2f} per source token, matrix multiplies only) "
                      f"against a measured sgemm peak of {peak:.1f} GFLOP/s: {flops / row.seconds / 1e9 / peak:.1%}")
     return results
+
+
+def _load_rows(spec: registry.RuntimeSpec, m, providers: list[str], variants: list[str] | None, threads: list[int], load,
+               rows: dict, echo) -> None:
+    """Backends for each (provider, variant) row of one runtime, into `rows`: per intra-op thread count for a
+    runtime whose backends decode streams side by side, one (its own threads) for another. A provider that cannot
+    load, or a variant the runtime cannot compile, is reported, not fatal."""
+    if not spec.streams:
+        echo(f"{spec.label()} on {', '.join(providers)}")
+    for p in providers:
+        for v in bench_variants(m, p, variants):
+            name = f"{spec.name} {p}" + ("" if v == "fp32" else f" {v}")
+            try:
+                for t in threads if spec.streams else [None]:
+                    loaded = load(p, v, t, spec.name)
+                    backend = loaded.backend()
+                    if spec.streams:
+                        rows.setdefault(name, {})[t] = backend
+                    else:
+                        rows[name] = backend
+            except Exception as e:
+                echo(f"skipping {spec.name} {p} {v}: {first_line(e)}")
+                rows.pop(name, None)
+                if isinstance(e, ProviderError):
+                    break
+                continue
+            if loaded.built_s:
+                echo(f"{spec.name} {p} {v}: graphs built in memory from the fp32 graphs in {loaded.built_s:.2f}s")
 
 
 def matmul_flops_per_token(cfg: dict) -> tuple[float, float]:

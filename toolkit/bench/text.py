@@ -123,7 +123,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
         ct2_dir = Path(work) / "ct2"
         ct2.convert(m, ct2_dir)
         tk_ct2_dir = model_dir
-        if "ctranslate2" not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
+        if stored.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
             tk_ct2_dir = Path(work) / "model"
             shutil.copytree(model_dir, tk_ct2_dir)
             stored.add(tk_ct2_dir, echo=lambda s: None)

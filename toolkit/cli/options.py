@@ -15,8 +15,10 @@ import click
 
 from toolkit.core.atomic import check_output_path
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_BEAM, MAX_LEN_A, MAX_LEN_B, MAX_STREAMS, MAX_THREADS
-from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS, RUNTIMES
+from toolkit.core.engines import PROVIDERS
 from toolkit.core.shipped import default_model
+from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
+from toolkit.runtimes.registry import names as runtime_names
 
 DEFAULT_MODEL = default_model  # a callable default: click asks for it only when no model is given
 
@@ -110,11 +112,27 @@ def provider_option(default: str | None = None, also: tuple[str, ...] = (), help
                         help=help)
 
 
+class RuntimeChoice(click.Choice):
+    """The registered runtimes (toolkit.runtimes.registry), read each time click asks: a runtime registered after the
+    commands were built is a choice too."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return runtime_names()
+
+    @choices.setter
+    def choices(self, value) -> None:
+        pass  # click.Choice.__init__ stores its list; this one is the registry's
+
+
 def runtime_option(multiple: bool = False, help: str = "Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra)."):
-    """--runtime, its choices the declared runtimes (toolkit.core.engines.RUNTIMES); `multiple`: repeatable, into `runtimes`."""
+    """--runtime, its choices the registered runtimes (toolkit.runtimes.registry); `multiple`: repeatable, into `runtimes`."""
     if multiple:
-        return click.option("--runtime", "runtimes", multiple=True, type=click.Choice(RUNTIMES), help=help)
-    return click.option("--runtime", type=click.Choice(RUNTIMES), default=DEFAULT_RUNTIME, show_default=True, help=help)
+        return click.option("--runtime", "runtimes", multiple=True, type=RuntimeChoice(), help=help)
+    return click.option("--runtime", type=RuntimeChoice(), default=DEFAULT_RUNTIME, show_default=True, help=help)
 
 
 # Where the graphs run, for the commands that translate.

@@ -133,6 +133,13 @@ class DecodeOptions:
             opts.streams = default_streams()
         return opts
 
+    @classmethod
+    def for_manifest(cls, m: object, provider: str = "cpu", **given: object) -> DecodeOptions:
+        """for_model for the model of manifest `m` (toolkit.core.manifest.Manifest: its positions, default output limit and
+        decoding rules), with the options a user gave (for_model's keywords). The one builder of user-facing options:
+        `tk serve` decodes with exactly what `tk translate` and the API decode with, guards included."""
+        return cls.for_model(m.max_len, provider, rules=m.rules(), max_output=m.max_output_len, **given)
+
 
 def cores() -> int:
     """The CPUs this process may run on (its affinity mask: a container's or taskset's share), not the machine's."""
@@ -158,3 +165,12 @@ def default_batch_size(beam: int, provider: str = "cpu") -> int:
     fp32 32 sentences 5.44, 64 5.70; int8 3.56, 3.85. Greedy is flat from 48 to 96 (fp32 1.62 to 1.68 s).
     """
     return 64 if beam == 1 or provider != "cpu" else max(1, min(64, BEAM_ROWS // beam))
+
+
+def max_len_problem(max_len: int | None, max_positions: int, option: str = "--max-len") -> str | None:
+    """What is wrong with an output limit the user gave for a model of `max_positions` positions, or None. The model
+    writes no more tokens than it has positions: a larger limit was cut to it without a word (for_model still cuts,
+    for the API's and the server's callers); the commands refuse it instead, naming the model's maximum."""
+    if max_len is None or not whole(max_len) or max_len <= max_positions:
+        return None
+    return f"{option} {max_len} is more than this model's maximum of {max_positions} tokens; give at most {max_positions}, or leave it out"

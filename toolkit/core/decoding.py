@@ -7,6 +7,7 @@ beams are reordered). Everything here is numpy; no torch is imported.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,9 @@ class Hypothesis:
     score: float  # sum of token log-probabilities, EOS included when finished
     # What ended it: "" (it emitted EOS), "length" (its length limit) or "loop" (the loop guard).
     stopped: str = field(default="", compare=False)
+    # For "loop": the tokens the guard cut off (more copies of the repeated group), so that word_end can end the
+    # output on a whole word, which needs the tokenizer's pieces that this loop does not have.
+    rest: list[int] = field(default_factory=list, compare=False)
 
     def normalized(self, alpha: float) -> float:
         """GNMT length penalty ((5 + n) / 6)^alpha: beam search otherwise favours short output."""
@@ -136,6 +140,24 @@ def loop_cut(tokens: np.ndarray) -> np.ndarray:
     return cut
 
 
+def word_end(tokens: list[int], rest: list[int], begins_word: Callable[[int], bool]) -> list[int]:
+    """What a hypothesis the loop guard stopped keeps, ending on a whole word: loop_cut keeps one copy of the repeated
+    group, and a group found out of step with the words ("aux ▁post" in "▁post aux ▁post aux ▁post") ended the output
+    mid-word ("Les taux post"). The shortest output that holds that copy and ends where a word begins (in the copies cut
+    off: "Les taux postaux"), else the output without its unfinished last word, else the copy as it is (a single word).
+    Every runtime's guard ends here (toolkit.deploy.translate applies it, with the tokenizer's pieces)."""
+    if not rest:
+        return tokens
+    full = tokens + rest
+    for p in range(len(tokens), len(full)):
+        if begins_word(full[p]):
+            return full[:p]
+    for q in range(len(tokens) - 1, 0, -1):
+        if begins_word(tokens[q]):
+            return tokens[:q]
+    return tokens
+
+
 def length_limits(src: list[list[int]], max_len: int, a: float | None, b: int) -> np.ndarray:
     """Longest output per sentence: a * source length + b (capped at max_len), or max_len when a is None."""
     lens = np.array([len(s) for s in src], dtype=np.float64)
@@ -164,6 +186,7 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
     scores = np.zeros(n)
     out = np.full((n, max_len), EOS, dtype=np.int64)  # each sentence's tokens; EOS from where it stopped
     why = np.zeros(n, dtype=np.int8)  # index into STOPPED
+    rests: dict[int, list[int]] = {}  # per sentence the loop guard stopped: what it cut off (Hypothesis.rest)
     sentence = np.arange(n)  # the sentence of each row of the decoder state
     live = np.ones(n, dtype=bool)  # rows still decoding; a finished row stays until the state is compacted
     all_live = True  # no finished row waits in the state (then the rows are `sentence` as they stand)
@@ -201,6 +224,7 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
             why[alive[length]] = 1
         if cut is not None:
             for row in np.flatnonzero(cut >= 0):
+                rests[int(alive[row])] = out[alive[row], cut[row] : t + 1].tolist()
                 out[alive[row], cut[row] :] = EOS
             why[alive[cut >= 0]] = 2
         live[rows[ending]] = False
@@ -218,7 +242,7 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
             all_live = True
     stopped = out == EOS
     ends = np.where(stopped.any(1), stopped.argmax(1), max_len)
-    return [Hypothesis(out[i, : ends[i]].tolist(), float(scores[i]), STOPPED[why[i]]) for i in range(n)]
+    return [Hypothesis(out[i, : ends[i]].tolist(), float(scores[i]), STOPPED[why[i]], rests.get(i, [])) for i in range(n)]
 
 
 def _greedy_one(backend: StepBackend, state: Any, limit: int, loop_guard: bool, rules: DecodingRules) -> Hypothesis:
@@ -226,6 +250,7 @@ def _greedy_one(backend: StepBackend, state: Any, limit: int, loop_guard: bool, 
     numbers, since at one row every numpy operation costs its call. The score sums every step's
     log-probability (EOS's, and that of a token a guard stopped at, included), as greedy's does."""
     tokens: list[int] = []
+    rest: list[int] = []
     score, why = 0.0, 0
     token = np.full(1, rules.start, dtype=np.int64)
     EOS = rules.end
@@ -239,14 +264,14 @@ def _greedy_one(backend: StepBackend, state: Any, limit: int, loop_guard: bool, 
         if loop_guard and t + 1 >= SHORTEST_LOOP and tok in tokens[-1 - WIDEST_GROUP : -1]:
             cut = int(loop_cut(np.array([tokens]))[0])
             if cut >= 0:
-                del tokens[cut:]
+                tokens, rest = tokens[:cut], tokens[cut:]
                 why = 2
                 break
         if t + 1 >= limit:
             why = 1
             break
         token = indices[:, 0].astype(np.int64, copy=False)
-    return Hypothesis(tokens, score, STOPPED[why])
+    return Hypothesis(tokens, score, STOPPED[why], rest)
 
 
 # Over 60 lines: a step is one sequence of array operations over the same (sentences x beam) arrays (candidates,
@@ -284,6 +309,7 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
     done_len = np.zeros((n, beam), dtype=np.int64)
     done_scores = np.zeros((n, beam))
     done_why = np.zeros((n, beam), dtype=np.int8)  # index into STOPPED
+    done_end = np.zeros((n, beam), dtype=np.int64)  # tokens written, the ones the loop guard cut off included
     done_count = np.zeros(n, dtype=np.int64)
     active = np.arange(n)  # sentences still searching, in state row order; each owns live_count rows
     token = np.full(n, rules.start, dtype=np.int64)
@@ -337,6 +363,7 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
         done_len[sents, d_slot] = lengths[s_idx, c_idx]
         done_scores[sents, d_slot] = scores[s_idx, c_idx]
         done_why[sents, d_slot] = why[s_idx, c_idx]
+        done_end[sents, d_slot] = step + 1
         done_count[active] += finishes.sum(1)
         still = (done_count[active] < beam) & going.any(1)
         going &= still[:, None]
@@ -355,11 +382,12 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
         active = active[still]
         state = (backend.reorder_beams if same_layout else backend.select)(state, rows)
         token = toks[s_idx, c_idx]
-    return _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_why, done_count, alpha, n_best)
+    return _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_why, done_count, alpha, n_best,
+                 done_end)
 
 
 def _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scores, done_why, done_count,
-          alpha: float, n_best: int) -> list[list[Hypothesis]]:
+          alpha: float, n_best: int, done_end) -> list[list[Hypothesis]]:
     """Each sentence's n_best finished hypotheses by normalised score (its live ones if none finished)."""
     # A sentence with none finished never took a step (every candidate finishes at its length
     # limit), so its one live hypothesis is empty.
@@ -372,7 +400,8 @@ def _best(live_tokens, live_scores, live_count, done_tokens, done_len, done_scor
     norm = scores / (((5 + lengths + 1) / 6) ** alpha)
     norm[np.arange(tokens.shape[1])[None, :] >= count[:, None]] = -np.inf
     order = np.argsort(-norm, axis=1, kind="stable")[:, :n_best]
-    return [[Hypothesis(tokens[s, j, : lengths[s, j]].tolist(), float(scores[s, j]), STOPPED[why[s, j]])
+    return [[Hypothesis(tokens[s, j, : lengths[s, j]].tolist(), float(scores[s, j]), STOPPED[why[s, j]],
+                        tokens[s, j, lengths[s, j] : done_end[s, j]].tolist() if why[s, j] == 2 else [])
              for j in order[s, : min(n_best, count[s])]]
             for s in range(len(count))]
 
@@ -404,8 +433,9 @@ class _Sentence:
         self.steps = steps  # decoder steps it may take (its limit, plus the forced end token's step)
         self.live_tokens: list[list[int]] = [[]]
         self.live_scores = np.zeros(1)
-        # Finished: (ranking score, tokens, summed log-probability, why); at most `beam`, best first.
-        self.finished: list[tuple[float, list[int], float, int]] = []
+        # Finished: (ranking score, tokens, summed log-probability, why, what the loop guard cut off); at most `beam`,
+        # best first.
+        self.finished: list[tuple[float, list[int], float, int, list[int]]] = []
         self.settled = False  # nothing more may enter the finished set
 
 
@@ -462,7 +492,8 @@ def beam_search_hf(backend: StepBackend, src: list[list[int]], max_len: int, bea
                     ended = bool(toks[i] == rules.end)
                     tokens = seqs[i][:-1] if ended else seqs[i][: cuts[i]] if cuts[i] >= 0 else seqs[i]
                     why = 0 if ended else 2 if cuts[i] >= 0 else 1
-                    sent.finished.append((float(cand[i]) / (step + 1) ** alpha, tokens, float(cand[i]), why))
+                    rest = seqs[i][cuts[i]:] if why == 2 else []
+                    sent.finished.append((float(cand[i]) / (step + 1) ** alpha, tokens, float(cand[i]), why, rest))
                 sent.finished.sort(key=lambda f: -f[0])  # stable: earlier entries first among equals, as there
                 del sent.finished[beam:]
             # Live on: the `beam` best that did not finish (finished ones fill in at DEAD, as there).
@@ -483,7 +514,8 @@ def beam_search_hf(backend: StepBackend, src: list[list[int]], max_len: int, bea
             state = backend.select(state, np.array(keep_rows, dtype=np.int64))
             token = np.array(next_tokens, dtype=np.int64)
         step += 1
-    return [[Hypothesis(tokens, score, STOPPED[why]) for _, tokens, score, why in sent.finished[:n_best]] or [Hypothesis([], 0.0, "length")]
+    return [[Hypothesis(tokens, score, STOPPED[why], rest) for _, tokens, score, why, rest in sent.finished[:n_best]]
+            or [Hypothesis([], 0.0, "length")]
             for sent in sentences]
 
 

@@ -15,7 +15,6 @@ from toolkit.core.atomic import exclusive, write_atomic
 from toolkit.core.declaration import Declaration, DecodingRules, self_attention_cache, transformer_layers
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
-from toolkit.core.engines import CONVERTED_RUNTIMES
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.variants import BUILT, PLAIN
@@ -346,14 +345,18 @@ def verification_key(runtime: str, provider: str) -> str:
     return f"{runtime}/{provider.split('-', 1)[-1]}"
 
 
+# Version 2 records named the runtime only in other runtimes' rows ("openvino-cpu"); rows without were this one's.
+V2_PLAIN_RUNTIME = "onnxruntime"
+
+
 def split_verification(record: dict) -> dict[str, dict]:
     """A version-2 verification record (every provider of one run together) as version 3's per-provider records."""
-    runtime = "openvino" if "openvino" in record.get("environment", {}) else "onnxruntime"
     providers = sorted({key.split("/")[2] for key in record.get("worst", {})}) or list(record.get("environment", {}).get("providers", ["cpu"]))
     out = {}
     for p in providers:
         worst = {k: v for k, v in record.get("worst", {}).items() if k.split("/")[2] == p}
         failures = sum(w.get("failed", 0) for w in worst.values())
+        runtime = p.rpartition("-")[0] or V2_PLAIN_RUNTIME  # a row of another runtime than the default says which: "openvino-cpu"
         out[verification_key(runtime, p)] = {**record, "worst": worst, "passed": record.get("passed", False) and not failures,
                                              "checks": sum(w.get("checks", 0) for w in worst.values()) or record.get("checks", 0),
                                              "failures": failures}
@@ -583,14 +586,18 @@ def _variants_problem(variants, graphs: set[str]) -> str | None:
     return None
 
 
+RUNTIME_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
 def _converted_problem(converted) -> str | None:
     if converted is None:
         return None
     if not isinstance(converted, dict):
         return "'converted' must be an object"
     for runtime, record in converted.items():
-        if runtime not in CONVERTED_RUNTIMES or not isinstance(record, dict) or not isinstance(record.get("files"), dict):
-            return f"converted.{runtime} is not a known runtime's converted model with files"
+        # Any runtime's name (each reads only its own record, registered in toolkit.runtimes.registry), never a path.
+        if not RUNTIME_NAME.fullmatch(runtime) or not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+            return f"converted.{runtime} is not a runtime's converted model with files"
         for name, entry in record["files"].items():
             problem = _file_problem(entry, f"converted.{runtime}.files.{name}")
             if problem:

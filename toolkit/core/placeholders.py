@@ -28,8 +28,8 @@ PER_INPUT = 2
 SYMBOLS = [f"⦅{i}⦆" for i in range(MAX_PLACEHOLDERS)]
 SYMBOL_RE = re.compile(r"⦅(\d+)⦆")
 
-# Trailing sentence punctuation is not part of a URL ("see https://x.org.").
-_URL = r"(?:https?://|www\.)[^\s<>\"]+?(?=[.,;:!?)\]'\"]*(?:\s|$))"
+# A URL runs to the next space; what closes it is trimmed by url_end (trailing punctuation, unbalanced brackets).
+_URL = r"(?P<url>(?:https?://|www\.)[^\s<>\"]+)"
 _EMAIL = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
 # Digits with inner separators (3.14, 7:30, 1,000, 2024-05-01); a space joins groups of
 # three or more digits, as phone numbers are written ("555 0199").
@@ -46,7 +46,13 @@ FORMAT_RE = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2
 # Every span the patterns find holds one of these; most sentences hold none, and one search rules them out.
 _MAY_SPAN = re.compile(r"[\d@⦅]|www\.|https?://")
 # What may stand between spans that are kept as one ("555 0199, 555 0200", "1 2 3", "7:30 - 8:30"): nothing to translate.
-_RUN_GAP = re.compile(r"[\s,;/&\-–—]*")
+# Spans with no space at all between them ("(11)(22)", "1=2") are one too: nothing between them is a word of its own.
+_RUN_GAP = re.compile(r"[\s,;/&\-–—]*|\S*")
+# Trailing characters that end a sentence around a URL rather than the URL ("see https://x.org.", "(at www.x.org)").
+_CLOSING = {")": "(", "]": "[", "}": "{"}
+# Scripts written without spaces between words (CJK, kana, Thai, Lao, Myanmar, Khmer): there a --keep term may stand
+# next to other letters; elsewhere it must stand as a whole word or number ("55" is not a term inside "555 0199").
+_UNSPACED = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]")
 
 
 @functools.lru_cache(maxsize=64)
@@ -64,19 +70,46 @@ def term_patterns(keep: tuple[str, ...]) -> tuple[re.Pattern, ...]:
 
 
 def all_spans(text: str, keep: Iterable[str] = ()) -> list[tuple[int, int]]:
-    """(start, end) of every protected span, left to right, non-overlapping; user terms first, longest first."""
+    """(start, end) of every protected span, left to right, non-overlapping. A user term counts only as a whole word
+    (or where its script has no spaces), and spans that overlap become one: a term inside a URL, an e-mail address or a
+    number leaves it whole (`--keep example` kept "example" and cut https://example.com/path into pieces)."""
     keep = tuple(keep)
     if not keep and not _MAY_SPAN.search(text):
         return []
+    found = [(m.start(), url_end(text, m) if m.lastgroup == "url" else m.end()) for m in SPAN_RE.finditer(text)]
+    if not keep:
+        return found  # finditer's matches never overlap
+    found += [(m.start(), m.end()) for pattern in term_patterns(keep) for m in pattern.finditer(text)
+              if whole_word(text, m.start(), m.end())]
     taken: list[tuple[int, int]] = []
-    for pattern in term_patterns(keep) if keep else ():
-        for m in pattern.finditer(text):
-            if not any(s < m.end() and m.start() < e for s, e in taken):
-                taken.append((m.start(), m.end()))
-    for m in SPAN_RE.finditer(text):
-        if not any(s < m.end() and m.start() < e for s, e in taken):
-            taken.append((m.start(), m.end()))
-    return sorted(taken)
+    for start, end in sorted(found):
+        if taken and start < taken[-1][1]:
+            taken[-1] = (taken[-1][0], max(end, taken[-1][1]))
+        else:
+            taken.append((start, end))
+    return taken
+
+
+def url_end(text: str, m: re.Match) -> int:
+    """Where a URL that SPAN_RE found ends: closing punctuation is the sentence's, and so is a closing bracket that
+    no bracket in the URL opens; a balanced one is the URL's (https://en.wikipedia.org/wiki/Python_(language))."""
+    start, end = m.start(), m.end()
+    while end - start > 1 and text[end - 1] in ".,;:!?'\")]}":
+        last = text[end - 1]
+        opener = _CLOSING.get(last)
+        if opener and text.count(opener, start, end) >= text.count(last, start, end):
+            break
+        end -= 1
+    return end
+
+
+def whole_word(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] is not glued to a letter or digit on either side (in a script written with spaces)."""
+    return not (start > 0 and _glued(text[start - 1], text[start])) and not (end < len(text) and _glued(text[end - 1], text[end]))
+
+
+def _glued(a: str, b: str) -> bool:
+    return (a.isalnum() or a == "_") and (b.isalnum() or b == "_") and not (_UNSPACED.match(a) or _UNSPACED.match(b))
 
 
 def find_spans(text: str, keep: Iterable[str] = ()) -> list[tuple[int, int]]:
@@ -86,7 +119,9 @@ def find_spans(text: str, keep: Iterable[str] = ()) -> list[tuple[int, int]]:
 
 def merge_runs(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Spans with only separators between them ("555 0199, 555 0200, 555 0201") become one: a list of
-    numbers is one symbol for the model to copy, not one each (see PER_INPUT)."""
+    numbers is one symbol for the model to copy, not one each (see PER_INPUT). So do spans with no space between
+    them ("(11)(22)(33)"): textprep cuts a sentence into model inputs at spaces only, and twelve such spans in one
+    input were more symbols than the tokenizer holds (an IndexError)."""
     out: list[tuple[int, int]] = []
     for start, end in spans:
         if out and _RUN_GAP.fullmatch(text, out[-1][1], start):

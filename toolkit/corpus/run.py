@@ -18,6 +18,7 @@ from toolkit.corpus import reaper, shards
 from toolkit.corpus.merge import merge
 from toolkit.corpus.progress import Progress
 from toolkit.corpus.worker import CRASH_ENV, ShardTranslator
+from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
 
 @dataclass
@@ -31,7 +32,7 @@ class CorpusJob:
     strict: bool = False
     provider: str = "cpu"
     variant: str = "fp32"
-    runtime: str = "onnxruntime"  # toolkit.core.engines.RUNTIMES
+    runtime: str = DEFAULT_RUNTIME  # a name registered in toolkit.runtimes.registry
     workers: int = 1
     threads: int | None = None  # ONNX Runtime threads per actor; None: the node's cores shared by its actors
     shard_lines: int = 8192
@@ -222,6 +223,8 @@ def _collect(ds, by_id: dict[int, shards.Shard], p: shards.Plan, out_dir: Path, 
             data = str(row["text"]).encode("utf-8")
             write_atomic(out_dir / s.output_name, data)
             s.status, s.output_sha256, s.error = "done", hashlib.sha256(data).hexdigest(), None
+            for note in filter(None, str(row["error"]).split("\n")):  # lines tk failed on: a fallback's or an empty output
+                progress.say(f"warning: {note}")
         else:
             s.status, s.error = "failed", str(row["error"])
         shards.save(p, out_dir)

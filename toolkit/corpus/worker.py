@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core.batching import DecodeOptions
-from toolkit.core.errors import ToolkitError
+from toolkit.core.errors import ToolkitError, first_line
 from toolkit.core.textprep import TextOptions
 from toolkit.corpus import inputs
+from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
 # Lines per chunk inside a shard: how often a worker reports progress (and sorts by length within).
 PROGRESS_LINES = 256
@@ -29,7 +30,7 @@ CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
 
 class ShardTranslator:
     def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: DecodeOptions, text: dict,
-                 strict: bool, crash_once: str | None = None, counter=None, runtime: str = "onnxruntime"):
+                 strict: bool, crash_once: str | None = None, counter=None, runtime: str = DEFAULT_RUNTIME):
         from toolkit.deploy.translate import open_model
 
         self.t = open_model(model_dir, provider, variant, threads=threads, runtime=runtime)
@@ -48,8 +49,9 @@ class ShardTranslator:
             os._exit(1)
 
     def translate_shard(self, row: dict) -> tuple[str, str, str | None]:
-        """(status, output text, error) for one shard row of the plan."""
-        from toolkit.deploy.translate import translate_lines
+        """(status, output text, error) for one shard row of the plan; for a done shard, `error` holds the warnings
+        about lines tk failed on (translate_batch gave them a fallback's or an empty translation), one a line."""
+        from toolkit.deploy.translate import failure_notes, translate_lines
 
         self._maybe_crash(int(row["shard"]))
         path, first, lines = str(row["path"]), int(row["first_line"]), int(row["lines"])
@@ -61,13 +63,18 @@ class ShardTranslator:
             if len(raws) != lines or digest != row["input_sha256"]:
                 return "failed", "", f"{path} changed since the run was planned (lines {first}-{first + lines - 1}); rerun to re-plan"
             out: list[str] = []
-            translate_lines(self.t, inputs.decode(raws, first, path), out.append, self.opts, self.strict, text=self.text,
-                            progress=self._report, chunk_lines=PROGRESS_LINES)
+            said: list[str] = []
+            stats = translate_lines(self.t, inputs.decode(raws, first, path), out.append, self.opts, self.strict, warn=said.append,
+                                    text=self.text, progress=self._report, chunk_lines=PROGRESS_LINES)
         except ToolkitError as e:
             return "failed", "", str(e)
         except OSError as e:
             return "failed", "", f"cannot read {path} ({e.strerror})"
-        return "done", "".join(line + "\n" for line in out), None
+        except Exception as e:  # noqa: BLE001 - a bug fails this shard in one line; the run goes on, the other shards are kept
+            return "failed", "", f"{type(e).__name__} in tk while translating lines {first}-{first + lines - 1} ({first_line(e)})"
+        # Only the warnings about lines tk failed on reach the driver (a corpus's guard warnings would flood it).
+        notes = [f"{path} line {n}: {note}" for n, note in failure_notes(said, stats.failed)]
+        return "done", "".join(line + "\n" for line in out), "\n".join(notes) or None
 
     def _report(self, lines: int) -> None:
         if self.counter is not None:

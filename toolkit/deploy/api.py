@@ -8,17 +8,21 @@ Torch-free, like `tk translate`, which calls the same functions: the same option
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
+from toolkit import runtimes
 from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem, shown
-from toolkit.core.engines import PROVIDERS, RUNTIMES
+from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.shipped import default_model
 from toolkit.core.textprep import TextOptions
-from toolkit.deploy.translate import Translation, open_model, translate_batch
+from toolkit.deploy.translate import Translation, failure_notes, open_model, translate_batch
 
 
 def decode_options(m: Manifest, beam: int = 1, alpha: float | None = None, n_best: int = 1, max_len: int | None = None,
@@ -33,6 +37,7 @@ def decode_options(m: Manifest, beam: int = 1, alpha: float | None = None, n_bes
                                    loop_guard=loop_guard, streams=streams, rules=m.rules(), max_output=m.max_output_len)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 OPTIONS = ("alpha", "max_len", "batch_size", "max_tokens", "max_len_a", "max_len_b", "loop_guard", "streams")  # decode_options'
 
 
@@ -59,12 +64,18 @@ def _texts(texts: object) -> list[str]:
     """The texts to translate as a list of str, or a one-line error naming the first that is not one."""
     if isinstance(texts, str):
         raise UsageError("translate takes a list of texts; wrap a single sentence in a list: [\"Hello.\"]")
-    if not isinstance(texts, Iterable):
-        raise UsageError(f"translate takes a list of texts (got {shown(texts)})")
+    if isinstance(texts, (Mapping, AbstractSet, bytes, bytearray)) or not isinstance(texts, Iterable):
+        # A dict iterates over its keys and a set in no set order: the answer would translate the wrong thing silently.
+        raise UsageError(f"translate takes a list of texts (str), not a {type(texts).__name__} (got {shown(texts)}); "
+                         "give a list, e.g. list(d.values()) for a dict's texts")
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise UsageError(f"texts[{i}] is {shown(text)}, not a str; give every text as a str (\"\" for an empty line)")
+        if found := _SURROGATE.search(text):
+            # A lone UTF-16 surrogate is no character: the tokenizer cannot encode it (as tk serve answers 400).
+            raise UsageError(f"texts[{i}] has a lone surrogate (\\u{ord(found.group()):04x} at {found.start()}), which is not "
+                             "Unicode text; decode the input with errors='replace' or fix it")
     return texts
 
 
@@ -82,6 +93,11 @@ class SpanRepairWarning(UserWarning):
     """A translation's protected spans were put back by the fallback (the model dropped, repeated or invented one)."""
 
 
+class TextFailedWarning(UserWarning):
+    """tk failed on one of the texts (an internal error): it was translated as plain text without placeholders, or
+    given an empty translation; the other texts are translated as usual."""
+
+
 class Translator:
     """An exported translation model loaded on ONNX Runtime (model_dir None: $TK_MODEL, else the model installed
     with tk; provider None: CUDA if it truly loads, else CPU; variant None: the fastest graphs with fp32's output
@@ -89,10 +105,13 @@ class Translator:
     "ctranslate2" the directory's CTranslate2 model (`tk export DIR --ctranslate2`)."""
 
     def __init__(self, model_dir: str | Path | None = None, provider: str | None = None, variant: str | None = None,
-                 threads: int | None = None, allow_cpu_fallback: bool = False, runtime: str = "onnxruntime") -> None:
+                 threads: int | None = None, allow_cpu_fallback: bool = False, runtime: str = runtimes.DEFAULT_RUNTIME) -> None:
+        if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
+            raise UsageError(f"model_dir must be a model directory's path (a str or pathlib.Path), or None for the default "
+                             f"model (got {shown(model_dir)})")
         _check_model_arguments(provider, variant, threads, allow_cpu_fallback)
-        if runtime not in RUNTIMES:
-            raise UsageError(f"runtime must be one of {', '.join(map(repr, RUNTIMES))} (got {shown(runtime)})")
+        if runtime not in runtimes.names():
+            raise UsageError(f"runtime must be one of {', '.join(map(repr, runtimes.names()))} (got {shown(runtime)})")
         if model_dir is None:
             model_dir = default_model()
         self.model_dir = Path(model_dir)
@@ -126,8 +145,13 @@ class Translator:
             _check_flag(name, flag)
         opts = decode_options(self.manifest, beam=beam, n_best=n_best, provider=self.provider, **options)
         repaired: list[int] = []
+        said: list[str] = []
+        failed: list[int] = []  # texts tk failed on (1-based): each got a fallback's or an empty translation
         out = translate_batch(self.loaded, texts, opts, self._backend, strict=strict,
-                              text=TextOptions(keep=_keep(keep), split=split, enabled=not raw), repaired=repaired)
+                              text=TextOptions(keep=_keep(keep), split=split, enabled=not raw), repaired=repaired,
+                              warn=said.append, failed=failed)
+        for n, note in failure_notes(said, failed):  # one text cannot fail the others: it is named, they are translated
+            warnings.warn(f"texts[{n - 1}]: {note}", TextFailedWarning, stacklevel=3)
         if repaired:
             # Visible, as tk translate's warning is: a number or kept term had to be put back by the fallback.
             positions = ", ".join(str(i - 1) for i in repaired[:5]) + (" ..." if len(repaired) > 5 else "")

@@ -15,7 +15,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
 
     from toolkit.core import data
     from toolkit.core.batching import GUARDED, DecodeOptions, default_streams
-    from toolkit.deploy.translate import open_model, translate_batch
+    from toolkit.deploy.translate import open_model
 
     model = open_model(directory, "cpu", variant, threads=threads)
     if model.built_s:
@@ -39,7 +39,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
             # What a user of tk translate gets: input handling and decoding guards on.
             opts = DecodeOptions(beam=beam, batch_size=batch_size, max_len=model.manifest.max_len,
                                  max_src_len=model.manifest.max_len, streams=default_streams(), **GUARDED)
-            hyps = [n[0].text for n in translate_batch(model, src, opts)]
+            hyps = translated(model, src, opts, echo=echo, what=f"{name} {search}")
             seconds = time.perf_counter() - start
             if name == "test_split":
                 multi = bleu_chrf(hyps, references)
@@ -68,7 +68,7 @@ def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: 
     from toolkit.core.batching import GUARDED, DecodeOptions, default_streams
     from toolkit.core.textprep import TextOptions
     from toolkit.deploy import robustness
-    from toolkit.deploy.translate import open_model, translate_batch
+    from toolkit.deploy.translate import open_model
 
     model = open_model(directory, "cpu", variant, threads=threads)
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
@@ -85,8 +85,8 @@ def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: 
                      "guards": GUARDED, "input_handling": not raw, "sets": {}}
     for s in sets:
         start = time.perf_counter()
-        guarded = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base, **GUARDED), backend, text=text)]
-        bare = [n[0].text for n in translate_batch(model, s.sources, DecodeOptions(**base), backend, text=text)]
+        guarded = translated(model, s.sources, DecodeOptions(**base, **GUARDED), backend, text, echo, f"robustness {s.name}")
+        bare = translated(model, s.sources, DecodeOptions(**base), backend, text, echo, f"robustness {s.name} unguarded")
         r = robustness.score_set(s, guarded)
         r["runaway_guarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, guarded)) / max(len(guarded), 1), 2)
         r["runaway_unguarded"] = round(100 * sum(map(robustness.is_runaway, s.sources, bare)) / max(len(bare), 1), 2)
@@ -94,3 +94,19 @@ def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: 
         results["sets"][s.name] = r
         echo(f"robustness {s.name}: {r}")
     return results
+
+
+def translated(model, sources: list[str], opts, backend=None, text=None, echo=print, what: str = "") -> list[str]:
+    """The best translation of each source, as tk translate gives it. A sentence tk fails on (an internal error) is
+    scored with what translate_batch gave it (a fallback's or an empty translation) and named in a warning: one
+    sentence cannot stop the evaluation."""
+    from toolkit.core.textprep import TextOptions
+    from toolkit.deploy.translate import failure_notes, translate_batch
+
+    said: list[str] = []
+    failed: list[int] = []
+    out = [n[0].text for n in translate_batch(model, sources, opts, backend, warn=said.append, text=text or TextOptions(),
+                                              failed=failed)]
+    for n, note in failure_notes(said, failed):
+        echo(f"warning: {what} sentence {n}: {note}")
+    return out

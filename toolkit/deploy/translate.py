@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -17,13 +18,13 @@ from typing import BinaryIO, TextIO
 from toolkit.core import manifest as manifest_mod
 from toolkit.core import placeholders, textprep
 from toolkit.core.atomic import AtomicWriter, check_output_path
-from toolkit.core.batching import DecodeOptions, decode_ids, default_request_threads, default_threads, fitting_streams
-from toolkit.core.errors import DataError, UsageError, describe_os_error
+from toolkit.core.batching import DecodeOptions, decode_ids, fitting_streams
+from toolkit.core.decoding import word_end
+from toolkit.core.errors import DataError, ToolkitError, UsageError, describe_os_error, first_line
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
 from toolkit.core.tokenizers import MarianTokenizer, open_tokenizer
-from toolkit.core.variants import FAST_PLAIN, PLAIN
-from toolkit.runtimes import onnxruntime as ort_runtime
+from toolkit.runtimes import DEFAULT_RUNTIME
 
 CHUNK_LINES = 2048  # lines read, sorted and translated at a time: bounds memory on any input size
 
@@ -38,7 +39,7 @@ class TranslationModel:
     provider: str  # "cpu" or "cuda" for ONNX Runtime, "torch" for the PyTorch reference
     startup_s: float
     built_s: float = 0.0  # of startup_s, the time spent building a variant the directory does not store
-    runtime: str = "onnxruntime"  # which engine runs the graphs (toolkit.runtimes); "torch" for the reference
+    runtime: str = DEFAULT_RUNTIME  # which engine runs the graphs (toolkit.runtimes); "torch" for the reference
     threads: int | None = None  # intra-op threads of each CPU session (None: not a CPU ONNX Runtime session)
     variant: str = "fp32"  # the graphs it runs (toolkit.core.variants)
 
@@ -51,12 +52,13 @@ class TranslationModel:
 
 
 def open_model(directory: str | Path, provider: str | None = None, variant: str | None = "fp32",
-               allow_fallback: bool = False, threads: int | None = None, backend: str = "onnxruntime",
-               runtime: str = "onnxruntime") -> TranslationModel:
-    """Loads and checks a model directory. provider None: CUDA if it truly loads, else CPU
-    (on ONNX Runtime; OpenVINO runs on its CPU plugin). variant None: the fastest graphs that compute
-    what the fp32 graphs compute on that provider (variants.FAST_PLAIN: the attention-fused
-    "optimized" graphs on CPU, built once and kept in the start-up cache).
+               allow_fallback: bool = False, threads: int | None = None, backend: str = DEFAULT_RUNTIME,
+               runtime: str = DEFAULT_RUNTIME) -> TranslationModel:
+    """Loads and checks a model directory on `runtime` (toolkit.runtimes.registry), whose declaration picks what is
+    not given: provider None, its default (ONNX Runtime: CUDA if it truly loads, else CPU); variant None, its fastest
+    graphs that compute what the fp32 graphs compute on that provider (ONNX Runtime on CPU: the attention-fused
+    "optimized" graphs, built once and kept in the start-up cache); threads None, its own. Its loader checks the
+    sessions against manifest.json.
 
     backend "torch" decodes with the PyTorch model through the same loop (for comparison; it needs torch and the
     model code, which the ONNX Runtime path never imports: import toolkit.pytorch.torch_backend first, which puts
@@ -65,7 +67,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     from toolkit import runtimes
 
     runtimes.check(runtime)
-    if backend == "torch" and runtime != "onnxruntime":
+    if backend == "torch" and runtime != DEFAULT_RUNTIME:
         raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
     start = time.perf_counter()
     m = manifest_mod.load(directory)
@@ -75,29 +77,15 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     if backend == "torch":  # registered by toolkit.pytorch.torch_backend, which the caller imports (the torch side)
         loaded = runtimes.load(m, "torch")
         return TranslationModel(m, tokenizer, loaded.backend, "torch", time.perf_counter() - start, runtime="torch")
-    if provider is None:
-        provider = "cuda" if runtime == "onnxruntime" and ort_runtime.cuda_available() else "cpu"
-    if variant is None:
-        # Same translations as fp32 (verify demands it of "optimized"); fewer nodes a step: one sentence
-        # per call, first 200 Tatoeba Challenge sentences, 12.9 ms -> 11.7 ms; a 2,000-line file 3.03 -> 2.96 s.
-        variant = FAST_PLAIN[provider] if runtime == "onnxruntime" else PLAIN
+    spec = runtimes.get(runtime)
+    provider = spec.default_provider() if provider is None else provider
+    variant = spec.default_variant(provider) if variant is None else variant
     request_threads = None
-    if threads is None and provider == "cpu" and runtime == "onnxruntime":
-        threads = default_threads()  # never all cores per session: the default streams share them
-        request_threads = default_request_threads()  # a call of one batch has the cores to itself
+    if threads is None:
+        threads, request_threads = spec.default_threads(provider)
     loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
-    specs = m.specs()
-    for name, session in loaded.sessions.items():  # none where a runtime reads a converted copy (CTranslate2)
-        spec = specs[name]
-        got = [i.name for i in session.get_inputs()]
-        if got != spec.input_names:
-            raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {directory}")
-        # Outputs too: another model's graph can take the same inputs (a GRU encoder in a Transformer's place).
-        outputs = [o.name for o in session.get_outputs()] if hasattr(session, "get_outputs") else None
-        if outputs is not None and outputs != spec.output_names:
-            raise UsageError(f"{name} graph outputs {outputs} do not match manifest.json {spec.output_names}; re-export {directory}")
     return TranslationModel(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s, runtime,
-                            threads if loaded.provider == "cpu" and runtime == "onnxruntime" else None, variant)
+                            getattr(loaded, "threads", None), variant)
 
 
 @dataclass
@@ -108,6 +96,7 @@ class Stats:
     truncated: list[int] = field(default_factory=list)  # line numbers whose input was cut to the model's maximum
     guarded: list[int] = field(default_factory=list)  # line numbers whose output a length or loop guard ended
     repaired: list[int] = field(default_factory=list)  # line numbers whose protected spans the model did not copy exactly once
+    failed: list[int] = field(default_factory=list)  # line numbers whose processing raised: a fallback's output, or an empty line
     seconds: float = 0.0
 
 
@@ -148,9 +137,10 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
                     warn: Callable[[str], None] = lambda s: None, strict: bool = False,
                     first_lineno: int = 1, truncated: list[int] | None = None,
                     text: TextOptions = TextOptions(), guarded: list[int] | None = None,
-                    repaired: list[int] | None = None) -> list[list[Translation]]:
+                    repaired: list[int] | None = None, failed: list[int] | None = None) -> list[list[Translation]]:
     """The n-best translations of each text, in input order: the one entry point from text to text that `tk translate`,
-    `tk evaluate`, the server and corpus translation share.
+    `tk evaluate`, the API and corpus translation share (the server runs its parts: segment_lines, decode_sentences,
+    join_line).
 
     Each line is cleaned and split into sentences (toolkit.core.textprep), all sentences of all lines are decoded in one
     length-sorted batch, and each line's sentences are joined back. A sentence longer than the model's maximum is
@@ -158,46 +148,43 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     translation that a length or loop guard ended is warned about the same way (its line number appended to `guarded`),
     and so is a best translation whose protected spans (numbers, URLs, e-mail addresses, kept terms) the model did not
     copy exactly once: each is put back exactly once all the same (placeholders.restore), its line number in `repaired`.
+
+    No line fails another: a line whose processing raises an unexpected error (not one of tk's own, which are the
+    caller's to see) is translated as plain text without placeholders, or else gets an empty translation, with a
+    warning naming it and its number in `failed`. Only when every line of the call fails is the error raised.
     """
     backend = backend or t.backend()
-    limit = t.manifest.max_len
-    # The model's own rules, however opts were made; sources cut to its positions (by decode_ids, there only); no more
-    # busy threads than cores, whatever streams were asked for.
-    rules = t.manifest.rules()
-    opts = dataclasses.replace(opts, max_src_len=min(opts.max_src_len or limit, limit), rules=rules,
-                               streams=fitting_streams(opts.streams, t.threads) if t.threads else opts.streams)
-    alpha = rules.alpha if opts.alpha is None else opts.alpha
-    segments = _segments(t.manifest, texts, text)
-    flat = [(i, seg) for i, segs in enumerate(segments) for seg in segs]
-    ids = t.tokenizer.encode([seg.text for _, seg in flat])
-    for k, seq in enumerate(ids):
-        if len(seq) > limit:
-            lineno = first_lineno + flat[k][0]
-            if strict:
-                raise DataError(f"input line {lineno} has a sentence of {len(seq)} tokens, more than the model's {limit}; "
-                                "split it or drop --strict to truncate")
-            warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
-            if truncated is not None and lineno not in truncated:
-                truncated.append(lineno)
-    per_line: list[list[tuple[textprep.Segment, list[Translation]]]] = [[] for _ in texts]
-    results = decode_ids(backend, ids, opts)
-    # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
-    texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
-    for (i, seg), seq, nbest in zip(flat, ids, results):
-        decoded = [next(texts_out) for _ in nbest]
-        source_tokens = min(len(seq), opts.max_src_len)  # as decode_ids cut it
-        if nbest[0].stopped and seq:
-            lineno = first_lineno + i
-            warn(f"warning: line {lineno}: {guard_note(nbest[0], source_tokens, opts)}")
-            if guarded is not None and lineno not in guarded:
-                guarded.append(lineno)
-        per_line[i].append((seg, [Translation(out, rules.normalized(h.score, len(h.tokens), alpha, not h.stopped), len(h.tokens), source_tokens,
-                                              int(bool(seq)), h.stopped)
-                                  for h, out in zip(nbest, decoded)]))
+
+    def fail(i: int, e: Exception, outcome: str = "its output is an empty line") -> None:
+        lineno = first_lineno + i
+        warn(f"warning: line {lineno}: {type(e).__name__} in tk ({first_line(e, 120)}); {outcome}")
+        if failed is not None and lineno not in failed:
+            failed.append(lineno)
+
+    segments = segment_lines(t.manifest, texts, text, fail)
+    notes: list[str] = []  # the decode's warnings, said once it succeeded (not again for a retry line by line)
+
+    def decode(lines: list[int]) -> list[list[list[Translation]]]:
+        said: list[str] = []
+        flat = decode_sentences(t, [seg.text for i in lines for seg in segments[i]], opts, backend, said.append, strict,
+                                [first_lineno + i for i in lines for _ in segments[i]], truncated, guarded)
+        notes.extend(said)
+        return _regroup(flat, [segments[i] for i in lines])
+
+    decoded = _isolated(decode, [i for i, segs in enumerate(segments) if segs], fail)
+    for note in notes:
+        warn(note)
     out = []
-    for i, parts in enumerate(per_line):
+    for i, segs in enumerate(segments):
         report: list[placeholders.Repair] = []
-        out.append(_join_line(parts, opts.n_best, report))
+        try:
+            out.append(join_line(list(zip(segs, decoded.get(i, []))), opts.n_best, report))
+        except ToolkitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one line's spans cannot fail the others
+            fail(i, e)
+            out.append(join_line([], opts.n_best))
+            continue
         if report:
             lineno = first_lineno + i
             warn(f"warning: line {lineno}: {repair_note(report)}")
@@ -206,12 +193,134 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     return out
 
 
-def _segments(m: manifest_mod.Manifest, texts: list[str], text: TextOptions) -> list[list[textprep.Segment]]:
-    """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them."""
+def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
+                  fail: Callable[[int, Exception, str], None] | None = None) -> list[list[textprep.Segment]]:
+    """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them.
+    With `fail`, a line whose preparation raises an unexpected error is prepared again as plain sentences (no
+    placeholders or capitals folding: what the model makes of the text itself), else it has none (an empty
+    translation), and `fail(index, error, what became of it)` is told; without, the error is raised."""
     protect = m.declared().placeholders
     if text.keep and not protect:
         raise UsageError(f"--keep protects terms with tk's placeholders, which this {m.model} model was not trained to copy")
-    return [textprep.prepare(x, text.keep, text.split, text.enabled, protect) for x in texts]
+    out = []
+    for i, x in enumerate(texts):
+        try:
+            out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect))
+            continue
+        except ToolkitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one line's text cannot fail the others
+            if fail is None:
+                raise
+            error = e
+        try:
+            out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect=False))
+            fail(i, error, "translated as plain text, without protecting its numbers, URLs, e-mail addresses and kept terms")
+        except ToolkitError:
+            raise
+        except Exception:  # noqa: BLE001 - the plain form fails too: the line is left empty
+            out.append([])
+            fail(i, error, "its output is an empty line")
+    return out
+
+
+def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions, backend: object | None = None,
+                     warn: Callable[[str], None] = lambda s: None, strict: bool = False, lines: list[int] | None = None,
+                     truncated: list[int] | None = None, guarded: list[int] | None = None) -> list[list[Translation]]:
+    """The n-best of each model input (a Segment's text), in order, decoded in one length-sorted batch by the model's
+    own rules. lines: each input's line number, for the warnings (truncated to the model's maximum, refused with
+    strict; ended by a guard) and the `truncated` and `guarded` lists. A hypothesis the loop guard stopped ends on a
+    whole word (decoding.word_end)."""
+    backend = backend or t.backend()
+    limit = t.manifest.max_len
+    lines = lines if lines is not None else [1] * len(texts)
+    # The model's own rules, however opts were made; sources cut to its positions (by decode_ids, there only); no more
+    # busy threads than cores, whatever streams were asked for.
+    rules = t.manifest.rules()
+    opts = dataclasses.replace(opts, max_src_len=min(opts.max_src_len or limit, limit), rules=rules,
+                               streams=fitting_streams(opts.streams, t.threads) if t.threads else opts.streams)
+    alpha = rules.alpha if opts.alpha is None else opts.alpha
+    ids = t.tokenizer.encode(texts)
+    for lineno, seq in zip(lines, ids):
+        if len(seq) > limit:
+            if strict:
+                raise DataError(f"input line {lineno} has a sentence of {len(seq)} tokens, more than the model's {limit}; "
+                                "split it or drop --strict to truncate")
+            warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
+            if truncated is not None and lineno not in truncated:
+                truncated.append(lineno)
+    begins = _begins_word(t.tokenizer)
+    results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, begins)) if h.rest else h for h in nbest]
+               for nbest in decode_ids(backend, ids, opts)]
+    # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
+    texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
+    out = []
+    for lineno, seq, nbest in zip(lines, ids, results):
+        source_tokens = min(len(seq), opts.max_src_len)  # as decode_ids cut it
+        if nbest[0].stopped and seq:
+            warn(f"warning: line {lineno}: {guard_note(nbest[0], source_tokens, opts, limit)}")
+            if guarded is not None and lineno not in guarded:
+                guarded.append(lineno)
+        out.append([Translation(next(texts_out), rules.normalized(h.score, len(h.tokens), alpha, not h.stopped), len(h.tokens),
+                                source_tokens, int(bool(seq)), h.stopped) for h in nbest])
+    return out
+
+
+def failure_notes(messages: list[str], failed: list[int]) -> list[tuple[int, str]]:
+    """Of translate_batch's warnings, those about the lines in `failed` (the lines tk failed on): (line, what it says)."""
+    lines = set(failed)
+    out = []
+    for m in messages:
+        n = re.match(r"warning: line (\d+): ", m)
+        if n and int(n.group(1)) in lines:
+            out.append((int(n.group(1)), m[n.end():]))
+    return out
+
+
+def _isolated(run: Callable[[list[int]], list], lines: list[int], fail: Callable[[int, Exception], None]) -> dict[int, object]:
+    """run(lines) gives one result per line; by line. Should it raise an unexpected error, each line is run alone, and a
+    line that still raises is left out (`fail` is told): one input cannot fail the others. When every line fails, the
+    first error is raised: then no single input is to blame (a broken model or device)."""
+    if not lines:
+        return {}
+    try:
+        return dict(zip(lines, run(lines)))
+    except ToolkitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - retried line by line below
+        if len(lines) == 1:
+            raise
+        error = e
+    out, errors = {}, {}
+    for i in lines:
+        try:
+            out[i] = run([i])[0]
+        except ToolkitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - this line alone fails
+            errors[i] = e
+    if not out:
+        raise error
+    for i, e in errors.items():
+        fail(i, e)
+    return out
+
+
+def _regroup(flat: list, lines: list[list]) -> list[list]:
+    """A flat list of one item per model input, back into one list per line."""
+    items = iter(flat)
+    return [[next(items) for _ in segs] for segs in lines]
+
+
+def _begins_word(tokenizer: Tokenizer | MarianTokenizer) -> Callable[[int], bool]:
+    """Whether a token id's piece begins a word: a SentencePiece piece that starts with ▁, or with a character that is
+    no letter or digit (punctuation, a placeholder symbol): a cut before it leaves the word before it whole."""
+    if isinstance(tokenizer, MarianTokenizer):
+        piece = lambda i: tokenizer.pieces.get(i, "")  # noqa: E731
+    else:
+        size = tokenizer.sp.get_piece_size()
+        piece = lambda i: tokenizer.sp.id_to_piece(i) if 0 <= i < size else ""  # noqa: E731
+    return lambda i: (lambda p: p[:1] == "▁" or (p[:1] != "" and not p[0].isalnum()))(piece(i))
 
 
 def repair_note(report: list[placeholders.Repair]) -> str:
@@ -220,8 +329,8 @@ def repair_note(report: list[placeholders.Repair]) -> str:
     return f"the model did not copy every protected span (number, URL, e-mail, --keep term) exactly once: {shown}"
 
 
-def guard_note(h, source_tokens: int, opts: DecodeOptions) -> str:
-    """Which guard ended a translation, and how to lift it."""
+def guard_note(h, source_tokens: int, opts: DecodeOptions, model_max: int | None = None) -> str:
+    """Which guard ended a translation, and how to lift it (model_max: the model's positions, which nothing lifts)."""
     from toolkit.core.decoding import length_limits
 
     if h.stopped == "loop":
@@ -231,10 +340,13 @@ def guard_note(h, source_tokens: int, opts: DecodeOptions) -> str:
     if opts.max_len_a is not None and limit < opts.max_len:
         return (f"the length guard ended its translation at {limit} tokens ({opts.max_len_a:g} x {source_tokens} source "
                 f"tokens + {opts.max_len_b}); it may be cut short: raise --max-len-a or --max-len-b")
+    if model_max is not None and limit >= model_max:
+        return (f"its translation reached the model's maximum of {model_max} tokens and may be cut short; "
+                "split the sentence into shorter ones")
     return f"the length limit ended its translation at {limit} tokens; it may be cut short: raise --max-len up to the model's maximum"
 
 
-def _join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int,
+def join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int,
                report: list[placeholders.Repair] | None = None) -> list[Translation]:
     """A line's n-best: the k-th entry joins each sentence's k-th best (its last, if it has fewer);
     its score is the mean of theirs. What restoring the best one's spans repaired goes to `report`."""
@@ -262,7 +374,7 @@ def translate_lines(t: TranslationModel, lines: Iterable[tuple[int, str]], write
     for chunk in chunks(lines, chunk_lines):
         texts = [text for _, text in chunk]
         results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated, text, stats.guarded,
-                                  stats.repaired)
+                                  stats.repaired, stats.failed)
         for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
                 for h in nbest:

@@ -23,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 
+from toolkit.core.decode_options import ALPHA, GUARDED, MAX_LEN_A, MAX_LEN_B
+from toolkit.core.errors import UsageError
 from toolkit.deploy.translate import TranslationModel
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
 from toolkit.serve.metrics import Metrics
@@ -46,6 +48,7 @@ class ServeConfig:
     retry_after_s: int = 1  # told to clients refused for a full queue
     description: str = ""  # model, variant and provider, for the page and the log
     body_timeout_s: float = 10.0  # the whole request body must arrive within this (408 beyond)
+    header_timeout_s: float = 10.0  # a request's line and headers must arrive within this (server.BoundedH11Protocol)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides LOOPBACK_HOSTS; "*" serves any
 
     @property
@@ -59,8 +62,14 @@ class TranslateRequest(BaseModel):
     text: str | list[str] = Field(description="One English sentence, or a list of them", examples=["I'm home."])
     beam: int = Field(1, ge=1, le=MAX_BEAM, description="Beam size; 1 is greedy search")
     n_best: int = Field(1, ge=1, le=MAX_BEAM, description="Hypotheses returned per sentence, at most beam")
-    alpha: float | None = Field(None, ge=0.0, le=5.0, description="Length penalty exponent for beam search [default: the model's own]")
+    # The decoding options and their ranges are tk translate's (toolkit.core.decode_options), guards on by default.
+    alpha: float | None = Field(None, ge=ALPHA[0], le=ALPHA[1], description="Length penalty exponent for beam search [default: the model's own]")
     max_len: int | None = Field(None, ge=1, description="Longest translation in subword tokens [default: the model's maximum]")
+    max_len_a: float | None = Field(GUARDED["max_len_a"], ge=MAX_LEN_A[0], le=MAX_LEN_A[1],
+                                    description="Length guard: a sentence's translation is at most max_len_a x its source tokens + max_len_b "
+                                                "long; null: no length guard (tk translate's --max-len-a)")
+    max_len_b: int = Field(GUARDED["max_len_b"], ge=MAX_LEN_B[0], le=MAX_LEN_B[1], description="See max_len_a")
+    loop_guard: bool = Field(GUARDED["loop_guard"], description="Stop a hypothesis that starts repeating itself (tk translate's --loop-guard)")
 
     @model_validator(mode="after")
     def _n_best_within_beam(self):
@@ -171,11 +180,11 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
                 # JSON lets "\ud800" through, but it is no character: the tokenizer and the answer's UTF-8 would fail on it.
                 return error(400, f"sentence {k} has a lone UTF-16 surrogate (\\u{ord(found.group()):04x} at {found.start()}), "
                                   "which is not text; send valid Unicode")
-        t = batcher.translator
-        max_len = min(req.max_len or t.manifest.max_output_len, t.manifest.max_len) if t else 0
-        key = OptionKey(req.beam, req.n_best, req.alpha, max_len)
+        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard)
         try:
             results = await asyncio.wait_for(batcher.translate(texts, key, time.monotonic() + config.timeout_s), config.timeout_s)
+        except UsageError as e:
+            return error(422, str(e))
         except TooLarge as e:
             return error(413, str(e))
         except QueueFull as e:

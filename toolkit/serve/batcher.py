@@ -1,7 +1,10 @@
 """Cross-request dynamic batching: sentences from concurrent requests share one decode.
 
-One worker thread owns the model and its step backend; the event loop only enqueues sentences
-and awaits futures, so it never blocks on ONNX Runtime. Torch-free.
+A request's texts are prepared as `tk translate` prepares a line (deploy.translate.segment_lines: cleaned, split
+into sentences, spans protected) and each sentence is one queue item, so a text of 250 sentences takes turns with
+other requests' sentences instead of holding them for its whole decode; each text is joined back from its
+sentences (join_line) when all are decoded. One worker thread owns the model and its step backend; the event loop
+only enqueues sentences and awaits futures, so it never blocks on ONNX Runtime. Torch-free.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from toolkit.core.batching import DecodeOptions
-from toolkit.core.errors import first_line
-from toolkit.deploy.translate import Translation, TranslationModel, translate_batch
+from toolkit.core import placeholders, textprep
+from toolkit.core.decode_options import GUARDED, DecodeOptions
+from toolkit.core.errors import ToolkitError, first_line
+from toolkit.core.textprep import TextOptions
+from toolkit.deploy.translate import Translation, TranslationModel, decode_sentences, join_line, repair_note, segment_lines
 from toolkit.serve.metrics import Metrics
 
 log = logging.getLogger("tk.serve")
@@ -43,41 +48,52 @@ class BatchPolicy:
     max_tokens: int = 1024  # padded source tokens x beam per decode (longest sentence x sentences x beam)
     max_sentences: int = 64  # sentences per decode
     max_delay_s: float = 0.010  # how long the oldest sentence may wait for company
-    queue_size: int = 1024  # sentences waiting, over all requests
+    queue_size: int = 1024  # texts (a request's "sentences") waiting, over all requests
     batching: bool = True  # off: one sentence per decode (the baseline the load test compares with)
 
 
 @dataclass(frozen=True)
 class OptionKey:
-    """Decoding options: only sentences with equal options can share a decode."""
+    """Decoding options as a request gives them (None: the model's own), guards on unless told, as in `tk translate`;
+    DecodeOptions.for_manifest, the one builder, turns them into what decodes. Only sentences with equal options can
+    share a decode."""
 
     beam: int
     n_best: int
     alpha: float | None
-    max_len: int
+    max_len: int | None
+    max_len_a: float | None = GUARDED["max_len_a"]
+    max_len_b: int = GUARDED["max_len_b"]
+    loop_guard: bool = GUARDED["loop_guard"]
 
 
 @dataclass
 class _Item:
+    """One sentence (a model input of segment_lines) of one text of one request."""
+
     text: str
     tokens: int  # source length, for the batch's token budget
     key: OptionKey
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     deadline: float = math.inf  # time.monotonic() past which nobody waits for it
+    line: int = 1  # its text's place in the request (from 1), which the log's warnings name
+    last: bool = True  # the last sentence of its text: the text leaves the queue's count when this one is taken
     queued_at: float = field(default_factory=time.monotonic)
 
 
 class Batcher:
     """Queues sentences and decodes them in batches on one worker thread.
 
-    Each request has its own lane; lanes take turns, so a request of many long sentences holds
-    another request for one batch at most, never for all its sentences. A batch is led by the lane
+    Each request has its own lane of sentences (its texts split as tk translate splits a line); lanes
+    take turns, so a request of many long sentences, or of texts of many sentences, holds another
+    request for one batch at most, never for all its sentences. A batch is led by the lane
     whose turn it is and filled round-robin from the lanes with the same options, within the
     sentence and the work budget (padded source tokens x beam). It leaves as soon as it is full or
-    its oldest sentence has waited max_delay_s. translate_batch sorts it by length and restores the
+    its oldest sentence has waited max_delay_s. decode_sentences sorts it by length and restores the
     order, so a sentence's translation does not depend on its batch. Sentences whose request was
-    cancelled (timed out, client gone) or whose deadline passed are dropped, not decoded.
+    cancelled (timed out, client gone) or whose deadline passed are dropped, not decoded. A batch
+    that fails is decoded again one sentence at a time, so one bad input fails its own request only.
     """
 
     def __init__(self, load: Callable[[], TranslationModel], policy: BatchPolicy, metrics: Metrics):
@@ -88,7 +104,7 @@ class Batcher:
         self.ready = threading.Event()
         self.failed: str | None = None
         self._lanes: OrderedDict[int, deque[_Item]] = OrderedDict()  # one per request, in turn order
-        self._depth = 0  # sentences in the lanes
+        self._depth = 0  # texts with sentences in the lanes (what --queue-size limits)
         self._decoding: list[_Item] = []
         self._ids = itertools.count()
         self._cond = threading.Condition()
@@ -107,7 +123,7 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        """Sentences waiting in the lanes (what the queue limit counts)."""
+        """Texts with sentences waiting in the lanes (what the queue limit counts)."""
         return self._depth
 
     @property
@@ -118,32 +134,70 @@ class Batcher:
     def not_ready_reason(self) -> str:
         return self.failed or ("shutting down" if self._closing or self.ready.is_set() else "the model is still loading")
 
-    def count_tokens(self, text: str) -> int:
-        # For sizing batches only; translation itself goes through translate_batch.
-        return len(self.translator.tokenizer.encode([text])[0]) if text else 0
+    def options(self, key: OptionKey, n: int = 1) -> DecodeOptions:
+        """What a batch of n sentences decodes with: the request's options through the one builder of user-facing
+        options (so the same text as `tk translate` and the API), in one batch within the work budget, one stream
+        (the server's concurrency is its batches). A bad value is a UsageError naming it."""
+        t = self.translator
+        return DecodeOptions.for_manifest(t.manifest, t.provider, beam=key.beam, alpha=key.alpha, n_best=key.n_best, max_len=key.max_len,
+                                          max_len_a=key.max_len_a, max_len_b=key.max_len_b, loop_guard=key.loop_guard,
+                                          batch_size=max(n, 1), max_tokens=self.policy.max_tokens, streams=1)
+
+    def prepare(self, texts: list[str]) -> tuple[list[list[textprep.Segment]], list[int]]:
+        """Each text's sentences as tk translate prepares a line, and each sentence's source tokens for the batch budget
+        (cut to the model's maximum, as decoding cuts them)."""
+        t = self.translator
+        segments = segment_lines(t.manifest, texts, TextOptions(), _fallback)
+        ids = t.tokenizer.encode([seg.text for segs in segments for seg in segs])
+        return segments, [min(len(i), t.manifest.max_len) for i in ids]
 
     async def translate(self, texts: list[str], key: OptionKey, deadline: float = math.inf) -> list[list[Translation]]:
-        """The n-best translations of texts, in order. Raises TooLarge, QueueFull or NotReady at once,
-        TimeoutError once time.monotonic() passes deadline with sentences still queued."""
+        """The n-best translations of texts, in order. Raises TooLarge, QueueFull, NotReady or UsageError (a bad option)
+        at once, TimeoutError once time.monotonic() passes deadline with sentences still queued, and whatever preparing
+        or decoding one of its own sentences raised: never another request's."""
         if len(texts) > self.policy.queue_size:
             raise TooLarge(f"{len(texts)} sentences in one request, more than the whole queue holds ({self.policy.queue_size}, "
                            f"--queue-size); send at most {self.policy.queue_size} per request")
         if not self.healthy:
             raise NotReady(self.not_ready_reason())
+        self.options(key)  # checked before any work
+        # Off the event loop: splitting and tokenising 64 texts of 1,000 characters takes tens of milliseconds.
+        segments, tokens = await asyncio.to_thread(self.prepare, texts)
         loop = asyncio.get_running_loop()
-        items = [_Item(t, self.count_tokens(t), key, loop.create_future(), loop, deadline) for t in texts]
+        counts = iter(tokens)
+        items = [_Item(seg.text, next(counts), key, loop.create_future(), loop, deadline, line, k == len(segs) - 1)
+                 for line, segs in enumerate(segments, 1) for k, seg in enumerate(segs)]
+        queued = sum(1 for i in items if i.last)
         with self._cond:
-            if self._depth + len(items) > self.policy.queue_size:
+            if self._depth + queued > self.policy.queue_size:
                 raise QueueFull(f"{self._depth} sentences queued, limit {self.policy.queue_size}")
             lane = next(self._ids)
-            self._lanes[lane] = deque(items)
-            self._set_depth(self._depth + len(items))
-            self._cond.notify()
+            if items:
+                self._lanes[lane] = deque(items)
+                self._set_depth(self._depth + queued)
+                self._cond.notify()
         try:
-            return list(await asyncio.gather(*(i.future for i in items)))
+            decoded = iter(await asyncio.gather(*(i.future for i in items)))
         except BaseException:
             self.cancel(lane)
             raise
+        return [self._joined(line, [(seg, next(decoded)) for seg in segs], key.n_best) for line, segs in enumerate(segments, 1)]
+
+    @staticmethod
+    def _joined(line: int, parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int) -> list[Translation]:
+        """One text's n-best from its sentences' (as translate_batch joins a line), its protected spans put back; as there,
+        a text whose spans cannot be put back gets an empty translation and a warning."""
+        report: list[placeholders.Repair] = []
+        try:
+            out = join_line(parts, n_best, report)
+        except ToolkitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one text's spans cannot fail its request's other texts
+            _fallback(line - 1, e, "its output is an empty line")
+            return join_line([], n_best)
+        if report:
+            log.warning("warning: line %d: %s", line, repair_note(report))
+        return out
 
     def cancel(self, lane: int) -> None:
         """Drops a timed-out or disconnected request's sentences that are still queued."""
@@ -151,7 +205,7 @@ class Batcher:
             items = self._lanes.pop(lane, ())
             for i in items:
                 i.future.cancel()
-            self._set_depth(self._depth - len(items))
+            self._set_depth(self._depth - sum(i.last for i in items))
 
     def _set_depth(self, depth: int) -> None:
         self._depth = depth
@@ -164,8 +218,7 @@ class Batcher:
             self.translator = self.load()
             backend = self.translator.backend()
             start = time.perf_counter()
-            translate_batch(self.translator, [WARMUP_TEXT], self._options(OptionKey(1, 1, 0.6, self.translator.manifest.max_len), 1),
-                            backend=backend)
+            decode_sentences(self.translator, [WARMUP_TEXT], self.options(OptionKey(1, 1, None, None)), backend=backend)
             log.info("ready: %s on %s, warm-up translation in %.0f ms", self.translator.manifest.model, self.translator.provider,
                      1000 * (time.perf_counter() - start))
         except Exception as e:  # a failed load leaves the server alive and not ready, saying why
@@ -191,7 +244,7 @@ class Batcher:
             self._lanes.clear()
             self._set_depth(0)
         for i in items:
-            i.loop.call_soon_threadsafe(_settle, i.future, None, error)
+            _answer(i, None, error)
 
     def _next_batch(self) -> list[_Item] | None:
         with self._cond:
@@ -219,9 +272,9 @@ class Batcher:
             kept = deque(i for i in lane if not i.future.cancelled() and i.deadline > now)
             for i in lane:
                 if not i.future.cancelled() and i.deadline <= now:
-                    i.loop.call_soon_threadsafe(_settle, i.future, None, TimeoutError("deadline passed while queued"))
+                    _answer(i, None, TimeoutError("deadline passed while queued"))
             if len(kept) != len(lane):
-                self._set_depth(self._depth - (len(lane) - len(kept)))
+                self._set_depth(self._depth - (sum(i.last for i in lane) - sum(i.last for i in kept)))
                 if kept:
                     self._lanes[lane_id] = kept
                 else:
@@ -253,16 +306,12 @@ class Batcher:
                 self._lanes.move_to_end(lane_id)
             else:
                 del self._lanes[lane_id]
-        self._set_depth(self._depth - len(batch))
+        self._set_depth(self._depth - sum(i.last for i in batch))
         return batch
 
     @staticmethod
     def _padded(items: list[_Item]) -> int:
         return max((i.tokens for i in items), default=0) * len(items)
-
-    def _options(self, key: OptionKey, n: int) -> DecodeOptions:
-        return DecodeOptions(beam=key.beam, alpha=key.alpha, n_best=key.n_best, max_len=key.max_len, batch_size=max(n, 1),
-                             max_tokens=self.policy.max_tokens, max_src_len=self.translator.manifest.max_len)
 
     def _decode(self, batch: list[_Item], backend: object) -> None:
         m = self.metrics
@@ -273,18 +322,38 @@ class Batcher:
         m.batch_tokens.observe(self._padded(batch))
         start = time.perf_counter()
         try:
-            results = translate_batch(self.translator, [i.text for i in batch], self._options(batch[0].key, len(batch)), backend=backend,
-                                      warn=log.warning)
+            results = decode_sentences(self.translator, [i.text for i in batch], self.options(batch[0].key, len(batch)), backend=backend,
+                                       warn=log.warning, lines=[i.line for i in batch])
         except Exception as e:
-            log.exception("decode of %d sentences failed", len(batch))
-            for i in batch:
-                i.loop.call_soon_threadsafe(_settle, i.future, None, e)
+            if len(batch) > 1:
+                # Which sentence failed is unknown: each is decoded alone, so the others' requests get their translations.
+                log.warning("decode of %d sentences failed (%s: %s); decoding them one at a time", len(batch), type(e).__name__, first_line(e))
+                for i in batch:
+                    self._decode([i], backend)
+                return
+            log.exception("decode of a sentence failed")
+            _answer(batch[0], None, e)
             return
         m.decode_seconds.observe(time.perf_counter() - start)
         for i, nbest in zip(batch, results):
             m.source_tokens.inc(nbest[0].source_tokens)
             m.target_tokens.inc(nbest[0].tokens if nbest[0].source_tokens else 0)
-            i.loop.call_soon_threadsafe(_settle, i.future, nbest, None)
+            _answer(i, nbest, None)
+
+
+def _fallback(i: int, e: Exception, outcome: str) -> None:
+    """segment_lines' word on a text whose preparation failed (it is translated as tk translate translates it)."""
+    log.warning("warning: line %d: %s in tk (%s); %s", i + 1, type(e).__name__, first_line(e, 120), outcome)
+
+
+def _answer(item: _Item, result: object, error: BaseException | None) -> None:
+    """Settles a sentence's future on its request's event loop, from the worker thread. A loop already closed has
+    nobody waiting on it (its requests ended): that is no reason for the worker to stop."""
+    try:
+        item.loop.call_soon_threadsafe(_settle, item.future, result, error)
+    except RuntimeError:
+        if not item.loop.is_closed():
+            raise
 
 
 def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:

@@ -101,19 +101,13 @@ def onnx_values(source: Path | bytes, provider: str, runtime: str, feeds: dict[s
     """Every intermediate value of the graph run on `provider` of `runtime`, and the (value, node) order."""
     model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source), load_external_data=True)
     exposed, produced = expose(model)
-    if runtime == "openvino":
-        from toolkit.runtimes.openvino import compile_graph
+    from toolkit import runtimes
+    from toolkit.core.errors import UsageError
 
-        session = compile_graph(exposed)
-        names = [o.get_any_name() for o in session.compiled.outputs]
-        got = dict(zip(names, session.run(None, feeds)))
-    else:
-        from toolkit.runtimes.onnxruntime import create_session
-
-        session = create_session(exposed, provider)
-        names = [o.name for o in session.get_outputs()]
-        got = dict(zip(names, session.run(None, feeds)))
-    return got, produced
+    run_graph = runtimes.get(runtime).graph_outputs
+    if run_graph is None:
+        raise UsageError(f"--runtime {runtime} runs no ONNX graphs, so no node of them can be localized; drop --localize")
+    return run_graph(exposed, provider, feeds), produced
 
 
 # Traced programs by (model, config, weights digest, graph): tracing takes seconds, running one takes milliseconds.
@@ -196,15 +190,18 @@ class Side:
     @classmethod
     def parse(cls, text: str) -> Side:
         """"onnxruntime/cpu/fp32", "openvino/cpu/int8", or a variant alone ("fp32": ONNX Runtime on CPU)."""
-        from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS, RUNTIMES
+        from toolkit.core.engines import PROVIDERS
         from toolkit.core.errors import UsageError
         from toolkit.core.variants import NAMES
+        from toolkit.runtimes import DEFAULT_RUNTIME, names
+
+        known = names()
 
         parts = text.split("/")
         if len(parts) == 1:
             parts = [DEFAULT_RUNTIME, "cpu", *parts]
-        if len(parts) != 3 or parts[0] not in RUNTIMES or parts[1] not in PROVIDERS or parts[2] not in NAMES:
-            raise UsageError(f"--localize-against {text!r}: give RUNTIME/PROVIDER/VARIANT ({'|'.join(RUNTIMES)} / {'|'.join(PROVIDERS)} / "
+        if len(parts) != 3 or parts[0] not in known or parts[1] not in PROVIDERS or parts[2] not in NAMES:
+            raise UsageError(f"--localize-against {text!r}: give RUNTIME/PROVIDER/VARIANT ({'|'.join(known)} / {'|'.join(PROVIDERS)} / "
                              f"{'|'.join(NAMES)}), e.g. onnxruntime/cpu/fp32, or a variant alone")
         return cls(*parts)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
+
 
 @dataclass
 class Row:
@@ -52,7 +54,7 @@ class Report:
     reference_kind: str = ""  # checkpoint | random_init | graphs (see toolkit.pytorch.reference.reference_kind)
     reference_proves: str = ""
     weights_sha256: str = ""  # of the graphs' fp32 weights, when computed (--checkpoint, --expect-digest, or a graphs reference)
-    runtime: str = "onnxruntime"  # the engine that ran the graphs, with its version ("openvino 2026.4.1")
+    runtime: str = DEFAULT_RUNTIME  # the engine that ran the graphs, with its version ("openvino 2026.4.1")
     # The inputs of the first failing comparison (graph, variant, provider, case, feeds), and of one sweep case of
     # the first session to localize on when asked with nothing failing; kept for --localize, not written out.
     failing_inputs: dict | None = None

@@ -6,7 +6,8 @@ Three kinds of evidence, all collected before a verdict:
   decode   real sentences: every decoder output along the greedy decode, then the translations,
            which must be token-for-token identical.
 Plus ONNX Runtime with graph optimisations off vs on, and CPU vs CUDA drift as a noise floor.
-On `runtime="openvino"` the same checks run on OpenVINO's CPU plugin (toolkit.runtimes).
+On another runtime that reads the graphs (`runtime="openvino"`) the same checks run on it (toolkit.runtimes); one that
+reads a converted copy of the weights is checked by the verify function its declaration names.
 
 This module runs the command; the pieces are report.py (Row, Report), compare.py (tolerances, error
 statistics, running a graph), checks.py (static, sweep inputs, real decodes, translations, weights),
@@ -16,10 +17,12 @@ attention.py, int8_layers.py and guarded_int8.py (int8 that keeps its worst laye
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
 
+from toolkit import runtimes
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
 from toolkit.core.engines import PROVIDERS
@@ -55,21 +58,19 @@ def is_digest(text: str) -> bool:
 
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
            rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
-           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = "onnxruntime",
+           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = runtimes.DEFAULT_RUNTIME,
            data: str | Path | None = None, localize: bool | None = None, localize_against=None) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
-    in the provider column ("openvino-cpu"); ONNX Runtime's stay "cpu"/"cuda". `data`: the corpus whose
+    in the provider column ("openvino-cpu"); the default runtime's stay "cpu"/"cuda". `data`: the corpus whose
     held-out split is decoded (default: toolkit.core.data.find's search). `localize`: find the first divergent
     node of the first failing case (None: when a check fails; True: also on the sweep case of a passing model), against
     PyTorch or `localize_against` (a toolkit.verify.localize.Side: another runtime, provider or variant)."""
-    from toolkit import runtimes
-
-    runtimes.check(runtime)
-    if runtime == "ctranslate2":  # a converted copy, not graphs: checked by its own kinds of evidence
-        from toolkit.verify.ct2_parity import verify_ct2
-
-        return verify_ct2(directory, provider, variants, atol, rtol, seed, sentences, echo, checkpoint, expect_digest, data,
-                          bool(localize or localize_against))
+    spec = runtimes.get(runtime)
+    if spec.verify:  # a converted copy, not graphs: checked by its own kinds of evidence
+        module, _, function = spec.verify.partition(":")
+        return getattr(importlib.import_module(module), function)(
+            directory, provider, variants, atol, rtol, seed, sentences, echo, checkpoint, expect_digest, data,
+            bool(localize or localize_against))
     m = manifest_mod.load(directory)
     report = Report(str(directory), seed, runtime=runtimes.label(runtime))
     try:
@@ -78,9 +79,10 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
         report.rows.append(Row("static", "files", "-", "-", "-", "sha256", ok=False, detail=str(e)))
     # The attention variant (built in memory, with extra outputs) is checked by verify_attention.
     attention = "attention" in (variants or []) or (not variants and m.attention is not None)
-    if runtime != "onnxruntime" and attention:
+    if attention and "attention" not in spec.variants:
         if variants:
-            raise UsageError(f"the attention variant is checked on onnxruntime only; drop --variant attention or --runtime {runtime}")
+            others = [n for n in runtimes.names() if "attention" in runtimes.get(n).variants]
+            raise UsageError(f"the attention variant is checked on {' and '.join(others)} only; drop --variant attention or --runtime {runtime}")
         attention = False  # its extra outputs are read through ONNX Runtime's I/O binding
     variants = [v for v in variants if v != "attention"] if variants else m.variants()
     providers = list(PROVIDERS) if provider == "all" else [provider]
@@ -131,27 +133,25 @@ def _load(m: Manifest, runtime: str, providers: list[str], variants: list[str], 
           echo) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], object]]:
     """Sessions and backend factories per (provider label, variant). With `any_provider` (--provider all),
     a provider that cannot load is skipped and named in the report; otherwise its error is raised."""
-    from toolkit import runtimes
-
+    spec = runtimes.get(runtime)
     sessions: dict[tuple[str, str], dict] = {}
     backends: dict[tuple[str, str], object] = {}
     for p in providers:
         for v in variants:
             try:
-                loaded = runtimes.load(m, runtime, p, v)
+                loaded = runtimes.load(m, runtime, p, v, check_io=False)  # a graph that differs is a static row
             except ProviderError as e:
                 if not any_provider:
                     raise
                 report.skipped[p] = str(e)
                 break
-            label = p if runtime == "onnxruntime" else f"{runtime}-{p}"
+            label = spec.provider_label(p)
             sessions[(label, v)] = loaded.sessions
             backends[(label, v)] = loaded.backend
             if loaded.built_s:
                 echo(f"{v} graphs: not stored in {m.directory}, built in memory from its fp32 graphs in {loaded.built_s:.2f}s")
     report.environment = environment(sorted({p for p, _ in sessions}))
-    if runtime != "onnxruntime":
-        report.environment[runtime] = runtimes.version(runtime)
+    report.environment[runtime] = spec.version()  # the default runtime's as environment() found it
     return sessions, backends
 
 

@@ -18,9 +18,10 @@ from toolkit.cli.options import (
     runtime_option,
     writable_file,
 )
-from toolkit.core.engines import DEFAULT_RUNTIME, PROVIDERS
+from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
+from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
 
 @click.command()
@@ -79,8 +80,8 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
         return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path, peers, peer_python)
     if peers or peer_python:
         raise UsageError("--peer and --peer-python time the Hugging Face peers in the user-level comparison; add --text FILE")
-    if serve and set(runtimes) - {"onnxruntime"}:
-        raise UsageError(f"--serve load-tests `tk serve` on onnxruntime; drop --runtime {sorted(set(runtimes) - {'onnxruntime'})[0]}")
+    if serve and set(runtimes) - {DEFAULT_RUNTIME}:
+        raise UsageError(f"--serve load-tests `tk serve` on {DEFAULT_RUNTIME}; drop --runtime {sorted(set(runtimes) - {DEFAULT_RUNTIME})[0]}")
     if serve:
         from toolkit.bench.serve_load import bench_serve
         from toolkit.bench.serve_load import table as load_table
@@ -121,12 +122,16 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
 
 
 def _ct2_rows(runtimes: tuple[str, ...], ct2: bool | None) -> tuple[tuple[str, ...], bool | None]:
-    """--runtime ctranslate2 asks for CTranslate2's rows (the --ct2 rows: it decodes in its own loop), beside tk's."""
-    if "ctranslate2" not in runtimes:
+    """A runtime that reads a converted copy (--runtime ctranslate2) asks for the converted rows (the --ct2 rows: it
+    decodes in its own loop), beside tk's."""
+    from toolkit.runtimes import registry
+
+    converted = [r for r in runtimes if registry.get(r).runs == registry.CONVERTED]
+    if not converted:
         return runtimes, ct2
     if ct2 is False:
-        raise UsageError("--runtime ctranslate2 times CTranslate2's rows, which --no-ct2 turns off; drop one of them")
-    return tuple(r for r in runtimes if r != "ctranslate2"), True
+        raise UsageError(f"--runtime {converted[0]} times CTranslate2's rows, which --no-ct2 turns off; drop one of them")
+    return tuple(r for r in runtimes if r not in converted), True
 
 
 def _check_provider(provider: str | None, text_path: Path | None) -> None:

@@ -19,6 +19,7 @@ REQUEST_SENTENCES = click.IntRange(1, 1024)
 CHARS = click.IntRange(1, 10_000)
 TIMEOUT_S = FiniteFloat(0, 3600, min_open=True)
 BODY_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
+HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 
 
 @click.command()
@@ -43,11 +44,14 @@ BODY_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
               help="Per-request limit, queueing included (504 beyond).")
 @click.option("--body-timeout-s", type=BODY_TIMEOUT_S, default=10.0, show_default=True,
               help="The whole request body must arrive within this (408 beyond).")
+@click.option("--header-timeout-s", type=HEADER_TIMEOUT_S, default=10.0, show_default=True,
+              help="A request's line and headers must arrive within this of the connection's opening or its previous answer "
+                   "(408 and the connection closed beyond; a connection that sends nothing is closed).")
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
               help="Also answer requests whose Host header names NAME (repeatable; '*' for any). By default only localhost, "
                    "127.0.0.1, [::1] and the --host address are answered (421 otherwise), against DNS rebinding.")
 def serve(model_dir, host, port, provider, variant, runtime, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
-          queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, allow_hosts):
+          queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, header_timeout_s, allow_hosts):
     """Serve translations over HTTP: POST /v1/translate, a web page at /, /health, /ready, /metrics.
 
     Sentences of concurrent requests are decoded together by one worker. Needs the serve
@@ -77,5 +81,5 @@ def serve(model_dir, host, port, provider, variant, runtime, threads, max_delay_
                          queue_size=queue_size, batching=not no_batching)
     desc = f"{Path(model_dir).name} ({t.manifest.model}, {t.variant}) on {t.where}" + (", batching off" if no_batching else "")
     config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s, description=desc,
-                         body_timeout_s=body_timeout_s, allowed_hosts=tuple(allow_hosts))
+                         body_timeout_s=body_timeout_s, header_timeout_s=header_timeout_s, allowed_hosts=tuple(allow_hosts))
     run(lambda: t, host, port, config)

@@ -13,6 +13,7 @@ from toolkit.cli.options import (
     DECODING,
     DEFAULT_FAST_VARIANT,
     DEFAULT_MODEL,
+    DEFAULT_RUNTIME,
     PROVIDER,
     STREAMS,
     TEXT,
@@ -35,7 +36,7 @@ from toolkit.core.errors import UsageError
 @PROVIDER
 @click.option("--allow-cpu-fallback", is_flag=True, help="With --provider cuda, run on CPU instead of failing.")
 @DEFAULT_FAST_VARIANT
-@click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default="onnxruntime", show_default=True,
+@click.option("--backend", type=click.Choice([DEFAULT_RUNTIME, "torch"]), default=DEFAULT_RUNTIME, show_default=True,
               help="torch: decode with the PyTorch model through the same loop (needs torch; for comparison).")
 @runtime_option()
 @DECODING
@@ -62,7 +63,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with paused_gc():
-        from toolkit.core.decode_options import DecodeOptions
+        from toolkit.core.decode_options import DecodeOptions, max_len_problem
         from toolkit.core.textprep import TextOptions
         from toolkit.deploy.translate import AtomicOutput, open_model, read_lines, read_references, score_file, translate_lines
 
@@ -86,7 +87,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     AtomicOutput.check(output_path)
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
-    if backend == "torch" and runtime == "onnxruntime":  # with another runtime open_model refuses the pair, torch unloaded
+    if backend == "torch" and runtime == DEFAULT_RUNTIME:  # with another runtime open_model refuses the pair, torch unloaded
         import toolkit.pytorch.torch_backend  # noqa: F401 (registers the "torch" backend that open_model loads)
     with paused_gc():
         t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
@@ -98,6 +99,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
         say(f"built the {t.variant} graphs in memory from the fp32 graphs in {t.built_s:.2f}s, kept for later starts "
             f"(`tk export {model_dir} {export_flag(t.variant)}` stores them)")
+    problem = max_len_problem(decoding["max_len"], t.manifest.max_len)
+    if problem:
+        raise UsageError(problem)
     opts = DecodeOptions.for_model(t.manifest.max_len, t.provider, n_best=n_best, streams=streams, rules=t.manifest.rules(),
                                    max_output=t.manifest.max_output_len, **decoding)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
@@ -151,7 +155,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         f"{stats.target_tokens / max(stats.seconds, 1e-9):,.0f} target tokens/s on {t.where}"
         + (f"; {plural(len(stats.truncated), 'line')} truncated" if stats.truncated else "")
         + (f"; {plural(len(stats.guarded), 'line')} ended by a guard" if stats.guarded else "")
-        + (f"; {plural(len(stats.repaired), 'line')} with protected spans put back by the fallback" if stats.repaired else ""))
+        + (f"; {plural(len(stats.repaired), 'line')} with protected spans put back by the fallback" if stats.repaired else "")
+        + (f"; {plural(len(stats.failed), 'line')} that tk failed on, each named above" if stats.failed else ""))
     if reference:
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
 

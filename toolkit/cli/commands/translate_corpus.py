@@ -53,13 +53,18 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     except ImportError as e:
         raise UsageError(f"tk translate-corpus needs {e.name}; install the ray extra: pip install -e '.[ray]'") from None
     from toolkit.core import manifest as manifest_mod
-    from toolkit.core.decode_options import DecodeOptions
+    from toolkit.core.decode_options import DecodeOptions, max_len_problem
     from toolkit.corpus.run import CorpusJob
     from toolkit.corpus.run import translate_corpus as run
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
     m = manifest_mod.load(model_dir)
     m.translation_tokenizer()
+    # Before Ray starts: a modified or corrupt model file is one line here, not a traceback from every actor.
+    m.check_files(cached=True)
+    problem = max_len_problem(decoding["max_len"], m.max_len)
+    if problem:
+        raise UsageError(problem)
     # One stream per actor: the actors are the parallelism, each on its node's share of the cores.
     decode = DecodeOptions.for_model(m.max_len, provider, streams=1, rules=m.rules(), max_output=m.max_output_len, **decoding)
     text = {"keep": tuple(keep), "split": split, "enabled": not raw}

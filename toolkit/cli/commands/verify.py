@@ -8,6 +8,7 @@ import click
 
 from toolkit.cli.options import (
     DATA_OPTION,
+    DEFAULT_RUNTIME,
     SEED,
     TOLERANCE,
     provider_option,
@@ -94,7 +95,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
         write_json(report, json_path)
     n = len(report.rows)
     seconds = time.time() - start
-    click.echo(f"reference ({report.reference_kind}): {report.reference_proves}", err=True)
+    click.echo(f"what passing proves ({report.reference_kind} reference): {report.reference_proves}", err=True)
     click.echo(f"{n - len(report.failures)}/{n} checks passed in {seconds:.1f}s (seed {seed}, {report.runtime})", err=True)
     if record:
         keys = record_summary(report, model_dir, seconds)
@@ -105,7 +106,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 def _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against,
                    localize_plot) -> None:
     """--to-hf runs its own checks: the options of the graphs' checks are refused beside it, not ignored."""
-    others = [name for name, given in (("--provider", provider != "cpu"), ("--runtime", runtime != "onnxruntime"), ("--variant", variants),
+    others = [name for name, given in (("--provider", provider != "cpu"), ("--runtime", runtime != DEFAULT_RUNTIME), ("--variant", variants),
                                        ("--record", record), ("--checkpoint", checkpoint_path), ("--int8-layers", int8_layers),
                                        ("--expect-digest", expect_digest), ("--localize", localize is not None),
                                        ("--localize-against", localize_against), ("--localize-plot", localize_plot)) if given]
@@ -126,7 +127,7 @@ def _verify_hf(model_dir: Path, hf_dir: Path, atol, rtol, seed: int, sentences: 
     if json_path:
         write_json(report, json_path)
     n = len(report.rows)
-    click.echo(f"reference ({report.reference_kind}): {report.reference_proves}", err=True)
+    click.echo(f"what passing proves ({report.reference_kind} reference): {report.reference_proves}", err=True)
     click.echo(f"{n - len(report.failures)}/{n} checks passed in {time.time() - start:.1f}s (seed {seed}, {report.runtime})", err=True)
     raise_on_failure(report)
 

@@ -183,7 +183,8 @@ class Ct2Backend:
                     break
         if steps != taken:  # fewer steps than CTranslate2 took: their log-probabilities, summed (a rare case)
             score = sum(self.translator.score_batch([_words(src)], [_words(tokens[:steps])])[0].log_probs[:steps])
-        return Hypothesis(tokens[:keep], float(score), stopped)
+        # What the guard cut off goes with it, as from tk's loop: decoding.word_end ends both on a whole word.
+        return Hypothesis(tokens[:keep], float(score), stopped, tokens[keep:steps] if stopped == "loop" else [])
 
     # The decoding loop asks a backend for these when it runs streams; CTranslate2 runs its own (inter_threads).
     def for_streams(self) -> Ct2Backend:
@@ -224,10 +225,14 @@ class LoadedCt2:
 
 def stored_files(m: Manifest) -> dict[str, bytes]:
     """The converted model's files by CTranslate2's own names, read from the directory (their digests are checked by
-    Manifest.check_files before anything loads)."""
+    Manifest.check_files before anything loads) and held to what tk writes (spec.check_converted: the digests prove
+    nothing of files whose digests were rewritten with them)."""
+    from toolkit.runtimes.ctranslate2.spec import check_converted, conversion_problem
+
     record = (m.converted or {}).get(RUNTIME)
-    if record is None:
-        raise UsageError(f"{m.directory} has no CTranslate2 model; add one with: tk export {m.directory} --ctranslate2")
+    if record is None:  # advise the conversion only where `tk export DIR --ctranslate2` would make one
+        raise UsageError(conversion_problem(m) or
+                         f"{m.directory} has no CTranslate2 model; add one with: tk export {m.directory} --ctranslate2")
     files = {}
     for name, entry in record.files.items():
         try:
@@ -235,6 +240,7 @@ def stored_files(m: Manifest) -> dict[str, bytes]:
         except OSError as e:
             raise UsageError(f"cannot read {m.directory / entry.file} ({e.strerror}); re-export it with "
                              f"tk export {m.directory} --ctranslate2 --force") from None
+    check_converted(m, files, {name: m.directory / entry.file for name, entry in record.files.items()})
     return files
 
 

@@ -28,6 +28,7 @@ class LoadedOnnxRuntime:
     # With request threads (load_sessions), `sessions` serve a call of one batch with every core, and concurrent
     # streams decode on sessions of their own, made by this at their first use.
     stream_maker: Callable[[], dict[str, ort.InferenceSession]] | None = None
+    threads: int | None = None  # intra-op threads of each CPU session, set by the registry's loader (None: not given, or CUDA)
     _stream_sessions: dict[str, ort.InferenceSession] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -85,23 +86,43 @@ def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict
     """Creates the sessions in one thread each: ONNX Runtime releases the GIL while it loads a graph
     and prepacks its weights, so the encoder's and decoder's creations overlap."""
     results: dict[str, ort.InferenceSession | BaseException] = {}
+    done = {name: threading.Event() for name in makers}
 
     def make(name: str) -> None:
         try:
             results[name] = makers[name]()
         except BaseException as e:  # re-raised in the caller's thread below
             results[name] = e
+        finally:
+            done[name].set()
 
     workers = [threading.Thread(target=make, args=(name,), name=f"tk-load-{name}") for name in list(makers)[1:]]
     for w in workers:
         w.start()
-    make(next(iter(makers)))
-    for w in workers:
-        w.join()
+    try:
+        make(next(iter(makers)))
+    finally:
+        # Waited for even when Ctrl-C or SIGTERM interrupts this thread: a process that exits while a loader thread
+        # is still inside ONNX Runtime aborts ("terminate called without an active exception", exit 134).
+        _wait(list(done.values()))
     for name in makers:
         if isinstance(results[name], BaseException):
             raise results[name]
     return {name: results[name] for name in makers}
+
+
+def _wait(events: list[threading.Event]) -> None:
+    """Waits until every event is set; a KeyboardInterrupt that arrives while waiting is raised after that. Events, not
+    Thread.join: a join that KeyboardInterrupt breaks can leave is_alive() False while the thread still runs (Python 3.11)."""
+    interrupted: BaseException | None = None
+    for event in events:
+        while not event.is_set():
+            try:
+                event.wait()
+            except KeyboardInterrupt as e:
+                interrupted = e
+    if interrupted is not None:
+        raise interrupted
 
 
 def _graph_identity(m: Manifest, graph: str, variant: str) -> str:
