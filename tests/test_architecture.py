@@ -147,6 +147,27 @@ def test_no_import_circles():
     assert cycles(import_graph()) == []
 
 
+def package_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """The import graph between (sub)packages: a package's __init__ and its modules are one node
+    (toolkit.cli.commands.export -> toolkit.cli.commands; toolkit.cli -> toolkit.cli)."""
+    packages = {module_name(p, root) for p in (root / "toolkit").rglob("__init__.py")}
+    node = lambda m: m if m in packages else m.rsplit(".", 1)[0]
+    graph: dict[str, set[str]] = {}
+    for mod, targets in import_graph(root).items():
+        graph.setdefault(node(mod), set()).update(node(t) for t in targets if node(t) != node(mod))
+    for targets in list(graph.values()):
+        for t in targets:
+            graph.setdefault(t, set())
+    return graph
+
+
+def test_no_package_circles():
+    """A package never imports a package that imports it back: cli's commands do not reach up into cli itself."""
+    graph = package_graph()
+    assert "toolkit.cli.commands" in graph["toolkit.cli"]
+    assert cycles(graph) == []
+
+
 def test_the_cycle_finder_finds_a_planted_circle():
     graph = import_graph()
     graph["toolkit.core.errors"] = graph["toolkit.core.errors"] | {"toolkit.deploy.translate"}

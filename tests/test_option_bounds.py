@@ -59,7 +59,7 @@ def test_the_cli_option_group_hands_the_command_one_dict_of_for_model_arguments(
     import click
     from click.testing import CliRunner
 
-    from toolkit.cli.options import DECODING
+    from toolkit.cli.commands.options import DECODING
 
     @click.command()
     @DECODING

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.options import provider_option
+from toolkit.cli.commands.options import provider_option
 from toolkit.core.errors import UsageError
 
 
@@ -29,7 +29,7 @@ def attention(model_dir, text, output_path, json_path, provider):
     """
     import json
 
-    from toolkit.cli.options import writable_file
+    from toolkit.cli.commands.options import writable_file
     from toolkit.core import manifest
     from toolkit.core.atomic import write_atomic
     from toolkit.deploy import attention_graphs, pictures

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.options import (
+from toolkit.cli.commands.options import (
     BATCH,
     BEAM,
     DATA_OPTION,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.options import (
+from toolkit.cli.commands.options import (
     BEAM,
     DATA_OPTION,
     POSITIVE,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.options import BATCH, DEFAULT_FAST_VARIANT, PROVIDER, THREADS, FiniteFloat, runtime_option
+from toolkit.cli.commands.options import BATCH, DEFAULT_FAST_VARIANT, PROVIDER, THREADS, FiniteFloat, runtime_option
 from toolkit.core.errors import UsageError
 
 # Every numeric option has a declared range: past it a value is a typo or an attack, not a setting

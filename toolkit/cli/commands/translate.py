@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.options import (
+from toolkit.cli.commands.options import (
     BEAM,
     DECODING,
     DEFAULT_FAST_VARIANT,
