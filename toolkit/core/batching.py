@@ -60,13 +60,19 @@ def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int |
         yield batch
 
 
-def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
-    """Hypotheses for every source sentence, in input order. Empty sources get no decoding."""
+def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
+               done: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+    """Hypotheses for every source sentence, in input order. Empty sources get no decoding.
+    `done(n)` is told after each batch how many sentences it finished (from the decoding threads, one at a time), so a
+    progress bar moves per batch, not per call."""
     if opts.max_src_len:
         src = [s[: opts.max_src_len] for s in src]
+    tell = _one_at_a_time(done)
     whole_sentences = getattr(backend, "decode_all", None)
     if whole_sentences is not None:  # a runtime with a loop of its own (CTranslate2) takes every sentence at once
-        return whole_sentences(src, opts)
+        out_all = whole_sentences(src, opts)
+        tell(len(src))
+        return out_all
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
     todo = [i for i, s in enumerate(src) if s]
     # Longest batches first: streams take the next batch as they free up, so the last batches set
@@ -82,6 +88,7 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) 
                                 opts.rules or TK_RULES)
         for i, hyps in zip(idx, results):
             out[i] = hyps
+        tell(len(idx))
 
     streams = min(opts.streams, len(batches))
     if streams <= 1:
@@ -91,6 +98,18 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions) 
         first = backend.for_streams()
         _decode_concurrently(decode, [first] + [first.fork() for _ in range(streams - 1)], batches)
     return out
+
+
+def _one_at_a_time(done: Callable[[int], None] | None) -> Callable[[int], None]:
+    if done is None:
+        return lambda n: None
+    lock = threading.Lock()
+
+    def tell(n: int) -> None:
+        with lock:
+            done(n)
+
+    return tell
 
 
 def _decode_concurrently(decode: Callable[[StepBackend, list[int]], None], backends: list[StepBackend],

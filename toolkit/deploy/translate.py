@@ -137,7 +137,8 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
                     warn: Callable[[str], None] = lambda s: None, strict: bool = False,
                     first_lineno: int = 1, truncated: list[int] | None = None,
                     text: TextOptions = TextOptions(), guarded: list[int] | None = None,
-                    repaired: list[int] | None = None, failed: list[int] | None = None) -> list[list[Translation]]:
+                    repaired: list[int] | None = None, failed: list[int] | None = None,
+                    progress: Callable[[float], None] | None = None) -> list[list[Translation]]:
     """The n-best translations of each text, in input order: the one entry point from text to text that `tk translate`,
     `tk evaluate`, the API and corpus translation share (the server runs its parts: segment_lines, decode_sentences,
     join_line).
@@ -152,6 +153,9 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     No line fails another: a line whose processing raises an unexpected error (not one of tk's own, which are the
     caller's to see) is translated as plain text without placeholders, or else gets an empty translation, with a
     warning naming it and its number in `failed`. Only when every line of the call fails is the error raised.
+
+    `progress(x)` hears, after each decoded batch, the share of the texts it stands for (x texts' worth, a fraction
+    when a batch holds some of a text's sentences), so a bar over a long call moves while it decodes.
     """
     backend = backend or t.backend()
 
@@ -166,8 +170,10 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
 
     def decode(lines: list[int]) -> list[list[list[Translation]]]:
         said: list[str] = []
+        sentences = sum(len(segments[i]) for i in lines)
+        done = (lambda n: progress(n * len(lines) / sentences)) if progress and sentences else None
         flat = decode_sentences(t, [seg.text for i in lines for seg in segments[i]], opts, backend, said.append, strict,
-                                [first_lineno + i for i in lines for _ in segments[i]], truncated, guarded)
+                                [first_lineno + i for i in lines for _ in segments[i]], truncated, guarded, done)
         notes.extend(said)
         return _regroup(flat, [segments[i] for i in lines])
 
@@ -226,10 +232,12 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
 
 def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions, backend: object | None = None,
                      warn: Callable[[str], None] = lambda s: None, strict: bool = False, lines: list[int] | None = None,
-                     truncated: list[int] | None = None, guarded: list[int] | None = None) -> list[list[Translation]]:
+                     truncated: list[int] | None = None, guarded: list[int] | None = None,
+                     done: Callable[[int], None] | None = None) -> list[list[Translation]]:
     """The n-best of each model input (a Segment's text), in order, decoded in one length-sorted batch by the model's
-    own rules. lines: each input's line number, for the warnings (truncated to the model's maximum, refused with
-    strict; ended by a guard) and the `truncated` and `guarded` lists. A hypothesis the loop guard stopped ends on a
+    own rules; `done(n)` hears of each decoded batch's n inputs (batching.decode_ids). lines: each input's line number,
+    for the warnings (truncated to the model's maximum, refused with strict; ended by a guard) and the `truncated` and
+    `guarded` lists. A hypothesis the loop guard stopped ends on a
     whole word (decoding.word_end)."""
     backend = backend or t.backend()
     limit = t.manifest.max_len
@@ -251,7 +259,7 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
                 truncated.append(lineno)
     begins = _begins_word(t.tokenizer)
     results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, begins)) if h.rest else h for h in nbest]
-               for nbest in decode_ids(backend, ids, opts)]
+               for nbest in decode_ids(backend, ids, opts, done)]
     # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
     texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
     out = []
@@ -315,7 +323,7 @@ def _regroup(flat: list, lines: list[list]) -> list[list]:
 def _begins_word(tokenizer: Tokenizer | MarianTokenizer) -> Callable[[int], bool]:
     """Whether a token id's piece begins a word: a SentencePiece piece that starts with ▁, or with a character that is
     no letter or digit (punctuation, a placeholder symbol): a cut before it leaves the word before it whole."""
-    if isinstance(tokenizer, MarianTokenizer):
+    if isinstance(tokenizer, MarianTokenizer) or not hasattr(tokenizer, "sp"):  # id -> piece tables of their own
         piece = lambda i: tokenizer.pieces.get(i, "")  # noqa: E731
     else:
         size = tokenizer.sp.get_piece_size()
@@ -367,14 +375,17 @@ def translate_lines(t: TranslationModel, lines: Iterable[tuple[int, str]], write
                     progress: Callable[[int], None] = lambda n: None, text: TextOptions = TextOptions(),
                     chunk_lines: int = CHUNK_LINES) -> Stats:
     """Translates line by line in input order; one output line (or n-best block) per input line.
-    `progress` gets the number of lines of each chunk of `chunk_lines` as it is written."""
+    `progress(n)` gets whole lines as their batches are decoded (a chunk of `chunk_lines` is decoded in many batches),
+    and never more than the lines read: a bar moves during a chunk and ends at the line count."""
     stats = Stats()
     start = time.perf_counter()
     backend = t.backend()
     for chunk in chunks(lines, chunk_lines):
         texts = [text for _, text in chunk]
+        shown = _LineProgress(progress, len(chunk))
         results = translate_batch(t, texts, opts, backend, warn, strict, chunk[0][0], stats.truncated, text, stats.guarded,
-                                  stats.repaired, stats.failed)
+                                  stats.repaired, stats.failed, shown.add)
+        shown.finish()
         for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
                 for h in nbest:
@@ -384,9 +395,28 @@ def translate_lines(t: TranslationModel, lines: Iterable[tuple[int, str]], write
             stats.sentences += nbest[0].sentences
             stats.target_tokens += nbest[0].tokens
         stats.lines += len(chunk)
-        progress(len(chunk))
     stats.seconds = time.perf_counter() - start
     return stats
+
+
+class _LineProgress:
+    """Turns a chunk's decoded shares (fractions of lines, per batch) into whole lines for a progress bar; a line retried
+    alone after a failed batch is never counted twice."""
+
+    def __init__(self, progress: Callable[[int], None], lines: int):
+        self.progress, self.lines, self.share, self.shown = progress, lines, 0.0, 0
+
+    def add(self, share: float) -> None:
+        self.share = min(self.share + share, self.lines)
+        whole = int(self.share + 1e-9)
+        if whole > self.shown:
+            self.progress(whole - self.shown)
+            self.shown = whole
+
+    def finish(self) -> None:
+        if self.shown < self.lines:
+            self.progress(self.lines - self.shown)
+            self.shown = self.lines
 
 
 def one_line(text: str) -> str:
