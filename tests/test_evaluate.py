@@ -6,7 +6,7 @@ import json
 import shutil
 
 from toolkit.core import data, manifest
-from toolkit.core.batching import GUARDED, DecodeOptions
+from toolkit.core.batching import DecodeOptions
 from toolkit.core.scoring import bleu_chrf
 from toolkit.deploy.translate import open_model, translate_batch
 
@@ -22,11 +22,15 @@ def test_evaluate_scores_the_test_split_and_record_stores_the_same_scores(cli, t
     printed = json.loads("\n".join(lines[start: lines.index("}", start) + 1]))
     greedy = printed["test_split_greedy"]
     assert greedy["sentences"] == 6 and printed["variant"] == "fp32"
+    # the scores are printed once, as JSON; the line said while they come in is for a person, not a Python dict
+    progress = [line for line in lines[:start] if line.startswith("test_split greedy")]
+    assert progress == [f"test_split greedy: BLEU {greedy['bleu_multi_ref']:.2f}, chrF {greedy['chrf_multi_ref']:.2f} (6 sentences, "
+                        f"{greedy['seconds']} s)"], lines[:start]
+    assert not any("{" in line for line in lines[:start])
     # The score is that of the translations tk translate would give for the same sentences.
     english, refs = data.references(data.load_corpus(str(corpus_zip)).splits["test"])
     t = open_model(model, "cpu")
-    hyps = [n[0].text for n in translate_batch(t, english[:6], DecodeOptions(max_len=t.manifest.max_len,
-                                                                            max_src_len=t.manifest.max_len, **GUARDED))]
+    hyps = [n[0].text for n in translate_batch(t, english[:6], DecodeOptions.for_manifest(t.manifest))]
     assert greedy["bleu_multi_ref"] == bleu_chrf(hyps, refs[:6])["bleu"]
     after = manifest.load(model).to_dict()
     assert after["metrics"]["evaluation"] == printed

@@ -75,15 +75,14 @@ def describe(result: dict) -> str:
 def evaluate_names(directory, path: str | Path = DEFAULT_SET, beam: int = 4, threads: int | None = None,
                    variant: str = "fp32", echo=print) -> dict:
     """Translates every case's English as `tk translate --beam BEAM` would and scores the names (see score)."""
-    from toolkit.core.batching import GUARDED, DecodeOptions, default_streams
+    from toolkit.core.batching import DecodeOptions
     from toolkit.core.scoring import bleu_chrf
     from toolkit.deploy.translate import open_model, translate_batch
 
     cases = read_cases(path)
     model = open_model(directory, "cpu", variant, threads=threads)
     start = time.perf_counter()
-    opts = DecodeOptions(beam=beam, max_len=model.manifest.max_len, max_src_len=model.manifest.max_len,
-                         streams=default_streams(), **GUARDED)
+    opts = DecodeOptions.for_manifest(model.manifest, model.provider, beam=beam)
     outputs = [n[0].text for n in translate_batch(model, [c.english for c in cases], opts)]
     result = score(cases, outputs)
     bleu = bleu_chrf(outputs, [[c.french] for c in cases])
