@@ -267,3 +267,17 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
         time.sleep(0.5)
     left = [str(p.pid) for p in started if alive(p)]
     assert not left, left
+
+
+def test_ray_s_level_announcement_is_dropped_and_every_other_native_line_kept(capfd):
+    """The one line Ray's C++ core prints at every start ('Set ray log level from environment variable ...') is not
+    shown; anything else written to file descriptor 2 meanwhile (an error) reaches the user."""
+    from toolkit.corpus.run import _RAY_LEVEL_NOTE, _without_native_line
+
+    capfd.readouterr()
+    with _without_native_line(_RAY_LEVEL_NOTE):
+        os.write(2, b"[2026-11-26 13:19:19,541 I 17160 17160] logging.cc:303: Set ray log level from environment variable "
+                    b"RAY_BACKEND_LOG_LEVEL to 3\n")
+        os.write(2, b"[2026-11-26 13:19:20,000 E 1 1] core_worker.cc:1: something went wrong\n")
+    err = capfd.readouterr().err
+    assert err == "[2026-11-26 13:19:20,000 E 1 1] core_worker.cc:1: something went wrong\n"

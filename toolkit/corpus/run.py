@@ -3,10 +3,14 @@ each shard's output written atomically as it arrives, then the ordered merge."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +74,8 @@ def connect(address: str | None):
         if not address:
             reaper.watch_descendants()  # the local instance this starts must not outlive a killed driver
         try:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+            with _without_native_line(_RAY_LEVEL_NOTE):
+                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot reach a Ray cluster at {address} ({str(e).splitlines()[0][:160]}); "
                              "check --address (auto, or ray://HEAD:10001)") from None
@@ -86,6 +91,28 @@ def connect(address: str | None):
 
 
 CONNECT_TIMEOUT_S = 5.0
+# Ray's C++ core announces, at every start, the log level it read from RAY_BACKEND_LOG_LEVEL: the one line of its own
+# that the setting above cannot silence.
+_RAY_LEVEL_NOTE = re.compile(rb"^\[[^\]]*\] logging\.cc:\d+: Set ray log level from environment variable")
+
+
+@contextlib.contextmanager
+def _without_native_line(drop: re.Pattern[bytes]) -> Iterator[None]:
+    """Runs the block with the process's stderr (file descriptor 2, where C++ code writes) caught in a file, then writes
+    everything caught back to stderr except the lines matching `drop`: an error the block prints is never lost."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = b"".join(line for line in caught if not drop.match(line))
+            if kept:
+                os.write(2, kept)
 
 
 def _reachable(address: str | None) -> None:
