@@ -46,7 +46,7 @@ def test_the_top_of_the_package_holds_only_the_entry_points():
     """Each module lives in the folder that says which side it is on."""
     assert sorted(p.name for p in TOOLKIT.glob("*.py")) == ["__init__.py"]
     assert {p.name for p in TOOLKIT.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "bench", "cli", "convert", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify"}
+        "bench", "cli", "convert", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify", "web"}
 
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
@@ -249,3 +249,82 @@ def test_the_runtime_name_scan_finds_each_kind_of_use():
     )
     found = runtime_name_uses(planted, ("onnxruntime", "openvino", "ctranslate2"))
     assert [f.split(":")[0] for f in sorted(found)] == ["2", "3", "3", "6", "7"]  # line 3: two comparisons
+
+
+# A writer in one module: it copies the model's manifest into a directory of its own.
+PLANTED_WRITER = """
+from toolkit.convert import NewDirectory, Writer
+
+
+def write(m, tmp, echo):
+    (tmp / "copied.json").write_bytes((m.directory / "manifest.json").read_bytes())
+
+
+WRITER = Writer("copy-manifest", lands=NewDirectory(owned=lambda out, m: {"copied.json"} if (out / "copied.json").exists() else None,
+                                                    what="a copied manifest (no copied.json)"), write=write)
+"""
+
+
+def test_a_new_writer_is_one_module_plus_one_registration(tmp_path, monkeypatch):
+    """A throw-away writer, one module and one line in the registry's table, writes through the one pipeline with
+    every refusal the shipped writers have: a source inside the output, a non-empty output without --force, a
+    directory of another kind even with --force, a source that is no model directory."""
+    from toolkit.convert import convert, registry
+    from toolkit.core.errors import UsageError
+
+    (tmp_path / "planted_writer.py").write_text(PLANTED_WRITER, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.TABLE, "copy-manifest", registry.Entry("planted_writer", help="copies the manifest", takes_dir=True))
+    writer = registry.get("copy-manifest")
+    source = tmp_path / "outer" / "nw"
+    shutil.copytree(REPO / "exported" / "nw", source)
+
+    files = convert(writer, source, tmp_path / "out")
+    assert files == {"copied.json": (source / "manifest.json").stat().st_size}
+    assert (tmp_path / "out" / "copied.json").read_bytes() == (source / "manifest.json").read_bytes()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's")
+    refusals = {
+        "holds": (source, tmp_path / "outer", True),  # the source inside the output: replacing it would delete it
+        "use --force": (source, tmp_path / "out", False),
+        "is not a copied manifest": (source, tmp_path / "mine", True),
+        "needs an exported model directory": (tmp_path / "out", tmp_path / "other", False),
+    }
+    for words, (src, out, force) in refusals.items():
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        try:
+            convert(writer, src, out, force)
+        except UsageError as e:
+            assert words in str(e) and "\n" not in str(e), str(e)
+        else:
+            raise AssertionError(f"not refused: {words}")
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before, words  # nothing written or left
+    assert convert(writer, source, tmp_path / "out", force=True) == files
+
+
+def test_an_architecture_is_one_entry_plus_its_builder(tmp_path):
+    """Each model tk knows is one entry of toolkit.core.architectures (torch-free), which the manifest checks read: a
+    new one registered there (here a copy of marian's under another name) is a model a manifest may name at once, with
+    its cache layout checked; the toolkit branches on no imported architecture's name outside the entries' modules."""
+    import dataclasses
+    import re
+
+    from toolkit.core import architectures, manifest
+    from toolkit.pytorch import registry
+
+    assert set(registry.REGISTRY) == set(architectures.ARCHITECTURES)  # every torch builder has its entry
+    new = dataclasses.replace(architectures.get("marian"), name="marian_copy", hf_model_types=())
+    architectures.register(new)
+    try:
+        cache = sorted(architectures.self_attention_cache(1))
+        data = {"model": "marian_copy", "kind": "seq2seq", "config": {"decoder_layers": 1}, "graphs": {}}
+        assert "graphs ['decoder', 'encoder']" in manifest.schema_problem(data)  # known: its graphs are asked for
+        assert cache == ["self_k_0", "self_v_0"]
+    finally:
+        del architectures.ARCHITECTURES["marian_copy"]
+    assert "unknown model type 'marian_copy'" in manifest.schema_problem(data)
+    own = {TOOLKIT / "core" / "architectures.py"} | {TOOLKIT / "pytorch" / f"hf_{n}.py" for n in architectures.ARCHITECTURES}
+    branches = [f"{p.relative_to(REPO)}:{i}" for p in sorted(TOOLKIT.rglob("*.py")) if p not in own
+                for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                if re.search(r"model\s*(==|!=)\s*[\"'](marian|m2m100)[\"']", line)]
+    assert branches == []

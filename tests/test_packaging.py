@@ -6,6 +6,7 @@ distributions the wheel requires (and the serve extra), linked from here, so tor
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 import zipfile
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -29,7 +31,8 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 def test_every_package_of_the_tree_is_in_the_wheel_list():
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
     found = {".".join(p.relative_to(REPO).parts[:-1]) for p in (REPO / "toolkit").rglob("__init__.py")}
-    assert found | {"toolkit.models", "toolkit.shipped", "toolkit.shipped.transformer"} == listed
+    data = {"toolkit.models", "toolkit.shipped", "toolkit.shipped.transformer", "toolkit.web", "toolkit.web.site"}  # no __init__.py
+    assert found | data == listed
     assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"toolkit.models": "models", "toolkit.shipped": "exported"}
 
 
@@ -77,14 +80,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(420)
-def test_the_wheel_translates_serves_and_loads_without_torch_from_anywhere(tmp_path):
+@dataclass
+class Installed:
+    """The wheel, built from a copy of the clone and installed in a fresh virtual environment without torch."""
+
+    names: list[str]  # the wheel's entries
+    site: Path  # the virtual environment's site-packages
+    bin_dir: Path
+    outside: Path  # a directory outside the clone, where the commands run
+    env: dict[str, str]
+
+    def run(self, *args, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=self.outside, env=self.env, timeout=120, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    tmp_path = tmp_path_factory.mktemp("wheel")
     source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for name in ("toolkit", "models"):
-        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("toolkit", "models"):  # toolkit/web/node_modules (npm's, ignored by git) is no source of the wheel
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
     shutil.copytree(REPO / "exported" / "transformer", source / "exported" / "transformer")
     dist = tmp_path / "dist"
     built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(source)],
@@ -92,8 +110,6 @@ def test_the_wheel_translates_serves_and_loads_without_torch_from_anywhere(tmp_p
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     wheel = next(dist.glob("*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "toolkit/shipped/transformer/weights.bin" in names and "toolkit/models/transformer.py" in names
-    assert not [n for n in names if n.startswith("models/")]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -107,17 +123,22 @@ def test_the_wheel_translates_serves_and_loads_without_torch_from_anywhere(tmp_p
     _link_distributions(deps, tmp_path / "deps")
     (site / "tk-deps.pth").write_text(str(tmp_path / "deps") + "\n")
     bin_dir = venv / "bin"
-    installed = subprocess.run([str(bin_dir / "pip"), "install", "--no-deps", "--no-index", "--quiet", str(wheel)],
-                               capture_output=True, text=True, timeout=300)
-    assert installed.returncode == 0, installed.stderr
+    done = subprocess.run([str(bin_dir / "pip"), "install", "--no-deps", "--no-index", "--quiet", str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TK_MODEL", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+    return Installed(names, site, bin_dir, outside, env)
 
-    def run(*args, **kwargs):
-        return subprocess.run(list(args), capture_output=True, text=True, cwd=outside, env=env, timeout=120, **kwargs)
+
+@pytest.mark.timeout(420)  # the first test to ask builds and installs the wheel
+def test_the_wheel_translates_serves_and_loads_without_torch_from_anywhere(installed):
+    names, bin_dir, outside, env, run = installed.names, installed.bin_dir, installed.outside, installed.env, installed.run
+    assert "toolkit/shipped/transformer/weights.bin" in names and "toolkit/models/transformer.py" in names
+    assert not [n for n in names if n.startswith("models/")]
 
     translated = run(str(bin_dir / "tk"), "translate", "Hello.")
     assert translated.returncode == 0, translated.stderr
@@ -149,3 +170,29 @@ def test_the_wheel_translates_serves_and_loads_without_torch_from_anywhere(tmp_p
     finally:
         server.terminate()
         server.wait(30)
+
+
+@pytest.mark.timeout(420)  # the first test to ask builds and installs the wheel
+def test_the_wheel_carries_the_browser_site_and_tk_export_web_works_from_it(installed):
+    """The site's files are package data (found through importlib.resources in the installed package, not beside a
+    clone); onnxruntime-web comes from npm, and the installed tk says where in one line: `npm ci --prefix` on its own
+    toolkit/web. Here npm's result is the clone's node_modules, linked where that command would install it."""
+    web = REPO / "toolkit" / "web"
+    carried = {str(p.relative_to(REPO)) for p in web.rglob("*") if p.is_file() and "node_modules" not in p.relative_to(web).parts}
+    assert carried >= {"toolkit/web/site/index.html", "toolkit/web/package.json", "toolkit/web/package-lock.json"}
+    assert {n for n in installed.names if n.startswith("toolkit/web/")} == carried  # every file of the site, no npm download
+    model, site = installed.site / "toolkit" / "shipped" / "transformer", installed.outside / "site"
+    tk = installed.bin_dir / "tk"
+
+    refused = installed.run(tk, "export", model, "--web", site)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert f"npm ci --prefix {installed.site / 'toolkit' / 'web'}" in refused.stderr and not site.exists()
+
+    (installed.site / "toolkit" / "web" / "node_modules").symlink_to(web / "node_modules", target_is_directory=True)
+    written = installed.run(tk, "export", model, "--web", site)
+    assert written.returncode == 0, written.stderr
+    for name in carried - {"toolkit/web/package.json", "toolkit/web/package-lock.json"}:
+        path = Path(name).relative_to("toolkit/web")
+        shipped = site / ("vendor" if path.name.startswith("LICENSE") else "") / path.name
+        assert shipped.read_bytes() == (REPO / name).read_bytes(), name
+    assert (site / "vendor" / "ort-wasm-simd-threaded.wasm").is_file() and json.loads((site / "model.json").read_text())["variants"]

@@ -27,6 +27,7 @@ from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import BOS, Tokenizer
 from toolkit.core.variants import CATALOGUE
 from toolkit.deploy.translate import open_model, translate_batch
+from toolkit.deploy.web_site import SITE
 from toolkit.deploy.web_tokenizer import write_tokenizer_json
 from toolkit.verify.compare import compare
 
@@ -66,7 +67,7 @@ def test_the_browser_tokenizer_gives_sentencepiece_ids_on_the_held_out_split_and
     tokenizer = Tokenizer.load(SHIPPED / "tokenizer.model")
     write_tokenizer_json(SHIPPED / "tokenizer.model", tmp_path / "tokenizer.json")
     texts = list(dict.fromkeys([en for en, _ in held_out] + [fr for _, fr in held_out] + AWKWARD))
-    proc = subprocess.run([NODE, str(REPO / "tests" / "web_tokenize.mjs"), str(REPO / "web" / "site" / "tokenizer.mjs"),
+    proc = subprocess.run([NODE, str(REPO / "tests" / "web_tokenize.mjs"), str(SITE / "tokenizer.mjs"),
                            str(tmp_path / "tokenizer.json")], input=json.dumps(texts), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
@@ -85,7 +86,7 @@ def test_the_browser_tokenizer_gives_sentencepiece_ids_on_the_held_out_split_and
 def node_encode(tokenizer_model: bytes, texts: list[str], tmp_path: Path) -> dict:
     (tmp_path / "tokenizer.model").write_bytes(tokenizer_model)
     write_tokenizer_json(tmp_path / "tokenizer.model", tmp_path / "tokenizer.json")
-    proc = subprocess.run([NODE, str(REPO / "tests" / "web_tokenize.mjs"), str(REPO / "web" / "site" / "tokenizer.mjs"),
+    proc = subprocess.run([NODE, str(REPO / "tests" / "web_tokenize.mjs"), str(SITE / "tokenizer.mjs"),
                            str(tmp_path / "tokenizer.json")], input=json.dumps(texts), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -1,5 +1,6 @@
 """The one way tk writes an output directory: `tk export --out`, `--to-hf`, `--web`, and the temporary directories
-that `--ctranslate2` and stored variants fill inside a model directory.
+that `--ctranslate2` and stored variants fill inside a model directory (toolkit.convert.pipeline runs every writer
+through it; `store` lands the files of the latter, with the manifest as the commit).
 
 1. `prepare`, before any work: a source inside (or equal to) the output is refused (replacing the output would
    delete it), and so is an output tk may not replace: not a directory, not empty without --force, or not of the
@@ -135,6 +136,37 @@ def _merge(tmp: Path, out: Path, replaced: frozenset[str], kept: frozenset[str])
         raise
     shutil.rmtree(old, ignore_errors=True)
     return [n for n in new if n in kept]
+
+
+def store(tmp: Path, directory: Path, record: Callable[[], None]) -> None:
+    """Moves the files of `tmp` into the model directory `directory` under their names, then calls `record` (which
+    rewrites the manifest to list them): the manifest is the commit. Until `record` returns, a failure (or a kill) leaves
+    the directory as it was: the new files are taken out again and the files they replaced, moved aside meanwhile into
+    `.NAME.old.PID-XXXXXXXX`, put back; never deleted before the manifest no longer lists them."""
+    staged = _DIRECTORY.fullmatch(tmp.name)
+    aside = temporary_directory(directory, staged["name"] if staged else tmp.name, "old")
+    moved: list[str] = []
+    placed: list[str] = []
+    try:
+        for path in sorted(tmp.iterdir()):
+            final = directory / path.name
+            if final.exists() or final.is_symlink():
+                os.replace(final, aside / path.name)
+                moved.append(path.name)
+            os.replace(path, final)
+            placed.append(path.name)
+        record()
+    except BaseException:
+        for name in reversed(placed):
+            with contextlib.suppress(OSError):
+                os.replace(directory / name, tmp / name)
+        for name in reversed(moved):
+            with contextlib.suppress(OSError):
+                os.replace(aside / name, directory / name)
+        with contextlib.suppress(OSError):
+            aside.rmdir()  # only once empty: what could not be put back stays there, not deleted
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 @dataclass

@@ -4,11 +4,10 @@ toolkit/pytorch/export.py, which uses this module for the variants it writes bes
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.convert import output
+from toolkit.convert import IntoModelDirectory, Writer, convert
 from toolkit.core import manifest, variants
 from toolkit.core.errors import UsageError
 from toolkit.runtimes.onnxruntime.variants import build
@@ -38,51 +37,51 @@ def wanted_variants(opts: ExportOptions) -> list[str]:
 def add_variants(directory: Path, opts: ExportOptions, echo=print, attention: dict | None = None) -> Path:
     """Adds variants to an exported directory, from its own fp32 graphs (no checkpoint needed).
 
-    This is how a fresh clone gets the int8 graphs of a shipped model. The manifest is rewritten
-    only after every new file is complete; on failure they are removed. Under the directory's lock:
-    two commands adding to one directory run one after the other. `attention`: with opts.attention, the model's
-    declaration of its attention outputs (toolkit.pytorch.export.attention_declaration: the torch side makes it).
+    This is how a fresh clone gets the int8 graphs of a shipped model. Through the converter pipeline
+    (toolkit.convert.convert): built in a temporary directory inside (named with this process's id, so a later write
+    removes it if this one is killed), moved in and recorded only when all are complete, under the directory's lock
+    (two commands adding to one directory run one after the other); on failure the new files go and the variants they
+    replaced (--force) are put back. `attention`: with opts.attention, the model's declaration of its attention
+    outputs (toolkit.pytorch.export.attention_declaration: the torch side makes it).
     """
-    with manifest.locked(directory):
-        return _add_variants(directory, opts, echo, attention)
+    convert(variants_writer(opts, attention), directory, None, opts.force, echo, opts.command)
+    return directory
 
 
-def _add_variants(directory: Path, opts: ExportOptions, echo, attention: dict | None) -> Path:
-    m = manifest.load(directory)
-    m.check_files()
+def variants_writer(opts: ExportOptions, attention: dict | None) -> Writer:
+    """The writer of the variants `opts` asks for (and of the attention declaration, which writes no file)."""
     wanted = wanted_variants(opts)
-    if not wanted and not opts.attention:
-        flags = ", ".join(variants.CATALOGUE[v].export_flag for v in variants.BUILT)
-        raise UsageError(f"{directory} is already exported; to add graphs to it pass {flags} or --attention")
-    present = [v for v in wanted if v in m.stored]
-    if present and not opts.force:
-        raise UsageError(f"{directory} already has the {', '.join(present)} variant; use --force to rebuild it")
-    graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
-    # Built in a temporary directory inside (named with this process's id, so a later write removes it if this one is
-    # killed) and renamed into place only when all are complete: a killed rebuild (--force) never leaves a half-written
-    # graph that the manifest lists.
-    tmp = output.temporary_directory(directory, "tk-variants")
-    written: list[Path] = []
-    try:
+
+    def validate(m: manifest.Manifest) -> None:
+        m.check_files()
+        if not wanted and not opts.attention:
+            flags = ", ".join(variants.CATALOGUE[v].export_flag for v in variants.BUILT)
+            raise UsageError(f"{m.directory} is already exported; to add graphs to it pass {flags} or --attention")
+
+    def write(m: manifest.Manifest, tmp: Path, echo) -> dict[str, dict]:
+        graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
+        made = {}
         for variant in wanted:
             echo(f"writing the {variant} variant ...")
-            made = make_variant(directory, graphs, variant, into=tmp)
-            m.stored[variant] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()},
-                                                       **variants.CATALOGUE[variant].record(), command=opts.command)
+            made[variant] = make_variant(m.directory, graphs, variant, into=tmp)
         if opts.attention:
             echo("declaring the attention outputs ...")
+        return made
+
+    def record(m: manifest.Manifest, made: dict[str, dict], files: dict[str, manifest.FileRecord], command: str | None) -> None:
+        for variant, graphs in made.items():
+            m.stored[variant] = manifest.VariantRecord(graphs={g: files[f["file"]] for g, f in graphs.items()},
+                                                       **variants.CATALOGUE[variant].record(), command=command)
+        if opts.attention:
             m.attention = attention
-        for staged in sorted(tmp.iterdir()):
-            written.append(directory / staged.name)
-            staged.replace(directory / staged.name)
-        m.save()
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return directory
+
+    def replaces(m: manifest.Manifest) -> str | None:
+        present = [v for v in wanted if v in m.stored]
+        return f"the {', '.join(present)} variant" if present else None
+
+    return Writer("quantize", lands=IntoModelDirectory(what="the variants", stage="tk-variants", replaces=replaces, again="rebuild it",
+                                                       record=record),
+                  validate=validate, write=write)
 
 
 def make_variant(tmp: Path, graphs: dict, variant: str, into: Path | None = None) -> dict:

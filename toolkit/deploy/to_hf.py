@@ -34,11 +34,13 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from toolkit.convert import output
+from toolkit.convert import NewDirectory, Writer, convert
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError
@@ -289,43 +291,46 @@ def hf_entries(out: Path) -> set[str] | None:
     return set(WRITTEN) - (set() if is_tk_card(out / "README.md") else {"README.md"})
 
 
-def write_hf(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None,
-             permute: bool = True) -> dict[str, int]:
-    """Writes the MarianMTModel directory (built under a temporary name, then renamed into place by
-    toolkit.convert.output); returns {file: bytes} of the files written. With --force in a MarianMTModel directory that
-    holds more (a git clone: .git, a user's README), only tk's files are replaced and the rest is kept."""
-    target = output.prepare(out, option="--to-hf", sources=[model_dir], force=force, owned=hf_entries, keep_foreign=True,
-                            what="a Hugging Face MarianMTModel directory (no marian config.json)")
-    m = manifest_mod.load(model_dir)
+def _requirements(m: Manifest) -> None:
+    """validate: the directory maps exactly, and the hf extra's safetensors and tokenizers are installed."""
     mappable(m)
     try:
-        from safetensors.numpy import save_file
-    except ImportError:
-        raise UsageError(f"--to-hf needs safetensors and tokenizers: {INSTALL_HINT}") from None
-    try:
+        import safetensors.numpy  # noqa: F401
         import tokenizers  # noqa: F401
     except ImportError:
         raise UsageError(f"--to-hf needs safetensors and tokenizers: {INSTALL_HINT}") from None
+
+
+def _write(m: Manifest, tmp: Path, echo: Callable[[str], None], permute: bool = True) -> None:
+    """write: the MarianMTModel directory's files into `tmp` (moved into place by toolkit.convert.convert)."""
+    from safetensors.numpy import save_file
+
     from toolkit.runtimes.ctranslate2 import graph_weights
 
-    echo(f"reading the weights of {model_dir}'s fp32 graphs ...")
+    echo(f"reading the weights of {m.directory}'s fp32 graphs ...")
     weights = graph_weights(m)
     check_positions(weights, m.config)
-    tensors = marian_tensors(weights, m.config, permute)
-    files = tokenizer_files(m)
+    save_file(marian_tensors(weights, m.config, permute), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     dump = lambda d: (json.dumps(d, indent=2) + "\n").encode("utf-8")  # noqa: E731
-    files.update({"config.json": dump(marian_config(m.config)), "generation_config.json": dump(generation_config(m)),
-                  "README.md": model_card(m)})
-    kept: list[str] = []
-    with output.writing(target, skipped=kept.extend) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name, data in files.items():
-            (tmp / name).write_bytes(data)
-        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-    for name in kept:
-        echo(f"kept {out / name}: tk did not write it (tk's own {name} was not written)")
-        del sizes[name]
-    return sizes
+    files = {**tokenizer_files(m), "config.json": dump(marian_config(m.config)), "generation_config.json": dump(generation_config(m)),
+             "README.md": model_card(m)}
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+
+
+# `tk export DIR --to-hf OUT`. With --force in a MarianMTModel directory that holds more (a git clone: .git, a
+# user's README), only tk's files are replaced and the rest is kept.
+WRITER = Writer("to-hf", lands=NewDirectory(owned=lambda out, m: hf_entries(out), keep_foreign=True,
+                                            what="a Hugging Face MarianMTModel directory (no marian config.json)"),
+                validate=_requirements, write=_write, next_step=lambda source, out: f"check it with: tk verify {source} --to-hf {out}")
+
+
+def write_hf(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None,
+             permute: bool = True) -> dict[str, int]:
+    """Writes the MarianMTModel directory through the converter pipeline (toolkit.convert.convert); returns {file: bytes}
+    of the files written. `permute=False` leaves the channel permutation out (a planted fault for the tests)."""
+    writer = WRITER if permute else replace(WRITER, write=partial(_write, permute=False))
+    return convert(writer, model_dir, out, force, echo)
 
 
 def is_hf_directory(path: Path) -> bool:

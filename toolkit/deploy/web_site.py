@@ -2,9 +2,14 @@
 
 The site holds the model directory's fp32 graphs and their one weights file as they are, the
 int8 graphs (stored in the directory, or built from the fp32 ones as `--variant int8` does),
-the tokenizer as JSON, the page and its JavaScript (web/site), and onnxruntime-web's files
-vendored from web/node_modules at the version web/package-lock.json fixes, with its license.
+the tokenizer as JSON, the page and its JavaScript (toolkit/web/site), and onnxruntime-web's files
+vendored from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with its license.
 Any static file server serves it. Reads the exported directory only: torch-free.
+
+The page's files are package data of toolkit (the wheel carries toolkit/web: the site, package.json and
+package-lock.json), found through importlib.resources, so an installed tk writes the site as a clone does.
+onnxruntime-web comes from npm, into toolkit/web/node_modules: `npm ci --prefix toolkit/web` in a clone, and
+in an installed tk the same command on the installed toolkit/web, which the refusal names.
 """
 
 from __future__ import annotations
@@ -12,27 +17,28 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
-from toolkit.convert import output
+from toolkit.convert import NewDirectory, Writer, convert
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
 from toolkit.core.errors import UsageError
 from toolkit.deploy.web_tokenizer import write_tokenizer_json
 
-WEB = Path(__file__).resolve().parents[2] / "web"
+WEB = resources.files("toolkit") / "web"  # a clone's toolkit/web, or the installed package's
 SITE = WEB / "site"
-ORT_DIST = WEB / "node_modules" / "onnxruntime-web" / "dist"
+ORT_DIST = Path(str(WEB)) / "node_modules" / "onnxruntime-web" / "dist"
 # The WebAssembly build only (no WebGL/WebGPU code): the ES module, its loader and the binary.
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
-NPM_FIX = f"run `npm ci --prefix {WEB}` (the npm registry is needed once; web/package-lock.json fixes the version)"
+NPM_FIX = f"run `npm ci --prefix {WEB}` (the npm registry is needed once; the package-lock.json there fixes the version)"
 
 
 def ort_web_version() -> str:
     package = ORT_DIST.parent / "package.json"
     missing = [f for f in ORT_FILES if not (ORT_DIST / f).is_file()]
     if missing or not package.is_file():
-        raise UsageError(f"onnxruntime-web is not installed in {WEB / 'node_modules'}; {NPM_FIX}")
+        raise UsageError(f"onnxruntime-web is not installed in {ORT_DIST.parents[1]}; {NPM_FIX}")
     return json.loads(package.read_text(encoding="utf-8"))["version"]
 
 
@@ -69,40 +75,54 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
         shutil.copyfile(source, out)
 
 
-def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None) -> dict[str, int]:
-    """Writes the site to out (built under a temporary name, then moved into place by toolkit.convert.output; with
-    --force, a site's entries are replaced and anything else there, .git or CNAME, kept); returns {file: bytes}."""
-    output.refuse_source_inside(out, [model_dir], "--web")  # before any work (prepare below checks the rest)
-    m = manifest_mod.load(model_dir)
-    tok = m.translation_tokenizer()
+def _check(m: manifest_mod.Manifest) -> None:
+    """validate: tk's tokenizer and rules (the page runs only those), one weights file, onnxruntime-web installed."""
     if m.declared().tokenizer.kind != "sentencepiece" or m.rules() != manifest_mod.Declaration().decoding:
-        raise UsageError(f"{model_dir} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
+        raise UsageError(f"{m.directory} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
                          "tk's tokenizer and rules only (serve it with tk serve instead)")
-    version = ort_web_version()
-    model = site_model(m)
-    target = output.prepare(out, option="--web", sources=[model_dir], force=force, owned=lambda site: site_entries(site, m, model),
-                            what="a tk web site (no model.json)", keep_foreign=True)
+    m.translation_tokenizer()
+    ort_web_version()
+    site_model(m)
     m.check_files()
+
+
+def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> None:
+    """write: the site into `tmp` (moved into place by toolkit.convert.convert)."""
+    version, model = ort_web_version(), site_model(m)
     fp32 = model["variants"]["fp32"]
-    with output.writing(target) as tmp:
-        echo(f"writing the web site for {model_dir} (onnxruntime-web {version}) ...")
-        for name in [*fp32["graphs"].values(), fp32["weights"], *(e.file for e in m.extra_files)]:
-            shutil.copyfile(m.directory / name, tmp / name)
-        for variant, entry in model["variants"].items():
-            if variant != "fp32":
-                for graph, name in entry["graphs"].items():
-                    _write_graph(m, graph, variant, tmp / name)
-            entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
-        write_tokenizer_json(tok, tmp / model["tokenizer"])
-        (tmp / "model.json").write_text(json.dumps({**model, "onnxruntime_web": version}, indent=1), encoding="utf-8")
-        for f in SITE.iterdir():
-            shutil.copyfile(f, tmp / f.name)
-        (tmp / "vendor").mkdir()
-        for f in ORT_FILES:
-            shutil.copyfile(ORT_DIST / f, tmp / "vendor" / f)
-        shutil.copyfile(WEB / "LICENSE-onnxruntime-web.txt", tmp / "vendor" / "LICENSE-onnxruntime-web.txt")
-        written = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
-    return {str(name): (out / name).stat().st_size for name in written}
+    echo(f"writing the web site for {m.directory} (onnxruntime-web {version}) ...")
+    for name in [*fp32["graphs"].values(), fp32["weights"], *(e.file for e in m.extra_files)]:
+        shutil.copyfile(m.directory / name, tmp / name)
+    for variant, entry in model["variants"].items():
+        if variant != "fp32":
+            for graph, name in entry["graphs"].items():
+                _write_graph(m, graph, variant, tmp / name)
+        entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
+    write_tokenizer_json(m.translation_tokenizer(), tmp / model["tokenizer"])
+    (tmp / "model.json").write_text(json.dumps({**model, "onnxruntime_web": version}, indent=1), encoding="utf-8")
+    for f in SITE.iterdir():  # package data: read through importlib.resources, not from a path of the clone
+        (tmp / f.name).write_bytes(f.read_bytes())
+    (tmp / "vendor").mkdir()
+    for f in ORT_FILES:
+        shutil.copyfile(ORT_DIST / f, tmp / "vendor" / f)
+    (tmp / "vendor" / "LICENSE-onnxruntime-web.txt").write_bytes((WEB / "LICENSE-onnxruntime-web.txt").read_bytes())
+
+
+def _next_step(source: Path, site: Path) -> str:
+    sizes = ", ".join(f"{v} {n / 2**20:,.1f} MiB" for v, n in downloads(site).items())
+    return (f"download per page load (runtime, tokenizer and one variant's graphs): {sizes} (index.html?variant=int8); "
+            f"serve it with any static file server, e.g. python -m http.server -d {site}")
+
+
+# `tk export DIR --web SITE`. With --force, a site's entries are replaced and anything else there (.git, CNAME) kept.
+WRITER = Writer("web", lands=NewDirectory(owned=lambda site, m: site_entries(site, m, site_model(m)), what="a tk web site (no model.json)",
+                                          keep_foreign=True),
+                validate=_check, write=_write, as_is="writes a site from the directory as it is", next_step=_next_step)
+
+
+def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None) -> dict[str, int]:
+    """Writes the site to out through the converter pipeline (toolkit.convert.convert); returns {file: bytes}."""
+    return convert(WRITER, model_dir, out, force, echo)
 
 
 def site_entries(site: Path, m: manifest_mod.Manifest, model: dict) -> set[str] | None:

@@ -1,4 +1,4 @@
-"""A SentencePiece model as the JSON that the browser's tokenizer (web/site/tokenizer.mjs) reads.
+"""A SentencePiece model as the JSON that the browser's tokenizer (toolkit/web/site/tokenizer.mjs) reads.
 
 Torch-free: it reads the shipped tokenizer.model with the sentencepiece package's own protobuf
 description, so pieces, scores, piece types and the normaliser's flags are the model's, not a

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from toolkit.convert import IntoModelDirectory, Writer, convert
 from toolkit.core import manifest, variants
 from toolkit.runtimes.onnxruntime.variants import int8_graph
 
@@ -88,30 +89,26 @@ def describe(plan: dict[str, list[str]], table: list) -> str:
 
 def add(directory: Path, bleu_within: float, force: bool = False, command: str = "", echo: Callable[[str], None] = print) -> Path:
     """Stores the guarded int8 variant in an exported directory (as `tk export DIR --quantize int8` stores the
-    plain one); the manifest is rewritten only once the graphs are complete, and they are removed on failure."""
-    with manifest.locked(directory):
-        return _add(directory, bleu_within, force, command, echo)
-
-
-def _add(directory: Path, bleu_within: float, force: bool, command: str, echo: Callable[[str], None]) -> Path:
-    from toolkit.core.errors import UsageError
-
-    m = manifest.load(directory)
-    m.check_files()
-    if "int8" in m.stored and not force:
-        raise UsageError(f"{directory} already has the int8 variant; use --force to rebuild it")
-    plan, table = choose(directory, bleu_within, echo=echo)
-    written = [directory / f"{g}{variants.CATALOGUE['int8'].suffix}.onnx" for g in m.graphs]
-    try:
-        made = graphs_with(directory, directory, plan)
-        record = variants.CATALOGUE["int8"].record()
-        record["note"] += describe(plan, table)
-        m.stored["int8"] = manifest.VariantRecord(graphs={g: manifest.FileRecord(**f) for g, f in made.items()}, **record,
-                                                  command=command)
-        m.save()
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise
-    echo(record["note"].rsplit("; ", 1)[1])
+    plain one), through the converter pipeline (toolkit.convert.convert): under the directory's lock, the graphs built
+    in a temporary directory inside and moved in, the manifest rewritten only once they are in place; on failure the
+    new graphs go and an int8 variant they replaced (--force) is put back."""
+    convert(writer(bleu_within), directory, None, force, echo, command)
+    echo(manifest.load(directory).stored["int8"].note.rsplit("; ", 1)[1])
     return directory
+
+
+def writer(bleu_within: float) -> Writer:
+    """The guarded int8 variant's writer: the layers are chosen (on scratch copies) as it writes."""
+    def write(m: manifest.Manifest, tmp: Path, echo: Callable[[str], None]) -> tuple[dict, str]:
+        plan, table = choose(m.directory, bleu_within, echo=echo)
+        return graphs_with(m.directory, tmp, plan), describe(plan, table)
+
+    def record(m: manifest.Manifest, written: tuple[dict, str], files: dict[str, manifest.FileRecord], command: str | None) -> None:
+        made, kept = written
+        entry = variants.CATALOGUE["int8"].record()
+        entry["note"] += kept
+        m.stored["int8"] = manifest.VariantRecord(graphs={g: files[f["file"]] for g, f in made.items()}, **entry, command=command)
+
+    return Writer("keep-fp32", lands=IntoModelDirectory(what="the int8 variant", stage="tk-variants", again="rebuild it", record=record,
+                                                        replaces=lambda m: "the int8 variant" if "int8" in m.stored else None),
+                  validate=lambda m: m.check_files(), write=write)

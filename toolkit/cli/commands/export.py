@@ -11,8 +11,24 @@ from toolkit.cli.commands.options import (
     TOLERANCE,
     command_line,
 )
+from toolkit.convert import registry
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import BUILT
+
+
+def writer_options(command):
+    """An option per writer of toolkit.convert.registry: `--NAME DIR` for one that writes a directory of its own,
+    a flag for one that stores into the model directory; the command gets each value as _dest(NAME)."""
+    for name, entry in reversed(registry.TABLE.items()):  # decorators apply bottom-up: --help lists them in table order
+        if entry.takes_dir:
+            command = click.option(f"--{name}", _dest(name), type=click.Path(path_type=Path), metavar="DIR", help=entry.help)(command)
+        else:
+            command = click.option(f"--{name}", _dest(name), is_flag=True, help=entry.help)(command)
+    return command
+
+
+def _dest(name: str) -> str:
+    return "writer_" + name.replace("-", "_")
 
 
 @click.command()
@@ -32,16 +48,8 @@ from toolkit.core.variants import BUILT
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
-@click.option("--ctranslate2", "ct2", is_flag=True,
-              help="On an exported Transformer: also store its weights converted for CTranslate2, for --runtime ctranslate2 "
-                   "(float32; int8 is chosen at load; --force converts again).")
-@click.option("--web", "web_dir", type=click.Path(path_type=Path), metavar="DIR",
-              help="On an exported directory: write a static site to DIR that translates in the browser (needs `npm ci --prefix web`; "
-              "--force replaces an existing site).")
-@click.option("--to-hf", "hf_dir", type=click.Path(path_type=Path), metavar="DIR",
-              help="On an exported Transformer: write it as a Hugging Face MarianMTModel directory DIR (safetensors, "
-              "config, generation config, tokenizer.json) that transformers loads with from_pretrained (--force replaces one).")
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, ct2, web_dir, hf_dir):
+@writer_options
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, **writers):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -56,9 +64,10 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     import time
 
     is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
-    if hf_dir is not None or ct2 or web_dir is not None:  # the directory, as it is, written for another runtime
-        return _convert(Path(source), force, is_model_dir, hf_dir, ct2, web_dir,
-                        any((out, random_init, fp16, optimize, quantize, attention)))
+    given = {name: writers[_dest(name)] for name in registry.TABLE}
+    asked = {name: None if value is True else value for name, value in given.items() if value}
+    if asked:  # the directory, as it is, written for another runtime
+        return _convert(Path(source), force, asked, any((out, random_init, fp16, optimize, quantize, attention)))
 
     from toolkit.deploy.stored_variants import ExportOptions, add_variants
 
@@ -100,73 +109,26 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         click.echo(f"  {f.name:<22} {f.stat().st_size / 1024:>10,.1f} KiB")
 
 
-def _convert(source: Path, force: bool, is_model_dir: bool, hf_dir: Path | None, ct2: bool, web_dir: Path | None,
-             other_options: bool) -> None:
-    """--to-hf, --ctranslate2 and --web: each converts an exported directory on its own."""
-    asked = [flag for flag, given in (("--to-hf", hf_dir is not None), ("--ctranslate2", ct2), ("--web", web_dir is not None)) if given]
+def _convert(source: Path, force: bool, asked: dict[str, Path | None], other_options: bool) -> None:
+    """--to-hf, --ctranslate2, --web: each is a writer of toolkit.convert.registry, run through the one converter
+    pipeline on the directory as it is. `asked`: writer name -> its output directory (None: stored inside SOURCE)."""
+    import time
+
+    from toolkit.convert import NewDirectory, convert
+
     if len(asked) > 1:
-        raise UsageError(f"{' and '.join(asked)} each convert the directory on their own; run one at a time")
-    if hf_dir is not None:
-        return _export_hf(source, hf_dir, force, is_model_dir, other_options)
-    if ct2:
-        return _export_ct2(source, force, is_model_dir, other_options)
-    return _export_web(source, web_dir, force, is_model_dir, other_options)
-
-
-def _export_ct2(source: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
-    import time
-
-    from toolkit.runtimes.ctranslate2 import stored
-
-    if not is_model_dir:
-        raise UsageError(f"--ctranslate2 needs an exported model directory (one with manifest.json), not {source}; "
-                         "export the checkpoint first")
+        raise UsageError(f"{' and '.join('--' + n for n in asked)} each convert the directory on their own; run one at a time")
+    name, out = next(iter(asked.items()))
+    writer = registry.get(name)
     if other_options:
-        raise UsageError("--ctranslate2 converts the directory's fp32 weights as they are; run it without --out, --random-init, "
-                         "--fp16, --optimize, --quantize or --attention")
+        raise UsageError(f"{writer.option} {writer.as_is}; run it without --out, --random-init, --fp16, --optimize, --quantize or --attention")
     start = time.time()
-    stored.add(source, force, command_line(), echo=lambda m: click.echo(m, err=True))
-    from toolkit.core import manifest
-
-    record = manifest.load(source).converted["ctranslate2"]
-    click.echo(f"wrote the CTranslate2 model into {source} in {time.time() - start:.1f}s:")
-    for entry in record.files.values():
-        click.echo(f"  {entry.file:<32} {entry.bytes / 1024:>10,.1f} KiB")
-    click.echo(f"check it with: tk verify {source} --runtime ctranslate2", err=True)
-
-
-def _export_web(source: Path, web_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
-    import time
-
-    from toolkit.deploy.web_site import downloads, export_web
-
-    if not is_model_dir:
-        raise UsageError(f"--web needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")
-    if other_options:
-        raise UsageError("--web writes a site from the directory as it is; run it without --out, --fp16, --optimize, --quantize or --attention")
-    start = time.time()
-    files = export_web(source, web_dir, force, echo=lambda m: click.echo(m, err=True))
-    click.echo(f"wrote {web_dir} in {time.time() - start:.1f}s:")
+    files = convert(writer, source, out, force, echo=lambda m: click.echo(m, err=True), command=command_line())
+    into = out if isinstance(writer.lands, NewDirectory) else source
+    what = str(into) if isinstance(writer.lands, NewDirectory) else f"{writer.lands.what} into {source}"
+    click.echo(f"wrote {what} in {time.time() - start:.1f}s:")
+    width = max(map(len, files), default=0) + 2
     for name, size in files.items():
-        click.echo(f"  {name:<38} {size / 1024:>10,.1f} KiB")
-    sizes = ", ".join(f"{v} {n / 2**20:,.1f} MiB" for v, n in downloads(web_dir).items())
-    click.echo(f"download per page load (runtime, tokenizer and one variant's graphs): {sizes} (index.html?variant=int8); "
-               f"serve it with any static file server, e.g. python -m http.server -d {web_dir}")
-
-
-def _export_hf(source: Path, hf_dir: Path, force: bool, is_model_dir: bool, other_options: bool) -> None:
-    import time
-
-    from toolkit.deploy.to_hf import write_hf
-
-    if not is_model_dir:
-        raise UsageError(f"--to-hf needs an exported model directory (one with manifest.json), not {source}; export the checkpoint first")
-    if other_options:
-        raise UsageError("--to-hf converts the directory as it is; run it without --out, --random-init, --fp16, --optimize, "
-                         "--quantize or --attention")
-    start = time.time()
-    files = write_hf(source, hf_dir, force, echo=lambda m: click.echo(m, err=True))
-    click.echo(f"wrote {hf_dir} in {time.time() - start:.1f}s:")
-    for name, size in files.items():
-        click.echo(f"  {name:<24} {size / 1024:>10,.1f} KiB")
-    click.echo(f"check it with: tk verify {source} --to-hf {hf_dir}", err=True)
+        click.echo(f"  {name:<{width}} {size / 1024:>10,.1f} KiB")
+    if writer.next_step is not None:
+        click.echo(writer.next_step(source, into), err=True)

@@ -8,61 +8,55 @@ names that say whose they are, so each is stored as ctranslate2.NAME and loaded 
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from toolkit.convert import output
+from toolkit.convert import IntoModelDirectory, Writer, convert
 from toolkit.core import manifest
-from toolkit.core.errors import UsageError
 from toolkit.runtimes.ctranslate2.engine import RUNTIME, version
-from toolkit.runtimes.ctranslate2.spec import convert
+from toolkit.runtimes.ctranslate2.spec import convert as convert_weights
 
 PREFIX = f"{RUNTIME}."
 
 
+def _check(m: manifest.Manifest) -> None:
+    """validate: ctranslate2 installed (said before any work) and every file of the directory as recorded."""
+    version()
+    m.check_files()
+
+
+def _write(m: manifest.Manifest, tmp: Path, echo: Callable[[str], None]) -> None:
+    """write: CTranslate2's files, each under the plain name it is stored by (ctranslate2.NAME)."""
+    echo("converting the fp32 weights to CTranslate2 ...")
+    converted = tmp / RUNTIME
+    converted.mkdir()
+    convert_weights(m, converted)
+    for path in sorted(converted.iterdir()):
+        path.rename(tmp / f"{PREFIX}{path.name}")
+    converted.rmdir()
+
+
+def _record(m: manifest.Manifest, written: None, files: dict[str, manifest.FileRecord], command: str | None) -> None:
+    records = {name.removeprefix(PREFIX): record for name, record in files.items()}
+    m.converted = {**(m.converted or {}), RUNTIME: manifest.ConversionRecord(records, version(), command)}
+
+
+def _replaces(m: manifest.Manifest) -> str | None:
+    return "a CTranslate2 model" if RUNTIME in (m.converted or {}) else None
+
+
+def _next_step(source: Path, out: Path) -> str:
+    return f"check it with: tk verify {source} --runtime ctranslate2"
+
+
+# `tk export DIR --ctranslate2`: the conversion is stored in DIR (the manifest rewritten only once every file is in
+# place; on failure the old conversion, if any, stays as it was), under the directory's lock.
+WRITER = Writer(RUNTIME, lands=IntoModelDirectory(what="the CTranslate2 model", stage="tk-ct2", replaces=_replaces, again="convert it again",
+                                                  record=_record),
+                validate=_check, write=_write, as_is="converts the directory's fp32 weights as they are", next_step=_next_step)
+
+
 def add(directory: Path, force: bool = False, command: str | None = None, echo: Callable[[str], None] = print) -> Path:
-    """Converts and stores; the manifest is rewritten only once every file is complete (on failure the new files are
-    removed and the old conversion, if any, stays as it was). Under the directory's lock."""
-    ct2_version = version()  # a missing ctranslate2 is said before any work
-    with manifest.locked(directory):
-        m = manifest.load(directory)
-        m.check_files()
-        if RUNTIME in (m.converted or {}) and not force:
-            raise UsageError(f"{directory} already has a CTranslate2 model; use --force to convert it again")
-        # Named with this process's id, so that a later conversion removes it if this one is killed (kill -9).
-        tmp = output.temporary_directory(directory, "tk-ct2")
-        try:
-            echo("converting the fp32 weights to CTranslate2 ...")
-            convert(m, tmp)
-            _store(m, directory, tmp, ct2_version, command)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    """Converts and stores through the converter pipeline (toolkit.convert.convert)."""
+    convert(WRITER, directory, None, force, echo, command)
     return directory
-
-
-def _store(m: manifest.Manifest, directory: Path, tmp: Path, ct2_version: str, command: str | None) -> None:
-    """Moves the converted files in and records them; on failure the new files are removed and the old ones stay."""
-    written: list[Path] = []
-    files = {}
-    try:
-        for path in sorted(tmp.iterdir()):
-            # Under a temporary name first (tk's form, with this process's id: a later write in the directory removes
-            # it if this one dies): a failed conversion never leaves a half-replaced file the old manifest still lists.
-            staged = directory / f".{PREFIX}{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
-            shutil.move(path, staged)
-            written.append(staged)
-            files[path.name] = staged
-        records = {}
-        for name, staged in files.items():
-            final = directory / f"{PREFIX}{name}"
-            staged.replace(final)
-            written.append(final)
-            records[name] = manifest.FileRecord(final.name, manifest.file_sha256(final), final.stat().st_size)
-        m.converted = {**(m.converted or {}), RUNTIME: manifest.ConversionRecord(records, ct2_version, command)}
-        m.save()
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise

@@ -1,0 +1,162 @@
+"""The one converter pipeline: every writer of tk (`tk export DIR --to-hf/--ctranslate2/--web`, stored variants, the
+guarded int8 variant) is a `Writer` declaration, and `convert` runs it the same way, after CTranslate2's
+converters/converter.py (_load, validate, optimize, save):
+
+    load -> validate -> write into a temporary directory -> verify -> move into place
+
+How a writer lands is declared too. `NewDirectory`: OUT is a directory of its own (--to-hf, --web), with every refusal
+of toolkit.convert.output (a source inside OUT, an OUT that is not the writer's kind, a non-empty one without --force)
+before any work, and renamed into place whole or entry by entry. `IntoModelDirectory`: files stored inside the exported
+directory and recorded in its manifest (--ctranslate2, variants, guarded int8), under the directory's lock; the manifest
+is rewritten only once every file is in place (output.store), so a failure or a kill leaves the old files and manifest.
+
+A writer is a module that declares `WRITER = Writer(...)` plus one line in toolkit.convert.registry.TABLE (or one
+`registry.register`). Torch-free; imports no writer (the registry imports the one asked for).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolkit.convert import output
+from toolkit.core import manifest
+from toolkit.core.errors import UsageError
+from toolkit.core.manifest import FileRecord, Manifest
+
+Echo = Callable[[str], None]
+MODEL_DIRECTORY = "an exported model directory (one with manifest.json)"
+
+
+def load_model_directory(writer: Writer, source: Path) -> Manifest:
+    """What tk's writers read: an exported model directory, refused in one line if SOURCE is not one."""
+    if not (Path(source) / "manifest.json").is_file():
+        raise UsageError(f"{writer.option} needs {writer.reads}, not {source}; export the checkpoint first")
+    return manifest.load(source)
+
+
+def _accept(loaded: Any) -> None:
+    """A writer with nothing to check beyond what load read."""
+
+
+@dataclass(frozen=True)
+class NewDirectory:
+    """Lands as a directory of its own at OUT.
+
+    owned(OUT, loaded): the entries of an existing OUT that tk wrote (what --force replaces); None when OUT is not a
+    directory this writer makes (--force will not touch it). what: such a directory, for the refusal ("a tk web site
+    (no model.json)"). keep_foreign: entries tk did not write are kept (True) or refused by name (False)."""
+
+    owned: Callable[[Path, Any], set[str] | None]
+    what: str
+    keep_foreign: bool = True
+
+
+@dataclass(frozen=True)
+class IntoModelDirectory:
+    """Lands as files stored inside the model directory it reads, recorded in its manifest.
+
+    what: what it stores, as the export's summary names it ("the CTranslate2 model"). stage: the temporary directory's
+    name inside the model directory (`.STAGE.new.PID-XXXXXXXX`). replaces(m): what the
+    directory already holds that this writer would replace ("a CTranslate2 model"), None if nothing; `again` says
+    what --force does then ("convert it again"). record(m, written, files, command): records the landed files (name ->
+    FileRecord) in the manifest m, given what `write` returned and the command line that asked; convert saves the
+    manifest once every file is in place."""
+
+    what: str
+    stage: str
+    replaces: Callable[[Manifest], str | None]
+    again: str
+    record: Callable[[Manifest, Any, dict[str, FileRecord], str | None], None]
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One writer, declared. name: "web" for `tk export DIR --web`; its option names it in every message. reads: what SOURCE
+    must be, for the refusal of any other. load(writer, source) -> what the other steps get (default: the model
+    directory's manifest). validate(loaded): refuses what this writer cannot write, in one line, before any work.
+    write(loaded, tmp, echo) fills the empty temporary directory; what it returns goes to the landing's `record`.
+    verify(loaded, tmp): checks what was written before it is moved into place (None: nothing to check). as_is: how it
+    takes the directory, for the refusal of export's other options ("converts the directory as it is"). next_step(source,
+    out) -> what to do with what was written, said once it is in place (None: nothing)."""
+
+    name: str
+    lands: NewDirectory | IntoModelDirectory
+    write: Callable[[Any, Path, Echo], Any]
+    reads: str = MODEL_DIRECTORY
+    load: Callable[[Writer, Path], Any] = load_model_directory
+    validate: Callable[[Any], None] = _accept
+    verify: Callable[[Any, Path], None] | None = None
+    as_is: str = "converts the directory as it is"
+    next_step: Callable[[Path, Path], str] | None = None
+
+    @property
+    def option(self) -> str:
+        """How `tk export` and every message name it: --to-hf."""
+        return f"--{self.name}"
+
+
+def convert(writer: Writer, source: Path, out: Path | None = None, force: bool = False, echo: Echo = lambda s: None,
+            command: str | None = None) -> dict[str, int]:
+    """Runs `writer` on SOURCE: load, validate, write into a temporary directory, verify, move into place (at OUT for a
+    NewDirectory writer; inside SOURCE for the others, which take no OUT and record `command`, the command line that
+    asked, in the manifest). Returns {path relative to where it landed: bytes} of the files written; entries tk did not
+    write that a new directory kept are said through `echo`."""
+    source = Path(source)
+    if isinstance(writer.lands, NewDirectory):
+        if out is None:
+            raise UsageError(f"{writer.option} needs an output directory: {writer.option} DIR")
+        return _new_directory(writer, writer.lands, source, Path(out), force, echo)
+    return _into_model_directory(writer, writer.lands, source, force, echo, command)
+
+
+def _new_directory(writer: Writer, lands: NewDirectory, source: Path, out: Path, force: bool, echo: Echo) -> dict[str, int]:
+    output.refuse_source_inside(out, [source], writer.option)  # before reading the source: replacing OUT would delete it
+    loaded = writer.load(writer, source)
+    target = output.prepare(out, option=writer.option, sources=[source], force=force, owned=lambda d: lands.owned(d, loaded),
+                            what=lands.what, keep_foreign=lands.keep_foreign)
+    writer.validate(loaded)
+    kept: list[str] = []
+    with output.writing(target, skipped=kept.extend) as tmp:
+        writer.write(loaded, tmp, echo)
+        if writer.verify is not None:
+            writer.verify(loaded, tmp)
+        written = files_in(tmp)
+    for name in kept:
+        echo(f"kept {out / name}: tk did not write it (tk's own {name} was not written)")
+    return {name: size for name, size in written.items() if Path(name).parts[0] not in kept}
+
+
+def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Path, force: bool, echo: Echo,
+                          command: str | None) -> dict[str, int]:
+    writer.load(writer, source)  # a source that is no model directory is refused before its lock (which opens it)
+    with manifest.locked(source):
+        m = writer.load(writer, source)  # read again under the lock: another command may have written it meanwhile
+        writer.validate(m)
+        present = lands.replaces(m)
+        if present and not force:
+            raise UsageError(f"{source} already has {present}; use --force to {lands.again}")
+        tmp = output.temporary_directory(source, lands.stage)
+        try:
+            written = writer.write(m, tmp, echo)
+            if writer.verify is not None:
+                writer.verify(m, tmp)
+            records = {p.name: FileRecord(p.name, manifest.file_sha256(p), p.stat().st_size) for p in sorted(tmp.iterdir())}
+            sizes = {name: r.bytes for name, r in records.items()}
+
+            def record() -> None:
+                lands.record(m, written, records, command)
+                m.save()
+
+            output.store(tmp, source, record)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return sizes
+
+
+def files_in(directory: Path) -> dict[str, int]:
+    """Every file under `directory`, by its path relative to it, with its size."""
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
