@@ -180,16 +180,23 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     decoded = _isolated(decode, [i for i, segs in enumerate(segments) if segs], fail)
     for note in notes:
         warn(note)
+    return _joined(segments, decoded, opts.n_best, fail, warn, first_lineno, repaired)
+
+
+def _joined(segments: list[list[textprep.Segment]], decoded: dict, n_best: int, fail: Callable[[int, Exception], None],
+            warn: Callable[[str], None], first_lineno: int, repaired: list[int] | None) -> list[list[Translation]]:
+    """Each line's translations joined back from its sentences' (translate_batch's last step): a line whose spans cannot
+    be put back fails alone (`fail`), and a line whose spans were repaired is warned about and listed in `repaired`."""
     out = []
     for i, segs in enumerate(segments):
         report: list[placeholders.Repair] = []
         try:
-            out.append(join_line(list(zip(segs, decoded.get(i, []))), opts.n_best, report))
+            out.append(join_line(list(zip(segs, decoded.get(i, []))), n_best, report))
         except ToolkitError:
             raise
         except Exception as e:  # noqa: BLE001 - one line's spans cannot fail the others
             fail(i, e)
-            out.append(join_line([], opts.n_best))
+            out.append(join_line([], n_best))
             continue
         if report:
             lineno = first_lineno + i
