@@ -23,7 +23,12 @@ from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
+# toolkit.bench.scale's names, kept here so that `tk --help` imports no bench module (a test keeps them equal).
+SCALE_SHAPES = ("opus-mt", "tiny")
+SCALE_ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers")
 
+
+# Over 60 lines: the options of four benches (the graphs, --text, --serve, --scale) arrive here and each goes to its helper.
 @click.command()
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL, show_default="exported/transformer")
 @click.option("--sentences", type=click.IntRange(1, 100000), default=64, show_default=True, help="Held-out test sentences to decode.")
@@ -59,8 +64,19 @@ from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
 @click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
+@click.option("--scale", type=click.Choice(list(SCALE_SHAPES)),
+              help="Fixed-work rows on a model of the size users deploy instead: opus-mt (opus-mt-en-fr's shape, 75M weights), "
+                   "built from config with random weights, exported by each engine's own tool, each engine in a process of "
+                   "its own (tiny: the same harness in seconds).")
+@click.option("--engines", "engines_text", metavar="LIST",
+              help=f"With --scale: comma-separated engines [default: {','.join(SCALE_ENGINES)}]; optimum runs under --peer-python.")
+@click.option("--tokens", type=click.IntRange(1, 1023), default=32, show_default=True,
+              help="With --scale: tokens every engine decodes per sentence (the model never ends early).")
+@click.option("--work", "work_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="With --scale: where the model and each engine's copy are kept between runs [default: the user cache, tk/bench-scale/SHAPE].")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, text_path, reference, lines,
-          requests, peers, peer_python, serve, clients, data_path, threads, streams, provider, ct2, ct2_threads):
+          requests, peers, peer_python, serve, clients, data_path, threads, streams, provider, ct2, ct2_threads, scale, engines_text,
+          tokens, work_dir):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
@@ -75,6 +91,13 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     import platform
 
     _check_provider(provider, text_path)
+    if scale:
+        writable_file(json_path, "--json")
+        return _scale(scale, engines_text, tokens, work_dir, threads, repeat, peer_python, json_path,
+                      [name for name, given in (("--text", text_path), ("--serve", serve), ("--peer", peers), ("--provider", provider))
+                       if given])
+    if engines_text or work_dir:
+        raise UsageError("--engines and --work choose the engines and the work directory of --scale; add --scale opus-mt")
     if text_path:
         writable_file(json_path, "--json")
         return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path, peers, peer_python)
@@ -170,3 +193,44 @@ def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, 
 
         json_path.write_text(json.dumps([{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}}
                                          for r in rows], indent=2) + "\n", encoding="utf-8")
+
+
+def parse_engines(text: str | None) -> list[str]:
+    """--engines: a comma-separated subset of SCALE_ENGINES, in the order given, each once."""
+    if text is None:
+        return list(SCALE_ENGINES)
+    engines = list(dict.fromkeys(e.strip() for e in text.split(",") if e.strip()))
+    unknown = [e for e in engines if e not in SCALE_ENGINES]
+    if unknown or not engines:
+        problem = f"unknown engine {unknown[0]!r}" if unknown else "no engine named"
+        raise UsageError(f"--engines: {problem}; choose from {','.join(SCALE_ENGINES)}")
+    return engines
+
+
+def _scale(shape: str, engines_text: str | None, tokens: int, work_dir: Path | None, threads: int | None, repeat: int,
+           peer_python: Path | None, json_path: Path | None, others: list[str]) -> None:
+    import json
+    import platform
+
+    from toolkit.bench import scale as scale_bench
+    from toolkit.core.load_cache import default_directory
+
+    if others:
+        raise UsageError(f"--scale runs its own fixed-work rows; drop {', '.join(others)}")
+    engines = parse_engines(engines_text)
+    work = work_dir or default_directory() / "bench-scale" / shape
+    echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    steps, runs = scale_bench.bench_scale(shape, work, engines, tokens, threads, repeat,
+                                          str(peer_python) if peer_python else None, echo=echo)
+    click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}; "
+               f"load average {os.getloadavg()[0]:.1f} at the end")
+    click.echo("\n".join(f"- {s.name}: {s.seconds:.0f} s, peak {s.peak_mib:,.0f} MiB"
+                          + (f", {s.size_mib:,.0f} MiB on disk" if s.size_mib else "") for s in steps.values()))
+    for r in runs:
+        click.echo(f"- {r.engine}: " + (f"skipped ({r.error})" if r.error else f"{r.version}; {r.threads}"))
+    click.echo("\ntokens/s (each row's median over the rounds):\n")
+    click.echo(scale_bench.table(runs, scale_bench.ROWS, tokens))
+    if json_path:
+        json_path.write_text(json.dumps({"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
+                                         "engines": [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in runs]},
+                                        indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,67 @@
+"""`tk bench --scale`: the harness on its tiny shape. What the lead's full-size run relies on: every engine, each in a
+process of its own, decodes exactly the number of tokens asked (fixed work), and tk's fp32 tokens are transformers'
+own (greedy and beam 4). Optimum is left out: it lives in an environment of its own (--peer-python)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+TOKENS = 9
+ENGINES = ["tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "transformers"]
+
+
+@pytest.mark.slow
+def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_path):
+    from toolkit.bench import scale
+
+    rows = (scale.Row("greedy, batches of 3", 6, 3, 1), scale.Row("beam 4, batches of 2", 4, 2, 4),
+            scale.Row("one per call", 2, 1, 1, per_call=True))
+    steps, runs = scale.bench_scale("tiny", tmp_path / "work", ENGINES, tokens=TOKENS, threads=1, repeat=1, rows=rows,
+                                    echo=lambda m: None)
+    assert [r.engine for r in runs if r.error] == []
+    by = {r.engine: r for r in runs}
+    for row in rows:
+        for run in runs:
+            assert [len(o) for o in run.outputs[row.name]] == [TOKENS] * row.sentences, (run.engine, row.name)
+            assert all(s > 0 for s in run.seconds[row.name])
+        assert by["tk-fp32"].outputs[row.name] == by["transformers"].outputs[row.name], row.name
+    # The preparation's cost is reported, and a second run reuses what the first one built.
+    assert {"tk export hf:DIR", "CTranslate2 TransformersConverter"} <= set(steps)
+    again, _ = scale.bench_scale("tiny", tmp_path / "work", ["tk-fp32"], tokens=TOKENS, threads=1, repeat=1, rows=rows[:1],
+                                 echo=lambda m: None)
+    assert again and {k: v.seconds for k, v in again.items()} == {k: steps[k].seconds for k in again}
+
+
+def test_a_work_directory_it_did_not_write_is_refused_and_kept(cli, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = cli("bench", "--scale", "tiny", "--work", mine)
+    assert result.exit_code != 0
+    assert "was not written by tk bench --scale" in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scale", "tiny", "--engines", "tk-fp32,ct3"], "unknown engine 'ct3'"),
+    (["--scale", "tiny", "--engines", ","], "no engine named"),
+    (["--scale", "tiny", "--text", __file__], "drop --text"),
+    (["--engines", "tk-fp32"], "add --scale"),
+])
+def test_scale_options_are_checked_in_one_line(cli, args, message):
+    result = cli("bench", *args)
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_the_command_offers_the_harness_names(tmp_path: Path):
+    """The command keeps the shapes and engines as names (so `tk --help` imports no bench module): the harness's own."""
+    from toolkit.bench import scale
+    from toolkit.bench.scale_model import SHAPES
+    from toolkit.cli.commands import bench
+
+    assert tuple(bench.SCALE_SHAPES) == tuple(SHAPES) and tuple(bench.SCALE_ENGINES) == scale.ENGINES

@@ -1,0 +1,262 @@
+"""`tk bench --scale SHAPE`: tk against CTranslate2, Optimum and transformers on a model of the size users deploy.
+
+The model is built from config with random weights (toolkit.bench.scale_model), saved with save_pretrained, and each
+engine takes it through its own tool: `tk export hf:` (and `tk export DIR --quantize int8`), CTranslate2's
+TransformersConverter, Optimum's exporter, transformers' from_pretrained. The build, export and conversion run once per
+work directory, each in a process of its own whose wall time and peak memory are reported.
+
+Rows are fixed work: the model forbids its end token and every engine is told to decode exactly --tokens tokens per
+sentence, so each row times the same number of decoder steps in every engine; the table says how many tokens each
+engine emitted, and how many of tk fp32's (and CTranslate2 fp32's) sentences are token-identical to transformers'
+greedy or beam output. Each engine runs in a process of its own (toolkit.bench.scale_worker) with fixed threads:
+tk's intra-op threads = --threads and one decoding stream; CTranslate2 intra_threads = --threads, inter_threads 1;
+transformers torch threads = --threads; Optimum's ONNX Runtime sessions intra-op threads = --threads; OMP/MKL threads
+= --threads in each. The processes take turns, row by row, round by round, with a pause between turns so that one
+engine's spinning threads have gone idle before the next starts; each row's median over the rounds is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toolkit.bench.scale_model import SHAPES, Shape
+from toolkit.core.errors import UsageError
+
+ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers")
+MARKER = "tk-bench-scale.json"  # what this bench wrote in its work directory: the shape and each step's cost
+PAUSE_S = 0.3  # between turns: longer than Intel OpenMP's 200 ms spin (CTranslate2's threads) and ONNX Runtime's
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    sentences: int
+    batch: int
+    beam: int
+    per_call: bool = False
+
+
+ROWS = (Row("128 sentences, batches of 32, greedy", 128, 32, 1),
+        Row("32 sentences, batches of 16, beam 4", 32, 16, 4),
+        Row("8 sentences, one per call, greedy", 8, 1, 1, per_call=True))
+
+
+@dataclass
+class Step:
+    name: str
+    seconds: float
+    peak_mib: float
+    size_mib: float | None = None  # what it wrote on disk
+
+
+@dataclass
+class EngineRun:
+    engine: str
+    version: str = ""
+    threads: str = ""
+    error: str | None = None
+    seconds: dict[str, list[float]] = field(default_factory=dict)  # row -> each round's seconds
+    outputs: dict[str, list[list[int]]] = field(default_factory=dict)  # row -> the last round's tokens
+
+
+def _dir_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def _run_step(name: str, cmd: list[str], out: Path, log: Path, echo: Callable[[str], None]) -> Step:
+    """Runs one preparation step in a process of its own: its wall time and peak resident memory (wait4's rusage)."""
+    echo(f"{name} ...")
+    start = time.perf_counter()
+    with open(log, "a", encoding="utf-8") as err:
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        tail = (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"{name} failed (exit {proc.returncode}): {tail[:300]}; the whole log is {log}")
+    step = Step(name, seconds, usage.ru_maxrss / 1024, _dir_mib(out) if out.exists() else None)
+    echo(f"{name}: {seconds:.0f} s, peak {step.peak_mib:,.0f} MiB" + (f", {step.size_mib:,.0f} MiB on disk" if step.size_mib else ""))
+    return step
+
+
+def _work_dir(work: Path, shape: Shape) -> dict:
+    """The work directory's record, creating the directory: refuses one this bench did not write, or one of another shape."""
+    marker = work / MARKER
+    if marker.is_file():
+        record = json.loads(marker.read_text(encoding="utf-8"))
+        if record.get("shape") != shape.name:
+            raise UsageError(f"{work} holds the {record.get('shape')} model of tk bench --scale; give another --work for {shape.name}")
+        return record
+    if work.exists() and (not work.is_dir() or any(work.iterdir())):
+        raise UsageError(f"{work} exists and was not written by tk bench --scale; give a new or empty --work directory")
+    work.mkdir(parents=True, exist_ok=True)
+    return {"shape": shape.name, "steps": {}}
+
+
+def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None]) -> dict[str, Step]:
+    """The model in every form the engines read, each step once per work directory: returns every step's cost (a step
+    done in an earlier run keeps the figures measured then)."""
+    record = _work_dir(work, shape)
+    py, cli = sys.executable, "from toolkit.cli import main; main()"
+    hf, tk = work / "hf", work / "tk"
+    steps = [("build (random weights, save_pretrained)", [py, "-m", "toolkit.bench.scale_model", shape.name, str(hf)], hf),
+             ("tk export hf:DIR", [py, "-c", cli, "export", f"hf:{hf}", "--out", str(tk)], tk),
+             ("tk export --quantize int8 (size: the directory with both)", [py, "-c", cli, "export", str(tk), "--quantize", "int8"], tk)]
+    if ct2:
+        convert = f"from ctranslate2.converters import TransformersConverter; TransformersConverter({str(hf)!r}).convert({str(work / 'ct2')!r})"
+        steps.append(("CTranslate2 TransformersConverter", [py, "-c", convert], work / "ct2"))
+    done = {}
+    for name, cmd, out in steps:
+        if name not in record["steps"]:
+            record["steps"][name] = _run_step(name, cmd, out, work / "prepare.log", echo).__dict__
+            (work / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        done[name] = Step(**record["steps"][name])
+    return done
+
+
+def sources(n: int, length: int, vocab: int, end: int, pad: int, seed: int = 0) -> list[list[int]]:
+    """`n` source sentences of `length` random tokens and the end token: one length, so no engine's batching or padding
+    differs from another's."""
+    import random
+
+    rng = random.Random(seed)
+    ordinary = [t for t in range(min(vocab, 4096)) if t not in (end, pad)]
+    return [[rng.choice(ordinary) for _ in range(length)] + [end] for _ in range(n)]
+
+
+class _Worker:
+    """One engine's process (toolkit.bench.scale_worker), loaded once."""
+
+    def __init__(self, engine: str, model: Path, threads: int, tokens: int, work: Path, python: str | None):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        script = [python, str(Path(__file__).with_name("scale_worker.py"))] if python else [sys.executable, "-m", "toolkit.bench.scale_worker"]
+        self.log = open(work / f"{engine}.log", "a", encoding="utf-8")  # noqa: SIM115 - open while the process runs
+        self.proc = subprocess.Popen(script, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.hello = self._ask({"engine": engine, "model": str(model), "threads": threads, "tokens": tokens, "work": str(work)})
+
+    def _ask(self, obj: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            return {"error": f"its process ended (exit {self.proc.wait()}); see {self.log.name}"}
+        return json.loads(line)
+
+    def run(self, src: list[list[int]], row: Row) -> dict:
+        return self._ask({"src": src, "batch": row.batch, "beam": row.beam, "per_call": row.per_call})
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait()
+        self.log.close()
+
+
+def _models(work: Path) -> dict[str, Path]:
+    return {"tk": work / "tk", "ct2": work / "ct2", "transformers": work / "hf", "optimum": work / "hf"}
+
+
+def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list[list[int]], tokens: int, threads: int,
+                repeat: int, peer_python: str | None, echo: Callable[[str], None]) -> list[EngineRun]:
+    """Every engine's rows, the engines taking turns (see the module docstring)."""
+    runs, workers = [], {}
+    for engine in engines:
+        run = EngineRun(engine)
+        runs.append(run)
+        kind = engine.split("-")[0]
+        worker = _Worker(engine, _models(work)[kind], threads, tokens, work, peer_python if engine == "optimum" else None)
+        if "error" in worker.hello:
+            run.error = worker.hello["error"]
+            echo(f"{engine}: skipped, {run.error}")
+            worker.close()
+            continue
+        run.version, run.threads = worker.hello["version"], worker.hello["threads"]
+        echo(f"{engine}: {run.version}; {run.threads}")
+        workers[engine] = worker
+    try:
+        for i in range(repeat + 1):  # the first round warms each engine up and is not kept
+            for row in rows:
+                for run in runs:
+                    if run.engine in workers and run.error is None:
+                        _turn(run, workers[run.engine], row, src[: row.sentences], keep=i > 0)
+            echo(f"round {i}{' (warm-up, not kept)' if i == 0 else ''} done")
+    finally:
+        for w in workers.values():
+            w.close()
+    return runs
+
+
+def _turn(run: EngineRun, worker: _Worker, row: Row, src: list[list[int]], keep: bool) -> None:
+    time.sleep(PAUSE_S)
+    got = worker.run(src, row)
+    if "error" in got:
+        run.error = got["error"]
+        return
+    if keep:
+        run.seconds.setdefault(row.name, []).append(got["seconds"])
+        run.outputs[row.name] = got["outputs"]
+
+
+def _rate(run: EngineRun | None, row: Row, tokens: int) -> float | None:
+    if run is None or run.error or row.name not in run.seconds:
+        return None
+    return row.sentences * tokens / statistics.median(run.seconds[row.name])
+
+
+def _same(a: EngineRun | None, b: EngineRun | None, row: Row) -> str:
+    if a is None or b is None or row.name not in a.outputs or row.name not in b.outputs:
+        return ""
+    same = sum(x == y for x, y in zip(a.outputs[row.name], b.outputs[row.name]))
+    return f"{same}/{len(a.outputs[row.name])}"
+
+
+def emitted(run: EngineRun, row: Row) -> str:
+    """The output lengths of one engine's row: '32', or '29-32' when the work was not fixed."""
+    lengths = [len(o) for o in run.outputs.get(row.name, [])]
+    return "" if not lengths else str(lengths[0]) if min(lengths) == max(lengths) else f"{min(lengths)}-{max(lengths)}"
+
+
+def table(runs: list[EngineRun], rows: tuple[Row, ...], tokens: int) -> str:
+    """The markdown table: tokens/s per engine, tk's ratios, the tokens each engine emitted, token identity."""
+    by = {r.engine: r for r in runs}
+    shown = [e for e in ENGINES if e in by]
+    ratio = lambda a, b: f"{a / b:.2f}" if a and b else ""  # noqa: E731
+    head = ["row", *shown, "tk/CT2 fp32", "tk/CT2 int8", "tk fp32/Optimum", "tokens per sentence",
+            "tk fp32 = transformers", "CT2 fp32 = transformers"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in rows:
+        rate = {e: _rate(by.get(e), row, tokens) for e in ENGINES}
+        counts = sorted({emitted(by[e], row) for e in shown if emitted(by[e], row)})
+        cells = [row.name, *(f"{rate[e]:,.0f}" if rate[e] else "—" for e in shown), ratio(rate["tk-fp32"], rate["ct2-fp32"]),
+                 ratio(rate["tk-int8"], rate["ct2-int8"]), ratio(rate["tk-fp32"], rate["optimum"]), " / ".join(counts),
+                 _same(by.get("tk-fp32"), by.get("transformers"), row), _same(by.get("ct2-fp32"), by.get("transformers"), row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 32, threads: int | None = None,
+                repeat: int = 3, peer_python: str | None = None, rows: tuple[Row, ...] = ROWS,
+                echo: Callable[[str], None] = print) -> tuple[dict[str, Step], list[EngineRun]]:
+    """Prepares the model (once per `work`) and times `engines` on `rows`; returns the preparation steps and the runs."""
+    shape = SHAPES[shape_name]
+    if tokens + 1 > shape.positions:
+        raise UsageError(f"--tokens {tokens} is beyond the model's {shape.positions} positions; give at most {shape.positions - 1}")
+    threads = threads or os.cpu_count() or 1
+    steps = prepare(shape, work, any(e.startswith("ct2") for e in engines), echo)
+    config = json.loads((work / "hf" / "config.json").read_text(encoding="utf-8"))
+    src = sources(max(r.sentences for r in rows), 24, shape.vocab, config["eos_token_id"], config["pad_token_id"])
+    echo(f"{shape.name}: {shape.parameters() / 1e6:.1f}M weights; {len(src)} sources of 24 tokens; every engine decodes "
+         f"exactly {tokens} tokens per sentence; {threads} threads each; median of {repeat} rounds after a warm-up round")
+    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo)

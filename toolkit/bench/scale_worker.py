@@ -1,0 +1,151 @@
+"""One engine of `tk bench --scale`, in a process of its own: loads its model once, then decodes what the bench sends,
+turn by turn, so each engine runs as a user would run it (alone in its process, its own thread pools) while the
+engines still take turns (a slow spell of the machine hits each alike).
+
+Protocol: one JSON object a line. First line in: {"engine", "model", "threads", "tokens"}; out: {"version",
+"threads"} or {"error"}. Then each line in: {"src": [[ids]], "batch", "beam", "per_call"}; out: {"seconds",
+"outputs": [[ids]]}. A closed stdin ends it. Everything libraries print goes to stderr.
+
+Engines: tk-fp32 and tk-int8 (tk's runtime, its decoding loop: imports toolkit), ct2-fp32 and ct2-int8 (CTranslate2's
+translate_batch over its own conversion), transformers (MarianMTModel.generate) and optimum (ORTModelForSeq2SeqLM from
+Optimum's own exporter, at its defaults). Only tk's engines import tk, so the peers run under any Python that has them
+(--peer-python). Each is told to decode exactly `tokens` tokens per sentence; the model forbids its end token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+class _Tk:
+    def __init__(self, model: str, variant: str, threads: int, tokens: int):
+        from toolkit.core import manifest
+        from toolkit.runtimes import registry
+
+        self.m = manifest.load(model)
+        self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=threads)
+        self.backend = self.loaded.backend()
+        self.tokens = tokens
+        self.version = registry.get(registry.DEFAULT).label() + f", tk {variant}"
+        self.threads = f"{threads} intra-op threads x 1 stream"
+
+    def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
+        from toolkit.core.batching import DecodeOptions, decode_ids
+
+        opts = DecodeOptions(beam=beam, batch_size=batch, max_len=self.tokens, streams=1, rules=self.m.rules())
+        return [h[0].tokens for h in decode_ids(self.backend, src, opts)]
+
+
+class _Ct2:
+    def __init__(self, model: str, compute_type: str, threads: int, tokens: int):
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(model, device="cpu", compute_type=compute_type, intra_threads=threads,
+                                                 inter_threads=1)
+        with open(os.path.join(model, "shared_vocabulary.json"), encoding="utf-8") as f:
+            self.pieces = json.load(f)
+        self.ids = {p: i for i, p in enumerate(self.pieces)}
+        self.tokens = tokens
+        self.version = f"ctranslate2 {ctranslate2.__version__} {compute_type}"
+        self.threads = f"intra_threads {threads} x inter_threads 1"
+
+    def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
+        # min = max decoding length: exactly `tokens` tokens (the end token is excluded from the output).
+        results = self.translator.translate_batch([[self.pieces[t] for t in s] for s in src], max_batch_size=batch,
+                                                  batch_type="examples", beam_size=beam, min_decoding_length=self.tokens,
+                                                  max_decoding_length=self.tokens, length_penalty=1.0)
+        return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
+
+
+class _Generate:
+    """transformers' or Optimum's generate over the Hugging Face directory (Optimum: its export cached in the work dir)."""
+
+    def __init__(self, engine: str, model: str, threads: int, tokens: int, work: str | None):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        if engine == "transformers":
+            import transformers
+            from transformers import MarianMTModel
+
+            self.model = MarianMTModel.from_pretrained(model).eval()
+            self.version = f"transformers {transformers.__version__}"
+        else:
+            import onnxruntime
+            import optimum.version
+            from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+            exported = os.path.join(work or model, "optimum")
+            if not os.path.isdir(exported):  # Optimum's exporter at its defaults, kept for the next run
+                ORTModelForSeq2SeqLM.from_pretrained(model, export=True).save_pretrained(exported)
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            self.model = ORTModelForSeq2SeqLM.from_pretrained(exported, session_options=options)
+            self.version = f"optimum {optimum.version.__version__}, onnxruntime {onnxruntime.__version__}"
+        self.threads = f"torch {threads} threads" if engine == "transformers" else f"{threads} intra-op threads"
+        self.pad, self.tokens = self.model.config.pad_token_id, tokens
+
+    def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
+        out = []
+        with self.torch.inference_mode():
+            for i in range(0, len(src), batch):
+                rows = src[i : i + batch]
+                width = max(map(len, rows))
+                ids = self.torch.tensor([r + [self.pad] * (width - len(r)) for r in rows])
+                mask = self.torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+                generated = self.model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
+                                                max_new_tokens=self.tokens, min_new_tokens=self.tokens,
+                                                forced_eos_token_id=None, num_return_sequences=1)
+                out += [row[1:] for row in generated.tolist()]  # the start token dropped
+        return out
+
+
+def load(request: dict):
+    engine, model, threads, tokens = request["engine"], request["model"], request["threads"], request["tokens"]
+    kind, _, precision = engine.partition("-")
+    if kind == "tk":
+        return _Tk(model, precision, threads, tokens)
+    if kind == "ct2":
+        return _Ct2(model, {"fp32": "float32", "int8": "int8"}[precision], threads, tokens)
+    return _Generate(engine, model, threads, tokens, request.get("work"))
+
+
+def serve(engine, read, write) -> None:
+    for line in read:
+        job = json.loads(line)
+        src, batch, beam = job["src"], job["batch"], job["beam"]
+        start = time.perf_counter()
+        if job["per_call"]:
+            outputs = [o for s in src for o in engine.run([s], 1, beam)]
+        else:
+            outputs = engine.run(src, batch, beam)
+        write({"seconds": time.perf_counter() - start, "outputs": outputs})
+
+
+def main() -> None:
+    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the protocol
+
+    def write(obj: dict) -> None:
+        protocol.write(json.dumps(obj) + "\n")
+        protocol.flush()
+
+    request = json.loads(sys.stdin.readline())
+    try:
+        engine = load(request)
+    except ModuleNotFoundError as e:
+        write({"error": f"{e.name} is not installed for {sys.executable}"})
+        return
+    except Exception as e:  # noqa: BLE001 - reported as the engine's one line; the other engines' rows go on
+        write({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
+        return
+    write({"version": engine.version, "threads": engine.threads})
+    serve(engine, sys.stdin, write)
+
+
+if __name__ == "__main__":
+    main()
