@@ -72,10 +72,10 @@ def test_a_sentence_whose_decode_fails_fails_its_own_request_only(model, monkeyp
     poison = model.tokenizer.encode([POISON])[0]
     real = translate_mod.decode_ids
 
-    def failing(backend, src, opts):
+    def failing(backend, src, opts, done=None):
         if poison in src:
             raise RuntimeError("an internal failure on this one sentence")
-        return real(backend, src, opts)
+        return real(backend, src, opts, done)
 
     texts = ["I try.", POISON, "I gave up.", "Hang on tight."]
     with running(lambda: model, config(max_sentences=4, max_delay_s=LONG_WAIT)) as client:
@@ -200,11 +200,11 @@ def test_a_text_of_many_sentences_holds_a_later_request_for_one_batch_at_most(mo
     calls: list[list[list[int]]] = []
     gate = threading.Event()
 
-    def recording(backend, src, opts):
+    def recording(backend, src, opts, done=None):
         calls.append([list(s) for s in src])
         if wait_ids in calls[-1]:
             gate.wait(60)
-        return real(backend, src, opts)
+        return real(backend, src, opts, done)
 
     monkeypatch.setattr(translate_mod, "decode_ids", recording)
     policy = BatchPolicy(max_sentences=64, max_delay_s=0)

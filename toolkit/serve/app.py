@@ -6,12 +6,13 @@ Every error answers `{"error": "one line"}` with its status; no traceback reache
 from __future__ import annotations
 
 import asyncio
-import html
+import html as html_module
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,15 +25,22 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_LEN_A, MAX_LEN_B
-from toolkit.core.errors import UsageError
-from toolkit.deploy.translate import TranslationModel
+from toolkit.core.errors import UsageError, first_line
+from toolkit.deploy import markup
+from toolkit.deploy.translate import Translation, TranslationModel
+from toolkit.serve import languages
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
+from toolkit.serve.languages import Pair
 from toolkit.serve.metrics import Metrics
 
 log = logging.getLogger("tk.serve")
 PAGE = Path(__file__).with_name("page.html")
 MAX_BEAM = 16
 TRANSLATE = "/v1/translate"
+DROP_IN = "/translate"  # LibreTranslate's route, and the corpus-pipeline contract (NeMo Curator) on the same path
+# Requests whose bodies the middleware reads within the limits, and those counted as translation requests.
+READ_PATHS = (TRANSLATE, DROP_IN, "/detect")
+COUNTED = (TRANSLATE, DROP_IN)
 # Names a browser on this machine uses for a loopback server; with the bound address and --allow-host
 # names they are the Host headers served, so a page elsewhere cannot reach the API by DNS rebinding.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -56,10 +64,22 @@ class ServeConfig:
         return self.max_sentences * (4 * self.max_chars + 16) + 4096  # UTF-8 and JSON escapes of the largest valid request
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """One served model: how to load it (on its own decoding worker), the language pairs it translates, and what
+    the page and the log call it."""
+
+    load: Callable[[], TranslationModel]
+    pairs: tuple[Pair, ...] = (languages.TK_PAIR,)
+    description: str = ""
+
+
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    text: str | list[str] = Field(description="One English sentence, or a list of them", examples=["I'm home."])
+    text: str | list[str] = Field(description="One sentence (or text), or a list of them", examples=["I'm home."])
+    source: str | None = Field(None, description="Source language code [default: the first served pair's]", examples=["en"])
+    target: str | None = Field(None, description="Target language code [default: the first served pair's]", examples=["fr"])
     beam: int = Field(1, ge=1, le=MAX_BEAM, description="Beam size; 1 is greedy search")
     n_best: int = Field(1, ge=1, le=MAX_BEAM, description="Hypotheses returned per sentence, at most beam")
     # The decoding options and their ranges are tk translate's (toolkit.core.decode_options), guards on by default.
@@ -116,28 +136,95 @@ def host_name(value: str) -> str:
     return v.rstrip(".")
 
 
-# Over 60 lines: FastAPI routes are closures over this app's batcher, limits and metrics, declared inside the factory.
-def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None = None) -> FastAPI:
-    """The server's ASGI app; `load` opens the model on the decoding worker (use translate.open_model)."""
+class Routes:
+    """The served models and the pair each request goes to: one batcher (and decoding worker) per model."""
+
+    def __init__(self, models: Sequence[ModelSpec], policy: BatchPolicy, metrics: Metrics):
+        if not models:
+            raise UsageError("tk serve needs at least one model directory")
+        self.batchers = [Batcher(m.load, policy, metrics) for m in models]
+        self.models = list(models)
+        self.by_pair: dict[Pair, Batcher] = {}
+        for m, b in zip(models, self.batchers):
+            for pair in m.pairs:
+                if pair in self.by_pair:
+                    raise UsageError(f"two models are given for {languages.shown(pair)}; serve one model per language pair")
+                self.by_pair[pair] = b
+        self.default = next(iter(self.by_pair))
+
+    @property
+    def healthy(self) -> bool:
+        return all(b.healthy for b in self.batchers)
+
+    def not_ready_reason(self) -> str:
+        reasons = [f"{m.description or languages.shown(m.pairs[0])}: {b.not_ready_reason()}" if len(self.batchers) > 1
+                   else b.not_ready_reason() for m, b in zip(self.models, self.batchers) if not b.healthy]
+        return "; ".join(reasons)
+
+    def served(self) -> str:
+        return ", ".join(languages.shown(p) for p in self.by_pair)
+
+    def find(self, source: str | None, target: str | None) -> Batcher:
+        """The batcher of a pair; a pair no model serves is a UsageError naming the served pairs."""
+        if source is None and target is None:
+            return self.by_pair[self.default]
+        if source == "auto":
+            raise UsageError(f"source \"auto\" asks for language detection, which tk serve does not have; give the source language "
+                             f"code: {', '.join(sorted({s for s, _ in self.by_pair}))}")
+        if not source or not target:
+            raise UsageError("give both source and target language codes")
+        pair = (source, target)
+        if pair not in self.by_pair:
+            raise UsageError(f"{printable(str(source))}-{printable(str(target))} is not served here; served pairs: {self.served()}")
+        return self.by_pair[pair]
+
+    def languages(self) -> list[dict]:
+        """LibreTranslate's /languages: every language of a served pair, with the targets served from it."""
+        codes = list(dict.fromkeys(c for pair in self.by_pair for c in pair))
+        return [{"code": c, "name": languages.name(c), "targets": sorted(t for s, t in self.by_pair if s == c)} for c in codes]
+
+
+class Refusal(Exception):
+    """A request the translation routes answer with an error status and one line."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+# Over 60 lines: FastAPI routes are closures over this app's batchers, limits and metrics, declared inside the factory.
+def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], config: ServeConfig | None = None) -> FastAPI:
+    """The server's ASGI app. `models`: one ModelSpec per served model, or one load function (use translate.open_model)
+    for a single English-French model; each model is loaded on its own decoding worker, all at the same time."""
     config = config or ServeConfig()
     metrics = Metrics()
-    batcher = Batcher(load, config.policy, metrics)
+    specs = [ModelSpec(models, description=config.description)] if callable(models) else list(models)
+    routes = Routes(specs, config.policy, metrics)
+    batcher = routes.batchers[0]
+    # Server-wide gauges over every model: the queue holds all their sentences; ready once every model is.
+    metrics.queue_depth.set_function(lambda: sum(b.depth for b in routes.batchers))
+    metrics.ready.set_function(lambda: float(routes.healthy))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        batcher.start()
+        for b in routes.batchers:  # each worker loads its own model: one slow load holds no other model back
+            b.start()
         yield
-        # uvicorn has already finished the in-flight requests; this stops the worker.
-        await asyncio.to_thread(batcher.close, config.timeout_s)
-        log.info("shut down cleanly: in-flight requests answered, decoding worker stopped")
+        # uvicorn has already finished the in-flight requests; this stops the workers.
+        await asyncio.gather(*(asyncio.to_thread(b.close, config.timeout_s) for b in routes.batchers))
+        log.info("shut down cleanly: in-flight requests answered, decoding workers stopped")
 
+    pairs = routes.served()
     app = FastAPI(title="tk serve", version="1", lifespan=lifespan,
-                  description="English to French translation with the exported ONNX graphs, batched across requests.")
+                  description=f"Translation ({pairs}) with the exported ONNX graphs, batched across requests; LibreTranslate's "
+                              "API at /translate and /languages.")
     app.state.batcher = batcher
+    app.state.routes = routes
     app.state.metrics = metrics
     errors = {400: {"model": ErrorBody}, 408: {"model": ErrorBody}, 413: {"model": ErrorBody}, 421: {"model": ErrorBody},
               422: {"model": ErrorBody}, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
-    description = printable(config.description)
+    description = printable(config.description or "; ".join(m.description for m in specs if m.description))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -158,41 +245,67 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
     async def http_error(request: Request, exc: HTTPException):
         return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
+    @app.exception_handler(Refusal)
+    async def refused(request: Request, exc: Refusal):
+        return error(exc.status, str(exc), exc.headers)
+
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception):
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
         return error(500, "internal error; the server log has the details")
 
+    def check_texts(texts: list[str], too_large: int, what: str = "sentence") -> None:
+        """The request limits, each a Refusal naming the text at fault; too_large: the status of a limit (LibreTranslate
+        answers 400 for its own limits, /v1/translate 413)."""
+        if len(texts) > config.max_sentences:
+            raise Refusal(too_large, f"{len(texts)} {what}s in one request, limit {config.max_sentences}; split the request")
+        for k, t in enumerate(texts):
+            if len(t) > config.max_chars:
+                raise Refusal(too_large, f"{what} {k} has {len(t)} characters, limit {config.max_chars}; split it into shorter ones")
+            if found := SURROGATES.search(t):
+                # JSON lets "\ud800" through, but it is no character: the tokenizer and the answer's UTF-8 would fail on it.
+                raise Refusal(400, f"{what} {k} has a lone UTF-16 surrogate (\\u{ord(found.group()):04x} at {found.start()}), "
+                                   "which is not text; send valid Unicode")
+
+    async def decoded(b: Batcher, texts: list[str], key: OptionKey, too_large: int = 413) -> list[list[Translation]]:
+        """The n-best of texts from a model's batcher, every refusal a Refusal with its status."""
+        try:
+            return await asyncio.wait_for(b.translate(texts, key, time.monotonic() + config.timeout_s), config.timeout_s)
+        except UsageError as e:
+            raise Refusal(422 if too_large == 413 else 400, str(e)) from None
+        except TooLarge as e:
+            raise Refusal(too_large, str(e)) from None
+        except QueueFull as e:
+            raise Refusal(503, f"server busy: {e}; retry after {config.retry_after_s}s", {"Retry-After": str(config.retry_after_s)}) from None
+        except NotReady as e:
+            raise Refusal(503, f"not ready: {e}", {"Retry-After": str(config.retry_after_s)}) from None
+        except asyncio.TimeoutError:
+            raise Refusal(504, f"not translated within {config.timeout_s:g}s; send fewer sentences or retry later") from None
+
+    async def html(b: Batcher, fragments: list[str], key: OptionKey) -> list[str]:
+        """HTML fragments with their text translated, markup in place: toolkit.deploy.markup, as tk translate --format html."""
+        plans = [markup.plan(f) for f in fragments]
+        texts = list(dict.fromkeys(t for p in plans for t in p.texts()))
+        results = await decoded(b, texts, key, 400) if texts else []
+        translated = {t: n[0].text for t, n in zip(texts, results)}
+        return [markup.render(p, translated) for p in plans]
+
     @app.post(TRANSLATE, response_model=TranslateResponse, responses=errors, response_model_exclude_none=True)
     async def translate(req: TranslateRequest, request: Request):
-        """Translates English to French. Sentences of concurrent requests are decoded together."""
+        """Translates (the first served pair unless source and target say otherwise). Sentences of concurrent requests are
+        decoded together."""
         start = time.perf_counter()
         texts = [req.text] if isinstance(req.text, str) else req.text
         request.state.sentences = len(texts)
         if not texts:
             return error(422, "text: give at least one sentence")
-        if len(texts) > config.max_sentences:
-            return error(413, f"{len(texts)} sentences in one request, limit {config.max_sentences}; split the request")
-        for k, t in enumerate(texts):
-            if len(t) > config.max_chars:
-                return error(413, f"sentence {k} has {len(t)} characters, limit {config.max_chars}; split it into sentences")
-            if found := SURROGATES.search(t):
-                # JSON lets "\ud800" through, but it is no character: the tokenizer and the answer's UTF-8 would fail on it.
-                return error(400, f"sentence {k} has a lone UTF-16 surrogate (\\u{ord(found.group()):04x} at {found.start()}), "
-                                  "which is not text; send valid Unicode")
-        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard)
         try:
-            results = await asyncio.wait_for(batcher.translate(texts, key, time.monotonic() + config.timeout_s), config.timeout_s)
+            b = routes.find(req.source, req.target)
         except UsageError as e:
-            return error(422, str(e))
-        except TooLarge as e:
-            return error(413, str(e))
-        except QueueFull as e:
-            return error(503, f"server busy: {e}; retry after {config.retry_after_s}s", {"Retry-After": str(config.retry_after_s)})
-        except NotReady as e:
-            return error(503, f"not ready: {e}", {"Retry-After": str(config.retry_after_s)})
-        except asyncio.TimeoutError:
-            return error(504, f"not translated within {config.timeout_s:g}s; send fewer sentences or retry later")
+            return error(400, str(e))
+        check_texts(texts, 413)
+        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard)
+        results = await decoded(b, texts, key)
         metrics.sentences.inc(len(texts))
         latency = time.perf_counter() - start
         metrics.latency.observe(latency)
@@ -201,6 +314,98 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
             n_best=[[Hypothesis(text=h.text, score=round(h.score, 4)) for h in n] for n in results] if req.n_best > 1 else None,
             latency_ms=round(1000 * latency, 1))
 
+    @app.post(DROP_IN, responses={400: {"model": ErrorBody}, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
+    async def drop_in(request: Request):
+        """LibreTranslate's POST /translate (JSON or form: q, source, target, format text|html, alternatives; answers
+        translatedText), and the corpus-pipeline contract on the same path (JSON texts, src_lang, tgt_lang; answers
+        translations in order)."""
+        start = time.perf_counter()
+        body = await request_fields(request)
+        if "texts" in body or "src_lang" in body or "tgt_lang" in body:
+            answer = await corpus_call(body, request)
+        else:
+            answer = await libretranslate_call(body, request)
+        metrics.latency.observe(time.perf_counter() - start)
+        return JSONResponse(answer)
+
+    async def corpus_call(body: dict, request: Request) -> dict:
+        texts = body.get("texts")
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise Refusal(400, "texts must be a list of strings, with src_lang and tgt_lang: "
+                               '{"texts": ["I\'m home."], "src_lang": "en", "tgt_lang": "fr"}')
+        request.state.sentences = len(texts)
+        b = pick(body.get("src_lang"), body.get("tgt_lang"), "src_lang", "tgt_lang")
+        check_texts(texts, 400, "text")
+        results = await decoded(b, texts, OptionKey(1, 1, None, None), 400) if texts else []
+        metrics.sentences.inc(len(texts))
+        return {"translations": [n[0].text for n in results]}
+
+    async def libretranslate_call(body: dict, request: Request) -> dict:
+        q = body.get("q")
+        if q is None or q == "" or q == []:
+            raise Refusal(400, "Invalid request: missing q parameter")
+        for name in ("source", "target"):
+            if not body.get(name):
+                raise Refusal(400, f"Invalid request: missing {name} parameter")
+        if not (isinstance(q, str) or isinstance(q, list) and all(isinstance(t, str) for t in q)):
+            raise Refusal(400, "Invalid request: q must be a string or a list of strings")
+        texts = q if isinstance(q, list) else [q]
+        request.state.sentences = len(texts)
+        fmt = body.get("format") or "text"
+        if fmt not in ("text", "html"):
+            raise Refusal(400, f"{printable(str(fmt))} format is not supported; give text or html")
+        alternatives = body.get("alternatives", 0)
+        try:
+            alternatives = max(0, int(alternatives))
+        except (TypeError, ValueError):
+            raise Refusal(400, "Invalid request: alternatives parameter is not a number") from None
+        if alternatives > MAX_BEAM - 1:
+            raise Refusal(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM - 1}")
+        b = pick(body.get("source"), body.get("target"), "source", "target")
+        check_texts(texts, 400, "text")
+        # LibreTranslate asks its beam search for alternatives + 1 hypotheses: tk translate --beam N --n-best N, N = that.
+        n = alternatives + 1
+        key = OptionKey(n, n if fmt == "text" else 1, None, None)
+        if fmt == "html":  # LibreTranslate gives no alternatives for html either
+            out, others = await html(b, texts, key), [[] for _ in texts]
+        else:
+            results = await decoded(b, texts, key, 400)
+            out = [r[0].text for r in results]
+            others = [list(dict.fromkeys(h.text for h in r[1:] if h.text != r[0].text)) for r in results]
+        metrics.sentences.inc(len(texts))
+        answer: dict = {"translatedText": out if isinstance(q, list) else out[0]}
+        if alternatives > 0:
+            answer["alternatives"] = others if isinstance(q, list) else others[0]
+        return answer
+
+    def pick(source: object, target: object, source_name: str, target_name: str) -> Batcher:
+        if not isinstance(source, str) or not isinstance(target, str) or not source or not target:
+            raise Refusal(400, f"Invalid request: give {source_name} and {target_name} as language codes; served pairs: {routes.served()}")
+        try:
+            return routes.find(source, target)
+        except UsageError as e:
+            raise Refusal(400, str(e)) from None
+
+    @app.get("/languages")
+    async def served_languages():
+        """LibreTranslate's language list: each language of a served pair, with the targets served from it."""
+        return routes.languages()
+
+    @app.post("/detect", status_code=501, responses={501: {"model": ErrorBody}})
+    async def detect():
+        """LibreTranslate's language detection, which tk serve does not have (501)."""
+        codes = ", ".join(sorted({s for s, _ in routes.by_pair}))
+        return error(501, f"language detection is not available in tk serve; give the source language yourself (served: {codes})")
+
+    @app.get("/frontend/settings")
+    async def frontend_settings():
+        """LibreTranslate's settings for its web page and clients, as far as they apply to tk serve."""
+        source, target = routes.default
+        return {"charLimit": config.max_chars, "frontendTimeout": int(1000 * config.timeout_s), "apiKeys": False, "keyRequired": False,
+                "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                "language": {"source": {"code": source, "name": languages.name(source)},
+                             "target": {"code": target, "name": languages.name(target)}}}
+
     @app.get("/health", responses={200: {"content": {"application/json": {"example": {"status": "alive"}}}}})
     async def health():
         """Liveness: the process answers."""
@@ -208,10 +413,10 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
 
     @app.get("/ready", responses={503: {"model": ErrorBody}})
     async def ready():
-        """Readiness: the model is loaded, a warm-up translation is done and the decoding worker runs."""
-        if batcher.healthy:
-            return {"status": "ready", "model": description}
-        return error(503, f"not ready: {batcher.not_ready_reason()}")
+        """Readiness: every model is loaded, a warm-up translation is done and its decoding worker runs."""
+        if routes.healthy:
+            return {"status": "ready", "model": description, "pairs": [languages.shown(p) for p in routes.by_pair]}
+        return error(503, f"not ready: {routes.not_ready_reason()}")
 
     @app.get("/metrics", response_class=Response)
     async def prometheus():
@@ -220,9 +425,33 @@ def create_app(load: Callable[[], TranslationModel], config: ServeConfig | None 
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
-        return HTMLResponse(PAGE.read_text(encoding="utf-8").replace("{{MODEL}}", html.escape(description or "tk")))
+        return HTMLResponse(PAGE.read_text(encoding="utf-8").replace("{{MODEL}}", html_module.escape(description or "tk")))
 
     return RequestLog(app, config, metrics)
+
+
+async def request_fields(request: Request) -> dict:
+    """A LibreTranslate-style body's fields: a JSON object, or a form (application/x-www-form-urlencoded, as
+    LibreTranslate's own clients send; its first value of each field)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    raw = await request.body()
+    if kind == "application/x-www-form-urlencoded":
+        try:
+            fields = urllib.parse.parse_qs(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=1000)
+        except (UnicodeDecodeError, ValueError) as e:
+            raise Refusal(400, f"the form body cannot be read ({first_line(e)}); send UTF-8 form fields or JSON") from None
+        return {k: v[0] for k, v in fields.items()}
+    if kind not in ("application/json", "") and not kind.endswith("+json"):
+        raise Refusal(400, f"the body is {printable(kind)}; send JSON (Content-Type: application/json) or a form "
+                           "(application/x-www-form-urlencoded)")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise Refusal(400, f"malformed JSON: {first_line(e)}; send a JSON object like "
+                           '{"q": "I\'m home.", "source": "en", "target": "fr"}') from None
+    if not isinstance(body, dict):
+        raise Refusal(400, "the body must be a JSON object, like {\"q\": \"I'm home.\", \"source\": \"en\", \"target\": \"fr\"}")
+    return body
 
 
 class Refused(Exception):
@@ -309,7 +538,7 @@ class RequestLog:
         path = scope["path"]
         try:
             self.check_host(scope)
-            if path == TRANSLATE and scope["method"] == "POST":
+            if path in READ_PATHS and scope["method"] == "POST":
                 body = await self.read_body(scope, receive)
                 await self.run_watched(scope, body, receive, send_status)
             else:
@@ -321,7 +550,7 @@ class RequestLog:
         finally:
             ms = 1000 * (time.perf_counter() - start)
             n = scope["state"].get("sentences")
-            if path == TRANSLATE:
+            if path in COUNTED:
                 self.metrics.requests.labels(str(status)).inc()
             log.info("%s %s %d %s%.1f ms", scope["method"], printable(path), status, f"{n} sentence{'s' * (n != 1)} " if n is not None else "",
                      ms)

@@ -8,7 +8,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import h11
@@ -17,7 +17,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from toolkit.core.errors import UsageError
 from toolkit.deploy.translate import TranslationModel
-from toolkit.serve.app import LOOPBACK_HOSTS, ServeConfig, create_app, host_name, printable
+from toolkit.serve.app import LOOPBACK_HOSTS, ModelSpec, ServeConfig, create_app, host_name, printable
 
 log = logging.getLogger("tk.serve")
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
@@ -138,18 +138,19 @@ def bound_config(config: ServeConfig, host: str) -> ServeConfig:
     return config
 
 
-def serve(load: Callable[[], TranslationModel], host: str, port: int, config: ServeConfig) -> None:
+def serve(models: Callable[[], TranslationModel] | Sequence[ModelSpec], host: str, port: int, config: ServeConfig) -> None:
     """Serves until SIGTERM or Ctrl-C: then it stops accepting connections, finishes the requests
-    in flight, stops the decoding worker and exits 0 (130 for Ctrl-C)."""
+    in flight, stops the decoding workers and exits 0 (130 for Ctrl-C). models: as create_app takes them."""
     sock = bind(host, port)
     setup_logging()
     config = bound_config(config, host)
-    app = create_app(load, config)
+    app = create_app(models, config)
     server = uvicorn_server(app, config)
     # uvicorn re-raises the signal it caught once it has shut down; these make that a clean exit.
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *a: sys.exit(130))
     shown = f"[{host}]" if ":" in host else host
-    log.info("serving %s on http://%s:%d (page /, API /v1/translate, schema /openapi.json)", printable(config.description), shown,
+    log.info("serving %s on http://%s:%d (page /, API /v1/translate, LibreTranslate's /translate and /languages, schema /openapi.json)",
+             printable(config.description), shown,
              sock.getsockname()[1])
     server.run(sockets=[sock])

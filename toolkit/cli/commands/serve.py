@@ -23,7 +23,7 @@ HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 
 
 @click.command()
-@click.argument("model_dir", type=click.Path(path_type=Path), required=False)
+@click.argument("models", nargs=-1, metavar="[DIR[:SOURCE-TARGET]]...")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @PROVIDER
@@ -50,36 +50,65 @@ HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
               help="Also answer requests whose Host header names NAME (repeatable; '*' for any). By default only localhost, "
                    "127.0.0.1, [::1] and the --host address are answered (421 otherwise), against DNS rebinding.")
-def serve(model_dir, host, port, provider, variant, runtime, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
+def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
           queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, header_timeout_s, allow_hosts):
-    """Serve translations over HTTP: POST /v1/translate, a web page at /, /health, /ready, /metrics.
+    """Serve translations over HTTP: POST /v1/translate, LibreTranslate's API (POST /translate, GET /languages),
+    a web page at /, /health, /ready, /metrics.
 
-    Sentences of concurrent requests are decoded together by one worker. Needs the serve
+    Sentences of concurrent requests are decoded together, one worker per model. Needs the serve
     extra: pip install -e '.[serve]'.
 
-    MODEL_DIR defaults to $TK_MODEL, else the model installed with tk.
+    Each DIR is a model directory, given its language pair after a colon (DIR:en-de); a model tk
+    trained translates en-fr without one. Without DIR: $TK_MODEL, else the model installed with tk.
 
-    Example: tk serve exported/transformer --port 8000
+    Example: tk serve exported/transformer imported/opus-mt-en-de:en-de --port 8000
     """
     try:
-        from toolkit.serve.app import ServeConfig
+        from toolkit.serve.app import ModelSpec, ServeConfig
         from toolkit.serve.batcher import BatchPolicy
         from toolkit.serve.server import serve as run
     except ImportError as e:
         raise UsageError(f"tk serve needs {e.name}; install the serve extra: pip install -e '.[serve]'") from None
-    from toolkit.deploy.translate import open_model
 
     for name in allow_hosts:
         if not name.strip() or any(c.isspace() or c in "/?#@" for c in name.strip()):
             raise UsageError(f"--allow-host {name!r} is not a host name; give a name such as example.com, an address, or '*'")
-    if model_dir is None:
+    if not models:
         from toolkit.core.shipped import default_model
 
-        model_dir = default_model()
-    t = open_model(model_dir, provider, variant, threads=threads, runtime=runtime)
+        models = (str(default_model()),)
+    loaded = open_models(models, provider, variant, threads, runtime)
     policy = BatchPolicy(max_tokens=max_batch_tokens, max_sentences=max_batch_sentences, max_delay_s=max_delay_ms / 1000,
                          queue_size=queue_size, batching=not no_batching)
-    desc = f"{Path(model_dir).name} ({t.manifest.model}, {t.variant}) on {t.where}" + (", batching off" if no_batching else "")
-    config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s, description=desc,
+    specs = [ModelSpec((lambda t=t: t), pairs, f"{Path(d).name} ({t.manifest.model}, {t.variant}) on {t.where}, {'/'.join(map('-'.join, pairs))}"
+                       + (", batching off" if no_batching else "")) for d, pairs, t in loaded]
+    config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s,
+                         description="; ".join(s.description for s in specs),
                          body_timeout_s=body_timeout_s, header_timeout_s=header_timeout_s, allowed_hosts=tuple(allow_hosts))
-    run(lambda: t, host, port, config)
+    run(specs, host, port, config)
+
+
+def open_models(arguments: tuple[str, ...], provider, variant, threads, runtime) -> list:
+    """(directory, pairs, loaded model) for each DIR[:SOURCE-TARGET], the pairs checked before any model loads and the
+    models opened at the same time (ONNX Runtime builds sessions outside the GIL), so one slow load holds no other
+    back; the first that fails is the one-line error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from toolkit.core import manifest as manifest_mod
+    from toolkit.deploy.translate import open_model
+    from toolkit.serve import languages
+
+    wanted: dict[tuple[str, str], str] = {}
+    planned = []
+    for argument in arguments:
+        directory, pair = languages.split_argument(argument)
+        if pair is None:
+            origin = (manifest_mod.load(directory).declaration or {}).get("origin", "tk")
+            pair = languages.default_pair(origin, directory)
+        if pair in wanted:
+            raise UsageError(f"{argument} and {wanted[pair]} both translate {languages.shown(pair)}; serve one model per language pair")
+        wanted[pair] = argument
+        planned.append((directory, (pair,)))
+    with ThreadPoolExecutor(len(planned)) as pool:
+        futures = [pool.submit(open_model, d, provider, variant, threads=threads, runtime=runtime) for d, _ in planned]
+        return [(d, pairs, f.result()) for (d, pairs), f in zip(planned, futures)]

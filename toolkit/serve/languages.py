@@ -1,0 +1,64 @@
+"""Language pairs of the served models: how a model directory states its pair, and the names /languages gives.
+
+A pair is written SOURCE-TARGET with LibreTranslate's codes (ISO 639-1, with a script or region subtag where one is
+needed: en-fr, en-pt-BR, zh-Hans-en). `tk serve DIR:en-de` states a directory's pair; a bare DIR is tk's own model
+and translates English to French, the only pair tk trains. An imported model (a Hugging Face Marian) records no
+languages in its directory, so it must be given its pair.
+"""
+
+from __future__ import annotations
+
+import re
+
+from toolkit.core.errors import UsageError
+
+Pair = tuple[str, str]
+TK_PAIR: Pair = ("en", "fr")  # what tk trains: the Tatoeba English-French pairs
+CODE = r"[a-z]{2,3}(?:-(?:[A-Z][a-z]{3}|[A-Z]{2}))?"  # en, pt-BR, zh-Hans
+PAIR = re.compile(rf"({CODE})-({CODE})")
+NAMES = {
+    "ar": "Arabic", "az": "Azerbaijani", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan", "cs": "Czech", "da": "Danish",
+    "de": "German", "el": "Greek", "en": "English", "eo": "Esperanto", "es": "Spanish", "et": "Estonian", "eu": "Basque",
+    "fa": "Persian", "fi": "Finnish", "fr": "French", "ga": "Irish", "gl": "Galician", "he": "Hebrew", "hi": "Hindi",
+    "hu": "Hungarian", "id": "Indonesian", "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian",
+    "lv": "Latvian", "ms": "Malay", "nb": "Norwegian", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+    "pt-BR": "Portuguese (Brazil)", "ro": "Romanian", "ru": "Russian", "sk": "Slovak", "sl": "Slovenian", "sq": "Albanian",
+    "sv": "Swedish", "th": "Thai", "tl": "Tagalog", "tr": "Turkish", "uk": "Ukrainian", "ur": "Urdu", "vi": "Vietnamese",
+    "zh": "Chinese", "zh-Hans": "Chinese (Simplified)", "zh-Hant": "Chinese (Traditional)",
+}
+
+
+def name(code: str) -> str:
+    """A language's English name, or its code where tk does not know the name."""
+    return NAMES.get(code, code)
+
+
+def shown(pair: Pair) -> str:
+    return f"{pair[0]}-{pair[1]}"
+
+
+def parse_pair(text: str, where: str) -> Pair:
+    """SOURCE-TARGET as a pair, or a one-line error naming `where` and the form."""
+    m = PAIR.fullmatch(text)
+    if not m or m.group(1) == m.group(2):
+        raise UsageError(f"{where}: {text!r} is not a language pair; write SOURCE-TARGET with two different codes, "
+                         "e.g. en-fr or en-pt-BR")
+    return m.group(1), m.group(2)
+
+
+def split_argument(argument: str) -> tuple[str, Pair | None]:
+    """A `tk serve` model argument, DIR or DIR:SOURCE-TARGET, as the directory and the pair it states (None: none).
+    Only a suffix that is a pair is taken as one, so a directory whose name has a colon still works."""
+    directory, colon, suffix = argument.rpartition(":")
+    if colon and directory and PAIR.fullmatch(suffix):
+        return directory, parse_pair(suffix, argument)
+    return argument, None
+
+
+def default_pair(origin: str, directory: str) -> Pair:
+    """The pair of a model directory given without one: tk's own models translate English to French; an imported
+    model records no languages, so it is an error that says how to state them."""
+    if origin == "tk":
+        return TK_PAIR
+    raise UsageError(f"{directory} is an imported model ({origin}), whose directory does not record its languages; "
+                     f"give them after a colon: tk serve {directory}:SOURCE-TARGET (e.g. {directory}:en-de)")
