@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.commands.options import provider_option
+from toolkit.cli.commands.options import TakesModel, provider_option
 from toolkit.core.errors import UsageError
 
 
-@click.command()
+@click.command(cls=TakesModel)
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.argument("text", nargs=-1)
 @click.option("-o", "--output", "output_path", type=click.Path(path_type=Path),

@@ -12,11 +12,12 @@ from toolkit.cli.commands.options import (
     POSITIVE,
     SEED,
     THREADS,
+    TakesModel,
 )
 from toolkit.core.variants import NAMES
 
 
-@click.command()
+@click.command(cls=TakesModel)
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @DATA_OPTION
 @click.option("--challenge", type=click.Path(exists=True, dir_okay=False), help="Tatoeba Challenge test file (eng-fra).")

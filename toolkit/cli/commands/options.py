@@ -171,3 +171,34 @@ def command_line() -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class TakesModel(click.Command):
+    """A command whose first argument is the model directory also takes it as `--model DIR`, the form `tk translate`
+    and `tk bench` use, so one way of naming the model works in every command (the positional form keeps working).
+    `--model DIR` is moved to the front of the arguments before click parses them; given several times (tk serve), each
+    is a model in the order given."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest, models, i = [], [], 0
+        while i < len(args):
+            a = args[i]
+            if a == "--":
+                rest += args[i:]
+                break
+            if a == "--model":
+                if i + 1 == len(args):
+                    raise click.UsageError("--model needs a model directory: --model DIR", ctx)
+                models.append(args[i + 1])
+                i += 2
+                continue
+            if a.startswith("--model="):
+                models.append(a.split("=", 1)[1])
+            else:
+                rest.append(a)
+            i += 1
+        return super().parse_args(ctx, models + rest)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_usage(ctx, formatter)
+        formatter.write_text("The model directory may also be given as --model DIR, as in tk translate.")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.commands.options import BATCH, DEFAULT_FAST_VARIANT, PROVIDER, THREADS, FiniteFloat, runtime_option
+from toolkit.cli.commands.options import BATCH, DEFAULT_FAST_VARIANT, PROVIDER, THREADS, FiniteFloat, TakesModel, runtime_option
 from toolkit.core.errors import UsageError
 
 # Every numeric option has a declared range: past it a value is a typo or an attack, not a setting
@@ -22,7 +22,7 @@ BODY_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 
 
-@click.command()
+@click.command(cls=TakesModel)
 @click.argument("models", nargs=-1, metavar="[DIR[:SOURCE-TARGET]]...")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)

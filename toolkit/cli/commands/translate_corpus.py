@@ -11,6 +11,7 @@ from toolkit.cli.commands.options import (
     TEXT,
     THREADS,
     FiniteFloat,
+    TakesModel,
     provider_option,
     runtime_option,
 )
@@ -18,7 +19,7 @@ from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
 
 
-@click.command("translate-corpus")
+@click.command("translate-corpus", cls=TakesModel)
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.argument("inputs", nargs=-1, required=True)
 @click.argument("output_dir", type=click.Path(path_type=Path))
