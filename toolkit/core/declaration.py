@@ -17,7 +17,7 @@ from toolkit.core.errors import UsageError
 TK_PAD, TK_UNK, TK_BOS, TK_EOS = 0, 1, 2, 3
 
 PENALTIES = ("gnmt", "hf")
-TOKENIZERS = ("sentencepiece", "marian")
+TOKENIZERS = ("sentencepiece", "marian", "m2m100", "tokenizer.json")
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class DecodingRules:
     early_stopping: bool | str = False  # "hf" only
     forced_end: bool = False  # the last step of the length limit emits the end token (HF forced_eos_token_id)
     max_new_tokens: int | None = None  # output tokens unless the caller gives a limit (None: the model's positions)
+    # The first output token is this one, whatever the model says (HF forced_bos_token_id: a multilingual model's target
+    # language token); it counts as an output token and adds nothing to the score, as in generate. None: none forced.
+    forced_first: int | None = None
 
     def __post_init__(self) -> None:
         problem = self.problem()
@@ -58,6 +61,9 @@ class DecodingRules:
             return f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}"
         if not isinstance(self.forced_end, bool):
             return f"forced_end must be true or false, got {self.forced_end!r}"
+        if self.forced_first is not None and (not isinstance(self.forced_first, int) or isinstance(self.forced_first, bool)
+                                              or self.forced_first < 0):
+            return f"forced_first must be a token id or null, got {self.forced_first!r}"
         if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool)
                                                 or not 1 <= self.max_new_tokens <= 4096):
             return f"max_new_tokens must be a whole number from 1 to 4096, got {self.max_new_tokens!r}"
@@ -112,6 +118,13 @@ class TokenizerDeclaration:
     vocab: str | None = None  # "marian": pieces -> ids
     target_vocab: str | None = None  # "marian" with separate vocabularies
     unk: int = TK_UNK
+    # A multilingual model's language codes (the code users type, "en" or "eng_Latn") -> the token that marks it, the
+    # defaults its own files name, and where the source's code goes: before the text (M2M100, NLLB) or after its end
+    # token (NLLB's legacy behaviour, mBART).
+    languages: dict | None = None
+    source_lang: str | None = None
+    target_lang: str | None = None
+    lang_suffix: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in TOKENIZERS:
@@ -120,11 +133,31 @@ class TokenizerDeclaration:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "/" in value or "\\" in value or value in ("", ".", "..")):
                 raise UsageError(f"declaration.tokenizer.{name} must be a file name inside the model directory, got {value!r}; re-export")
-        if self.kind == "marian" and self.vocab is None:
-            raise UsageError("declaration.tokenizer: a marian tokenizer needs its vocab file; re-export")
+        if self.kind in ("marian", "m2m100") and self.vocab is None:
+            raise UsageError(f"declaration.tokenizer: a {self.kind} tokenizer needs its vocab file; re-export")
+        problem = self._languages_problem()
+        if problem:
+            raise UsageError(f"declaration.tokenizer.{problem}; re-export")
+
+    def _languages_problem(self) -> str | None:
+        if self.languages is None:
+            return None if self.source_lang is None and self.target_lang is None else "source_lang needs languages"
+        if not isinstance(self.languages, dict) or not self.languages or not all(
+                isinstance(k, str) and k and type(v) is int and v >= 0 for k, v in self.languages.items()):
+            return "languages must map language codes to token ids"
+        for name in ("source_lang", "target_lang"):
+            if getattr(self, name) not in self.languages:
+                return f"{name} must be one of the languages, got {getattr(self, name)!r}"
+        if not isinstance(self.lang_suffix, bool):
+            return "lang_suffix must be true or false"
+        return None
+
+    def served(self) -> dict[str, list[str]] | None:
+        """The language codes this model translates from and into (None: one language pair, not chosen by code)."""
+        return None if self.languages is None else {"source": sorted(self.languages), "target": sorted(self.languages)}
 
     def files(self) -> list[str]:
-        return [f for f in (self.source, self.target, self.vocab, self.target_vocab) if f is not None]
+        return list(dict.fromkeys(f for f in (self.source, self.target, self.vocab, self.target_vocab) if f is not None))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -525,6 +525,10 @@ def translate_ids(backend: StepBackend, src: list[list[int]], max_len: int, beam
     """Greedy when beam == 1 and one hypothesis is wanted, else beam search by the model's rule.
     alpha None: the model's own length penalty exponent (rules.alpha)."""
     alpha = rules.alpha if alpha is None else alpha
+    if rules.forced_first is not None:  # a multilingual model's target language, forced as generate forces it
+        from toolkit.core.forced_first import ForcedFirst
+
+        backend = ForcedFirst(backend, rules.forced_first)
     if beam == 1 and n_best == 1:
         return [[h] for h in greedy(backend, src, max_len, limits, loop_guard, rules)]
     if rules.length_penalty == "hf":

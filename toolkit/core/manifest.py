@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+from toolkit.core.architectures import ARCHITECTURES
+from toolkit.core.architectures import GRAPHS as ARCHITECTURE_GRAPHS
 from toolkit.core.atomic import exclusive, write_atomic
-from toolkit.core.declaration import Declaration, DecodingRules, self_attention_cache, transformer_layers
+from toolkit.core.declaration import Declaration, DecodingRules
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError
@@ -394,28 +396,10 @@ def load(directory: str | Path) -> Manifest:
     return Manifest.from_dict(directory, data)
 
 
-# The models a manifest may name: kind, graph names, and the cache each decoder carries from step to step.
-# Torch-free on purpose (translate reads manifests); tests check it against the registry.
-MODELS = {
-    "transformer": ("seq2seq", lambda c: self_attention_cache(transformer_layers(c)[1])),
-    # Imported from Hugging Face (toolkit.pytorch.hf_marian): the same layout, its decoder's layers.
-    "marian": ("seq2seq", lambda c: self_attention_cache(c["decoder_layers"])),
-    # Your own (toolkit.pytorch.adapter): the state its decoder graph declared.
-    "adapter": ("seq2seq", lambda c: _declared_state(c.get("graphs"))),
-    "seq2seq": ("seq2seq", lambda c: {"state"}),
-    **{name: ("module", None) for name in ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw")},
-}
-GRAPHS = {"seq2seq": {"encoder", "decoder"}, "module": {"model"}}
-
-
-def _declared_state(graphs: object) -> set[str]:
-    """The decoder cache an adapter's config declares (its graphs as JSON); empty when that is malformed."""
-    try:
-        specs = json.loads(graphs) if isinstance(graphs, str) else None
-        decoder = next(g for g in specs if isinstance(g, dict) and g.get("name") == "decoder")
-        return set(decoder.get("updates", {}).values())
-    except (TypeError, ValueError, StopIteration, AttributeError, RecursionError):
-        return set()
+# The models a manifest may name: kind and the cache each decoder carries from step to step, as each architecture
+# declares them (toolkit.core.architectures, torch-free on purpose: translate reads manifests).
+MODELS = {a.name: (a.kind, a.cache) for a in ARCHITECTURES.values()}
+GRAPHS = {kind: set(names) for kind, names in ARCHITECTURE_GRAPHS.items()}
 SHA256 = re.compile(r"[0-9a-f]{64}")
 DTYPES = {"float32", "float16", "int64"}
 
@@ -463,12 +447,12 @@ def schema_problem(data: dict) -> str | None:
             return f"required key '{key}' is missing"
         if not isinstance(data[key], kind):
             return f"'{key}' must be a JSON {'string' if kind is str else 'object'}"
-    if data["model"] not in MODELS:
-        return f"unknown model type '{data['model']}' (known: {', '.join(MODELS)})"
-    kind, cache = MODELS[data["model"]]
+    if data["model"] not in ARCHITECTURES:  # read at each load: an architecture registered later is known too
+        return f"unknown model type '{data['model']}' (known: {', '.join(ARCHITECTURES)})"
+    kind, cache = ARCHITECTURES[data["model"]].kind, ARCHITECTURES[data["model"]].cache
     if data["kind"] != kind:
         return f"model '{data['model']}' is a {kind} model, but kind says '{data['kind']}'"
-    if set(data["graphs"]) != GRAPHS[kind]:
+    if set(data["graphs"]) != set(ARCHITECTURE_GRAPHS[kind]):
         return f"a {kind} model has graphs {sorted(GRAPHS[kind])}, this one lists {sorted(data['graphs'])}"
     problem = _sizes_problem(data["config"], data["model"])
     if problem:
@@ -559,10 +543,9 @@ def size_problem(key: str, value: object, name: str | None = None) -> str | None
 
 
 def _sizes_problem(config: dict, model: str) -> str | None:
-    if model == "transformer" and "num_layers" not in config:
-        return "config.num_layers is missing"  # its decoder cache is one entry per layer
-    if model == "marian" and "decoder_layers" not in config:
-        return "config.decoder_layers is missing"
+    missing = next((key for key in ARCHITECTURES[model].required if key not in config), None)
+    if missing is not None:
+        return f"config.{missing} is missing"  # its decoder cache is one entry per layer
     for key in SIZES:
         if key in config:
             problem = size_problem(key, config[key], f"config.{key}")

@@ -7,6 +7,7 @@ layout is read here with sentencepiece and json alone, to the same ids and text 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -19,12 +20,16 @@ from toolkit.core.tokenizer import Tokenizer
 MAX_VOCAB_BYTES = 64 << 20  # a vocab.json is about 1 MB at 58k pieces; anything far larger is not one
 
 
-def open_tokenizer(m) -> Tokenizer | MarianTokenizer:
+def open_tokenizer(m) -> Tokenizer | MarianTokenizer | LanguageTokenizer:
     """The tokenizer of the translation model in manifest `m` (a usage error for any other directory)."""
     path = m.translation_tokenizer()
     declared = m.declared().tokenizer
     if declared.kind == "marian":
         return MarianTokenizer.load(m.directory, declared, m.rules().end, m.rules().pad)
+    if declared.kind == "m2m100":
+        return SpmVocabTokenizer.load(m.directory, declared, m.rules())
+    if declared.kind == "tokenizer.json":
+        return JsonTokenizer.load(m.directory, declared, m.rules())
     return Tokenizer.load(path)
 
 
@@ -109,3 +114,138 @@ class MarianTokenizer:
             piece = self.join_with.id_to_piece(i)
         return piece or ""
 
+
+
+# ---- multilingual models: a language code on the source, the target's token forced first --------------------------
+
+# ISO 639-1 codes people type, to the ISO 639-3 prefix of NLLB's codes (eng_Latn); mBART's (en_XX) and M2M100's (en)
+# start with the two-letter code itself. A code that names several of a model's (zho_Hans, zho_Hant) is refused.
+ISO3 = {"en": "eng", "fr": "fra", "de": "deu", "es": "spa", "it": "ita", "pt": "por", "nl": "nld", "ru": "rus",
+        "zh": "zho", "ja": "jpn", "ko": "kor", "ar": "arb", "tr": "tur", "pl": "pol", "sv": "swe", "fi": "fin",
+        "da": "dan", "cs": "ces", "el": "ell", "hi": "hin", "uk": "ukr", "ro": "ron", "hu": "hun", "vi": "vie"}
+
+
+def language_id(declared: TokenizerDeclaration, code: object, side: str) -> str:
+    """The model's own code for what the user typed ("en", "__en__", "eng_Latn", "en_XX"), or one line listing them."""
+    codes = declared.languages or {}
+    if not isinstance(code, str) or not code:
+        raise UsageError(f"{side} language must be a language code such as {next(iter(codes), 'en')!r}, got {code!r}")
+    if code in codes:
+        return code
+    plain = code.strip("_")
+    base = {plain, ISO3.get(plain, plain)}
+    found = [c for c in codes if c.strip("_").split("_")[0] in base]
+    if len(found) == 1:
+        return found[0]
+    raise UsageError(f"unknown {side} language {code!r}; this model's codes: {', '.join(sorted(codes))}")
+
+
+def with_languages(m, tokenizer, source_lang: str | None, target_lang: str | None):
+    """(manifest, tokenizer) translating from `source_lang` into `target_lang` (None: the model's default): the
+    tokenizer puts the source code on every sentence, the manifest's rules force the target's token first. A model
+    of one language pair refuses a code in one line."""
+    if source_lang is None and target_lang is None:
+        return m, tokenizer
+    declared = m.declared().tokenizer
+    if declared.languages is None:
+        raise UsageError(f"{m.directory} is a model of one language pair ({m.model}); it takes no source or target language")
+    source = language_id(declared, source_lang, "source") if source_lang is not None else tokenizer.source_lang
+    target = language_id(declared, target_lang, "target") if target_lang is not None else declared.target_lang
+    chosen = copy.copy(m)
+    decoding = {**m.declaration["decoding"], "forced_first": declared.languages[target]}
+    chosen.declaration = {**m.declaration, "decoding": decoding}
+    chosen.__dict__.pop("_declared", None)
+    return chosen, tokenizer.for_source(source)
+
+
+class LanguageTokenizer:
+    """A multilingual model's tokenizer: the source language's token before the text (or after its end token), the
+    end token after it; output ids back to text with every special token (language codes included) dropped."""
+
+    def __init__(self, declared: TokenizerDeclaration, end: int, pad: int, unk: int, special: set[int]):
+        self.declared = declared
+        self.languages = dict(declared.languages or {})
+        self.source_lang = declared.source_lang
+        self.end, self.pad, self.unk = end, pad, unk
+        self.special = special | set(self.languages.values()) | {end, pad, unk}
+
+    def for_source(self, code: str) -> LanguageTokenizer:
+        other = copy.copy(self)
+        other.source_lang = code
+        return other
+
+    def _pieces_ids(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def _ids(self, text: str) -> list[int]:
+        if not text:
+            return []  # an empty line stays empty
+        lang = self.languages[self.source_lang]
+        ids = self._pieces_ids(text)
+        return ids + [self.end, lang] if self.declared.lang_suffix else [lang] + ids + [self.end]
+
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return [self._ids(t) for t in texts]
+
+
+class SpmVocabTokenizer(LanguageTokenizer):
+    """M2M100Tokenizer: SentencePiece pieces looked up in vocab.json (unknown pieces: <unk>), `__en__` tokens after it."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], declared: TokenizerDeclaration, rules):
+        super().__init__(declared, rules.end, rules.pad, declared.unk, {vocab.get("<s>", rules.end)})
+        self.spm, self.vocab = sp, vocab  # not `sp`: its ids are vocab.json's, not the SentencePiece model's
+        self.pieces = {i: p for p, i in vocab.items()}
+
+    @classmethod
+    def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> SpmVocabTokenizer:
+        return cls(_load_spm(directory / declared.source), read_vocab(directory / declared.vocab), declared, rules)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab) + len(self.languages)
+
+    def _pieces_ids(self, text: str) -> list[int]:
+        return [self.vocab.get(p, self.unk) for p in self.spm.encode(text, out_type=str)]
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return [self.spm.decode([self.pieces[i] for i in seq if i not in self.special and i in self.pieces]).strip() for seq in ids]
+
+
+class JsonTokenizer(LanguageTokenizer):
+    """A tokenizer.json (NLLB's), run by the `tokenizers` library with no special tokens of its own; the language code
+    and end token placed as the model's tokenizer places them."""
+
+    def __init__(self, tok, declared: TokenizerDeclaration, rules):
+        special = {t.id for t in _added(tok) if t.special}
+        super().__init__(declared, rules.end, rules.pad, declared.unk, special)
+        self.tok = tok
+        self.pieces = {i: p for p, i in tok.get_vocab(with_added_tokens=True).items()}
+
+    @classmethod
+    def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> JsonTokenizer:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        path = directory / declared.source
+        try:
+            if path.stat().st_size > MAX_VOCAB_BYTES:
+                raise UsageError(f"{path} is over {MAX_VOCAB_BYTES >> 20} MB, too large for a tokenizer.json")
+            tok = RustTokenizer.from_str(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, Exception) as e:  # tokenizers raises its own Exception
+            if isinstance(e, UsageError):
+                raise
+            raise UsageError(f"tokenizer {path} is unreadable or not a tokenizer.json ({first_line(e, 80)}); re-export") from None
+        return cls(tok, declared, rules)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def _pieces_ids(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return [self.tok.decode([i for i in seq if i not in self.special], skip_special_tokens=True).strip() for seq in ids]
+
+
+def _added(tok) -> list:
+    return list(tok.get_added_tokens_decoder().values())

@@ -8,6 +8,7 @@ Torch-free, like `tk translate`, which calls the same functions: the same option
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import warnings
@@ -22,6 +23,8 @@ from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.shipped import default_model
 from toolkit.core.textprep import TextOptions
+from toolkit.core.tokenizers import with_languages
+from toolkit.deploy import markup
 from toolkit.deploy.translate import Translation, failure_notes, open_model, translate_batch
 
 
@@ -38,6 +41,7 @@ def decode_options(m: Manifest, beam: int = 1, alpha: float | None = None, n_bes
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+FORMATS = ("text", "html")  # what a text is: plain text, or an HTML fragment whose markup is kept (toolkit.deploy.markup)
 OPTIONS = ("alpha", "max_len", "batch_size", "max_tokens", "max_len_a", "max_len_b", "loop_guard", "streams")  # decode_options'
 
 
@@ -129,7 +133,8 @@ class Translator:
         return self.loaded.manifest
 
     def translate_batch(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, keep: Sequence[str] = (),
-                        split: bool = True, raw: bool = False, strict: bool = False, **options) -> list[list[Translation]]:
+                        split: bool = True, raw: bool = False, strict: bool = False, source_lang: str | None = None,
+                        target_lang: str | None = None, **options) -> list[list[Translation]]:
         """The n-best translations (text, score, token counts) of each text, in input order.
 
         `options` are decode_options' (alpha, max_len, batch_size, max_tokens, max_len_a, max_len_b, loop_guard, streams);
@@ -139,15 +144,18 @@ class Translator:
         texts = _texts(texts)
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
-            known = ", ".join(("beam", "n_best", "keep", "split", "raw", "strict", *OPTIONS))
+            known = ", ".join(("beam", "n_best", "keep", "split", "raw", "strict", "source_lang", "target_lang", *OPTIONS))
             raise UsageError(f"translate has no option {shown(unknown[0])}; its options: {known}")
         for name, flag in (("split", split), ("raw", raw), ("strict", strict)):
             _check_flag(name, flag)
-        opts = decode_options(self.manifest, beam=beam, n_best=n_best, provider=self.provider, **options)
+        # A multilingual model's languages (None: its own defaults): the source code on each sentence, the target forced first.
+        m, tokenizer = with_languages(self.manifest, self.loaded.tokenizer, source_lang, target_lang)
+        loaded = self.loaded if m is self.manifest else dataclasses.replace(self.loaded, manifest=m, tokenizer=tokenizer)
+        opts = decode_options(m, beam=beam, n_best=n_best, provider=self.provider, **options)
         repaired: list[int] = []
         said: list[str] = []
         failed: list[int] = []  # texts tk failed on (1-based): each got a fallback's or an empty translation
-        out = translate_batch(self.loaded, texts, opts, self._backend, strict=strict,
+        out = translate_batch(loaded, texts, opts, self._backend, strict=strict,
                               text=TextOptions(keep=_keep(keep), split=split, enabled=not raw), repaired=repaired,
                               warn=said.append, failed=failed)
         for n, note in failure_notes(said, failed):  # one text cannot fail the others: it is named, they are translated
@@ -159,6 +167,11 @@ class Translator:
                           f"texts[{positions}]; each was put back once by the fallback", SpanRepairWarning, stacklevel=3)
         return out
 
-    def translate(self, texts: Sequence[str], beam: int = 1, **options) -> list[str]:
-        """The best translation of each text, in input order."""
+    def translate(self, texts: Sequence[str], beam: int = 1, format: str = "text", **options) -> list[str]:
+        """The best translation of each text, in input order. format "html": each text is an HTML fragment whose text is
+        translated and whose markup is kept in place (toolkit.deploy.markup; `tk translate --format html`)."""
+        if format not in FORMATS:
+            raise UsageError(f"format must be {' or '.join(map(repr, FORMATS))} (got {shown(format)})")
+        if format == "html":
+            return markup.translate_html(_texts(texts), lambda xs: [n[0].text for n in self.translate_batch(xs, beam=beam, **options)])
         return [nbest[0].text for nbest in self.translate_batch(texts, beam=beam, **options)]

@@ -33,7 +33,7 @@ from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
 from toolkit.deploy.stored_variants import ExportOptions, add_variants, make_variant, wanted_variants  # noqa: F401 (re-exported)
-from toolkit.pytorch import adapter, checkpoint, hf_marian, registry
+from toolkit.pytorch import adapter, checkpoint, hf_import, hf_marian, registry
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -146,9 +146,9 @@ def load_model(opts: ExportOptions):
         torch.manual_seed(opts.seed)
         cfg = entry.config(**SMALL)
         return entry, cfg, entry.build(cfg).eval(), None
-    if str(opts.checkpoint).startswith(hf_marian.PREFIX):
-        source = hf_marian.read(opts.checkpoint)
-        return registry.get("marian"), source.settings, source.model, {"hf": source}
+    if str(opts.checkpoint).startswith(hf_import.PREFIX):
+        source = hf_import.read(opts.checkpoint)
+        return registry.get(source.architecture), source.settings, source.model, {"hf": source}
     if adapter.is_target(str(opts.checkpoint)):
         own, settings = adapter.load(str(opts.checkpoint))
         return registry.get("adapter"), settings, own.model, {"adapter": own}
@@ -182,7 +182,7 @@ def sources(opts: ExportOptions) -> list[str]:
     if opts.random_init or not opts.checkpoint or adapter.is_target(str(opts.checkpoint)):
         return []
     source = str(opts.checkpoint)
-    return [source[len(hf_marian.PREFIX):] if source.startswith(hf_marian.PREFIX) else source]
+    return [source[len(hf_import.PREFIX):] if source.startswith(hf_import.PREFIX) else source]
 
 
 def prepare_output(opts: ExportOptions) -> output.Output:

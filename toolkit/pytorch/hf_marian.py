@@ -28,11 +28,11 @@ from torch import nn
 
 from toolkit.core.declaration import Declaration, DecodingRules, TokenizerDeclaration, layer_key
 from toolkit.core.digests import file_sha256
-from toolkit.core.errors import UsageError, first_line
+from toolkit.core.errors import UsageError
+from toolkit.pytorch import hf_files
+from toolkit.pytorch.hf_files import JSON_TYPES, PREFIX, beam_rules, check_weights, forbidden, generation_fields, inside, meta_shapes
 
-PREFIX = "hf:"
-JSON_TYPES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
-MAX_JSON_BYTES = 16 << 20
+__all__ = ["PREFIX", "MarianSettings", "MarianForTk", "build", "read", "write_files"]
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 # transformers' MarianMTModel leaves these out of what it saves: it computes them at load.
 COMPUTED = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
@@ -183,153 +183,13 @@ class MarianForTk(nn.Module):
         return torch.log_softmax(logits, dim=-1) + self.suppress, {**cache, **new}
 
 
-# ---- reading a Hugging Face directory -----------------------------------------------------------------------------
-
-def _inside(directory: Path, name: str) -> Path:
-    """`name` in `directory`, refusing a name that leaves it and a link that points out of it (a Hub cache's
-    snapshot links into its repository's blobs/ folder, which is allowed)."""
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise UsageError(f"{directory}: refusing file name {name!r}: a Hugging Face directory may only name files inside it")
-    path = directory / name
-    root = directory.resolve()
-    allowed = [root] + ([root.parent.parent] if root.parent.name == "snapshots" else [])
-    real = path.resolve()
-    if path.exists() and not any(real.is_relative_to(a) for a in allowed):
-        raise UsageError(f"{path} links to {real}, outside the Hugging Face directory; copy the file into it")
-    return path
-
-
-def _json(directory: Path, name: str, required: bool = True) -> dict | None:
-    path = _inside(directory, name)
-    if not path.is_file():
-        if required:
-            raise UsageError(f"{directory} has no {name}; give a directory written by save_pretrained (model and MarianTokenizer)")
-        return None
-    from toolkit.core.tokenizers import read_json_object
-
-    return read_json_object(path, MAX_JSON_BYTES, "a Hugging Face config")
-
-
-def _weights(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path], list[Path]]:
-    """The state dict, the file each tensor came from, and the files: safetensors (single or sharded), else a
-    tensors-only .bin."""
-    from safetensors.torch import load_file
-
-    single, index = _inside(directory, "model.safetensors"), _inside(directory, "model.safetensors.index.json")
-    files: list[Path]
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        weight_map = (_json(directory, "model.safetensors.index.json") or {}).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise UsageError(f"{index} has no weight_map")
-        files = [_inside(directory, str(name)) for name in sorted(set(weight_map.values()))]
-    elif _inside(directory, "pytorch_model.bin").is_file():
-        files = [directory / "pytorch_model.bin"]
-    else:
-        raise UsageError(f"{directory} has no model.safetensors (or pytorch_model.bin); save the model with save_pretrained")
-    state: dict[str, torch.Tensor] = {}
-    origin: dict[str, Path] = {}
-    for f in files:
-        try:
-            if f.suffix == ".bin":
-                # Tensors only: a pickle that wants anything else is refused, never run.
-                loaded = torch.load(f, map_location="cpu", weights_only=True)
-                if not isinstance(loaded, dict):
-                    raise UsageError(f"{f} does not hold a state dict")
-            else:
-                loaded = load_file(str(f))
-        except UsageError:
-            raise
-        except Exception as e:  # a corrupt file or a refused pickle, as one line
-            raise UsageError(f"cannot read weights {f}: {first_line(e, 120)}") from None
-        for k, v in loaded.items():
-            problem = _tensor_problem(k, v)
-            if problem:
-                raise UsageError(f"{f}: {problem}; a MarianMTModel's weights are dense floating-point tensors")
-            state[k], origin[k] = v, f
-    return state, origin, files
-
-
-FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def _tensor_problem(name: object, value: object) -> str | None:
-    """What makes one entry of a weights file unusable as a MarianMTModel weight, or None."""
-    if not isinstance(name, str):
-        return f"holds the key {name!r:.40}, not a weight name"
-    if not isinstance(value, torch.Tensor):
-        return f"weight {name} is not a tensor (a Python {type(value).__name__} value)"
-    if value.is_meta or value.layout != torch.strided or value.is_quantized:
-        kind = "meta" if value.is_meta else "quantized" if value.is_quantized else str(value.layout).removeprefix("torch.")
-        return f"weight {name} is a {kind} tensor"
-    if value.dtype not in FLOATS:
-        return f"weight {name} has dtype {str(value.dtype).removeprefix('torch.')}"
-    return None
-
-
-def _expected_shapes(settings: MarianSettings) -> dict[str, tuple[int, ...]]:
-    """Every state-dict entry of MarianMTModel for these settings and its shape, from a model built on the meta device:
-    transformers' own layout, with nothing allocated (a config at tk's bounds is a 4 GB model)."""
-    from transformers import MarianMTModel
-
-    _check(settings, "config")
-    with torch.device("meta"):
-        hf = MarianMTModel(settings.marian_config())
-    return {k: tuple(v.shape) for k, v in hf.state_dict().items()}
-
-
-def _check_weights(settings: MarianSettings, state: dict[str, torch.Tensor], origin: dict[str, Path], directory: Path) -> None:
-    """The weights against what the config implies, before anything is built: every name a parameter of this config,
-    none missing (but the tied ones), each shape the config's, every value finite."""
-    own = _expected_shapes(settings)
-    unknown = next((k for k in state if k not in own), None)
-    if unknown is not None:
-        raise UsageError(f"{origin[unknown]}: weight {unknown} is not a MarianMTModel parameter of this config")
-    for k, v in state.items():  # first: a shape says at once when the config and the weights are of other models
-        if tuple(v.shape) != own[k]:
-            raise UsageError(f"{origin[k]}: weight {k} has shape {tuple(v.shape)}, the config gives {own[k]}")
-    # Tied weights are saved once, as the embedding the others share; transformers starts a missing output bias at zero.
-    tied = {"final_logits_bias"} | ({"lm_head.weight"} if settings.tie_word_embeddings else set())
-    if settings.share_encoder_decoder_embeddings:
-        tied |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
-    missing = next((k for k in own if k not in state and k not in COMPUTED and k not in tied), None)
-    if missing is not None:
-        files = sorted({str(f.name) for f in origin.values()})
-        raise UsageError(f"{directory}: weight {missing} is missing from the weights ({', '.join(files) or 'no tensors'})")
-    for k, v in state.items():
-        if not bool(torch.isfinite(v).all()):
-            raise UsageError(f"{origin[k]}: weight {k} holds NaN or infinite values; tk exports a model with finite weights only")
-
-
-def _forbidden(gen: dict, origin) -> list[int]:
-    """The token ids generate never emits: bad_words_ids of single tokens and suppress_tokens, each a list of JSON
-    whole numbers (a string's characters or a float's truncation are never taken for ids)."""
-    out = []
-    words_ids = gen.get("bad_words_ids") or []
-    if not isinstance(words_ids, list) or not all(isinstance(w, list) and all(type(t) is int for t in w) for w in words_ids):
-        raise UsageError(f"{origin('bad_words_ids')}: bad_words_ids must be lists of token ids (whole numbers), got {words_ids!r:.40}")
-    for words in words_ids:
-        if len(words) != 1:
-            raise UsageError(f"{origin('bad_words_ids')}: bad_words_ids entry {words} has several tokens; tk forbids single tokens only")
-        out.append(words[0])
-    suppress = gen.get("suppress_tokens")
-    if suppress is None:
-        return out
-    if not isinstance(suppress, list) or not all(type(t) is int for t in suppress):
-        raise UsageError(f"{origin('suppress_tokens')}: suppress_tokens must be a list of token ids (whole numbers), "
-                         f"got {suppress!r:.40}")
-    return out + suppress
-
-
 def settings_from(config: dict, generation: dict, where: Path) -> tuple[MarianSettings, DecodingRules]:
     """tk's settings and decoding rules from config.json and generation_config.json."""
-    if config.get("model_type") != "marian":
-        raise UsageError(f"{where}/config.json has model_type {config.get('model_type')!r}; tk imports MarianMTModel "
-                         "(model_type \"marian\", the OPUS-MT family) from Hugging Face")
-    gen = {**{k: config[k] for k in ("max_length", "num_beams", "length_penalty", "early_stopping", "bad_words_ids",
-                                     "suppress_tokens", "forced_eos_token_id", "decoder_start_token_id") if k in config},
-           **generation}
+    if config.get("model_type") != "marian":  # the architecture table names what tk imports
+        from toolkit.core.architectures import for_hf_model_type
+
+        for_hf_model_type(config.get("model_type"), f"{where}/config.json")
+    gen = generation_fields(config, generation)
     defaults = MarianSettings()
     values = {}
     for f in fields(MarianSettings):
@@ -351,25 +211,17 @@ def settings_from(config: dict, generation: dict, where: Path) -> tuple[MarianSe
     if config.get("normalize_before") or config.get("add_final_layer_norm") or config.get("normalize_embedding"):
         raise UsageError(f"{where}/config.json asks for layer norms MarianMTModel does not have; is it a Marian model?")
     origin = lambda key: f"{where}/{'generation_config.json' if key in generation else 'config.json'}"  # noqa: E731
-    suppress = _forbidden(gen, origin)
-    alpha = gen.get("length_penalty", 1.0)
-    if type(alpha) not in (int, float) or not -10.0 <= alpha <= 10.0:  # NaN fails the range too
-        raise UsageError(f"{origin('length_penalty')}: length_penalty must be a number from -10 to 10, got {alpha!r:.40}")
+    suppress = forbidden(gen, origin)
     settings = MarianSettings(**values, max_len=min(values["max_position_embeddings"], 1024),
                               suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
     _check(settings, f"{where}/config.json")
     forced = gen.get("forced_eos_token_id", config.get("forced_eos_token_id"))
     if forced not in (None, settings.eos_token_id):
         raise UsageError(f"{where}: forced_eos_token_id {forced} is not the end token {settings.eos_token_id}")
-    max_length = gen.get("max_length", 20)  # transformers' default when neither config sets it
-    if type(max_length) is not int or not 2 + (forced is not None) <= max_length <= 4097:
-        raise UsageError(f"{origin('max_length')}: max_length must be a whole number from 3 to 4097, got {max_length!r:.40}")
-    early = gen.get("early_stopping", False)
+    alpha, early, max_new = beam_rules(gen, origin, forced is not None)
     rules = DecodingRules(start=settings.decoder_start_token_id, end=settings.eos_token_id, pad=settings.pad_token_id,
-                          length_penalty="hf", alpha=float(alpha),
-                          early_stopping=early if early in (True, False, "never") else False, forced_end=forced is not None,
-                          # generate's max_length counts the start token, and a forced end token takes the last place
-                          max_new_tokens=max_length - 1 - (forced is not None))
+                          length_penalty="hf", alpha=alpha, early_stopping=early, forced_end=forced is not None,
+                          max_new_tokens=max_new)
     return settings, rules
 
 
@@ -384,6 +236,8 @@ class HfSource:
     weight_files: list[Path]
     tokenizer: TokenizerDeclaration
     num_beams: int
+    architecture: str = "marian"  # its entry in toolkit.core.architectures
+    tokenizer_type: str = "MarianTokenizer (source.spm, target.spm, vocab.json)"
 
     def record(self, weights_sha256: str) -> dict:
         """The manifest's checkpoint section: where the weights came from and their digests."""
@@ -391,65 +245,46 @@ class HfSource:
         return {"path": self.directory.name, "sha256": digest, "weights_sha256": weights_sha256}
 
 
-def _vocabulary(directory: Path, name: str, size: int, field: str) -> dict[str, int]:
-    """A MarianTokenizer vocabulary (piece -> id), every id a token of the model's embedding: an id outside it would
-    pass export and fail every translation in the runtime."""
-    from toolkit.core.tokenizers import MAX_VOCAB_BYTES, read_json_object
+def _expected(settings: MarianSettings) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """MarianMTModel's state dict for these settings (shapes), and the entries a saved directory may leave out: the
+    tied ones (saved once, as the embedding they share), the output bias (transformers starts a missing one at zero)
+    and the positions transformers computes at load."""
+    from transformers import MarianMTModel
 
-    vocab = read_json_object(_inside(directory, name), MAX_VOCAB_BYTES, "a vocabulary")
-    for piece, i in vocab.items():
-        if type(i) is not int or not 0 <= i < size:
-            raise UsageError(f"{directory / name}: piece {piece[:40]!r} has id {i!r:.40}, not a token id of the model "
-                             f"(a whole number below config.json {field} {size})")
-    return vocab
+    _check(settings, "config")
+    own = meta_shapes(lambda: MarianMTModel(settings.marian_config()))
+    optional = {"final_logits_bias", *COMPUTED} | ({"lm_head.weight"} if settings.tie_word_embeddings else set())
+    if settings.share_encoder_decoder_embeddings:
+        optional |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
+    return own, optional
 
 
-def _sentencepiece(path: Path) -> None:
-    """A SentencePiece model that loads and encodes (an empty or garbage file would export, then fail every translation)."""
-    import sentencepiece as spm
-
-    try:
-        data = _inside(path.parent, path.name).read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read {path} ({e.strerror})") from None
-    try:
-        sp = spm.SentencePieceProcessor(model_proto=data)
-        sp.encode("a")  # an empty proto loads without complaint and fails only here
-        usable = sp.get_piece_size() > 0
-    except (RuntimeError, TypeError, ValueError):
-        usable = False
-    if not usable:
-        raise UsageError(f"{path} is not a SentencePiece model that sentencepiece can load ({len(data)} bytes); a Hugging Face "
-                         "Marian directory holds MarianTokenizer's source.spm and target.spm (tokenizer.save_pretrained)")
+SPM_HINT = "a Hugging Face Marian directory holds MarianTokenizer's source.spm and target.spm (tokenizer.save_pretrained)"
 
 
 def read(source: str | Path) -> HfSource:
     """Reads `hf:DIR` (or DIR): config, generation config, weights and MarianTokenizer files."""
-    text = str(source)
-    directory = Path(text[len(PREFIX):] if text.startswith(PREFIX) else text)
-    if not directory.is_dir():
-        raise UsageError(f"{directory} is not a directory; `tk export hf:DIR` takes a directory written by save_pretrained "
-                         "(a Hub id needs the network: download it first with huggingface-cli download)")
-    config = _json(directory, "config.json")
-    generation = _json(directory, "generation_config.json", required=False) or {}
+    directory = hf_files.directory_of(source)
+    config = hf_files.read_json(directory, "config.json", what="model and MarianTokenizer")
+    generation = hf_files.read_json(directory, "generation_config.json", required=False) or {}
     settings, rules = settings_from(config, generation, directory)
-    tok_config = _json(directory, "tokenizer_config.json", required=False) or {}
+    tok_config = hf_files.read_json(directory, "tokenizer_config.json", required=False) or {}
     separate = bool(tok_config.get("separate_vocabs", False))
     for name in ("source.spm", "target.spm", "vocab.json") + (("target_vocab.json",) if separate else ()):
-        if not _inside(directory, name).is_file():
+        if not inside(directory, name).is_file():
             raise UsageError(f"{directory} has no {name}; save the MarianTokenizer beside the model (tokenizer.save_pretrained(DIR))")
-    vocab = _vocabulary(directory, "vocab.json", settings.vocab_size, "vocab_size")
+    vocab = hf_files.vocabulary(directory, "vocab.json", settings.vocab_size, "vocab_size")
     if separate:
-        _vocabulary(directory, "target_vocab.json", settings.decoder_vocab_size, "decoder_vocab_size")
+        hf_files.vocabulary(directory, "target_vocab.json", settings.decoder_vocab_size, "decoder_vocab_size")
     for name in ("source.spm", "target.spm"):
-        _sentencepiece(directory / name)
+        hf_files.sentencepiece(directory / name, SPM_HINT)
     unk = vocab.get(tok_config.get("unk_token", "<unk>") if isinstance(tok_config.get("unk_token", "<unk>"), str) else "<unk>")
     if unk is None:
         raise UsageError(f"{directory}/vocab.json has no <unk> piece")
     tokenizer = TokenizerDeclaration(kind="marian", source="source.spm", target="target.spm", vocab="vocab.json",
                                      target_vocab="target_vocab.json" if separate else None, unk=unk)
-    state, origin, files = _weights(directory)
-    _check_weights(settings, state, origin, directory)
+    state, origin, files = hf_files.read_weights(directory, "MarianMTModel")
+    check_weights(*_expected(settings), state, origin, directory, "MarianMTModel")
     model = build(settings)
     model.hf.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     model.eval()
@@ -465,7 +300,7 @@ def write_files(source: HfSource, tmp: Path) -> dict:
         extra.append({"file": name, "sha256": file_sha256(tmp / name)})
     declaration = Declaration(source.rules, source.tokenizer, origin="hf", placeholders=False)
     return {"declaration": declaration.to_dict(), "extra_files": extra,
-            "tokenizer": {"file": "source.spm", "sha256": extra[0]["sha256"], "type": "MarianTokenizer (source.spm, target.spm, vocab.json)"},
+            "tokenizer": {"file": extra[0]["file"], "sha256": extra[0]["sha256"], "type": source.tokenizer_type},
             "special_tokens": {"pad": source.settings.pad_token_id, "unk": source.tokenizer.unk, "bos": source.rules.start,
                                "eos": source.rules.end},
             "training": {"options": {"imported_from": "huggingface", "num_beams": source.num_beams,

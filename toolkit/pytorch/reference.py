@@ -10,6 +10,7 @@ import onnx
 import onnx.numpy_helper
 import torch
 
+from toolkit.core import architectures
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import CheckpointRecord, Manifest
 from toolkit.pytorch import checkpoint, registry
@@ -49,7 +50,7 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
     record = m.checkpoint or CheckpointRecord(weights_sha256="")
     if not 0 <= (record.seed or 0) < 2**32:
         raise UsageError(f"{m.directory}/manifest.json: checkpoint.seed must be an integer in [0, 2^32); re-export")
-    if m.model == "marian":
+    if architectures.imported(m.model):
         return _hf_reference(m, entry, cfg, record, echo, checkpoint_path)
     if m.model == "adapter":
         return _adapter_reference(m, entry, cfg, record, echo, checkpoint_path)
@@ -81,12 +82,13 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
 
 
 def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given: str | Path | None):
-    """An imported Marian's reference: transformers' MarianMTModel from the Hugging Face directory (--checkpoint hf:DIR,
-    or the one recorded at export if it is here, unchanged), else rebuilt from the graphs' own weights."""
-    from toolkit.pytorch import hf_marian
+    """An imported model's reference: transformers' own model (MarianMTModel, M2M100ForConditionalGeneration) from the
+    Hugging Face directory (--checkpoint hf:DIR, or the one recorded at export if it is here, unchanged), else rebuilt
+    from the graphs' own weights."""
+    from toolkit.pytorch import hf_import
 
     where = str(given) if given is not None else record.path
-    here = where is not None and Path(str(where).removeprefix(hf_marian.PREFIX)).is_dir()
+    here = where is not None and Path(str(where).removeprefix(hf_import.PREFIX)).is_dir()
     if given is not None and not here:
         raise UsageError(f"--checkpoint {given} is not a directory; give the Hugging Face directory the model was exported from (hf:DIR)")
     model = source = None
@@ -96,7 +98,10 @@ def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given
         if checkpoint.weights_sha256(model) != record.weights_sha256:
             raise UsageError(f"reference weights ({source}) differ from the ones exported (weights digest mismatch); re-export")
     elif here:
-        hf = hf_marian.read(where)
+        if hf_import.architecture_of(where).name != m.model:
+            raise UsageError(f"{where} holds a {hf_import.architecture_of(where).hf_class}, but {m.directory} was exported from a "
+                             f"{architectures.get(m.model).hf_class}; give the Hugging Face directory it was exported from")
+        hf = hf_import.read(where)
         differ = next((k for k, v in dataclasses.asdict(hf.settings).items() if m.config.get(k) != v), None)
         if differ is not None:
             raise UsageError(f"{where} is another model than {m.directory} ({differ} {getattr(hf.settings, differ)!r}, exported "

@@ -21,6 +21,7 @@ from toolkit.models.attention import AdditiveAttention, DotProductAttention, Mul
 from toolkit.models.kernel_regression import NWKernelRegression
 from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
 from toolkit.models.transformer import Transformer, TransformerConfig, layer_key
+from toolkit.pytorch import hf_m2m100
 from toolkit.pytorch.adapter import AdapterSettings
 from toolkit.pytorch.adapter import build as adapter_build
 from toolkit.pytorch.hf_marian import MarianSettings
@@ -171,6 +172,11 @@ def marian_graphs(cfg: MarianSettings) -> list[GraphSpec]:
     return encoder_decoder_graphs(cfg.d_model, cfg.decoder_layers, cfg.decoder_attention_heads, cfg.decoder_vocab_size)
 
 
+def hf_graphs(cfg) -> list[GraphSpec]:
+    """An imported encoder-decoder's graphs in tk's cache layout (toolkit.core.architectures' "hf" entries)."""
+    return encoder_decoder_graphs(cfg.d_model, cfg.decoder_layers, cfg.decoder_attention_heads, cfg.vocab_size)
+
+
 def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
     memory = TensorSpec("memory", FLOAT, ("batch", "src_len", cfg.num_hiddens))
     state = TensorSpec("state", FLOAT, (cfg.num_layers, "batch", cfg.num_hiddens))
@@ -210,6 +216,8 @@ register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, tr
                     attention=transformer_attention, read_attention=read_transformer_attention))
 # Hugging Face MarianMTModel (the OPUS-MT family), imported with `tk export hf:DIR` (toolkit.pytorch.hf_marian).
 register(ModelEntry("marian", "seq2seq", MarianSettings, hf_build, marian_graphs))
+# Hugging Face M2M100ForConditionalGeneration (M2M-100, NLLB-200), imported with `tk export hf:DIR` (toolkit.pytorch.hf_m2m100).
+register(ModelEntry("m2m100", "seq2seq", hf_m2m100.M2M100Settings, hf_m2m100.build, hf_graphs))
 # Your own encoder-decoder, exported with `tk export MODULE:FUNCTION` (toolkit.pytorch.adapter): its graphs as it declared them.
 register(ModelEntry("adapter", "seq2seq", AdapterSettings, adapter_build, lambda cfg: cfg.specs(), random_init=False))
 # GRU encoder + Bahdanau-attention GRU decoder.

@@ -1,7 +1,7 @@
 """`tk verify` of a model imported from Hugging Face: tk's translations against transformers' own `generate`.
 
-The other checks hold the graphs to tk's PyTorch view of the model (MarianForTk, built from the same modules).
-This one closes the loop with the implementation users know: transformers' MarianMTModel.generate, greedy and with
+The other checks hold the graphs to tk's PyTorch view of the model (MarianForTk, M2M100ForTk: built from the same
+modules). This one closes the loop with the implementation users know: transformers' own generate, greedy and with
 the generation config's beam width (4 unless it says more), decoding the same sentences by the same rules (its
 length penalty and early stopping, its maximum length, the forced end token, the forbidden tokens), must give the
 same tokens as tk's decoding loop on every runtime session verified.
@@ -18,16 +18,20 @@ from toolkit.core.variants import CATALOGUE
 from toolkit.verify.report import Report, Row
 
 
-def generate_tokens(model, src_ids: list[list[int]], m: Manifest, beam: int) -> list[list[int]]:
-    """transformers' generate on the reference model, as each sentence's output tokens (start and end token dropped)."""
+def generate_tokens(model, src_ids: list[list[int]], m: Manifest, beam: int, out_len: int | None = None) -> list[list[int]]:
+    """transformers' generate on the reference model, as each sentence's output tokens (start and end token dropped),
+    at most `out_len` of them (None: the model's limit)."""
     rules = m.rules()
+    out_len = out_len or m.max_output_len
     ids, lens = pad_batch(src_ids, rules.pad)
     mask = np.arange(ids.shape[1])[None, :] < lens[:, None]
-    max_length = m.max_output_len + 1 + int(rules.forced_end)  # generate's counts the start token
+    max_length = out_len + 1 + int(rules.forced_end)  # generate's counts the start token
     with torch.inference_mode():
         out = model.hf.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)),
                                 num_beams=beam, do_sample=False, max_length=max_length, length_penalty=rules.alpha,
-                                early_stopping=rules.early_stopping, num_return_sequences=1)
+                                early_stopping=rules.early_stopping, num_return_sequences=1,
+                                # a multilingual model's target language, forced first as tk forces it
+                                **({"forced_bos_token_id": rules.forced_first} if rules.forced_first is not None else {}))
     tokens = []
     for row in out.tolist():
         row = row[1:]
@@ -35,18 +39,22 @@ def generate_tokens(model, src_ids: list[list[int]], m: Manifest, beam: int) -> 
     return tokens
 
 
-def generate_parity(report: Report, m: Manifest, model, backends: dict, src_ids: list[list[int]], echo) -> None:
-    """A row per (beam, session): how many translations are token-identical to generate's."""
+def generate_parity(report: Report, m: Manifest, model, backends: dict, src_ids: list[list[int]], echo,
+                    out_len: int | None = None, beams: tuple[int, ...] | None = None) -> None:
+    """A row per (beam, session): how many translations are token-identical to generate's, both decoding at most
+    `out_len` tokens (None: the model's limit), at `beams` (None: greedy and the generation config's beam width)."""
     if not src_ids:
         return
+    out_len = out_len or m.max_output_len
     rules = m.rules()
     options = (m.training.options if m.training else None) or {}
-    beams = [1, max(4, int(options.get("num_beams", 4)))]
-    echo(f"comparing with transformers' generate: {len(src_ids)} sentences, greedy and beam {beams[1]}")
+    beams = list(beams or (1, max(4, int(options.get("num_beams", 4)))))
+    echo(f"comparing with transformers' generate: {len(src_ids)} sentences, " + " and ".join(
+        "greedy" if b == 1 else f"beam {b}" for b in beams))
     for beam in beams:
-        reference = generate_tokens(model, src_ids, m, beam)
+        reference = generate_tokens(model, src_ids, m, beam, out_len)
         for (provider, variant), backend in backends.items():
-            hyps = translate_ids(backend(), src_ids, m.max_output_len, beam, rules.alpha, 1, None, False, rules)
+            hyps = translate_ids(backend(), src_ids, out_len, beam, rules.alpha, 1, None, False, rules)
             got = [h[0].tokens for h in hyps]
             same = sum(a == b for a, b in zip(reference, got))
             first = next((i for i, (a, b) in enumerate(zip(reference, got)) if a != b), None)

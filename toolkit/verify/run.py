@@ -18,11 +18,15 @@ attention.py, int8_layers.py and guarded_int8.py (int8 that keeps its worst laye
 from __future__ import annotations
 
 import importlib
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from toolkit import runtimes
+from toolkit.core import architectures
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
 from toolkit.core.engines import PROVIDERS
@@ -51,25 +55,77 @@ from toolkit.verify.compare import (
 )
 from toolkit.verify.report import Report, Row, environment  # noqa: F401 (environment: named here too)
 
+# Tokens each verify decode runs to at most unless --max-len or --full says otherwise: a model that never stops early (a
+# random one, or one that loops) would otherwise decode to its own limit (510 for opus-mt) in every check, 18 to 30+
+# minutes for a 75M model on 2 cores. 64 tokens hold every sentence of the held-out split tk decodes.
+DECODE_TOKENS = 64
+# Above this many weights (opus-mt-en-fr has 74.6M), the default verify leaves out what --full adds (see `at_scale`):
+# on 2 loaded cores one decode step of a 75M model against PyTorch, every output compared, takes about a second.
+SCALE_WEIGHTS = 20_000_000
+SCALE_SENTENCES = 4  # sentences decoded at scale unless --sentences or --full says otherwise
+
+
+@contextmanager
+def stage(name: str, echo) -> Iterator[None]:
+    """A progress line when a stage starts and one with its time when it ends (stderr): verify of a large model runs
+    minutes, and the times say where they went."""
+    echo(f"verify: {name} ...")
+    start = time.perf_counter()
+    yield
+    echo(f"verify: {name}: {time.perf_counter() - start:.1f} s")
+
+
+def decode_limit(m: Manifest, max_len: int | None, full: bool) -> int:
+    """Tokens each decode of verify runs to at most: --max-len, else the model's own limit with --full, else
+    DECODE_TOKENS; never beyond the model's limit."""
+    if max_len is not None:
+        return min(max_len, m.max_output_len)
+    return m.max_output_len if full else min(DECODE_TOKENS, m.max_output_len)
+
+
+def weight_count(m: Manifest) -> int:
+    """About how many float32 weights the fp32 graphs hold, from the sizes of their files and of the weights file they
+    share (export's weights.bin): no graph is read."""
+    files = [m.directory / g.file for g in m.graphs.values()] + [m.directory / "weights.bin"]
+    return sum(f.stat().st_size for f in files if f.is_file()) // 4
+
+
+def at_scale(m: Manifest, sentences: int | None, full: bool, echo) -> tuple[int, tuple[int, ...] | None]:
+    """What the default verify decodes: (sentences, generate's beams; None: the model's own). A model above
+    SCALE_WEIGHTS decodes SCALE_SENTENCES sentences (unless --sentences is given) and compares with generate greedy
+    only; the line on stderr names what it leaves out, which --full runs."""
+    if full or weight_count(m) <= SCALE_WEIGHTS:
+        return (16 if sentences is None else sentences), None
+    left_out = ["generate's beam search"] + (["" if sentences is not None else f"all but {SCALE_SENTENCES} of 16 sentences"])
+    echo(f"verify: {weight_count(m) / 1e6:.0f}M weights: left out at this size: {', '.join(x for x in left_out if x)} "
+         "(--full runs everything; --sentences sets the sentences)")
+    return (SCALE_SENTENCES if sentences is None else sentences), (1,)
+
 
 def is_digest(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
 
 
+# Over 60 lines: the stages of one verify in the order they run, each a function of its own; splitting the sequence
+# would only hide it.
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
-           rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
+           rtol: float | None = None, seed: int = 0, sentences: int | None = None, echo=print,
            checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = runtimes.DEFAULT_RUNTIME,
-           data: str | Path | None = None, localize: bool | None = None, localize_against=None) -> Report:
+           data: str | Path | None = None, localize: bool | None = None, localize_against=None, max_len: int | None = None,
+           full: bool = False) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
     in the provider column ("openvino-cpu"); the default runtime's stay "cpu"/"cuda". `data`: the corpus whose
     held-out split is decoded (default: toolkit.core.data.find's search). `localize`: find the first divergent
     node of the first failing case (None: when a check fails; True: also on the sweep case of a passing model), against
-    PyTorch or `localize_against` (a toolkit.verify.localize.Side: another runtime, provider or variant)."""
+    PyTorch or `localize_against` (a toolkit.verify.localize.Side: another runtime, provider or variant).
+    `max_len`: tokens each decode runs to at most (None: DECODE_TOKENS, or the model's own limit with `full`).
+    `sentences`: held-out sentences decoded (None: 16, or SCALE_SENTENCES for a large model unless `full`).
+    `full`: also what the default leaves out at scale (see `at_scale`)."""
     spec = runtimes.get(runtime)
     if spec.verify:  # a converted copy, not graphs: checked by its own kinds of evidence
         module, _, function = spec.verify.partition(":")
         return getattr(importlib.import_module(module), function)(
-            directory, provider, variants, atol, rtol, seed, sentences, echo, checkpoint, expect_digest, data,
+            directory, provider, variants, atol, rtol, seed, 16 if sentences is None else sentences, echo, checkpoint, expect_digest, data,
             bool(localize or localize_against))
     m = manifest_mod.load(directory)
     report = Report(str(directory), seed, runtime=runtimes.label(runtime))
@@ -87,26 +143,31 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     variants = [v for v in variants if v != "attention"] if variants else m.variants()
     providers = list(PROVIDERS) if provider == "all" else [provider]
     # Sessions first: a provider that cannot load fails before any PyTorch work.
-    sessions, backends = _load(m, runtime, providers, variants, provider == "all", report, echo)
+    out_len = decode_limit(m, max_len, full)
+    sentences, beams = at_scale(m, sentences, full, echo)
+    # Stage lines where stages take minutes (a large model); a small model's verify stays a few lines.
+    progress = echo if weight_count(m) > SCALE_WEIGHTS else (lambda line: None)
+    with stage(f"loading the graphs ({', '.join(variants)} on {', '.join(providers)})", progress):
+        sessions, backends = _load(m, runtime, providers, variants, provider == "all", report, echo)
     echo(f"runtime: {report.runtime}")
-    entry, cfg, model, report.reference = load_reference(m, echo, checkpoint)
+    with stage("building the PyTorch reference", progress):
+        entry, cfg, model, report.reference = load_reference(m, echo, checkpoint)
     report.reference_kind, report.reference_proves = reference_kind(report.reference)
-    check_weights(report, m, entry, cfg, model, checkpoint, expect_digest, echo)
+    with stage("weights digest", progress):
+        check_weights(report, m, entry, cfg, model, checkpoint, expect_digest, echo)
     if not _declarations_match(report, m, entry, cfg):
         return report  # the graphs cannot be fed or compared by a declaration that is not the model's
     for v in variants:
         for name, spec in m.specs().items():
             report.rows += static_check(graph_source(m, name, v)[0], spec, v)
-    _sweep(report, m, entry, model, cfg, sessions, seed, atol, rtol)
-    src_ids = _decode(report, m, model, cfg, sessions, backends, sentences, data, atol, rtol, echo)
-    if m.model == "marian":  # imported from Hugging Face: its own generate is the final word
-        from toolkit.verify.hf_parity import generate_parity
-
-        generate_parity(report, m, model, backends, src_ids, echo)
+    with stage("sweep (random inputs, every graph and session against PyTorch)", progress):
+        _sweep(report, m, entry, model, cfg, sessions, seed, atol, rtol)
+    src_ids = _decodes(report, m, model, cfg, sessions, backends, sentences, data, atol, rtol, echo, out_len, beams, progress)
     if attention:
         from toolkit.verify.attention import verify_attention
 
-        verify_attention(m, entry, model, cfg, report, [p for p in providers if p not in report.skipped], seed, src_ids, atol, rtol, echo)
+        with stage("attention variant", progress):
+            verify_attention(m, entry, model, cfg, report, [p for p in providers if p not in report.skipped], seed, src_ids, atol, rtol, echo)
     _localize(report, m, entry, model, cfg, runtime, atol, rtol, localize, localize_against, echo)
     return report
 
@@ -210,8 +271,25 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
                                 outs[("cpu", "fp32")], tolerance("fp32", atol, rtol))
 
 
+def _decodes(report: Report, m: Manifest, model, cfg, sessions: dict, backends: dict, sentences: int, data, atol: float | None,
+             rtol: float | None, echo, out_len: int, beams: tuple[int, ...] | None, progress=None) -> list[list[int]]:
+    """The decode stages, each decode at most `out_len` tokens: every step against PyTorch, then (a model imported from
+    Hugging Face) transformers' generate at `beams`. Returns the sentences' ids. `progress`: where stage lines go."""
+    progress = progress or echo
+    progress(f"verify: decodes run to at most {out_len} tokens (the model allows {m.max_output_len}"
+         + ("" if out_len == m.max_output_len else "; --max-len raises it, --full runs to the model's limit") + ")")
+    with stage(f"decoding {sentences} sentences, every step against PyTorch", progress):
+        src_ids = _decode(report, m, model, cfg, sessions, backends, sentences, data, atol, rtol, echo, out_len)
+    if architectures.imported(m.model):  # imported from Hugging Face: its own generate is the final word
+        from toolkit.verify.hf_parity import generate_parity
+
+        with stage("transformers' generate against tk's decoding", progress):
+            generate_parity(report, m, model, backends, src_ids, echo, out_len, beams)
+    return src_ids
+
+
 def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: dict, sentences: int, data, atol: float | None,
-            rtol: float | None, echo) -> list[list[int]]:
+            rtol: float | None, echo, out_len: int | None = None) -> list[list[int]]:
     """Greedy decodes of held-out sentences, every step's outputs against PyTorch's, then the translations token
     for token; returns the sentences' ids (the attention check decodes them too). Only translation models."""
     from toolkit.core.tokenizers import open_tokenizer
@@ -225,9 +303,10 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
     english, origin = held_out_sentences(sentences, data)
     echo(f"decoding {len(english)} sentences from the {origin}")
     src_ids = [ids[:max_len] for ids in open_tokenizer(m).encode(english)]
-    rules, out_len = m.rules(), m.max_output_len
+    rules, out_len = m.rules(), out_len or m.max_output_len
     ref_backend = TorchBackend(model, specs["encoder"], specs["decoder"])
     for (p, v), s in sessions.items():
+        echo(f"decode: {v} on {p}")
         parity = ParityBackend(ref_backend, s, specs, v, p, tolerance(v, atol, rtol), report.rows)
         try:
             greedy(parity, src_ids, out_len, rules=rules)

@@ -106,21 +106,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if serve and set(runtimes) - {DEFAULT_RUNTIME}:
         raise UsageError(f"--serve load-tests `tk serve` on {DEFAULT_RUNTIME}; drop --runtime {sorted(set(runtimes) - {DEFAULT_RUNTIME})[0]}")
     if serve:
-        from toolkit.bench.serve_load import bench_serve
-        from toolkit.bench.serve_load import table as load_table
-        from toolkit.core.data import describe, load_corpus, references
-
-        corpus = load_corpus(data_path, download=False)
-        click.echo(describe(corpus), err=True)
-        english, _ = references(corpus.splits["test"])
-        args = [a for v in variants[:1] for a in ("--variant", v)] + (["--provider", provider] if provider else [])
-        results = bench_serve(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
-        click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
-        click.echo(load_table(results))
-        if json_path:
-            rows = [{**r.__dict__, "throughput": r.throughput} for r in results]
-            json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-        return
+        return _serve(model_dir, data_path, sentences, clients, beams, variants, provider, json_path)
 
     from toolkit.bench import backends as b
 
@@ -141,6 +127,27 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
         click.echo(b.ct2_table(results))
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
+        json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, variants, provider, json_path: Path | None) -> None:
+    """--serve: `tk serve` under concurrent single-sentence requests, with dynamic batching and with batching off."""
+    import json
+    import platform
+
+    from toolkit.bench.serve_load import bench_serve
+    from toolkit.bench.serve_load import table as load_table
+    from toolkit.core.data import describe, load_corpus, references
+
+    corpus = load_corpus(data_path, download=False)
+    click.echo(describe(corpus), err=True)
+    english, _ = references(corpus.splits["test"])
+    args = [a for v in variants[:1] for a in ("--variant", v)] + (["--provider", provider] if provider else [])
+    results = bench_serve(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
+    click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
+    click.echo(load_table(results))
+    if json_path:
+        rows = [{**r.__dict__, "throughput": r.throughput} for r in results]
         json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -47,9 +48,13 @@ from toolkit.core.errors import UsageError
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads per session [default: the cores / the default streams].")
 @click.option("--streams", type=STREAMS,
               help="Batches decoded at the same time (CTranslate2's inter_threads); cut to the cores / --threads [default: one per core, up to 4].")
+@click.option("--format", "text_format", type=click.Choice(["text", "html"]), default="text", show_default=True,
+              help="html: each line is an HTML fragment; its text is translated and its markup kept in place.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
+@click.option("--source-lang", help="A multilingual model's source language code (en, eng_Latn) [default: the model's own].")
+@click.option("--target-lang", help="A multilingual model's target language code (fr, fra_Latn) [default: the model's own].")
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, decoding, keep, split, raw,
-              strict, n_best, reference, threads, streams, quiet):
+              strict, n_best, reference, threads, streams, text_format, quiet, source_lang, target_lang):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
     Sentences come from arguments, -i FILE, or standard input, one per line;
@@ -77,6 +82,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     for i, sentence in enumerate(text, 1):
         if _undecodable(sentence):  # the shell passed bytes that are not UTF-8 (Python keeps them as surrogates)
             raise UsageError(f"argument {i} is not valid UTF-8 text; pass UTF-8, or the lines in a UTF-8 file with -i FILE")
+    if text_format == "html" and n_best > 1:
+        raise UsageError("--n-best gives several translations of a sentence, which an HTML fragment cannot hold; "
+                         "drop --n-best or --format html")
     if not text and not input_path and sys.stdin is None:
         raise UsageError("standard input is closed; give sentences as arguments or with -i FILE")
     # Every decoding option checked before the model loads (--n-best above --beam fails in a second); built for the model below.
@@ -94,6 +102,11 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {t.variant}) on {t.where}; ready in {t.startup_s:.2f}s")
+    if source_lang is not None or target_lang is not None:  # the source code on each sentence, the target forced first
+        from toolkit.core.tokenizers import with_languages
+
+        chosen, tokenizer = with_languages(t.manifest, t.tokenizer, source_lang, target_lang)
+        t = dataclasses.replace(t, manifest=chosen, tokenizer=tokenizer)
     if t.built_s:
         from toolkit.core.variants import export_flag
 
@@ -129,13 +142,17 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
             click.echo(line)
 
     bar = None
-    if not quiet and input_path:
+    # A file's bar knows its total; standard input's counts lines as they go (shown to a person at a terminal only, so a
+    # pipeline's stderr stays free of it).
+    if not quiet and (input_path or (not text and sys.stderr.isatty())):
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True, leave=False)
     try:
         # With a progress bar on stderr, warnings go above it instead of through it.
         warn = (lambda m: bar.write(m, file=sys.stderr)) if bar else say
+        if text_format == "html":
+            from toolkit.deploy.markup import translate_html_lines as translate_lines
         stats = translate_lines(t, lines, write, opts, strict, warn=warn, progress=bar.update if bar else lambda n: None, text=text_opts)
     except BaseException:
         if out:

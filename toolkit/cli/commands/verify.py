@@ -11,6 +11,7 @@ from toolkit.cli.commands.options import (
     DEFAULT_RUNTIME,
     SEED,
     TOLERANCE,
+    TakesModel,
     provider_option,
     runtime_option,
     writable_file,
@@ -19,7 +20,7 @@ from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
 
 
-@click.command()
+@click.command(cls=TakesModel)
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @provider_option("cpu", also=("all",))
 @runtime_option()
@@ -28,7 +29,13 @@ from toolkit.core.variants import NAMES
 @click.option("--atol", type=TOLERANCE, help="Absolute tolerance [default: per variant, see README].")
 @click.option("--rtol", type=TOLERANCE, help="Relative tolerance [default: per variant].")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random sweep inputs.")
-@click.option("--sentences", type=click.IntRange(0, 10000), default=16, show_default=True, help="Test-split sentences to decode.")
+@click.option("--sentences", type=click.IntRange(0, 10000),
+              help="Test-split sentences to decode [default: 16; 4 for a model over 20M weights unless --full].")
+@click.option("--max-len", type=click.IntRange(1, 4096),
+              help="Tokens each decode runs to at most [default: 64, or the model's own limit with --full; never beyond the model's].")
+@click.option("--full", is_flag=True,
+              help="Everything, at any size: decodes to the model's own limit, and what the default leaves out for a large model "
+                   "(it names what on stderr).")
 @DATA_OPTION
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
 @click.option("--record", is_flag=True, help="Store a summary of the verdict in the directory's manifest.json.")
@@ -48,8 +55,8 @@ from toolkit.core.variants import NAMES
 @click.option("--to-hf", "hf_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Instead: check the Hugging Face MarianMTModel directory that `tk export MODEL_DIR --to-hf DIR` wrote against "
                    "the fp32 graphs (transformers' log-probabilities, tokenizer and greedy generate; needs the hf extra).")
-def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, data_path, json_path, record, checkpoint_path,
-           int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir):
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, max_len, full, data_path, json_path, record,
+           checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
     \b
@@ -66,8 +73,10 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     writable_file(json_path, "--json")
     writable_file(localize_plot, "--localize-plot")
     if hf_dir is not None:
+        if max_len is not None or full:
+            raise UsageError("--to-hf runs its own checks; drop --max-len and --full")
         _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot)
-        return _verify_hf(model_dir, hf_dir, atol, rtol, seed, sentences, data_path, json_path)
+        return _verify_hf(model_dir, hf_dir, atol, rtol, seed, 16 if sentences is None else sentences, data_path, json_path)
     if expect_digest is not None and not is_digest(expect_digest):
         raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
     against = None
@@ -79,7 +88,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     start = time.time()
     report = run_verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
                       echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest,
-                      runtime=runtime, data=data_path, localize=localize, localize_against=against)
+                      runtime=runtime, data=data_path, localize=localize, localize_against=against, max_len=max_len, full=full)
     click.echo(render(report))
     if report.localization is not None:
         from toolkit.verify import localize as localization

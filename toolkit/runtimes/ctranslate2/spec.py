@@ -103,7 +103,10 @@ def conversion_problem(m: Manifest) -> str | None:
     `tk export DIR --ctranslate2` and by `--runtime ctranslate2` on a directory without a conversion, so that the one
     never advises the other where it would refuse."""
     if m.model != "transformer":
-        what = "an imported Marian ('marian')" if m.model == "marian" else f"a '{m.model}' model"
+        from toolkit.core import architectures  # the entry says what the model is: an import names its class
+
+        arch = architectures.ARCHITECTURES.get(m.model)
+        what = f"an imported {arch.hf_class} ('{m.model}')" if arch and arch.hf_class else f"a '{m.model}' model"
         return (f"CTranslate2 runs tk's Transformer; {m.directory} holds {what}, which tk does not convert to CTranslate2: "
                 "use --runtime onnxruntime (the default)")
     if m.config.get("pre_ln"):
