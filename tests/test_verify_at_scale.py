@@ -38,10 +38,12 @@ def _decoded_tokens(report: Path) -> int:
 
 
 @pytest.mark.slow
-def test_verify_bounds_the_decodes_of_a_model_that_never_stops(cli, never_stops, tmp_path):
+def test_verify_bounds_the_decodes_of_a_model_that_never_stops(cli, never_stops, tmp_path, monkeypatch):
     from toolkit.core.manifest import load
+    from toolkit.verify import run
     from toolkit.verify.run import DECODE_TOKENS
 
+    monkeypatch.setattr(run, "PROGRESS_WEIGHTS", 0)  # stage lines are for large models; this tiny one stands in
     hf, tk = never_stops
     assert load(tk).max_output_len > DECODE_TOKENS  # the model alone would decode past the bound
     default = cli("verify", tk, "--checkpoint", f"hf:{hf}", "--sentences", 3, "--json", tmp_path / "default.json")
@@ -56,6 +58,25 @@ def test_verify_bounds_the_decodes_of_a_model_that_never_stops(cli, never_stops,
     assert short.exit_code == 0, short.output  # generate is held to the same bound: its rows still pass
     assert _decoded_tokens(tmp_path / "short.json") == 5
     rows = json.loads((tmp_path / "short.json").read_text())["rows"]
+    assert {r["detail"].split(" identical")[0] for r in rows if r["check"] == "generate"} == {"3/3"}
+
+
+@pytest.mark.slow
+def test_a_small_model_s_verify_prints_no_stage_lines_and_a_model_without_a_forced_end_matches_generate(cli, tmp_path):
+    """Stage lines are for models whose verify takes minutes; and generate is held to the directory's own end-token rule
+    (no forced_eos_token_id here), not the one the rebuilt config would otherwise force."""
+    from toolkit.bench.scale_model import Shape, build
+    from toolkit.pytorch.export import ExportOptions, export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = build(Shape("no-forced-end", d_model=32, layers=1, heads=4, ffn=64, vocab=300, positions=128, init_std=0.2),
+                   tmp_path / "hf", forced_end=False)
+    export(ExportOptions(out=tmp_path / "tk", checkpoint=f"hf:{hf}"), echo=lambda m: None)
+    result = cli("verify", tmp_path / "tk", "--checkpoint", f"hf:{hf}", "--sentences", 3, "--max-len", 6, "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"^verify: ", result.output, re.M), result.output
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert {r["detail"].split(" identical")[0] for r in rows if r["check"] == "generate"} == {"3/3"}
 
 

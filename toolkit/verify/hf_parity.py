@@ -30,6 +30,8 @@ def generate_tokens(model, src_ids: list[list[int]], m: Manifest, beam: int, out
         out = model.hf.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)),
                                 num_beams=beam, do_sample=False, max_length=max_length, length_penalty=rules.alpha,
                                 early_stopping=rules.early_stopping, num_return_sequences=1,
+                                # the directory's own rule, whatever the rebuilt config says (None: no forced end token)
+                                forced_eos_token_id=rules.end if rules.forced_end else None,
                                 # a multilingual model's target language, forced first as tk forces it
                                 **({"forced_bos_token_id": rules.forced_first} if rules.forced_first is not None else {}))
     tokens = []

@@ -63,6 +63,7 @@ DECODE_TOKENS = 64
 # on 2 loaded cores one decode step of a 75M model against PyTorch, every output compared, takes about a second.
 SCALE_WEIGHTS = 20_000_000
 SCALE_SENTENCES = 4  # sentences decoded at scale unless --sentences or --full says otherwise
+PROGRESS_WEIGHTS = SCALE_WEIGHTS  # above this, each stage says when it starts and how long it took
 
 
 @contextmanager
@@ -146,7 +147,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     out_len = decode_limit(m, max_len, full)
     sentences, beams = at_scale(m, sentences, full, echo)
     # Stage lines where stages take minutes (a large model); a small model's verify stays a few lines.
-    progress = echo if weight_count(m) > SCALE_WEIGHTS else (lambda line: None)
+    progress = echo if weight_count(m) > PROGRESS_WEIGHTS else (lambda line: None)
     with stage(f"loading the graphs ({', '.join(variants)} on {', '.join(providers)})", progress):
         sessions, backends = _load(m, runtime, providers, variants, provider == "all", report, echo)
     echo(f"runtime: {report.runtime}")
