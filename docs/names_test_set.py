@@ -14,7 +14,7 @@ How the set is made, and why nothing in it is trained on or used to choose a mod
    The pairs are those whose stock name occurs once on each side and that name no one else; one pair per name, drawn
    with a fixed seed.
 
-tests/test_recipe_student.py rebuilds the file from the corpus and checks it is this script's output, and checks each
+tests/pytorch/test_recipe_student.py rebuilds the file from the corpus and checks it is this script's output, and checks each
 rule above. Scored by `tk evaluate DIR --names docs/names-test.tsv` (toolkit/deploy/names.py).
 """
 

@@ -62,7 +62,7 @@ def slim_path() -> Path:
     """The finished run's final weights without the optimizer (write_slim)."""
     return RUN / "student.pt"
 
-SIZE_BUDGET = 40 * 2**20  # tests/test_shipped.py
+SIZE_BUDGET = 40 * 2**20  # tests/deploy/test_shipped.py
 MAX_PARAMETERS = 10_000_000
 MIN_CHALLENGE_BLEU = 45.0
 MIN_NAMES_SHARE = 0.9

@@ -41,7 +41,7 @@ class Shape:
 SHAPES = {
     # Helsinki-NLP/opus-mt-en-fr's config: 74.6M weights.
     "opus-mt": Shape("opus-mt", d_model=512, layers=6, heads=8, ffn=2048, vocab=59514),
-    # The harness's smoke test (tests/test_scale_bench.py): the same code path in seconds. Larger initial weights
+    # The harness's smoke test (tests/bench/test_scale_bench.py): the same code path in seconds. Larger initial weights
     # than a trained model's: wide gaps between the best tokens, so float rounding never picks another one.
     "tiny": Shape("tiny", d_model=32, layers=2, heads=4, ffn=64, vocab=400, positions=64, init_std=0.2),
 }

@@ -2,7 +2,7 @@
 
 `open_tokenizer(manifest)` is how every command gets a model's tokenizer. Torch-free and transformers-free: the Marian
 layout is read here with sentencepiece and json alone, to the same ids and text as transformers' MarianTokenizer
-(tests/test_hf_marian.py compares them).
+(tests/pytorch/test_hf_marian.py compares them).
 """
 
 from __future__ import annotations

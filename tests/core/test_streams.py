@@ -1,0 +1,173 @@
+"""Concurrent decoding streams (`--streams`): the same translations, decoded in several threads at once."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolkit.core.batching import DecodeOptions, decode_ids
+from toolkit.core.decoding import StepBackend
+from toolkit.core.tokenizer import EOS
+
+MODEL = Path(__file__).resolve().parents[2] / "exported" / "transformer"
+
+
+class Counting(StepBackend):
+    """A deterministic toy model that notes which thread encoded each batch; a source starting
+    with 13 makes its step fail, as a runtime error would."""
+
+    def __init__(self, log: list, vocab: int = 9):
+        self.log, self.vocab = log, vocab
+
+    def fork(self) -> Counting:
+        return Counting(self.log, self.vocab)
+
+    def encode(self, src, src_len):
+        self.log.append((threading.get_ident(), int(src[0, 0])))
+        time.sleep(0.01)  # a batch takes long enough that a second stream picks up the next one
+        return {"src": src[:, 0].copy(), "t": 0}
+
+    def step(self, token, state):
+        if (state["src"] == 13).any():
+            raise RuntimeError("planted failure")
+        logits = np.cos(np.outer(state["src"] + state["t"], np.arange(self.vocab)) + token[:, None])
+        logits[:, EOS] += 0.5 * state["t"]
+        return (logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)).astype(np.float32), {**state, "t": state["t"] + 1}
+
+    def select(self, state, rows):
+        return {"src": state["src"][rows], "t": state["t"]}
+
+
+SOURCES = [[s, 3, 4][: 1 + s % 3] for s in range(20, 44)]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_streams_give_the_same_hypotheses_and_really_run_concurrently(beam):
+    one_log, three_log = [], []
+    opts = dict(beam=beam, batch_size=2, max_len=12)
+    one = decode_ids(Counting(one_log), SOURCES, DecodeOptions(**opts))
+    three = decode_ids(Counting(three_log), SOURCES, DecodeOptions(**opts, streams=3))
+    assert [[(h.tokens, round(h.score, 5)) for h in n] for n in three] == [[(h.tokens, round(h.score, 5)) for h in n] for n in one]
+    assert sorted(s for _, s in three_log) == sorted(s for _, s in one_log)  # every batch decoded exactly once
+    assert len({t for t, _ in three_log}) > 1 and len({t for t, _ in one_log}) == 1
+
+
+def test_a_failing_stream_raises_its_error_and_stops_the_others():
+    log = []
+    with pytest.raises(RuntimeError, match="planted failure"):
+        # The failing source is the longest, so its batch is among the first taken.
+        decode_ids(Counting(log), [[13, 3, 4, 5]] + SOURCES * 4, DecodeOptions(batch_size=1, max_len=12, streams=2))
+    assert len(log) < len(SOURCES) * 4  # the other stream did not go on through all its batches
+
+
+def test_streams_on_the_shipped_model_translate_as_one_stream_does():
+    from toolkit import Translator
+
+    texts = ["I'm home.", "He's calm.", "Where is the station?", "We ate bread.", "She is tired.", "It's raining."]
+    t = Translator(MODEL, provider="cpu")
+    assert t.translate(texts, batch_size=1, streams=3) == t.translate(texts, batch_size=1)
+    assert t.translate(texts, beam=4, batch_size=2, streams=2) == t.translate(texts, beam=4, batch_size=2)
+
+
+def test_streams_share_the_models_sessions_instead_of_building_their_own():
+    from toolkit.core import manifest
+    from toolkit.runtimes import onnxruntime as runtime
+
+    backend = runtime.load_sessions(manifest.load(MODEL), "cpu").backend()
+    twin = backend.fork()
+    assert twin is not backend and twin.decoder is backend.decoder
+    assert twin.ranker is backend.ranker and twin.selector is backend.selector  # made once, on first use
+
+
+@pytest.mark.parametrize("cpus, streams, threads", [(1, 1, 1), (2, 2, 1), (3, 3, 1), (8, 4, 2), (16, 4, 4)])
+def test_default_streams_and_threads_never_oversubscribe_the_cores(monkeypatch, cpus, streams, threads):
+    from toolkit.core import batching
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert (batching.default_streams(), batching.default_threads()) == (streams, threads)
+    for asked in (1, 2, 4, 64):
+        for given in (None, 1, 2, cpus):
+            fit = batching.fitting_streams(asked, given)
+            assert 1 <= fit <= asked and (fit == 1 or fit * (given or threads) <= cpus)
+
+
+def test_the_api_defaults_use_one_thread_per_stream_on_this_machine():
+    from toolkit import Translator
+    from toolkit.core.batching import cores, default_streams
+
+    t = Translator(MODEL, provider="cpu")
+    backend = t.loaded.backend().for_streams()
+    threads = {s.get_session_options().intra_op_num_threads for s in (backend.encoder, backend.decoder)}
+    assert threads == {max(1, cores() // default_streams())}
+
+
+def test_streams_asked_beyond_the_cores_are_cut_to_fit(monkeypatch):
+    from toolkit import Translator
+    from toolkit.runtimes.onnxruntime import OrtBackend
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    forks = []
+    real = OrtBackend.fork
+    monkeypatch.setattr(OrtBackend, "fork", lambda self: forks.append(1) or real(self))
+    t = Translator(MODEL, provider="cpu", threads=2)
+    many = [f"Sentence number {i} is here." for i in range(40)]
+    assert t.translate(many, streams=4, batch_size=4) == Translator(MODEL, provider="cpu", threads=1).translate(many, streams=1, batch_size=4)
+    assert forks == []  # 2 threads on 2 cores leave room for one stream
+
+
+def test_streams_take_the_longest_batches_first_so_the_end_waits_on_short_ones():
+    # Each stream takes the next batch when it is free; a long batch left for last keeps the
+    # other streams idle while it decodes alone.
+    log = []
+    sources = [[20 + n] + [3] * n for n in range(8)]  # source n is n + 1 tokens long
+    decode_ids(Counting(log), sources, DecodeOptions(batch_size=2, max_len=12, streams=2))
+    first_tokens = [s for _, s in log]
+    assert first_tokens[:2] == [26, 24] or first_tokens[:2] == [24, 26]  # the two longest batches start first
+    assert first_tokens[-1] == 20  # the shortest batch is the last one taken
+
+
+def test_one_batch_decodes_on_every_core_and_streams_on_sessions_of_their_own():
+    # A single request has the cores to itself: its decoder runs on all of them with spinning workers. Streams
+    # share the cores, so they decode on other sessions of one thread each, made when a call first needs them.
+    from toolkit import Translator
+    from toolkit.core.batching import default_request_threads
+
+    t = Translator(MODEL, provider="cpu")
+    backend = t._backend
+    spin = "session.intra_op.allow_spinning"
+
+    def threads_and_spin(session):
+        so = session.get_session_options()
+        try:
+            spins = so.get_session_config_entry(spin)
+        except Exception:  # not set: onnxruntime's default, spinning
+            spins = "1"
+        return so.intra_op_num_threads, spins
+
+    texts = [f"We have {n} apples." for n in range(70)]
+    one = [t.translate([x])[0] for x in texts[:3]]
+    assert threads_and_spin(backend.decoder) == (default_request_threads(), "1")
+    assert threads_and_spin(backend.encoder) == (1, "0")
+    made = backend.stream_sessions.__self__._stream_sessions
+    assert made == {}  # single requests made no stream sessions
+    assert t.translate(texts, streams=2)[:3] == one
+    streams = backend.for_streams()
+    assert made and streams.decoder is made["decoder"] and streams.decoder is not backend.decoder
+    assert threads_and_spin(streams.decoder) == (1, "0") and threads_and_spin(streams.encoder) == (1, "0")
+    assert backend.for_streams() is streams  # made once, with its ranking session
+
+
+def test_a_streams_ranking_runs_on_its_own_threads():
+    """Beam search ranks each step's candidates in a helper session: with ONNX Runtime's default (every core)
+    it took the other streams' cores, whatever thread count the user gave the decoder."""
+    from toolkit import Translator
+
+    t = Translator(Path(__file__).resolve().parents[2] / "exported" / "transformer", provider="cpu", threads=1)
+    t.translate(["I'm home.", "It's raining.", "Where is the station?"], beam=4, batch_size=1, streams=2)
+    streams = t._backend.for_streams()
+    assert streams.ranker.get_session_options().intra_op_num_threads == 1
