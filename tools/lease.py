@@ -599,7 +599,7 @@ def stage_ship(_args) -> None:
     old = REPO / RUN / f"transformer-before-{time.strftime('%Y%m%d-%H%M%S')}"
     os.replace(target, old)
     os.replace(staging, target)
-    print(f"exported/transformer is now the student (the previous one moved to {old}). Next: python docs/make_pictures.py; "
+    print(f"exported/transformer is now the student (the previous one moved to {old}). Next: python tools/make_pictures.py; "
           "update the scores in README.md and docs/models.md; run the whole test suite; commit exported/transformer")
 
 

@@ -48,7 +48,7 @@ def test_for_model_fills_the_defaults_and_caps_max_len_at_the_model():
 
 def test_the_cli_declares_decode_options_own_bounds_and_guards():
     # One truth: the CLI's declared ranges and defaults are read from toolkit.core.decode_options, not copied.
-    from toolkit.cli import options
+    from toolkit.cli.commands import options
     from toolkit.core import batching
 
     assert (options.BEAM.max, options.STREAMS.max, options.THREADS.max) == (MAX_BEAM, MAX_STREAMS, MAX_THREADS)

@@ -8,6 +8,7 @@ import logging
 import os
 
 import pytest
+from conftest import REPO
 
 from toolkit.core import data
 
@@ -186,7 +187,7 @@ def test_progress_counts_lines_of_running_shards():
     assert seen[-1] == "shards 1/2, 1,000/2,000 lines, 50.0 lines/s, ETA 0:00:20"
 
 
-SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "exported", "transformer")
+SHIPPED = str(REPO / "exported" / "transformer")
 
 
 def test_an_unreachable_cluster_is_refused_at_once_in_one_line(tmp_path):
@@ -196,7 +197,7 @@ def test_an_unreachable_cluster_is_refused_at_once_in_one_line(tmp_path):
     import sys
 
     (tmp_path / "in.txt").write_text("Hello.\n")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "translate-corpus", SHIPPED, str(tmp_path / "in.txt"),
                            str(tmp_path / "out"), "--address", "127.0.0.1:1"], env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 2, proc.stderr
@@ -215,7 +216,7 @@ def test_sigterm_during_a_run_exits_130_with_one_line(ray_address, tmp_path):
 
     src = tmp_path / "in.txt"
     src.write_text("The cat is sleeping on the sofa while we wait.\n" * 20000)
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "translate-corpus", SHIPPED, str(src), str(tmp_path / "out"),
                              "--address", ray_address, "--shard-lines", "2000"], env=env, stderr=subprocess.PIPE, text=True)
     seen = []
@@ -243,7 +244,7 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
 
     src = tmp_path / "in.txt"
     src.write_text("The cat is sleeping on the sofa while we wait.\n" * 20000)
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "translate-corpus", SHIPPED, str(src), str(tmp_path / "out"),
                              "--shard-lines", "2000"], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180

@@ -228,7 +228,7 @@ def test_epoch_data_adds_the_copy_pairs_each_epoch():
 
 @pytest.mark.timeout(60)
 def test_the_name_test_set_is_reproducible_unseen_and_held_out(corpus_zip):
-    builder = _script("names_test_set")
+    builder = _script("names_test_set", "tools")
     pairs, digest = data.read_pairs(corpus_zip)
     words = builder.corpus_words(pairs)
     assert (REPO / "docs" / "names-test.tsv").read_text(encoding="utf-8") == builder.render(builder.build(pairs, words), digest)

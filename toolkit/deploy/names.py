@@ -1,6 +1,6 @@
 """Names copied verbatim (issue 41): how many names a model has never seen come out of it unchanged.
 
-The test set (docs/names-test.tsv, made by docs/names_test_set.py) holds real first names that occur nowhere in the
+The test set (docs/names-test.tsv, made by tools/names_test_set.py) holds real first names that occur nowhere in the
 corpus and that the held-out rule (toolkit.core.noise.is_held_out_name) keeps out of every substitution made in
 training, each put into a sentence of the held-out test split in the place of Tatoeba's stock name (Tom, Mary, ...),
 on both sides. Nothing in it is used to train or to choose a model. A name counts as copied when the translation holds

@@ -1,6 +1,6 @@
 """Regenerates every picture under docs/ from the shipped models in exported/.
 
-    python docs/make_pictures.py
+    python tools/make_pictures.py
 
 Run it after replacing a shipped model (a retrained one, say). Each picture is one `tk` command,
 printed as it runs; a model directory exported before tk declared attention outputs gets them
