@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)

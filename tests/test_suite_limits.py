@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, built_once
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 HANGS = {
     "test_a.py": """
         import time

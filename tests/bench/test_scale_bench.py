@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOKENS = 9
 ENGINES = ["tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "transformers"]

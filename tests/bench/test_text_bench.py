@@ -14,6 +14,9 @@ import pytest
 from toolkit.bench.text import Engine, TextRow, read_text, table
 from toolkit.core.errors import DataError, UsageError
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "exported" / "transformer"
 CHALLENGE = [("I'm home.", "Je suis à la maison."), ("Where is the station?", "Où est la gare ?"),

@@ -48,6 +48,7 @@ SHIPPED = REPO / "exported"
     ["train", "nw", "--lr", "-1"],
     ["export", "nw", "--random-init", "--out", "X", "--opset", "5"],
 ])
+@pytest.mark.slow
 def test_every_numeric_option_has_a_declared_range(cli, tiny_export, tmp_path, args):
     args = [str(tiny_export) if a == "MODEL" else str(tmp_path / "x") if a == "X" else a for a in args]
     if args[0] == "translate":
@@ -355,6 +356,7 @@ def _tamper(directory: Path) -> None:
     (directory / "manifest.json").write_text(json.dumps(d))
 
 
+@pytest.mark.slow
 def test_tampered_weights_with_rewritten_digests_say_what_verify_proved_and_fail_given_the_checkpoint(
         cli, tiny_export, tiny_checkpoint, tmp_path):
     model = _copy(tiny_export, tmp_path)
@@ -395,6 +397,7 @@ def test_one_line_errors_keep_tks_own_fix_and_cut_only_foreign_messages():
     assert first_line(RuntimeError("")) == "RuntimeError"
 
 
+@pytest.mark.slow
 def test_commands_that_translate_refuse_a_directory_that_cannot_in_one_line(cli, random_export, tmp_path):
     """One check owns this (Manifest.translation_tokenizer): tk translate, export --web and translate-corpus."""
     lines = tmp_path / "in.txt"

@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 
 from toolkit.cli import main
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 EXIT_CODES = {0, 1, 2, 130}
 def examples(n: int) -> settings:
     return settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=True,

@@ -12,6 +12,9 @@ from conftest import REPO
 
 from toolkit.core import data
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 pq = pytest.importorskip("pyarrow.parquet")
 

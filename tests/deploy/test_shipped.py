@@ -91,6 +91,7 @@ def test_default_model_is_the_shipped_transformer(cli):
 
 
 @pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.slow
 def test_short_verify_passes_on_cpu(cli, name, tmp_path, monkeypatch, corpus_zip):
     """As on a fresh clone: no training checkpoint (the manifest's relative checkpoint path leads nowhere
     from here), so verify rebuilds its PyTorch reference from the weights the graphs hold, and says so."""

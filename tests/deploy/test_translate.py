@@ -51,6 +51,7 @@ def test_batched_output_equals_one_sentence_at_a_time(model, english):
     assert [h[0].tokens for h in batched] == [h[0].tokens for h in single]
 
 
+@pytest.mark.slow
 def test_torch_and_onnxruntime_backends_give_the_same_greedy_output(model, english, tiny_export):
     from toolkit.pytorch.reference import load_reference
     from toolkit.pytorch.torch_backend import TorchBackend
@@ -291,6 +292,7 @@ def test_torch_backend_from_the_command_line_matches_onnxruntime(cli, tiny_expor
     assert ort_out.output == torch_out.output
 
 
+@pytest.mark.slow
 def test_bench_compares_every_backend_on_the_same_sentences(cli, tiny_export, tmp_path):
     """A bench row for each backend and search, and ONNX Runtime decodes exactly what PyTorch decodes."""
     out = tmp_path / "bench.json"

@@ -31,6 +31,9 @@ from toolkit.deploy.web_site import SITE
 from toolkit.deploy.web_tokenizer import write_tokenizer_json
 from toolkit.verify.compare import compare
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "exported" / "transformer"
 NODE = shutil.which("node")

@@ -11,7 +11,7 @@ import pytest
 from helpers import one_line_error
 from verify.test_localize import _edit_decoder, _leaky_relu
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "nn_transformer.py"

@@ -19,6 +19,9 @@ from toolkit.deploy import attention_graphs
 from toolkit.runtimes.onnxruntime import create_session, load_sessions
 from toolkit.verify.attention import probability_check
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SENTENCES = ["Go.", "I lost.", "Tom bought a new car last week.", "Where is the station?", "I'm home."]
 PNG = b"\x89PNG\r\n\x1a\n"

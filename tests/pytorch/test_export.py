@@ -21,6 +21,7 @@ SIZES = [(1, 1), (5, 2), (1, EXAMPLE_SIZES["src_len"]), (5, 11), (2, 24)]
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in registry.REGISTRY.items() if e.random_init))
+@pytest.mark.slow
 def test_every_registered_model_matches_pytorch_at_unseen_sizes(name, random_export):
     directory = random_export(name)
     m = manifest.load(directory)
@@ -136,6 +137,7 @@ def test_unknown_model_lists_the_known_ones(cli, tmp_path):
     assert "unknown model 'gpt5'; choose one of:" in result.output and "transformer" in result.output
 
 
+@pytest.mark.slow
 def test_failed_export_leaves_nothing_behind(cli, tmp_path, monkeypatch):
     from toolkit.pytorch import export as export_mod
 
@@ -159,6 +161,7 @@ def test_unwritable_output_is_one_line_error(cli, tmp_path):
     assert result.exit_code == 2 and "cannot write" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_variants_are_added_to_an_exported_directory_without_the_checkpoint(cli, tiny_export, tmp_path):
     """A fresh clone has no checkpoint; `tk export DIR --quantize int8` builds int8 graphs from DIR's own fp32 ones."""
     import shutil
@@ -185,6 +188,7 @@ def test_variants_are_added_to_an_exported_directory_without_the_checkpoint(cli,
     assert manifest.load(model_dir).to_dict() == m.to_dict()  # refusals change nothing
 
 
+@pytest.mark.slow
 def test_a_variant_the_directory_lacks_is_built_in_memory_as_export_would_store_it(cli, tiny_export, tmp_path):
     """Shipped models store fp32 graphs only (size budget); `--variant int8` builds the int8 graphs at load
     time. They must be byte-identical to what `tk export DIR --quantize int8` stores, so that verifying

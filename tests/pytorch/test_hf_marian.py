@@ -20,7 +20,7 @@ from hf_marian_fixture import fra_eng_lines, marian_directory
 from onnx import numpy_helper
 from verify.test_localize import _edit_decoder
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SHAPES = {
     "shared-swish": {},

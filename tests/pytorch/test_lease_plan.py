@@ -37,6 +37,9 @@ from toolkit.pytorch.train import (
     write_prepared_epoch,
 )
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "exported" / "transformer" / "tokenizer.model"
 

@@ -50,6 +50,7 @@ def test_plateau_schedule_halves_the_rate_and_stops_early():
     assert s.after_epoch(2.1, state) and state["best_epoch"] == 1
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_mean_of_the_last_epochs_and_resumes_from_the_live_weights(corpus_zip, tmp_path):
     out = tmp_path / "run"
     train(TrainOptions(model="transformer", out=out, data=str(corpus_zip), preset="tiny", epochs=3, noise=True,

@@ -25,6 +25,9 @@ from toolkit.deploy import names
 from toolkit.pytorch import checkpoint, registry
 from toolkit.pytorch.train import PRESETS, TrainOptions, config_fields
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "exported" / "transformer"
 SIZE_BUDGET = 40 * 2**20  # tests/test_shipped.py

@@ -14,6 +14,9 @@ from toolkit.cli import main
 from toolkit.core import data
 from toolkit.pytorch import checkpoint
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 CORPUS_ZIP = Path(os.environ.get("TK_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data" / "fra-eng.zip")
 # The tiny preset on one thread, so the tests stay quick and leave the other core alone.
 TINY = ["--preset", "tiny", "--data", str(CORPUS_ZIP), "--threads", "1"]

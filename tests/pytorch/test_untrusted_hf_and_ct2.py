@@ -190,6 +190,7 @@ def test_an_empty_or_garbage_sentencepiece_model_is_refused_at_export(cli, untra
 
 # ---- verify: identical tensors stored once (issue 49) ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_verify_counts_identical_tensors_stored_once_as_present(cli, untrained_hf, untrained_export, tmp_path):
     """The untrained model's zero biases are one initializer in the graphs; verify with the checkpoint given (hf:DIR)
     once failed, saying that a bias is in no graph and that it needs the checkpoint."""

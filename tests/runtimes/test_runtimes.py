@@ -22,6 +22,7 @@ def held_out(corpus_zip) -> list[str]:
     return english[::40][:48]
 
 
+@pytest.mark.slow
 def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_out):
     from toolkit.core.batching import DecodeOptions, decode_ids
     from toolkit.core.tokenizer import Tokenizer
@@ -44,6 +45,7 @@ def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_ou
             == [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime").backend(), src[:16], beam)])
 
 
+@pytest.mark.slow
 def test_verify_on_openvino_passes_and_catches_its_attention_kernel_bug(monkeypatch):
     """With OpenVINO's MHA snippets on (its default), the decoder's log-probabilities go wrong once the
     cache holds 7 positions; verify must name that, and pass with the settings tk uses."""
@@ -79,6 +81,7 @@ def test_openvino_translation_never_imports_torch(assert_torch_free):
     assert_torch_free("translate", "--model", SHIPPED, "--runtime", "openvino", "-q", "Go.")
 
 
+@pytest.mark.slow
 def test_bench_times_openvino_beside_onnxruntime_on_the_same_sentences(cli, tmp_path):
     import json
 
@@ -168,6 +171,7 @@ print("rounds", i + 1)
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow
 def test_openvino_concurrent_streams_finish_many_rounds_under_load(held_out):
     """The concurrent-stream OpenVINO path, round after round with both cores busy, in a child process:
     a hang there is this test failing with the child's stacks, not a stuck test run."""

@@ -172,6 +172,7 @@ def test_a_crash_in_decoding_answers_500_without_a_traceback(model, monkeypatch)
         assert r.json() == {"error": "internal error; the server log has the details"}
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_503_with_retry_after_and_a_slow_request_504(model):
     """Two sentences fill the queue (they wait for company that never comes); a third request is
     refused at once; the first times out, and its sentences leave the queue."""
@@ -250,6 +251,7 @@ def start_cli_server(*args) -> tuple[subprocess.Popen, str]:
     raise AssertionError(f"tk serve did not start (exit {proc.wait()})")
 
 
+@pytest.mark.slow
 def test_sigterm_refuses_new_connections_and_finishes_the_request_in_flight(tiny_export, model):
     proc, url = start_cli_server(tiny_export, "--max-delay-ms", 4000)
     try:
@@ -293,6 +295,7 @@ def test_serve_refuses_a_missing_model_and_a_taken_port(cli, tiny_export, tmp_pa
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed: apt-get install -y chromium (README, tk serve)")
+@pytest.mark.slow
 def test_the_page_translates_what_is_typed_with_the_chosen_beam(tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -320,6 +323,7 @@ def test_the_page_translates_what_is_typed_with_the_chosen_beam(tmp_path):
             browser.close()
 
 
+@pytest.mark.slow
 def test_bench_serve_drives_both_servers_and_reports_latency_percentiles(cli, tiny_export, corpus_zip):
     r = cli("bench", "--serve", "--model", tiny_export, "--clients", 4, "--sentences", 24, "--data", corpus_zip)
     assert r.exit_code == 0, r.output

@@ -126,6 +126,7 @@ def test_the_corpus_contract_holds_under_64_concurrent_clients_on_mixed_pairs(fr
             assert got == expected
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_503_with_retry_after_on_the_drop_in_path(french, german):
     # A short request timeout: the held request gives up (504) soon after the check, and the test ends.
     with two_models(french, german, queue_size=2, max_delay_s=LONG_WAIT, timeout_s=3.0) as client:

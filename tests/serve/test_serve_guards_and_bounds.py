@@ -145,6 +145,7 @@ def closed_within(s: socket.socket, seconds: float, trickle: bytes = b"") -> byt
     raise AssertionError(f"connection still open after {seconds}s (got {answer[:80]!r})")
 
 
+@pytest.mark.slow
 def test_every_connection_s_header_and_body_time_is_bounded(tmp_path):
     """Half-second bounds: a request head that trickles in a byte at a time gets 408 and is closed, a connection that
     sends nothing is closed, a body that trickles in to /health (which reads none) is closed, and a head trickled

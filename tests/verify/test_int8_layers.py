@@ -16,6 +16,9 @@ from toolkit.runtimes.onnxruntime.variants import float_layers as weight_layers
 from toolkit.runtimes.onnxruntime.variants import fold_for_int8, int8_graph, int8_layers
 from toolkit.verify import int8_layers as layers
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 SHIPPED = Path(__file__).resolve().parents[2] / "exported"
 SENTENCES = ["I'm home.", "Where is the station?", "The cat is sleeping.", "We have to go now.", "It is raining.",
              "She reads a book.", "Call me tomorrow.", "I like apples."]

@@ -15,6 +15,9 @@ from onnx import helper, numpy_helper
 
 from toolkit.core import manifest
 
+# Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
 
 def _edit_decoder(source: Path, tmp_path: Path, change) -> tuple[Path, str]:
     """A copy of the model whose decoder.onnx `change(graph)` edited; returns it and the planted node's name."""

@@ -95,6 +95,7 @@ def test_graph_weights_changed_after_export_fail_without_the_checkpoint(cli, tin
     assert result.exit_code == 2 and "weights digest mismatch" in result.output, result.output
 
 
+@pytest.mark.slow
 def test_fails_on_one_weight_perturbed_by_a_small_amount(cli, tiny_export, tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.chdir(tiny_checkpoint.parent)  # where it was trained: the manifest's checkpoint path leads to it
     broken = tmp_path / "perturbed"
@@ -107,6 +108,7 @@ def test_fails_on_one_weight_perturbed_by_a_small_amount(cli, tiny_export, tiny_
     assert any(f["check"] in ("sweep", "decode") and f["output"] == "log_probs" for f in failures)
 
 
+@pytest.mark.slow
 def test_fails_on_a_decoder_whose_cache_position_is_off_by_one(cli, tiny_checkpoint, tmp_path, monkeypatch):
     from toolkit.models import attention
 
@@ -126,6 +128,7 @@ def test_fails_on_a_decoder_whose_cache_position_is_off_by_one(cli, tiny_checkpo
     assert not any(f["graph"] == "encoder" and f["check"] == "sweep" for f in failures)
 
 
+@pytest.mark.slow
 def test_fails_on_a_sequence_axis_frozen_at_export(cli, tiny_checkpoint, tmp_path, monkeypatch):
     from toolkit.pytorch import export as export_mod
 
@@ -186,6 +189,7 @@ def test_tolerance_is_applied_elementwise():
     assert not stats["ok"] and stats["outside"] == 0.5  # 2e-4 > 1e-4 + 1e-4; 2e-3 < 1e-4 + 1e-2
 
 
+@pytest.mark.slow
 def test_variants_pass_within_their_own_tolerances(cli, tiny_checkpoint, tmp_path):
     out = tmp_path / "variants"
     result = cli("export", tiny_checkpoint, "--out", out, "--fp16", "--optimize", "--quantize", "int8")
