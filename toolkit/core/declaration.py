@@ -9,6 +9,7 @@ that tk decodes it the way `generate` does. Standard library only: the CLI and t
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 
 from toolkit.core.errors import UsageError
@@ -17,6 +18,8 @@ from toolkit.core.errors import UsageError
 TK_PAD, TK_UNK, TK_BOS, TK_EOS = 0, 1, 2, 3
 
 PENALTIES = ("gnmt", "hf")
+# A language code as users type it: en, pt-BR, zh-Hans, eng_Latn, fr_XX.
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[-_](?:[A-Z][a-z]{3}|[A-Z]{2}|[A-Z][a-z]{3}))?")
 TOKENIZERS = ("sentencepiece", "marian", "m2m100", "tokenizer.json")
 
 
@@ -140,8 +143,13 @@ class TokenizerDeclaration:
             raise UsageError(f"declaration.tokenizer.{problem}; re-export")
 
     def _languages_problem(self) -> str | None:
-        if self.languages is None:
-            return None if self.source_lang is None and self.target_lang is None else "source_lang needs languages"
+        if self.languages is None:  # a model of one pair: its two codes, stated together (tk export --source-lang ...)
+            if self.source_lang is None and self.target_lang is None:
+                return None
+            codes = (self.source_lang, self.target_lang)
+            if not all(isinstance(c, str) and LANGUAGE_CODE.fullmatch(c) for c in codes) or codes[0] == codes[1]:
+                return f"source_lang and target_lang must be two different language codes together, got {codes!r}"
+            return None
         if not isinstance(self.languages, dict) or not self.languages or not all(
                 isinstance(k, str) and k and type(v) is int and v >= 0 for k, v in self.languages.items()):
             return "languages must map language codes to token ids"
@@ -153,8 +161,11 @@ class TokenizerDeclaration:
         return None
 
     def served(self) -> dict[str, list[str]] | None:
-        """The language codes this model translates from and into (None: one language pair, not chosen by code)."""
-        return None if self.languages is None else {"source": sorted(self.languages), "target": sorted(self.languages)}
+        """The language codes this model translates from and into: every code of a multilingual model, the stated pair
+        of a one-pair model, None for a one-pair model that states none."""
+        if self.languages is None:
+            return None if self.source_lang is None else {"source": [self.source_lang], "target": [self.target_lang]}
+        return {"source": sorted(self.languages), "target": sorted(self.languages)}
 
     def files(self) -> list[str]:
         return list(dict.fromkeys(f for f in (self.source, self.target, self.vocab, self.target_vocab) if f is not None))

@@ -636,6 +636,17 @@ def updating(directory: str | Path) -> Iterator[Manifest]:
         m.save()
 
 
+def state_languages(directory: str | Path, source: str, target: str) -> None:
+    """Records the language pair a one-pair model translates (`tk export hf:DIR --source-lang en --target-lang de`), or
+    a multilingual model's default pair, in its declaration: tk serve routes requests by it and --source-lang checks it."""
+    with updating(directory) as m:
+        declaration = dict(m.declaration or Declaration().to_dict())
+        tokenizer = {**declaration.get("tokenizer", {}), "source_lang": source, "target_lang": target}
+        Declaration.from_dict({**declaration, "tokenizer": tokenizer}, str(Path(directory) / NAME))  # checked before saving
+        m.declaration = {**declaration, "tokenizer": tokenizer}
+        m.__dict__.pop("_declared", None)
+
+
 def record_metric(directory: str | Path, name: str, variant: str, result: dict) -> None:
     """Stores a measured result (`tk evaluate --record`) under `name`, or `name_VARIANT` for a variant other than fp32."""
     with updating(directory) as m:

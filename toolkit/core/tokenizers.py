@@ -148,7 +148,12 @@ def with_languages(m, tokenizer, source_lang: str | None, target_lang: str | Non
         return m, tokenizer
     declared = m.declared().tokenizer
     if declared.languages is None:
-        raise UsageError(f"{m.directory} is a model of one language pair ({m.model}); it takes no source or target language")
+        stated = declared.served()
+        if stated and source_lang in (None, *stated["source"]) and target_lang in (None, *stated["target"]):
+            return m, tokenizer  # the one pair it translates, named
+        pair = f" ({stated['source'][0]} to {stated['target'][0]})" if stated else ""
+        raise UsageError(f"{m.directory} is a model of one language pair{pair} ({m.model}); drop --source-lang/--target-lang"
+                         + (" or give its own codes" if stated else ""))
     source = language_id(declared, source_lang, "source") if source_lang is not None else tokenizer.source_lang
     target = language_id(declared, target_lang, "target") if target_lang is not None else declared.target_lang
     chosen = copy.copy(m)

@@ -2,8 +2,8 @@
 
 A pair is written SOURCE-TARGET with LibreTranslate's codes (ISO 639-1, with a script or region subtag where one is
 needed: en-fr, en-pt-BR, zh-Hans-en). `tk serve DIR:en-de` states a directory's pair; a bare DIR is tk's own model
-and translates English to French, the only pair tk trains. An imported model (a Hugging Face Marian) records no
-languages in its directory, so it must be given its pair.
+and translates English to French, the only pair tk trains. An imported model states its pair when it was exported
+with --source-lang/--target-lang (or later: tk export DIR --source-lang en --target-lang de); else it must be given one.
 """
 
 from __future__ import annotations
@@ -55,10 +55,32 @@ def split_argument(argument: str) -> tuple[str, Pair | None]:
     return argument, None
 
 
+def stated_pair(tokenizer: object) -> Pair | None:
+    """The pair a model directory states (toolkit.core.declaration.TokenizerDeclaration: `tk export ... --source-lang en
+    --target-lang de`, or a multilingual model's default pair), None where it states none."""
+    source, target = getattr(tokenizer, "source_lang", None), getattr(tokenizer, "target_lang", None)
+    if source is None or target is None:
+        return None
+    return _libretranslate_code(source), _libretranslate_code(target)
+
+
+def _libretranslate_code(code: str) -> str:
+    """A model's code as LibreTranslate's clients send it: eng_Latn -> en (through its first two letters where the
+    name table knows them), pt-BR and en as they are."""
+    from toolkit.core.tokenizers import ISO3
+
+    if re.fullmatch(CODE, code):
+        return code
+    base = code.split("_")[0]
+    two = {three: two for two, three in ISO3.items()}.get(base, base)
+    return two if re.fullmatch(CODE, two) else code
+
+
 def default_pair(origin: str, directory: str) -> Pair:
     """The pair of a model directory given without one: tk's own models translate English to French; an imported
     model records no languages, so it is an error that says how to state them."""
     if origin == "tk":
         return TK_PAIR
     raise UsageError(f"{directory} is an imported model ({origin}), whose directory does not record its languages; "
-                     f"give them after a colon: tk serve {directory}:SOURCE-TARGET (e.g. {directory}:en-de)")
+                     f"give them after a colon, tk serve {directory}:SOURCE-TARGET (e.g. {directory}:en-de), or record them once: "
+                     f"tk export {directory} --source-lang en --target-lang de")

@@ -48,8 +48,12 @@ def _dest(name: str) -> str:
 @click.option("--attention", is_flag=True, help="On an exported directory: declare the attention outputs that `tk attention` "
               "and `tk verify` use (new exports declare them already).")
 @click.option("--force", is_flag=True, help="Replace an existing exported model directory (one holding a tk manifest.json).")
+@click.option("--source-lang", metavar="CODE", help="The language the model translates from (e.g. en), recorded in the directory: "
+              "tk serve routes requests by it. A multilingual model's default source. With --target-lang.")
+@click.option("--target-lang", metavar="CODE", help="The language the model translates into (e.g. de); with --source-lang.")
 @writer_options
-def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, **writers):
+def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, source_lang,
+           target_lang, **writers):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -67,9 +71,13 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     given = {name: writers[_dest(name)] for name in registry.TABLE}
     asked = {name: None if value is True else value for name, value in given.items() if value}
     if asked:  # the directory, as it is, written for another runtime
+        if source_lang or target_lang:
+            raise UsageError("--source-lang and --target-lang state a model directory's languages; run them without "
+                             + " or ".join(f"--{name}" for name in asked))
         return _convert(Path(source), force, asked, any((out, random_init, fp16, optimize, quantize, attention)))
+    pair = _pair(source_lang, target_lang)
 
-    from toolkit.deploy.stored_variants import ExportOptions, add_variants
+    from toolkit.deploy.stored_variants import ExportOptions
 
     if keep_fp32 and (quantize != "int8" or not is_model_dir):
         raise UsageError("--keep-fp32 auto chooses int8 layers of an exported directory: "
@@ -83,30 +91,69 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     if is_model_dir:
         if out is not None and out.resolve() != Path(source).resolve():
             raise UsageError(f"{source} is an exported model directory; variants are added in place, so drop --out")
-        echo = lambda m: click.echo(m, err=True)  # noqa: E731
-        declared = None
-        if attention:  # the model's own declaration of its attention outputs: the torch side
-            from toolkit.core import manifest
-            from toolkit.pytorch.export import attention_declaration
-
-            m = manifest.load(source)
-            declared = attention_declaration(m.model, m.config).get("attention")
-        if keep_fp32:
-            from toolkit.verify import guarded_int8
-
-            if fp16 or optimize or attention:
-                add_variants(Path(source), opts, echo=echo, attention=declared)
-            path = guarded_int8.add(Path(source), bleu_within, force, opts.command, echo=echo)
-        else:
-            path = add_variants(Path(source), opts, echo=echo, attention=declared)
+        path = _add_to(Path(source), opts, keep_fp32, bleu_within, languages_only=bool(pair) and not (fp16 or optimize or quantize or attention))
     else:
         from toolkit.pytorch.export import export as run
 
         path = run(opts, echo=lambda m: click.echo(m, err=True))
+    if pair:
+        _state_languages(path, *pair)
     files = sorted(p for p in path.iterdir())
     click.echo(f"wrote {path} in {time.time() - start:.1f}s:")
     for f in files:
         click.echo(f"  {f.name:<22} {f.stat().st_size / 1024:>10,.1f} KiB")
+
+
+def _add_to(directory: Path, opts, keep_fp32: str | None, bleu_within: float, languages_only: bool) -> Path:
+    """The variants asked for, added to an exported directory in place (nothing when only its languages are stated)."""
+    from toolkit.deploy.stored_variants import add_variants
+
+    echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    if languages_only:
+        return directory
+    declared = None
+    if opts.attention:  # the model's own declaration of its attention outputs: the torch side
+        from toolkit.core import manifest
+        from toolkit.pytorch.export import attention_declaration
+
+        m = manifest.load(directory)
+        declared = attention_declaration(m.model, m.config).get("attention")
+    if not keep_fp32:
+        return add_variants(directory, opts, echo=echo, attention=declared)
+    from toolkit.verify import guarded_int8
+
+    if opts.fp16 or opts.optimize or opts.attention:
+        add_variants(directory, opts, echo=echo, attention=declared)
+    return guarded_int8.add(directory, bleu_within, opts.force, opts.command, echo=echo)
+
+
+def _pair(source_lang: str | None, target_lang: str | None) -> tuple[str, str] | None:
+    """--source-lang and --target-lang, checked before any work: both or neither, each a language code."""
+    from toolkit.core.declaration import LANGUAGE_CODE
+
+    if source_lang is None and target_lang is None:
+        return None
+    if source_lang is None or target_lang is None:
+        raise UsageError("--source-lang and --target-lang state the pair together; give both, e.g. --source-lang en --target-lang de")
+    for option, code in (("--source-lang", source_lang), ("--target-lang", target_lang)):
+        if not LANGUAGE_CODE.fullmatch(code):
+            raise UsageError(f"{option} {code!r} is not a language code; write one as en, pt-BR or eng_Latn")
+    if source_lang == target_lang:
+        raise UsageError(f"--source-lang and --target-lang are both {source_lang}; a model translates between two languages")
+    return source_lang, target_lang
+
+
+def _state_languages(path: Path, source_lang: str, target_lang: str) -> None:
+    """Records the pair in the directory's declaration: a multilingual model's codes are its own (en -> __en__'s code),
+    checked against what it knows; a one-pair model's are taken as stated."""
+    from toolkit.core import manifest
+    from toolkit.core.tokenizers import language_id
+
+    declared = manifest.load(path).declared().tokenizer
+    if declared.languages is not None:
+        source_lang, target_lang = language_id(declared, source_lang, "source"), language_id(declared, target_lang, "target")
+    manifest.state_languages(path, source_lang, target_lang)
+    click.echo(f"{path} translates {source_lang} to {target_lang} (recorded in its manifest)", err=True)
 
 
 def _convert(source: Path, force: bool, asked: dict[str, Path | None], other_options: bool) -> None:

@@ -103,8 +103,8 @@ def open_models(arguments: tuple[str, ...], provider, variant, threads, runtime)
     for argument in arguments:
         directory, pair = languages.split_argument(argument)
         if pair is None:
-            origin = (manifest_mod.load(directory).declaration or {}).get("origin", "tk")
-            pair = languages.default_pair(origin, directory)
+            m = manifest_mod.load(directory)
+            pair = languages.stated_pair(m.declared().tokenizer) or languages.default_pair(m.declared().origin, directory)
         if pair in wanted:
             raise UsageError(f"{argument} and {wanted[pair]} both translate {languages.shown(pair)}; serve one model per language pair")
         wanted[pair] = argument
