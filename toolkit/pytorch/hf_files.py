@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from toolkit.core.declaration import DecodingRules
 from toolkit.core.errors import UsageError, first_line
 
 PREFIX = "hf:"
@@ -210,3 +211,63 @@ def beam_rules(gen: dict, origin: Callable[[str], str], forced_end: bool) -> tup
     early = gen.get("early_stopping", False)
     # generate's max_length counts the start token, and a forced end token takes the last place
     return float(alpha), early if early in (True, False, "never") else False, max_length - 1 - forced_end
+
+
+def config_values(cls: type, config: dict, gen: dict, where: Path, skip: tuple[str, ...],
+                  fallback: Callable[[str, dict], object] | None = None) -> dict:
+    """The fields of settings class `cls` (a dataclass of JSON scalars with defaults) read from config.json, the
+    decoder start from the generation config where it has one, each checked for its type in one line naming it.
+    `fallback(name, config)`: a field's value when config.json lacks it or gives null (None: the class's default)."""
+    from dataclasses import fields
+
+    defaults = cls()
+    values = {}
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        given = fallback(f.name, config) if fallback and config.get(f.name) is None else None
+        value = given if given is not None else config.get(f.name, getattr(defaults, f.name))
+        if f.name == "decoder_start_token_id":
+            value = gen.get("decoder_start_token_id", value)
+        if f.name == "eos_token_id" and isinstance(value, list):
+            value = value[0] if len(value) == 1 else value
+        kind = type(getattr(defaults, f.name))
+        if kind is float and type(value) is int:
+            value = float(value)
+        if type(value) is not kind:
+            raise UsageError(f"{where}/config.json: {f.name} must be {JSON_TYPES[kind]}, got {value!r:.40}")
+        values[f.name] = value
+    return values
+
+
+def check_sizes(settings: object, where: str, activations: tuple[str, ...], target_vocab: int, vocab_name: str) -> None:
+    """Refuses, before anything is allocated, settings tk cannot build: sizes within the manifest's bounds, an
+    activation tk exports, heads that divide d_model, special and suppressed token ids inside the target vocabulary."""
+    from dataclasses import asdict
+
+    from toolkit.core.manifest import SIZES, size_problem
+
+    for key, value in asdict(settings).items():
+        problem = size_problem(key, value) if key in SIZES else None
+        if problem:
+            raise UsageError(f"{where}: {problem}")
+    if settings.activation_function not in activations:
+        raise UsageError(f"{where}: activation_function {settings.activation_function!r} is not one tk exports ({', '.join(activations)})")
+    for heads in (settings.encoder_attention_heads, settings.decoder_attention_heads):
+        if settings.d_model % heads:
+            raise UsageError(f"{where}: d_model {settings.d_model} is not divisible by {heads} attention heads")
+    for t in [settings.pad_token_id, settings.eos_token_id, settings.decoder_start_token_id, *settings.suppressed()]:
+        if not 0 <= t < target_vocab:
+            raise UsageError(f"{where}: token id {t} is outside the {vocab_name} of {target_vocab}")
+
+
+def end_rules(settings: object, config: dict, gen: dict, origin: Callable[[str], str], where: Path) -> DecodingRules:
+    """generate's rules for these settings: its end token (forced at the limit when the configs force it), the
+    Hugging Face length penalty and early stopping, its default output limit."""
+    forced = gen.get("forced_eos_token_id", config.get("forced_eos_token_id"))
+    if forced not in (None, settings.eos_token_id):
+        raise UsageError(f"{where}: forced_eos_token_id {forced} is not the end token {settings.eos_token_id}")
+    alpha, early, max_new = beam_rules(gen, origin, forced is not None)
+    return DecodingRules(start=settings.decoder_start_token_id, end=settings.eos_token_id, pad=settings.pad_token_id,
+                         length_penalty="hf", alpha=alpha, early_stopping=early, forced_end=forced is not None,
+                         max_new_tokens=max_new)

@@ -16,7 +16,7 @@ tokenizer.json (NLLB's, run by the `tokenizers` library) with its `eng_Latn` cod
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from torch import nn
 from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_key
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import hf_files
-from toolkit.pytorch.hf_files import JSON_TYPES, beam_rules, check_weights, forbidden, generation_fields, inside, meta_shapes
+from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
 from toolkit.pytorch.hf_marian import ACTIVATIONS, HfSource, _heads, _LayerCache, write_files
 
 __all__ = ["M2M100Settings", "M2M100ForTk", "build", "read", "write_files"]
@@ -72,21 +72,8 @@ class M2M100Settings:
 
 
 def _check(settings: M2M100Settings, where: str) -> None:
-    """Refuses, before anything is allocated, a config tk cannot build (sizes within the manifest's bounds)."""
-    from toolkit.core.manifest import SIZES, size_problem
-
-    for key, value in asdict(settings).items():
-        problem = size_problem(key, value) if key in SIZES else None
-        if problem:
-            raise UsageError(f"{where}: {problem}")
-    if settings.activation_function not in ACTIVATIONS:
-        raise UsageError(f"{where}: activation_function {settings.activation_function!r} is not one tk exports ({', '.join(ACTIVATIONS)})")
-    for heads in (settings.encoder_attention_heads, settings.decoder_attention_heads):
-        if settings.d_model % heads:
-            raise UsageError(f"{where}: d_model {settings.d_model} is not divisible by {heads} attention heads")
-    for t in [settings.pad_token_id, settings.eos_token_id, settings.decoder_start_token_id, *settings.suppressed()]:
-        if not 0 <= t < settings.vocab_size:
-            raise UsageError(f"{where}: token id {t} is outside the vocabulary of {settings.vocab_size}")
+    """Refuses, before anything is allocated, a config tk cannot build (hf_files.check_sizes: one shared vocabulary)."""
+    hf_files.check_sizes(settings, where, ACTIVATIONS, settings.vocab_size, "vocabulary")
 
 
 def build(settings: M2M100Settings) -> M2M100ForTk:
@@ -159,37 +146,16 @@ class M2M100ForTk(nn.Module):
 def settings_from(config: dict, generation: dict, where: Path) -> tuple[M2M100Settings, DecodingRules, int | None]:
     """tk's settings, the decoding rules and the forced first token (None: none) from the two configs."""
     gen = generation_fields(config, generation)
-    defaults = M2M100Settings()
-    values = {}
-    for f in fields(M2M100Settings):
-        if f.name in M2M100Settings.OWN:
-            continue
-        value = config.get(f.name, getattr(defaults, f.name))
-        if f.name == "decoder_start_token_id":
-            value = gen.get("decoder_start_token_id", value)
-        if f.name == "eos_token_id" and isinstance(value, list):
-            value = value[0] if len(value) == 1 else value
-        kind = type(getattr(defaults, f.name))
-        if kind is float and type(value) is int:
-            value = float(value)
-        if type(value) is not kind:
-            raise UsageError(f"{where}/config.json: {f.name} must be {JSON_TYPES[kind]}, got {value!r:.40}")
-        values[f.name] = value
+    values = hf_files.config_values(M2M100Settings, config, gen, where, M2M100Settings.OWN)
     origin = lambda key: f"{where}/{'generation_config.json' if key in generation else 'config.json'}"  # noqa: E731
     suppress = forbidden(gen, origin)
     settings = M2M100Settings(**values, max_len=min(values["max_position_embeddings"], 1024),
                               suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
     _check(settings, f"{where}/config.json")
-    forced = gen.get("forced_eos_token_id", config.get("forced_eos_token_id"))
-    if forced not in (None, settings.eos_token_id):
-        raise UsageError(f"{where}: forced_eos_token_id {forced} is not the end token {settings.eos_token_id}")
     first = gen.get("forced_bos_token_id")
     if first is not None and (type(first) is not int or not 0 <= first < settings.vocab_size):
         raise UsageError(f"{origin('forced_bos_token_id')}: forced_bos_token_id must be a token id below {settings.vocab_size}, got {first!r:.40}")
-    alpha, early, max_new = beam_rules(gen, origin, forced is not None)
-    rules = DecodingRules(start=settings.decoder_start_token_id, end=settings.eos_token_id, pad=settings.pad_token_id,
-                          length_penalty="hf", alpha=alpha, early_stopping=early, forced_end=forced is not None,
-                          max_new_tokens=max_new)
+    rules = hf_files.end_rules(settings, config, gen, origin, where)
     return settings, rules, first
 
 

@@ -30,7 +30,7 @@ from toolkit.core.declaration import Declaration, DecodingRules, TokenizerDeclar
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import hf_files
-from toolkit.pytorch.hf_files import JSON_TYPES, PREFIX, beam_rules, check_weights, forbidden, generation_fields, inside, meta_shapes
+from toolkit.pytorch.hf_files import PREFIX, check_weights, forbidden, generation_fields, inside, meta_shapes
 
 __all__ = ["PREFIX", "MarianSettings", "MarianForTk", "build", "read", "write_files"]
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
@@ -83,21 +83,8 @@ ACTIVATIONS = ("swish", "silu", "gelu", "relu", "gelu_new", "gelu_fast", "tanh",
 
 
 def _check(settings: MarianSettings, where: str) -> None:
-    """Refuses, before anything is allocated, a config tk cannot build (sizes within the manifest's bounds)."""
-    from toolkit.core.manifest import SIZES, size_problem
-
-    for key, value in asdict(settings).items():
-        problem = size_problem(key, value) if key in SIZES else None
-        if problem:
-            raise UsageError(f"{where}: {problem}")
-    if settings.activation_function not in ACTIVATIONS:
-        raise UsageError(f"{where}: activation_function {settings.activation_function!r} is not one tk exports ({', '.join(ACTIVATIONS)})")
-    for heads in (settings.encoder_attention_heads, settings.decoder_attention_heads):
-        if settings.d_model % heads:
-            raise UsageError(f"{where}: d_model {settings.d_model} is not divisible by {heads} attention heads")
-    for t in [settings.pad_token_id, settings.eos_token_id, settings.decoder_start_token_id, *settings.suppressed()]:
-        if not 0 <= t < settings.decoder_vocab_size:
-            raise UsageError(f"{where}: token id {t} is outside the target vocabulary of {settings.decoder_vocab_size}")
+    """Refuses, before anything is allocated, a config tk cannot build (hf_files.check_sizes, on the target vocabulary)."""
+    hf_files.check_sizes(settings, where, ACTIVATIONS, settings.decoder_vocab_size, "target vocabulary")
 
 
 def build(settings: MarianSettings) -> MarianForTk:
@@ -190,24 +177,9 @@ def settings_from(config: dict, generation: dict, where: Path) -> tuple[MarianSe
 
         for_hf_model_type(config.get("model_type"), f"{where}/config.json")
     gen = generation_fields(config, generation)
-    defaults = MarianSettings()
-    values = {}
-    for f in fields(MarianSettings):
-        if f.name in ("max_len", "suppress_tokens"):
-            continue
-        value = config.get(f.name, getattr(defaults, f.name) if f.name != "decoder_vocab_size" else None)
-        if f.name == "decoder_vocab_size" and value is None:
-            value = config.get("vocab_size", defaults.vocab_size)
-        if f.name == "decoder_start_token_id":
-            value = gen.get("decoder_start_token_id", value)
-        if f.name == "eos_token_id" and isinstance(value, list):
-            value = value[0] if len(value) == 1 else value
-        kind = type(getattr(defaults, f.name))
-        if kind is float and type(value) is int:
-            value = float(value)
-        if type(value) is not kind:
-            raise UsageError(f"{where}/config.json: {f.name} must be {JSON_TYPES[kind]}, got {value!r:.40}")
-        values[f.name] = value
+    # A Marian without decoder_vocab_size (or with null) shares its one vocabulary.
+    values = hf_files.config_values(MarianSettings, config, gen, where, ("max_len", "suppress_tokens"),
+                                    lambda name, c: c.get("vocab_size", MarianSettings().vocab_size) if name == "decoder_vocab_size" else None)
     if config.get("normalize_before") or config.get("add_final_layer_norm") or config.get("normalize_embedding"):
         raise UsageError(f"{where}/config.json asks for layer norms MarianMTModel does not have; is it a Marian model?")
     origin = lambda key: f"{where}/{'generation_config.json' if key in generation else 'config.json'}"  # noqa: E731
@@ -215,13 +187,7 @@ def settings_from(config: dict, generation: dict, where: Path) -> tuple[MarianSe
     settings = MarianSettings(**values, max_len=min(values["max_position_embeddings"], 1024),
                               suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
     _check(settings, f"{where}/config.json")
-    forced = gen.get("forced_eos_token_id", config.get("forced_eos_token_id"))
-    if forced not in (None, settings.eos_token_id):
-        raise UsageError(f"{where}: forced_eos_token_id {forced} is not the end token {settings.eos_token_id}")
-    alpha, early, max_new = beam_rules(gen, origin, forced is not None)
-    rules = DecodingRules(start=settings.decoder_start_token_id, end=settings.eos_token_id, pad=settings.pad_token_id,
-                          length_penalty="hf", alpha=alpha, early_stopping=early, forced_end=forced is not None,
-                          max_new_tokens=max_new)
+    rules = hf_files.end_rules(settings, config, gen, origin, where)
     return settings, rules
 
 
