@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from toolkit.core.decoding import StepBackend
 from toolkit.core.digests import file_sha256
+from toolkit.core.tokenizer import EOS
 
 
 def rehash(directory: Path) -> None:
@@ -32,3 +36,22 @@ def one_line_error(result, code: int) -> str:
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1, result.output
     return errors[0]
+
+
+class Scripted(StepBackend):
+    """Writes the same tokens for every sentence, then stops: a model that does exactly what a test says."""
+
+    def __init__(self, tokens: list[int], vocab: int):
+        self.tokens, self.vocab = tokens, vocab
+
+    def encode(self, src, src_len):
+        return {"rows": np.arange(len(src)), "t": 0}
+
+    def step(self, token, state):
+        logp = np.full((len(state["rows"]), self.vocab), -20.0, dtype=np.float32)
+        t = state["t"]
+        logp[:, self.tokens[t] if t < len(self.tokens) else EOS] = -0.01
+        return logp, {**state, "t": t + 1}
+
+    def select(self, state, rows):
+        return {**state, "rows": state["rows"][rows]}

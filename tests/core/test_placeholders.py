@@ -14,15 +14,13 @@ import unicodedata
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import Scripted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toolkit.core import placeholders, textprep
 from toolkit.core.batching import GUARDED, DecodeOptions
-from toolkit.core.decoding import StepBackend
-from toolkit.core.tokenizer import EOS
 
 SHIPPED = Path(__file__).resolve().parents[2] / "exported" / "transformer"
 
@@ -179,24 +177,6 @@ def test_capitals_with_caseless_letters_beside_them():
 
 
 # ---- the warning, through translate_batch ----------------------------------------------------
-
-class Scripted(StepBackend):
-    """Writes the same tokens for every sentence, then stops: a model that does exactly what a test says."""
-
-    def __init__(self, tokens: list[int], vocab: int):
-        self.tokens, self.vocab = tokens, vocab
-
-    def encode(self, src, src_len):
-        return {"rows": np.arange(len(src)), "t": 0}
-
-    def step(self, token, state):
-        logp = np.full((len(state["rows"]), self.vocab), -20.0, dtype=np.float32)
-        t = state["t"]
-        logp[:, self.tokens[t] if t < len(self.tokens) else EOS] = -0.01
-        return logp, {**state, "t": t + 1}
-
-    def select(self, state, rows):
-        return {**state, "rows": state["rows"][rows]}
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import shutil
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import Scripted
 
 from toolkit.core import placeholders, textprep
 from toolkit.core.batching import GUARDED, DecodeOptions
-from toolkit.core.decoding import StepBackend, greedy
+from toolkit.core.decoding import greedy
 from toolkit.core.tokenizer import EOS
 
 SHIPPED = Path(__file__).resolve().parents[2] / "exported" / "transformer"
@@ -116,24 +116,6 @@ def test_the_guarded_translation_is_made_of_whole_words_of_the_unguarded_one(shi
     assert any("loop guard" in w for w in warned)  # this line does loop: the test looks at a guard's cut
     assert guarded and set(guarded.split()) <= set(bare.split()), (guarded, bare)
 
-
-class Scripted(StepBackend):
-    """Writes the same tokens for every sentence, then stops: a model that does exactly what a test says."""
-
-    def __init__(self, tokens: list[int], vocab: int):
-        self.tokens, self.vocab = tokens, vocab
-
-    def encode(self, src, src_len):
-        return {"rows": np.arange(len(src)), "t": 0}
-
-    def step(self, token, state):
-        logp = np.full((len(state["rows"]), self.vocab), -20.0, dtype=np.float32)
-        t = state["t"]
-        logp[:, self.tokens[t] if t < len(self.tokens) else EOS] = -0.01
-        return logp, {**state, "t": t + 1}
-
-    def select(self, state, rows):
-        return {**state, "rows": state["rows"][rows]}
 
 
 @pytest.mark.parametrize("tokens", [[5, 9, 7, 8, 7, 8, 7, 8, 7, 8], [5, 6, 6, 6, 6, 6, 6], [5, 7, 8, 9, 7, 8, 9, 7, 8, 9, 7]])

@@ -125,14 +125,7 @@ def _merge(tmp: Path, out: Path, replaced: frozenset[str], kept: frozenset[str])
                 os.replace(tmp / name, out / name)
                 placed.append(name)
     except BaseException:
-        for name in reversed(placed):
-            with contextlib.suppress(OSError):
-                os.replace(out / name, tmp / name)
-        for name in reversed(aside):
-            with contextlib.suppress(OSError):
-                os.replace(old / name, out / name)
-        with contextlib.suppress(OSError):
-            old.rmdir()  # only once empty: what could not be put back stays there, not deleted
+        _put_back(out, tmp, old, placed, aside)
         raise
     shutil.rmtree(old, ignore_errors=True)
     return [n for n in new if n in kept]
@@ -157,16 +150,22 @@ def store(tmp: Path, directory: Path, record: Callable[[], None]) -> None:
             placed.append(path.name)
         record()
     except BaseException:
-        for name in reversed(placed):
-            with contextlib.suppress(OSError):
-                os.replace(directory / name, tmp / name)
-        for name in reversed(moved):
-            with contextlib.suppress(OSError):
-                os.replace(aside / name, directory / name)
-        with contextlib.suppress(OSError):
-            aside.rmdir()  # only once empty: what could not be put back stays there, not deleted
+        _put_back(directory, tmp, aside, placed, moved)
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def _put_back(out: Path, tmp: Path, aside: Path, placed: list[str], moved: list[str]) -> None:
+    """Undoes a partial move into `out`: the new entries `placed` go back to `tmp`, the old ones `moved` aside come back
+    from `aside`, newest first; `aside` is removed only once empty, so what could not be put back stays there, not deleted."""
+    for name in reversed(placed):
+        with contextlib.suppress(OSError):
+            os.replace(out / name, tmp / name)
+    for name in reversed(moved):
+        with contextlib.suppress(OSError):
+            os.replace(aside / name, out / name)
+    with contextlib.suppress(OSError):
+        aside.rmdir()
 
 
 @dataclass
