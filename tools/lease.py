@@ -81,9 +81,12 @@ RETURN_LIMIT = (8, 16 * 2**20, 64 * 2**20)  # files back from $OUT: count, each,
 
 # Batches of 24,000 padded tokens (4x the recipe's 6,000; 159 steps an epoch instead of 582, counted on this data) at
 # the recipe's rate scaled by the square-root rule (peak 2e-3, warm-up 500 steps: toolkit.pytorch.train.batch_recipe),
-# bf16 autocast (the recipe's on CUDA), the forward pass and loss torch.compile'd, six processes making the epochs
+# bf16 autocast (the recipe's on CUDA), eager (see below), six processes making the epochs
 # that were not prepared here.
-LEASE_SETTINGS = {"batch_tokens": 24000, "compile": "true", "data_workers": 6}
+# Eager, not compiled: on the first lease (2026-11-26, H100) compiling cost 190 of the 256 s of training (a recompile
+# per padded length pair, ~30 s each) and the run ended after 13 of 32 epochs; eager trained all 32 in 247 s
+# (~7.5 s an epoch). LEASE_COMPILE=true brings the compiled step back.
+LEASE_SETTINGS = {"batch_tokens": 24000, "compile": os.environ.get("LEASE_COMPILE", "false"), "data_workers": 6}
 
 
 class Call(NamedTuple):
@@ -245,6 +248,26 @@ def tk(*args, check: bool = True) -> int:
     return done.returncode
 
 
+def link_models() -> str | None:
+    """toolkit.models importable, or the reason it is not. Not installed (the lent machine: nothing can be fetched
+    there, and nothing needs to be), a link does what an install's mapping of models/ does. Each call makes it: the
+    working tree copied in for a later call drops the link an earlier call made (the first lease's call 2 failed so)."""
+    try:
+        import toolkit.models.transformer  # noqa: F401
+        return None
+    except ImportError:
+        link = REPO / "toolkit" / "models"
+        if not link.exists():
+            link.symlink_to(Path("..") / "models")
+            print("toolkit/models -> ../models linked (tk is not installed here)")
+        importlib.invalidate_caches()
+        try:
+            import toolkit.models.transformer  # noqa: F401,F811
+            return None
+        except ImportError as e:
+            return f"toolkit.models does not import ({e})"
+
+
 def stage_env(_args=None) -> None:
     """What the machine has; stops the call before any training if something the lease needs is missing."""
     problems = []
@@ -272,19 +295,9 @@ def stage_env(_args=None) -> None:
             print("  (no CUDA provider: call2's `tk verify --provider cuda` records that it could not run)")
     except ImportError:
         problems.append("no onnxruntime")
-    try:
-        import toolkit.models.transformer  # noqa: F401  (an install maps models/ to toolkit.models)
-    except ImportError:
-        # Not installed (the lent machine: nothing can be fetched there, and nothing needs to be): a link does the same.
-        link = REPO / "toolkit" / "models"
-        if not link.exists():
-            link.symlink_to(Path("..") / "models")
-            print("toolkit/models -> ../models linked (tk is not installed here)")
-        importlib.invalidate_caches()
-        try:
-            import toolkit.models.transformer  # noqa: F401,F811
-        except ImportError as e:
-            problems.append(f"toolkit.models does not import ({e})")
+    problem = link_models()
+    if problem:
+        problems.append(problem)
     for name in (CORPUS, CHALLENGE):
         if not (REPO / DATA / name).is_file():
             problems.append(f"no {DATA / name} (run `tools/lease.py prepare` here and carry {DATA})")
@@ -367,13 +380,17 @@ def pack_run(out: Path, finished: bool) -> dict:
 
 def stage_call1(args) -> None:
     stage_env()
-    state = stage_train(argparse.Namespace(minutes=CALL1.step("train"), device="cuda"))
+    minutes = float(os.environ.get("LEASE_TRAIN_MIN", CALL1.step("train")))  # a shorter or longer box for a lease's leftover
+    state = stage_train(argparse.Namespace(minutes=minutes, device="cuda"))
     index = pack_run(Path(args.out), state["finished"])
     print(f"call1: {index['name']} packed ({index['bytes'] / 2**20:.1f} MiB, {len(index['parts'])} parts); "
           + ("now call2, at once" if state["finished"] else "call2 at once trains on; if it never comes, resume from this"))
 
 
 def stage_call2(args) -> None:
+    problem = link_models()
+    if problem:
+        sys.exit(f"lease call2: {problem}")
     state = progress()
     if state is None:
         sys.exit(f"lease call2: no run in {RUN}: this machine is not call 1's (it went back); finish on the CPU from call 1's "

@@ -83,7 +83,7 @@ def test_the_run_calls_are_short_commands_and_call2_carries_nothing():
     assert calls[1]["carry"] == []  # a carried runs/ path would replace the run call 1 left on the machine
     args = lease.train_args(lease.CALL1.step("train"))
     assert args[args.index("--max-minutes") + 1] == str(lease.CALL1.step("train"))
-    assert f"finish_minutes={lease.CALL1.step('train')}" in args and "batch_tokens=24000" in args and "compile=true" in args
+    assert f"finish_minutes={lease.CALL1.step('train')}" in args and "batch_tokens=24000" in args and "compile=false" in args
     fits, line = lease.carry_fits(40 * 2**20, 20 * 2**20)
     assert fits and "60.0 MiB" in line
     assert not lease.carry_fits(40 * 2**20, 25 * 2**20)[0]
