@@ -20,10 +20,11 @@ On the lent GPU, one line per device call, back to back (a warm machine goes bac
 After the lease, here (CPU): unpack, export (when only call 1 came back), evaluate, bench, decide, ship;
 train [--device cpu] resumes a compact resume state anywhere.
 
-The ship rule (issue 41): the student beats the shipped Transformer on the Tatoeba Challenge set and on the held-out
-split (beam 4; greedy not lower), scores at least 45.0 BLEU on the Challenge set (beam 4), has at most 10M parameters,
-copies at least 9 in 10 unseen names verbatim, decodes on CPU at least as fast (every `tk bench --text` row of tk's
-fp32 API), passes `tk verify` on CPU and CUDA, and keeps exported/ within its 40 MiB budget.
+The ship rule (issue 51): the student beats the shipped Transformer on the Tatoeba Challenge set and on the held-out
+split (beam 4; greedy not lower), decodes on CPU at least as fast (every `tk bench --text` row of tk's fp32 API),
+passes `tk verify` on CPU and keeps exported/ within its 40 MiB budget. The issue's targets, printed beside it: at
+least 45.0 BLEU on the Challenge set (beam 4), at most 10M parameters, 9 in 10 unseen names copied verbatim, and
+`tk verify --provider cuda` passing.
 """
 
 from __future__ import annotations
@@ -554,9 +555,18 @@ def bench_seconds(label: str) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
-def conditions(student: dict, shipped: dict, bench: tuple[dict, dict] | None, exported_bytes: int) -> list[tuple[str, bool, str]]:
-    """(condition, met, the figures) for each part of the ship rule; `student`/`shipped`: manifest.json contents;
-    `bench`: (shipped, student) seconds per bench row; `exported_bytes`: exported/ with the student in it."""
+SHIP, TARGET = "ship rule", "issue target"
+
+
+def conditions(student: dict, shipped: dict, bench: tuple[dict, dict] | None, exported_bytes: int) -> list[tuple[str, str, bool, str]]:
+    """(kind, condition, met, the figures) for each condition; `student`/`shipped`: manifest.json contents; `bench`:
+    (shipped, student) seconds per bench row; `exported_bytes`: exported/ with the student in it.
+
+    Two kinds, as issue 51 separates them. SHIP, the decision rule: the student replaces the shipped model only if it
+    beats it on the Challenge set and the held-out split (beam 4; greedy not lower), decodes on CPU at least as fast,
+    passes `tk verify` on CPU and keeps exported/ in its budget: a user is then better off. TARGET, what closes the
+    issue: 45.0 BLEU, at most 10M parameters, 9 in 10 names, `tk verify --provider cuda`; a student can ship and the
+    issue stay open."""
     out = []
     ev_s, ev_0 = student.get("metrics", {}).get("evaluation", {}), shipped.get("metrics", {}).get("evaluation", {})
 
@@ -566,32 +576,32 @@ def conditions(student: dict, shipped: dict, bench: tuple[dict, dict] | None, ex
     for key, field, what in (("tatoeba_challenge_beam4", "bleu", "Tatoeba Challenge BLEU, beam 4"),
                              ("test_split_beam4", "bleu_multi_ref", "held-out split BLEU (all references), beam 4")):
         new, old = figure(ev_s, key, field), figure(ev_0, key, field)
-        out.append((f"{what}: beats the shipped model", new is not None and old is not None and new > old, f"{new} vs {old}"))
+        out.append((SHIP, f"{what}: beats the shipped model", new is not None and old is not None and new > old, f"{new} vs {old}"))
     for key, field, what in (("tatoeba_challenge_greedy", "bleu", "Tatoeba Challenge BLEU, greedy"),
                              ("test_split_greedy", "bleu_multi_ref", "held-out split BLEU (all references), greedy")):
         new, old = figure(ev_s, key, field), figure(ev_0, key, field)
-        out.append((f"{what}: not lower", new is not None and old is not None and new >= old, f"{new} vs {old}"))
-    challenge4 = figure(ev_s, "tatoeba_challenge_beam4", "bleu")
-    out.append((f"Tatoeba Challenge BLEU, beam 4, at least {MIN_CHALLENGE_BLEU}", challenge4 is not None and challenge4 >= MIN_CHALLENGE_BLEU,
-                f"{challenge4}"))
-    n_params = parameters(student["config"])
-    out.append((f"at most {MAX_PARAMETERS:,} parameters", n_params <= MAX_PARAMETERS, f"{n_params:,}"))
-    names = student.get("metrics", {}).get("names")
-    out.append((f"unseen names copied verbatim: at least {MIN_NAMES_SHARE:.0%}", bool(names) and names["share"] >= MIN_NAMES_SHARE,
-                f"{names['copied']} of {names['total']}" if names else "not measured (run evaluate)"))
+        out.append((SHIP, f"{what}: not lower", new is not None and old is not None and new >= old, f"{new} vs {old}"))
     if bench:
         old_s, new_s = bench
         common = sorted(set(old_s) & set(new_s))
         slower = [f"{r}: {new_s[r]:.3f} s vs {old_s[r]:.3f} s" for r in common if new_s[r] > old_s[r]]
-        out.append(("CPU decoding at least as fast (tk bench --text, every row of tk's API)", bool(common) and not slower,
+        out.append((SHIP, "CPU decoding at least as fast (tk bench --text, every row of tk's API)", bool(common) and not slower,
                     "; ".join(slower) or ", ".join(f"{r}: {old_s[r] / new_s[r]:.2f}x" for r in common)))
     else:
-        out.append(("CPU decoding at least as fast (tk bench --text)", False, "not measured (run bench)"))
+        out.append((SHIP, "CPU decoding at least as fast (tk bench --text)", False, "not measured (run bench)"))
     verify = student.get("verify", {})
-    for record in ("onnxruntime/cpu", "onnxruntime/cuda"):
+    for kind, record in ((SHIP, "onnxruntime/cpu"), (TARGET, "onnxruntime/cuda")):
         passed = (verify.get(record) or {}).get("passed")
-        out.append((f"tk verify passes ({record})", passed is True, "passed" if passed else "failed" if passed is False else "not recorded"))
-    out.append((f"exported/ within {SIZE_BUDGET // 2**20} MiB", exported_bytes <= SIZE_BUDGET, f"{exported_bytes / 2**20:.2f} MiB"))
+        out.append((kind, f"tk verify passes ({record})", passed is True, "passed" if passed else "failed" if passed is False else "not recorded"))
+    out.append((SHIP, f"exported/ within {SIZE_BUDGET // 2**20} MiB", exported_bytes <= SIZE_BUDGET, f"{exported_bytes / 2**20:.2f} MiB"))
+    challenge4 = figure(ev_s, "tatoeba_challenge_beam4", "bleu")
+    out.append((TARGET, f"Tatoeba Challenge BLEU, beam 4, at least {MIN_CHALLENGE_BLEU}",
+                challenge4 is not None and challenge4 >= MIN_CHALLENGE_BLEU, f"{challenge4}"))
+    n_params = parameters(student["config"])
+    out.append((TARGET, f"at most {MAX_PARAMETERS:,} parameters", n_params <= MAX_PARAMETERS, f"{n_params:,}"))
+    names = student.get("metrics", {}).get("names")
+    out.append((TARGET, f"unseen names copied verbatim: at least {MIN_NAMES_SHARE:.0%}", bool(names) and names["share"] >= MIN_NAMES_SHARE,
+                f"{names['copied']} of {names['total']}" if names else "not measured (run evaluate)"))
     return out
 
 
@@ -600,10 +610,12 @@ def stage_decide(_args) -> bool:
     shipped = json.loads((REPO / SHIPPED / "manifest.json").read_text())
     bench = (bench_seconds("shipped"), bench_seconds("student"))
     results = conditions(student, shipped, bench if all(bench) else None, exported_bytes_with(REPO / export_dir()))
-    for what, ok, detail in results:
-        print(f"{'PASS' if ok else 'FAIL'}  {what}: {detail}")
-    ship = all(ok for _, ok, _ in results)
-    print("decision: " + ("SHIP the student as exported/transformer" if ship else "do not ship; the shipped model stays"))
+    for kind, what, ok, detail in results:
+        print(f"{'PASS' if ok else 'FAIL'}  [{kind}] {what}: {detail}")
+    ship = all(ok for kind, _, ok, _ in results if kind == SHIP)
+    done = all(ok for _, _, ok, _ in results)
+    print("decision: " + ("SHIP the student as exported/transformer" if ship else "do not ship; the shipped model stays")
+          + ("; every issue target met" if done else "; issue targets not all met (see FAIL [issue target])"))
     return ship
 
 
