@@ -6,7 +6,7 @@ that `import toolkit` (and `tk --help`) stays instant, and the deploy side never
 """
 
 __version__ = "0.1.0"
-__all__ = ["Seq2SeqAdapter", "SpanRepairWarning", "Translator", "__version__", "export_model"]
+__all__ = ["Seq2SeqAdapter", "SpanRepairWarning", "Translator", "WordVocab", "__version__", "export_model"]
 
 
 def __getattr__(name: str):
@@ -18,6 +18,10 @@ def __getattr__(name: str):
         from toolkit.pytorch.adapter import Seq2SeqAdapter
 
         return Seq2SeqAdapter
+    if name == "WordVocab":  # torch-free: an adapter's word-level vocabulary
+        from toolkit.core.word_vocab import WordVocab
+
+        return WordVocab
     if name == "export_model":
         from toolkit.pytorch.export import export_model
 

@@ -128,8 +128,11 @@ def test_a_function_that_breaks_the_contract_is_one_line(cli, tmp_path, body, ex
     assert not (tmp_path / "out").exists()
 
 
-def test_a_state_that_does_not_grow_is_refused(cli, tmp_path, run, monkeypatch):
+def test_a_prefix_declared_fixed_is_refused_with_its_shapes(cli, tmp_path, run, monkeypatch):
+    """Fixed-shape states are accepted (an RNN's hidden state, tests/pytorch/test_textbook_adapters.py); a prefix
+    declared as one still grows, and the example batch says so."""
     module = tmp_path / "flat.py"
     module.write_text(EXAMPLE.read_text().replace('decoder_state={"prefix": ("batch", "past_len")}', 'decoder_state={"prefix": ("batch", 4)}'))
     monkeypatch.setenv("TK_EXAMPLE_RUN", str(run))
-    assert "decoder_state prefix has no 'past_len' dimension" in one_line_error(cli("export", f"{module}:build", "--out", tmp_path / "o"), 2)
+    line = one_line_error(cli("export", f"{module}:build", "--out", tmp_path / "o"), 2)
+    assert "returned prefix of shape (3, 5) on an example batch, expected (batch=3, 4)" in line

@@ -11,6 +11,7 @@ import pytest
 from helpers import rehash
 
 from toolkit.core import manifest
+from toolkit.core.errors import UsageError
 from toolkit.pytorch.export import ExportOptions, export
 from toolkit.verify.compare import compare
 
@@ -24,8 +25,9 @@ def test_passes_on_the_tiny_transformer_and_writes_json(cli, tiny_export, tmp_pa
     assert report["passed"] and report["seed"] == 0
     assert {"torch", "onnx", "onnxruntime"} <= set(report["environment"])
     checks = {r["check"] for r in report["rows"]}
-    # The attention variant adds its row-sum and mask checks ("sweep sums", "decode sums").
-    assert checks == {"static", "sweep", "optimizer", "decode", "translation", "sweep sums", "decode sums"}
+    # The attention variant adds its row-sum and mask checks ("sweep sums", "decode sums"); "batch": the sentences
+    # translate the same alone and in one padded batch.
+    assert checks == {"static", "sweep", "optimizer", "decode", "translation", "batch", "sweep sums", "decode sums"}
     # The sweep covers batch 1 and 64 and lengths longer than the export's.
     cases = {r["case"] for r in report["rows"] if r["check"] == "sweep"}
     assert any("batch=1 " in c for c in cases) and any("batch=64" in c for c in cases)
@@ -139,6 +141,12 @@ def test_fails_on_a_sequence_axis_frozen_at_export(cli, tiny_checkpoint, tmp_pat
         return (tuple({k: v for k, v in (s or {}).items() if v.__name__ != "src_len"} or None for s in shapes),)
 
     monkeypatch.setattr(export_mod, "dynamic_shapes", freeze_src_len)
+    # Export itself refuses it now (it runs every graph at a second size first), naming the graph, input and axis ...
+    with pytest.raises(UsageError, match=r"graph 'encoder' refused: input src axis 1 \('src_len'\) is frozen to 7"):
+        export(ExportOptions(out=tmp_path / "refused", checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
+    assert not (tmp_path / "refused").exists()
+    # ... and verify still catches a directory an older tk wrote so.
+    monkeypatch.setattr(export_mod, "check_sizes", lambda *args: None)
     out = export(ExportOptions(out=tmp_path / "frozen", checkpoint=str(tiny_checkpoint)), echo=lambda m: None)
     result, failures = _failures(cli, out, tmp_path)
     assert result.exit_code == 1

@@ -77,7 +77,8 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
 
 def _check(m: manifest_mod.Manifest) -> None:
     """validate: tk's tokenizer and rules (the page runs only those), one weights file, onnxruntime-web installed."""
-    if m.declared().tokenizer.kind != "sentencepiece" or m.rules() != manifest_mod.Declaration().decoding:
+    declared = m.declared().tokenizer  # source_end: the page's tokenizer appends no end token to the source
+    if declared.kind != "sentencepiece" or declared.source_end or m.rules() != manifest_mod.Declaration().decoding:
         raise UsageError(f"{m.directory} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
                          "tk's tokenizer and rules only (serve it with tk serve instead)")
     m.translation_tokenizer()

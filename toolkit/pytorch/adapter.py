@@ -7,13 +7,17 @@ FUNCTION() returns a `Seq2SeqAdapter`: the model, split as tk's graphs are, and 
         `encoder_outputs` (the decoder reads them at every step; src_len is passed on by tk).
     model.decode_step(token, state) -> (log_probs, state)
         token (batch,) int64, the last token; state: the encoder outputs, src_len and the tensors named in
-        `decoder_state`, which start with 0 positions on their "past_len" axis and come back one position longer
-        (a key/value cache per layer, or simply the token prefix); log_probs (batch, vocab_size) float32.
+        `decoder_state`; log_probs (batch, vocab_size) float32. A state with a "past_len" axis grows: it starts with 0
+        positions and comes back one position longer (a key/value cache per layer, or simply the token prefix). A
+        state without one has a fixed shape and is carried step to step (an RNN's hidden state): it starts as the
+        encoder output of the same name when `encoder_outputs` names one, else as zeros, and comes back the same shape.
 
 Dimensions are named "batch", "src_len" and "past_len" or given as numbers. tk exports the two graphs with those
 axes dynamic, and everything downstream (verify, translate, serve, translate-corpus, bench, the variants, OpenVINO)
 runs them as it runs its own models. The tokenizer is a SentencePiece model whose ids are the model's, shared by
-both sides; its bos, eos and pad ids are the decoder's start, end and padding tokens.
+both sides (its bos, eos and pad ids are the decoder's start, end and padding tokens), or a word-level vocabulary,
+`WordVocab(tokens)` (toolkit.core.word_vocab: a token list with <unk>, <pad>, <bos>, <eos>, stored as JSON).
+`source_end=True` appends the end token to every source, as the model was trained (d2l's `src <eos>`).
 
 A model directory never makes tk import code: `tk verify DIR` on an adapter's export needs the same reference
 given again (`--checkpoint MODULE:FUNCTION`), so running the user's code is always the user's explicit choice.
@@ -40,6 +44,9 @@ from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError, first_line
 from toolkit.core.graphs import SRC, GraphSpec, TensorSpec, decoder_graph, make_inputs
+from toolkit.core.word_vocab import FILE as WORD_VOCAB_FILE
+from toolkit.core.word_vocab import TARGET_FILE as TARGET_WORD_VOCAB_FILE
+from toolkit.core.word_vocab import WordVocab
 
 DIMS = ("batch", "src_len", "past_len")
 # The example batch the contract is checked on before export (all distinct and >= 2, as the exporter's own sizes are,
@@ -54,14 +61,26 @@ class Seq2SeqAdapter:
     """What `tk export MODULE:FUNCTION` needs of an encoder-decoder (see the module's docstring for the contract)."""
 
     model: nn.Module
-    tokenizer: str | Path  # a SentencePiece model file
+    tokenizer: str | Path | WordVocab  # a SentencePiece model file, or a word-level vocabulary
     encoder_outputs: Mapping[str, tuple]  # name -> dims, e.g. {"memory": ("batch", "src_len", 256)}
-    decoder_state: Mapping[str, tuple]  # name -> dims with "past_len", e.g. {"prefix": ("batch", "past_len")}
+    # name -> dims: with "past_len" a state that grows ({"prefix": ("batch", "past_len")}), without it one of fixed
+    # shape ({"hidden": (2, "batch", 256)}), which starts as the encoder output of its name (or zeros)
+    decoder_state: Mapping[str, tuple]
     vocab_size: int
     max_len: int  # the longest source and output, in tokens (the model's positions)
     integer: frozenset[str] = field(default_factory=frozenset)  # tensors of int64 (token ids); the others are float32
     length_penalty: str = "gnmt"  # tk's beam rule; "hf": Hugging Face's
     alpha: float = 0.6
+    source_end: bool = False  # append the end token to every source (the model was trained on `text <eos>`)
+    # The target side's word list where it is not the source's (d2l keeps a vocabulary per language): its <bos> and
+    # <eos> start and end the decoder, and translate turns output ids into its words. None: one vocabulary.
+    target_tokenizer: WordVocab | None = None
+
+    def id_bound(self) -> int:
+        """Token ids valid on both sides (the example batches' random ids stay below it)."""
+        if isinstance(self.tokenizer, WordVocab):
+            return min(self.vocab_size, len(self.tokenizer.tokens))
+        return self.vocab_size
 
 
 @dataclass
@@ -136,7 +155,7 @@ def load(target: str) -> tuple[Seq2SeqAdapter, AdapterSettings]:
     tokenizer_rules(adapter, target)  # a tokenizer that cannot work is said before minutes of export
     adapter.model.eval()
     trial(adapter, specs, target)
-    settings = AdapterSettings(target, adapter.vocab_size, adapter.max_len, json.dumps([s.to_dict() for s in specs]))
+    settings = AdapterSettings(target, adapter.id_bound(), adapter.max_len, json.dumps([s.to_dict() for s in specs]))
     return adapter, settings
 
 
@@ -162,10 +181,16 @@ def check_fields(adapter: Seq2SeqAdapter, target: str) -> None:
     if isinstance(integer, str) or not isinstance(integer, (set, frozenset, list, tuple)) or not all(isinstance(n, str) for n in integer):
         raise UsageError(f"{target}(): integer is {shown(integer)}; give a set of tensor names, e.g. frozenset({{'prefix'}})")
     adapter.integer = frozenset(integer)
+    if not isinstance(adapter.source_end, bool):
+        raise UsageError(f"{target}(): source_end is {shown(adapter.source_end)}; give True or False")
+    if adapter.target_tokenizer is not None and not (isinstance(adapter.target_tokenizer, WordVocab) and isinstance(adapter.tokenizer, WordVocab)):
+        raise UsageError(f"{target}(): target_tokenizer is a {type(adapter.target_tokenizer).__name__}; give a toolkit.WordVocab, "
+                         "with a WordVocab as tokenizer too (the source side's)")
     tokenizer = adapter.tokenizer
-    if not isinstance(tokenizer, (str, os.PathLike)):
+    if not isinstance(tokenizer, (str, os.PathLike, WordVocab)):
         fix = ("write the bytes to a file (Path('tokenizer.model').write_bytes(data)) and give its path"
-               if isinstance(tokenizer, (bytes, bytearray)) else "give the path of the SentencePiece model file")
+               if isinstance(tokenizer, (bytes, bytearray))
+               else "give the path of the SentencePiece model file, or toolkit.WordVocab(tokens) for a word list")
         raise UsageError(f"{target}(): tokenizer is a {type(tokenizer).__name__}, not the path of a SentencePiece model file; {fix}")
     from toolkit.core.manifest import size_problem
 
@@ -193,22 +218,33 @@ def graphs(adapter: Seq2SeqAdapter, target: str) -> list[GraphSpec]:
     """The encoder and decoder declarations of an adapter, in tk's layout (toolkit.pytorch.registry._decoder_graph)."""
     if not adapter.encoder_outputs or not adapter.decoder_state:
         raise UsageError(f"{target}(): encoder_outputs and decoder_state must each name at least one tensor")
-    clash = set(adapter.encoder_outputs) & set(adapter.decoder_state) | ({"src", "src_len", "token", "log_probs"} &
-                                                                            (set(adapter.encoder_outputs) | set(adapter.decoder_state)))
+    clash = {"src", "src_len", "token", "log_probs"} & (set(adapter.encoder_outputs) | set(adapter.decoder_state))
     if clash:
-        raise UsageError(f"{target}(): tensor name {sorted(clash)[0]!r} is used twice or is one of tk's own")
-    for name, dims in adapter.decoder_state.items():
-        if "past_len" not in dims:
-            raise UsageError(f"decoder_state {name} has no 'past_len' dimension: {FIXED_STATE}")
+        raise UsageError(f"{target}(): tensor name {sorted(clash)[0]!r} is one of tk's own; rename it")
+    # A state the encoder also returns starts as the encoder's value (an RNN decoder's hidden state is the encoder's
+    # last one): the encoder graph outputs it, and the decoder takes it as state, not as a constant of every step.
+    for name in set(adapter.encoder_outputs) & set(adapter.decoder_state):
+        if tuple(adapter.encoder_outputs[name]) != tuple(adapter.decoder_state[name]):
+            raise UsageError(f"{target}(): {name} is in encoder_outputs as {tuple(adapter.encoder_outputs[name])} and in "
+                             f"decoder_state as {tuple(adapter.decoder_state[name])}; the encoder's value is the state's start: "
+                             "give both the same dims")
+    for name, dims in adapter.encoder_outputs.items():
+        if "past_len" in dims:
+            raise UsageError(f"{target}(): encoder output {name} has a 'past_len' dimension; the encoder runs before any step")
     context = tuple(_tensor(n, tuple(d), adapter.integer) for n, d in adapter.encoder_outputs.items())
     state = tuple(_tensor(n, tuple(d), adapter.integer, "empty") for n, d in adapter.decoder_state.items())
     encoder = GraphSpec("encoder", SRC, context)
-    return [encoder, decoder_graph(state, context, adapter.vocab_size)]
+    return [encoder, decoder_graph(state, tuple(t for t in context if t.name not in adapter.decoder_state), adapter.vocab_size)]
 
 
-FIXED_STATE = ("tk's decoder state grows one position per step (a key/value cache per layer, or the token prefix); a state "
-               "of fixed size, such as an RNN's hidden state, is not supported: keep the prefix as the state and run the "
-               "decoder over it (docs/examples/nn_transformer.py)")
+def grows(dims: tuple) -> bool:
+    """Whether a decoder state grows one position a step (a cache, the prefix) or keeps its shape (an RNN's state)."""
+    return "past_len" in dims
+
+
+GROWING_STATE = ("a state declared with 'past_len' grows one position per step (a key/value cache per layer, or the token "
+                 "prefix); declare a state of fixed shape, such as an RNN's hidden state, without 'past_len', "
+                 "e.g. (num_layers, 'batch', hidden)")
 
 
 def trial(adapter: Seq2SeqAdapter, specs: list[GraphSpec], target: str) -> None:
@@ -217,11 +253,11 @@ def trial(adapter: Seq2SeqAdapter, specs: list[GraphSpec], target: str) -> None:
     encoder, decoder = specs
     sizes = TRIAL_SIZES
     rng = np.random.default_rng(0)
-    feeds = {n: torch.from_numpy(v) for n, v in make_inputs(encoder, sizes, rng, adapter.vocab_size).items()}
+    feeds = {n: torch.from_numpy(v) for n, v in make_inputs(encoder, sizes, rng, adapter.id_bound()).items()}
     with torch.no_grad():
         out = _run(f"{target}: model.encode(src, src_len)", adapter.model.encode, feeds["src"], feeds["src_len"])
         _check_outputs(target, "model.encode", out, encoder.outputs, sizes, "encoder_outputs")
-        state = {n: torch.from_numpy(v) for n, v in make_inputs(decoder, sizes, rng, adapter.vocab_size).items()}
+        state = {n: torch.from_numpy(v) for n, v in make_inputs(decoder, sizes, rng, adapter.id_bound()).items()}
         state.update({t.name: out[t.name] for t in encoder.outputs})
         state["src_len"] = feeds["src_len"]
         token = state.pop("token")
@@ -234,9 +270,9 @@ def trial(adapter: Seq2SeqAdapter, specs: list[GraphSpec], target: str) -> None:
     for name in grown:
         before = tuple(state[name].shape)
         got = new_state.get(name) if isinstance(new_state, Mapping) else None
-        if isinstance(got, torch.Tensor) and tuple(got.shape) == before:
+        if grows(adapter.decoder_state[name]) and isinstance(got, torch.Tensor) and tuple(got.shape) == before:
             raise UsageError(f"{target}: model.decode_step returned {name} with the shape it was given {before}, not one "
-                             f"position longer; {FIXED_STATE}")
+                             f"position longer; {GROWING_STATE}")
     _check_outputs(target, "model.decode_step's state", new_state, tuple(TensorSpec(n, t.dtype, t.dims) for n, t in grown.items()),
                    sizes, "decoder_state")
 
@@ -264,7 +300,16 @@ def _check_outputs(target: str, what: str, out: object, declared: tuple[TensorSp
 
 
 def tokenizer_rules(adapter: Seq2SeqAdapter, target: str) -> DecodingRules:
-    """The decoding rules from the SentencePiece model's own special ids."""
+    """The decoding rules from the tokenizer's own special ids (a SentencePiece model's, or a word list's)."""
+    if isinstance(adapter.tokenizer, WordVocab):
+        source = adapter.tokenizer
+        words = adapter.target_tokenizer or source
+        if len(words.tokens) > adapter.vocab_size:
+            raise UsageError(f"{target}(): the {'target ' if adapter.target_tokenizer else ''}word vocabulary has "
+                             f"{len(words.tokens)} tokens, more than vocab_size {adapter.vocab_size}")
+        # The source's <pad> pads source batches; the target's <bos> and <eos> start and end the decoder.
+        return DecodingRules(start=words.special("bos"), end=words.special("eos"), pad=source.special("pad"),
+                             length_penalty=adapter.length_penalty, alpha=adapter.alpha)
     path = Path(adapter.tokenizer)
     try:
         sp = spm.SentencePieceProcessor(model_file=str(path))
@@ -279,13 +324,27 @@ def tokenizer_rules(adapter: Seq2SeqAdapter, target: str) -> DecodingRules:
 
 
 def write_files(adapter: Seq2SeqAdapter, settings: AdapterSettings, tmp: Path) -> dict:
-    """The tokenizer copied into the model directory, and the manifest sections it and the rules make."""
+    """The tokenizer copied into the model directory (a word list as plain JSON), and the manifest sections it and the
+    rules make."""
     rules = tokenizer_rules(adapter, settings.target)
-    (tmp / "tokenizer.model").write_bytes(Path(adapter.tokenizer).read_bytes())
-    declaration = Declaration(rules, TokenizerDeclaration("sentencepiece", "tokenizer.model"), origin="adapter", placeholders=False)
+    words = adapter.tokenizer if isinstance(adapter.tokenizer, WordVocab) else None
+    extra, target_file = [], None
+    if words is not None:
+        file, kind, unk, what = WORD_VOCAB_FILE, "words", words.special("unk"), f"word list, split {words.split} (the adapter's)"
+        (tmp / file).write_text(words.to_json(), encoding="utf-8")
+        if adapter.target_tokenizer is not None:
+            target_file = TARGET_WORD_VOCAB_FILE
+            (tmp / target_file).write_text(adapter.target_tokenizer.to_json(), encoding="utf-8")
+            extra.append({"file": target_file, "sha256": file_sha256(tmp / target_file)})
+    else:
+        file, kind, what = "tokenizer.model", "sentencepiece", "sentencepiece (the adapter's)"
+        (tmp / file).write_bytes(Path(adapter.tokenizer).read_bytes())
+        unk = max(spm.SentencePieceProcessor(model_file=str(tmp / file)).unk_id(), 0)
+    declared = TokenizerDeclaration(kind, file, target=target_file, unk=unk, source_end=adapter.source_end)
+    declaration = Declaration(rules, declared, origin="adapter", placeholders=False)
     return {"declaration": declaration.to_dict(),
-            "tokenizer": {"file": "tokenizer.model", "sha256": file_sha256(tmp / "tokenizer.model"), "type": "sentencepiece (the adapter's)"},
-            "special_tokens": {"pad": rules.pad, "bos": rules.start, "eos": rules.end}}
+            "tokenizer": {"file": file, "sha256": file_sha256(tmp / file), "type": what},
+            "special_tokens": {"pad": rules.pad, "bos": rules.start, "eos": rules.end, "unk": unk}, "extra_files": extra}
 
 
 def build(settings: AdapterSettings) -> nn.Module:

@@ -217,12 +217,26 @@ def resolve_parameters(model: torch.nn.Module, found: dict[str, torch.Tensor]) -
     return out, missing
 
 
+def copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of a model that also holds tensors its forward stored (d2l's attention decoder keeps
+    `self._attention_weights`, the attention its `attention_weights`): such a tensor computed with gradients on is not
+    a graph leaf, and copy.deepcopy refuses it ("Only Tensors created explicitly by the user support the deepcopy
+    protocol"). They are plots' data, not weights: the copy holds them detached."""
+    import copy
+
+    memo: dict[int, object] = {}
+    for module in model.modules():
+        for value in module.__dict__.values():
+            for tensor in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.Parameter) and tensor.grad_fn is not None:
+                    memo[id(tensor)] = tensor.detach().clone()
+    return copy.deepcopy(model, memo)
+
+
 def weights_from_graphs(m: Manifest, entry, cfg, like: torch.nn.Module | None = None) -> torch.nn.Module:
     """The model rebuilt from the parameters its exported graphs hold: into the registry's build of its config, or into
     a copy of `like` (a model of the same architecture, such as an adapter's, which the registry never builds)."""
-    import copy
-
-    model = entry.build(cfg) if like is None else copy.deepcopy(like)
+    model = entry.build(cfg) if like is None else copy_model(like)
     found = graph_parameters(m.directory, [g.file for g in m.graphs.values()])
     state, missing = resolve_parameters(model, found)
     if missing:

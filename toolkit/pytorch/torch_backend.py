@@ -6,7 +6,6 @@ Importing this module registers the reference as the "torch" backend of toolkit.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +25,9 @@ class TorchBackend(StepBackend):
         moved there, so the CPU reference that verify holds the graphs to is never disturbed."""
         self.device = torch.device(device)
         if next(model.parameters()).device != self.device:
-            model = copy.deepcopy(model).to(self.device)
+            from toolkit.pytorch.reference import copy_model
+
+            model = copy_model(model).to(self.device)
         self.model = model.eval()
         self.encoder, self.decoder = encoder, decoder
         # Which axis of each state tensor is the batch, read from the declaration.

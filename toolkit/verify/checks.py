@@ -213,13 +213,11 @@ def graphs_like(m, reference):
     A parameter whose value is in no graph (among the parameters found) makes the graphs' weights differ from the
     reference's.
     """
-    import copy
-
     import torch
 
-    from toolkit.pytorch.reference import graph_parameters, resolve_parameters
+    from toolkit.pytorch.reference import copy_model, graph_parameters, resolve_parameters
 
-    model = copy.deepcopy(reference)
+    model = copy_model(reference)
     found = graph_parameters(m.directory, [g.file for g in m.graphs.values()])
     state, missing = resolve_parameters(model, found)
     by_shape: dict[tuple, list] = {}

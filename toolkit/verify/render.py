@@ -21,7 +21,7 @@ def summarize(report: Report) -> list[list[str]]:
         table.append([check, graph, variant, prov, output, str(len(rows)), f"{worst.max_abs:.2e}", f"{worst.max_rel:.2e}",
                       f"{max(r.outside for r in rows):.2%}", f"{min(t1):.2%}" if t1 else "",
                       f"{max(noise):.1e}" if noise else "", "ok" if all(r.ok for r in rows) else "FAIL",
-                      worst.detail if not worst.ok or check in ("translation", "generate") else ""])
+                      worst.detail if not worst.ok or check in ("translation", "generate", "batch") else ""])
     return table
 
 

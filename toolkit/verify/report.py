@@ -9,7 +9,7 @@ from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
 @dataclass
 class Row:
-    check: str  # static | sweep | optimizer | decode | translation
+    check: str  # static | sweep | optimizer | decode | translation | batch (the same alone and in a padded batch)
     graph: str
     variant: str
     provider: str
@@ -63,6 +63,7 @@ class Report:
     int8_layers: dict | None = None  # toolkit.verify.int8_layers' table, as JSON, when asked for
     # "variant/provider" -> the largest log-probability error at each decode step, against PyTorch
     step_errors: dict[str, list[float]] = field(default_factory=dict)
+    languages: dict | None = None  # a multilingual model's pair verified, in its own codes ({"source": "en", "target": "de"})
 
     @property
     def failures(self) -> list[Row]:
@@ -75,4 +76,4 @@ class Report:
                 "graph_weights_sha256": self.weights_sha256 or None,
                 "skipped_providers": self.skipped, "environment": self.environment,
                 "failures": [asdict(r) for r in self.failures], "rows": [asdict(r) for r in self.rows],
-                "localization": self.localization, "int8_layers": self.int8_layers}
+                "localization": self.localization, "int8_layers": self.int8_layers, "languages": self.languages}

@@ -33,6 +33,7 @@ from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.manifest import Manifest
 from toolkit.pytorch import registry
+from toolkit.pytorch.export import encoder_integers
 from toolkit.pytorch.reference import load_reference, reference_kind
 from toolkit.runtimes.onnxruntime.variants import graph_source
 from toolkit.verify.checks import (
@@ -53,6 +54,7 @@ from toolkit.verify.compare import (
     run_torch,
     tolerance,
 )
+from toolkit.verify.invariance import check_batch_invariance
 from toolkit.verify.report import Report, Row, environment  # noqa: F401 (environment: named here too)
 
 # Tokens each verify decode runs to at most unless --max-len or --full says otherwise: a model that never stops early (a
@@ -113,7 +115,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
            rtol: float | None = None, seed: int = 0, sentences: int | None = None, echo=print,
            checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = runtimes.DEFAULT_RUNTIME,
            data: str | Path | None = None, localize: bool | None = None, localize_against=None, max_len: int | None = None,
-           full: bool = False) -> Report:
+           full: bool = False, languages: dict | None = None) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
     in the provider column ("openvino-cpu"); the default runtime's stay "cpu"/"cuda". `data`: the corpus whose
     held-out split is decoded (default: toolkit.core.data.find's search). `localize`: find the first divergent
@@ -121,15 +123,27 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     PyTorch or `localize_against` (a toolkit.verify.localize.Side: another runtime, provider or variant).
     `max_len`: tokens each decode runs to at most (None: DECODE_TOKENS, or the model's own limit with `full`).
     `sentences`: held-out sentences decoded (None: 16, or SCALE_SENTENCES for a large model unless `full`).
-    `full`: also what the default leaves out at scale (see `at_scale`)."""
+    `full`: also what the default leaves out at scale (see `at_scale`). `languages`: a multilingual model's source_lang
+    and target_lang as tk translate takes them (None: its default pair): the sentences carry that source code and both
+    tk and transformers' generate force that target first."""
     spec = runtimes.get(runtime)
+    languages = {k: v for k, v in (languages or {}).items() if v is not None}
+    if spec.verify and languages:
+        raise UsageError(f"--runtime {runtime} is verified on its converted copy, which takes the model's default pair; "
+                         "drop --source-lang/--target-lang")
     if spec.verify:  # a converted copy, not graphs: checked by its own kinds of evidence
         module, _, function = spec.verify.partition(":")
         return getattr(importlib.import_module(module), function)(
             directory, provider, variants, atol, rtol, seed, 16 if sentences is None else sentences, echo, checkpoint, expect_digest, data,
             bool(localize or localize_against))
-    m = manifest_mod.load(directory)
+    from toolkit.core.tokenizers import choose_languages
+
+    # The pair chosen once, as tk translate chooses it: every check below reads it from this manifest.
+    m = choose_languages(manifest_mod.load(directory), languages.get("source_lang"), languages.get("target_lang"))
     report = Report(str(directory), seed, runtime=runtimes.label(runtime))
+    declared = m.declared().tokenizer
+    if declared.languages is not None:
+        report.languages = {"source": declared.source_lang, "target": declared.target_lang}
     try:
         m.check_files()
     except UsageError as e:
@@ -237,13 +251,15 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
     specs = m.specs()
     vocab = getattr(cfg, "vocab_size", 2)
     modules = {name: registry.graph_module(entry, model, spec) for name, spec in specs.items()}
+    # Integer encoder outputs the decoder takes (valid lengths) are fed the encoder's own values, never random ones.
+    run_encoder = (lambda feeds: run_torch(modules["encoder"], specs["encoder"], feeds)) if "encoder" in specs else None
     rng = np.random.default_rng(seed)
     unoptimized = {}
     if ("cpu", "fp32") in sessions:
         unoptimized = {name: ort_runtime.create_session(m.graph_path(name), "cpu", optimization="disabled") for name in specs}
     for i, sizes in enumerate(sweep_cases(getattr(cfg, "max_len", 64))):
         for name, spec in specs.items():
-            feeds = sweep_inputs(spec, sizes, rng, vocab, i)
+            feeds = encoder_integers(specs, name, sweep_inputs(spec, sizes, rng, vocab, i), sizes, rng, vocab, run_encoder)
             ref = run_torch(modules[name], spec, feeds)
             case = case_label(spec, sizes)
             outs = {}
@@ -314,6 +330,8 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
             report.failing_inputs = report.failing_inputs or parity.failing_inputs
             report.step_errors[f"{v}/{p}"] = [parity.step_errors[k] for k in sorted(parity.step_errors)]
             compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, out_len, v, p, tolerance(v, atol, rtol), rules)
+            if (p, v) == next(iter(sessions)):  # once, on the graphs as deployed: padding leaking into attention
+                check_batch_invariance(report.rows, backends[(p, v)](), src_ids, out_len, v, p, tolerance(v, atol, rtol), rules)
         except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
             failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
     return src_ids
