@@ -82,11 +82,11 @@ def _one_line_error(result, code: int) -> str:
 
 @pytest.mark.parametrize("setting, expected", [
     # num_layers grew memory at 170 MB/s; max_len ended in an internal error after asking for 25 GB.
-    ("num_layers=99999999999999999999", "num_layers must be at most 16 (the largest tk builds), got 99999999999999999999"),
+    ("num_layers=99999999999999999999", "num_layers must be at most 48 (the largest tk builds), got 99999999999999999999"),
     ("max_len=100000000", "max_len must be at most 1024 (the largest tk builds), got 100000000"),
     ("num_hiddens=1000000000000", "num_hiddens must be at most 1024"),
     ("ffn_num_hiddens=100000", "ffn_num_hiddens must be at most 4096"),
-    ("vocab_size=10000000", "vocab_size must be at most 65536"),
+    ("vocab_size=10000000", "vocab_size must be at most 262144"),
     ("num_heads=128", "num_heads must be at most 64"),
     ("vocab_size=4", "vocab_size must be at least 5"),
 ])
@@ -110,7 +110,7 @@ def test_every_size_of_every_registered_model_has_a_bound_its_defaults_keep():
 def test_a_checkpoint_config_beyond_the_bounds_is_refused_before_the_model_is_built():
     from toolkit.pytorch import registry
 
-    with pytest.raises(UsageError, match=r"^ckpt: num_layers must be at most 16 \(the largest tk builds\), got 1000000$"):
+    with pytest.raises(UsageError, match=r"^ckpt: num_layers must be at most 48 \(the largest tk builds\), got 1000000$"):
         registry.get("transformer").checked_config({"num_layers": 10**6}, "ckpt")
     with pytest.raises(UsageError, match=r"embed_size must be at most 1024 .*got an integer of 16610 bits"):
         registry.get("seq2seq").checked_config({"embed_size": 10**5000}, "ckpt")  # too long for Python to print
@@ -127,8 +127,8 @@ def _manifest_dir(tmp_path, text: str):
 @pytest.mark.parametrize("key, value, expected", [
     ("max_len", 100000, "config.max_len must be at most 1024 (the largest tk builds), got 100000"),
     ("max_len", 1, "config.max_len must be at least 2, got 1"),
-    ("num_layers", 10**9, "config.num_layers must be at most 16"),
-    ("vocab_size", 2**40, "config.vocab_size must be at most 65536"),
+    ("num_layers", 10**9, "config.num_layers must be at most 48"),
+    ("vocab_size", 2**40, "config.vocab_size must be at most 262144"),
     ("num_hiddens", "256", "config.num_hiddens must be a whole number from 1 to 1024, got '256'"),
 ])
 def test_a_manifest_stating_a_size_beyond_its_bound_is_corrupt_in_one_line(cli, tmp_path, key, value, expected):

@@ -63,6 +63,7 @@ def _generate(hf: Path, english: list[str], beam: int) -> list[str]:
     return tokenizer.batch_decode(out[:, 2:], skip_special_tokens=True)
 
 
+@pytest.mark.transformers_lines
 def test_the_tokenizer_gives_m2m100_tokenizer_ids(m2m100, pairs):
     from transformers import M2M100Tokenizer
 
@@ -79,6 +80,7 @@ def test_the_tokenizer_gives_m2m100_tokenizer_ids(m2m100, pairs):
     assert m.declared().tokenizer.served()["target"][:3] == sorted(m.declared().tokenizer.languages)[:3]
 
 
+@pytest.mark.transformers_lines
 @pytest.mark.parametrize("beam", [1, 4])
 def test_translations_are_generates(m2m100, pairs, beam):
     from toolkit import Translator
@@ -101,6 +103,7 @@ def test_an_unknown_language_is_one_line_listing_the_models_codes(m2m100, cli):
     assert "unknown source language 'klingon'" in one_line_error(cli("translate", "--model", out, "--source-lang", "klingon", "Hi."), 2)
 
 
+@pytest.mark.transformers_lines
 def test_verify_holds_the_graphs_to_generate(cli, m2m100, tmp_path):
     hf, out = m2m100
     report = tmp_path / "report.json"

@@ -110,8 +110,8 @@ def test_decoder_layers_reach_the_model_graphs_cache_check_and_converters():
     assert entry.parse_overrides({"decoder_layers": "2"}, {}) == {"decoder_layers": 2}
     with pytest.raises(Exception, match="expected an integer"):
         entry.parse_overrides({"decoder_layers": "two"}, {})
-    with pytest.raises(Exception, match="decoder_layers must be at most 16"):
-        entry.checked_config({"num_layers": 2, "decoder_layers": 17}, "ckpt")
+    with pytest.raises(Exception, match="decoder_layers must be at most 48"):
+        entry.checked_config({"num_layers": 2, "decoder_layers": 49}, "ckpt")
     # The decoder's cache follows decoder_layers in the manifest check; a manifest that says otherwise is refused.
     config = dataclasses.asdict(cfg)
     assert transformer_layers(config) == (3, 1)

@@ -20,7 +20,8 @@ TK_PAD, TK_UNK, TK_BOS, TK_EOS = 0, 1, 2, 3
 PENALTIES = ("gnmt", "hf")
 # A language code as users type it: en, pt-BR, zh-Hans, eng_Latn, fr_XX.
 LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[-_](?:[A-Z][a-z]{3}|[A-Z]{2}|[A-Z][a-z]{3}))?")
-TOKENIZERS = ("sentencepiece", "marian", "m2m100", "tokenizer.json")
+# "words": a word-level vocabulary (toolkit.core.word_vocab); "t5": T5Tokenizer with task prefixes (toolkit.pytorch.hf_t5)
+TOKENIZERS = ("sentencepiece", "marian", "m2m100", "tokenizer.json", "words", "mbart", "t5")
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,14 @@ class TokenizerDeclaration:
     source_lang: str | None = None
     target_lang: str | None = None
     lang_suffix: bool = False
+    # The end token appended to every source (a model trained on `text </s>`, as d2l's and Marian's are); tk's own
+    # SentencePiece models append none. Marian's layout always appends it, whatever this says.
+    source_end: bool = False
+    # A T5's task prefixes (kind "t5"): "en-fr" -> "translate English to French: ", from config.json's
+    # task_specific_params; the chosen pair's prefix goes before every source (none when no pair is chosen).
+    prefixes: dict | None = None
+    # T5Tokenizer's <extra_id_N> sentinels after a spiece.model's pieces (N = 0 the last id), kept whole in the text
+    extra_ids: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in TOKENIZERS:
@@ -138,6 +147,14 @@ class TokenizerDeclaration:
                 raise UsageError(f"declaration.tokenizer.{name} must be a file name inside the model directory, got {value!r}; re-export")
         if self.kind in ("marian", "m2m100") and self.vocab is None:
             raise UsageError(f"declaration.tokenizer: a {self.kind} tokenizer needs its vocab file; re-export")
+        if not isinstance(self.source_end, bool):
+            raise UsageError(f"declaration.tokenizer.source_end must be true or false, got {self.source_end!r}; re-export")
+        if type(self.extra_ids) is not int or not 0 <= self.extra_ids <= 1000:
+            raise UsageError(f"declaration.tokenizer.extra_ids must be a whole number from 0 to 1000, got {self.extra_ids!r}; re-export")
+        if self.prefixes is not None or self.kind == "t5":
+            t5 = _t5_prefixes_problem(self.prefixes, self.source_lang, self.target_lang)
+            if t5:
+                raise UsageError(f"declaration.tokenizer.{t5}")
         problem = self._languages_problem()
         if problem:
             raise UsageError(f"declaration.tokenizer.{problem}; re-export")
@@ -177,6 +194,15 @@ class TokenizerDeclaration:
     def from_dict(cls, data: object, where: str) -> TokenizerDeclaration:
         return _section(cls, data, where, "tokenizer", "a tokenizer field")
 
+
+def _t5_prefixes_problem(prefixes: object, source: str | None, target: str | None) -> str | None:
+    """A T5's prefixes (pair -> text) and, when a pair is stated, that the prefixes name it (none would translate)."""
+    if not isinstance(prefixes, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prefixes.items()):
+        return "prefixes must map language pairs (en-fr) to task prefixes; re-export"
+    if source is not None and target is not None and f"{source}-{target}" not in prefixes:
+        return (f"source_lang/target_lang: this T5 has no task prefix for {source} to {target}; config.json's "
+                f"task_specific_params declares {', '.join(sorted(prefixes)) or 'none'}")
+    return None
 
 def _section(cls, data: object, where: str, section: str, noun: str):
     """One section of the declaration from JSON: an object of known fields, each checked by the class itself."""

@@ -503,27 +503,33 @@ def schema_problem(data: dict) -> str | None:
 # bound at once has 537M parameters, about 9 GB to train with Adam. Every integer field of a registered config is here
 # (a test checks).
 SIZES = {
-    "vocab_size": (5, 65536),  # 4 special tokens and at least one piece
+    # 4 special tokens and at least one piece; at most NLLB-200's 256,206 and mBART-50's 250,054, with room.
+    "vocab_size": (5, 262144),
     "num_hiddens": (1, 1024),
     "embed_size": (1, 1024),
     "ffn_num_hiddens": (1, 4096),
     "num_heads": (1, 64),
-    "num_layers": (1, 16),
+    "num_layers": (1, 48),  # T5-xl and NLLB-3.3B have 24 per stack
     "max_len": (2, 1024),  # BOS and one token at least
     "query_size": (1, 1024),
     # An imported Marian's (toolkit.pytorch.hf_marian.MarianSettings); opus-mt-*-big: d_model 1024, ffn 4096, 16 heads, 6 layers.
-    "decoder_vocab_size": (5, 65536),
+    "decoder_vocab_size": (5, 262144),
     "d_model": (1, 1024),
-    "encoder_layers": (1, 16),
-    "decoder_layers": (1, 16),
+    "encoder_layers": (1, 48),
+    "decoder_layers": (1, 48),
     "encoder_attention_heads": (1, 64),
     "decoder_attention_heads": (1, 64),
     "encoder_ffn_dim": (1, 8192),
     "decoder_ffn_dim": (1, 8192),
     "max_position_embeddings": (2, 4096),
-    "pad_token_id": (0, 65535),
-    "eos_token_id": (0, 65535),
-    "decoder_start_token_id": (0, 65535),
+    "pad_token_id": (0, 262143),
+    "eos_token_id": (0, 262143),
+    "decoder_start_token_id": (0, 262143),
+    # An imported T5's own (toolkit.pytorch.hf_t5): per-head key size, feed-forward width, relative-position buckets.
+    "d_kv": (1, 1024),
+    "d_ff": (1, 16384),
+    "relative_attention_num_buckets": (2, 1024),
+    "relative_attention_max_distance": (2, 65536),
     "key_size": (1, 1024),
     "value_size": (1, 1024),
 }
@@ -642,6 +648,12 @@ def state_languages(directory: str | Path, source: str, target: str) -> None:
     with updating(directory) as m:
         declaration = dict(m.declaration or Declaration().to_dict())
         tokenizer = {**declaration.get("tokenizer", {}), "source_lang": source, "target_lang": target}
+        codes, decoding = tokenizer.get("languages"), declaration.get("decoding", {})
+        if isinstance(codes, dict) and target in codes and decoding.get("forced_first") is not None:
+            # A multilingual model's new default target is the token forced first: left as it was, the recorded pair
+            # would tokenize the new source and still translate into the old target. (A model that forces none, whose
+            # start token is its target's, gets it from toolkit.core.tokenizers.choose_languages each time.)
+            declaration["decoding"] = {**decoding, "forced_first": codes[target]}
         Declaration.from_dict({**declaration, "tokenizer": tokenizer}, str(Path(directory) / NAME))  # checked before saving
         m.declaration = {**declaration, "tokenizer": tokenizer}
         m.__dict__.pop("_declared", None)

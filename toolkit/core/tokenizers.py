@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sentencepiece as spm
 
 from toolkit.core.declaration import TokenizerDeclaration
 from toolkit.core.errors import UsageError, first_line
 from toolkit.core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the annotations only: the manifest module is not needed to tokenize
+    from toolkit.core.manifest import Manifest
 
 MAX_VOCAB_BYTES = 64 << 20  # a vocab.json is about 1 MB at 58k pieces; anything far larger is not one
 
@@ -30,7 +35,32 @@ def open_tokenizer(m) -> Tokenizer | MarianTokenizer | LanguageTokenizer:
         return SpmVocabTokenizer.load(m.directory, declared, m.rules())
     if declared.kind == "tokenizer.json":
         return JsonTokenizer.load(m.directory, declared, m.rules())
+    if declared.kind == "mbart":
+        return FairseqSpmTokenizer.load(m.directory, declared, m.rules())
+    if declared.kind == "t5":
+        return T5SourceTokenizer.load(m.directory, declared, m.rules())
+    if declared.kind == "words":
+        return word_tokenizer(m.directory, declared)
+    if declared.source_end:
+        return source_end_tokenizer(path, m.rules().end)
     return Tokenizer.load(path)
+
+
+def word_tokenizer(directory: Path, declared: TokenizerDeclaration):
+    """An adapter's word-level vocabulary (toolkit.core.word_vocab): plain JSON, split by its declared rule."""
+    from toolkit.core.word_vocab import WordTokenizer
+
+    target = directory / declared.target if declared.target else None
+    return WordTokenizer.load(directory / declared.source, declared.source_end, target)
+
+
+def source_end_tokenizer(path: Path, end: int) -> Tokenizer:
+    """A SentencePiece model whose sources end with the end token (declaration.tokenizer.source_end): the model was
+    trained on `text </s>`, and without it every source would be one the model never saw."""
+    tokenizer = Tokenizer.load(path)
+    plain = tokenizer.encode
+    tokenizer.encode = lambda texts, threads=1: [ids + [end] if ids else ids for ids in plain(texts, threads)]
+    return tokenizer
 
 
 def read_json_object(path: Path, max_bytes: int, what: str) -> dict:
@@ -140,27 +170,51 @@ def language_id(declared: TokenizerDeclaration, code: object, side: str) -> str:
     raise UsageError(f"unknown {side} language {code!r}; this model's codes: {', '.join(sorted(codes))}")
 
 
+def choose_languages(m: Manifest, source_lang: str | None, target_lang: str | None) -> Manifest:
+    """The manifest `m` translating from `source_lang` into `target_lang` (None: the model's default, what its files say
+    or what `tk export --source-lang/--target-lang` recorded): its declaration names the pair (so the tokenizer opened
+    from it puts the source code on every sentence) and its rules force the target's token first. A code the model
+    does not know, or any code for a model of one other pair, is one line. The one place a pair is chosen: tk translate,
+    translate-corpus, evaluate, verify, serve and the Python API all come here."""
+    declared = m.declared().tokenizer
+    if declared.kind == "t5":
+        return t5_pair(m, source_lang, target_lang)
+    if declared.languages is None:
+        if source_lang is None and target_lang is None:
+            return m
+        stated = declared.served()
+        if stated and source_lang in (None, *stated["source"]) and target_lang in (None, *stated["target"]):
+            return m  # the one pair it translates, named
+        pair = f" ({stated['source'][0]} to {stated['target'][0]})" if stated else ""
+        raise UsageError(f"{m.directory} is a model of one language pair{pair} ({m.model}); drop --source-lang/--target-lang"
+                         + (" or give its own codes" if stated else ""))
+    source = language_id(declared, source_lang, "source") if source_lang is not None else declared.source_lang
+    target = language_id(declared, target_lang, "target") if target_lang is not None else declared.target_lang
+    forced = declared.languages[target]
+    # A model whose decoder starts with its target's token and forces none (mBART-cc25, toolkit.pytorch.hf_mbart)
+    # starts with the chosen target's token instead.
+    rules = m.rules()
+    key = "start" if rules.forced_first is None and rules.start == declared.languages[declared.target_lang] else "forced_first"
+    if (source, target) == (declared.source_lang, declared.target_lang) and getattr(rules, key) == forced:
+        return m
+    chosen = copy.copy(m)
+    decoding = {**m.declaration["decoding"], key: forced}
+    tokenizer = {**m.declaration["tokenizer"], "source_lang": source, "target_lang": target}
+    chosen.declaration = {**m.declaration, "decoding": decoding, "tokenizer": tokenizer}
+    chosen.__dict__.pop("_declared", None)
+    return chosen
+
+
 def with_languages(m, tokenizer, source_lang: str | None, target_lang: str | None):
     """(manifest, tokenizer) translating from `source_lang` into `target_lang` (None: the model's default): the
     tokenizer puts the source code on every sentence, the manifest's rules force the target's token first. A model
     of one language pair refuses a code in one line."""
-    if source_lang is None and target_lang is None:
+    chosen = choose_languages(m, source_lang, target_lang)
+    if chosen is m:
         return m, tokenizer
-    declared = m.declared().tokenizer
-    if declared.languages is None:
-        stated = declared.served()
-        if stated and source_lang in (None, *stated["source"]) and target_lang in (None, *stated["target"]):
-            return m, tokenizer  # the one pair it translates, named
-        pair = f" ({stated['source'][0]} to {stated['target'][0]})" if stated else ""
-        raise UsageError(f"{m.directory} is a model of one language pair{pair} ({m.model}); drop --source-lang/--target-lang"
-                         + (" or give its own codes" if stated else ""))
-    source = language_id(declared, source_lang, "source") if source_lang is not None else tokenizer.source_lang
-    target = language_id(declared, target_lang, "target") if target_lang is not None else declared.target_lang
-    chosen = copy.copy(m)
-    decoding = {**m.declaration["decoding"], "forced_first": declared.languages[target]}
-    chosen.declaration = {**m.declaration, "decoding": decoding}
-    chosen.__dict__.pop("_declared", None)
-    return chosen, tokenizer.for_source(source)
+    if chosen.declared().tokenizer.kind == "t5":  # no language code: the pair's task prefix
+        return chosen, tokenizer.for_pair(chosen.declared().tokenizer)
+    return chosen, tokenizer.for_source(chosen.declared().tokenizer.source_lang)
 
 
 class LanguageTokenizer:
@@ -221,7 +275,7 @@ class JsonTokenizer(LanguageTokenizer):
     and end token placed as the model's tokenizer places them."""
 
     def __init__(self, tok, declared: TokenizerDeclaration, rules):
-        special = {t.id for t in _added(tok) if t.special}
+        special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}  # an AddedToken has no id of its own
         super().__init__(declared, rules.end, rules.pad, declared.unk, special)
         self.tok = tok
         self.pieces = {i: p for p, i in tok.get_vocab(with_added_tokens=True).items()}
@@ -254,3 +308,119 @@ class JsonTokenizer(LanguageTokenizer):
 
 def _added(tok) -> list:
     return list(tok.get_added_tokens_decoder().values())
+
+
+class FairseqSpmTokenizer(LanguageTokenizer):
+    """mBART's sentencepiece.bpe.model (MBartTokenizer, MBart50Tokenizer; kind "mbart"): fairseq's ids, the
+    SentencePiece model's shifted by one (fairseq puts <s> 0, <pad> 1, </s> 2, <unk> 3 first; the SentencePiece
+    model's own <unk>, id 0, is fairseq's 3), the language codes after the pieces, then <mask>."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, declared: TokenizerDeclaration, rules):
+        self.size = sp.get_piece_size()
+        mask = self.size + 1 + len(declared.languages or {})
+        super().__init__(declared, rules.end, rules.pad, declared.unk, {0, mask})
+        self.spm = sp
+
+    @classmethod
+    def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> FairseqSpmTokenizer:
+        return cls(_load_spm(directory / declared.source), declared, rules)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.size + 1 + len(self.languages) + 1
+
+    def _pieces_ids(self, text: str) -> list[int]:
+        return [i + 1 if i else self.unk for i in self.spm.encode(text)]
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return [self.spm.decode([i - 1 for i in seq if i not in self.special and 1 <= i - 1 < self.size]).strip() for seq in ids]
+
+
+# ---- T5: no language codes, a task prefix on the source ("translate English to French: ") --------------------------
+
+SENTINEL = re.compile(r"<extra_id_(\d{1,4})>")  # T5Tokenizer's added tokens: one id each, never split
+
+def t5_pair(m, source_lang: str | None, target_lang: str | None):
+    """The manifest `m` with the pair whose task prefix goes before every source (toolkit.pytorch.hf_t5): the pair
+    given, or the one `tk export --source-lang/--target-lang` recorded. One line, listing the pairs the model's
+    config.json declares, for a pair it has no prefix for or for half a pair."""
+    declared = m.declared().tokenizer
+    if source_lang is None and target_lang is None:
+        return m
+    source, target = source_lang or declared.source_lang, target_lang or declared.target_lang
+    pairs = ", ".join(sorted(declared.prefixes or {})) or "none"
+    if source is None or target is None:
+        raise UsageError(f"{m.directory} is a T5: it picks its task prefix by the pair, so give both --source-lang and "
+                         f"--target-lang (its config.json declares {pairs})")
+    if f"{source}-{target}" not in (declared.prefixes or {}):
+        raise UsageError(f"{m.directory} is a T5 with no task prefix for {source} to {target}; its config.json's "
+                         f"task_specific_params declares {pairs}")
+    if (source, target) == (declared.source_lang, declared.target_lang):
+        return m
+    chosen = copy.copy(m)
+    chosen.declaration = {**m.declaration, "tokenizer": {**m.declaration["tokenizer"], "source_lang": source, "target_lang": target}}
+    chosen.__dict__.pop("_declared", None)
+    return chosen
+
+
+class T5SourceTokenizer:
+    """T5Tokenizer's ids and text without transformers: the chosen pair's task prefix before the text, SentencePiece's
+    (spiece.model, whose ids are the model's) or the tokenizers library's (tokenizer.json) pieces, </s> after; output
+    ids back to text with <pad>, </s>, <unk> and the <extra_id_N> sentinels dropped, as skip_special_tokens does."""
+
+    def __init__(self, declared: TokenizerDeclaration, rules, sp: spm.SentencePieceProcessor | None = None, tok=None):
+        self.declared, self.spm, self.tok = declared, sp, tok  # not `sp`: tk's SentencePiece tokenizer's
+        self.end, self.pad, self.unk = rules.end, rules.pad, declared.unk
+        self.prefix = self._prefix(declared)
+        self.extra = declared.extra_ids
+        if tok is not None:
+            self.special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special} | {self.end, self.pad, self.unk}
+            self.size = tok.get_vocab_size(with_added_tokens=True)
+            self.pieces = {i: p for p, i in tok.get_vocab(with_added_tokens=True).items()}
+        else:
+            self.special = {self.end, self.pad, self.unk}
+            self.size = sp.get_piece_size()
+            self.pieces = {i: sp.id_to_piece(i) for i in range(self.size)}
+
+    @staticmethod
+    def _prefix(declared: TokenizerDeclaration) -> str:
+        pair = f"{declared.source_lang}-{declared.target_lang}"
+        return (declared.prefixes or {}).get(pair, "") if declared.source_lang is not None else ""
+
+    @classmethod
+    def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> T5SourceTokenizer:
+        if declared.source.endswith(".json"):
+            return cls(declared, rules, tok=JsonTokenizer.load(directory, declared, rules).tok)
+        return cls(declared, rules, sp=_load_spm(directory / declared.source))
+
+    def for_pair(self, declared: TokenizerDeclaration) -> T5SourceTokenizer:
+        other = copy.copy(self)
+        other.declared, other.prefix = declared, self._prefix(declared)
+        return other
+
+    @property
+    def vocab_size(self) -> int:
+        return self.size + (self.extra if self.tok is None else 0)  # tokenizer.json counts its sentinels itself
+
+    def _ids(self, text: str) -> list[int]:
+        if not text:
+            return []  # an empty line stays empty
+        text = self.prefix + text
+        if self.tok is not None:
+            return self.tok.encode(text, add_special_tokens=False).ids + [self.end]
+        ids, start = [], 0
+        for found in SENTINEL.finditer(text):  # each sentinel one id, the text between encoded apart, as T5Tokenizer
+            n = int(found.group(1))
+            if n < self.extra:  # a number past the sentinels is plain text
+                ids += self.spm.encode(text[start:found.start()]) + [self.size + self.extra - 1 - n]
+                start = found.end()
+        return ids + self.spm.encode(text[start:]) + [self.end]
+
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return [self._ids(t) for t in texts]
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        if self.tok is not None:
+            return [self.tok.decode([i for i in seq if i not in self.special], skip_special_tokens=True).strip() for seq in ids]
+        # ids past the SentencePiece model are the sentinels T5Tokenizer adds after it
+        return [self.spm.decode([i for i in seq if i not in self.special and 0 <= i < self.size]).strip() for seq in ids]

@@ -38,6 +38,10 @@ from toolkit.pytorch import adapter, checkpoint, hf_import, hf_marian, registry
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
 EXAMPLE_SIZES = {"batch": 3, "src_len": 7, "past_len": 5, "n_q": 4, "n_kv": 6}
+# The second size every graph runs at before anything is written (all differ from EXAMPLE_SIZES): an axis the graph
+# froze at the traced size fails or differs from PyTorch here, and export refuses it instead of writing a directory
+# whose every longer sentence fails in translate.
+SECOND_SIZES = {"batch": 2, "src_len": 11, "past_len": 3, "n_q": 6, "n_kv": 9}
 # Configs for --random-init: small enough that tests export every model in seconds.
 SMALL = {"vocab_size": 97, "num_hiddens": 32, "ffn_num_hiddens": 64, "num_heads": 4, "num_layers": 2,
          "embed_size": 24, "max_len": 24, "dropout": 0.0}
@@ -102,6 +106,17 @@ def node_origins(model: onnx.ModelProto) -> dict[str, list[str]]:
     return out
 
 
+def _export_cause(e: BaseException) -> str:
+    """What broke an export, in one line: torch.export's own first line is only "Failed to export the model with
+    torch.export. This is step 1/3 ..."; the line that names the cause follows its "## Exception summary"."""
+    lines = [ln.strip() for ln in str(e).splitlines()]
+    if "## Exception summary" in lines:
+        after = [ln for ln in lines[lines.index("## Exception summary") + 1:] if ln]
+        if after:
+            return after[0][:300]
+    return first_line(e)
+
+
 def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: int, max_len: int, vocab: int) -> None:
     rng = np.random.default_rng(0)
     feeds = make_inputs(spec, EXAMPLE_SIZES, rng, vocab)
@@ -116,11 +131,12 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: in
                                         input_names=spec.input_names, output_names=spec.output_names,
                                         opset_version=opset, optimize=False, verbose=False)
     except Exception as e:
-        raise ToolkitError(f"torch.onnx.export failed for graph '{spec.name}': {first_line(e)}") from e
+        raise ToolkitError(f"torch.onnx.export failed for graph '{spec.name}': {_export_cause(e)}") from e
     # Fold only small constants: folding a weight's transpose would store a second,
     # renamed copy of it, doubling the file and hiding which parameter it came from.
     import onnxscript.optimizer
 
+    forget_traced_shapes(program.model)
     onnxscript.optimizer.optimize_ir(program.model, input_size_limit=1024, output_size_limit=1024,
                                      should_fold=lambda node: False if node.op_type == "Transpose" else None)
     model = program.model_proto
@@ -133,6 +149,102 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: in
     onnx.save_model(model, path)
     onnx.checker.check_model(str(path), full_check=True)
     onnx.shape_inference.infer_shapes_path(str(path), check_type=True, strict_mode=True)
+
+
+def forget_traced_shapes(model) -> None:
+    """Drops the static shapes the exporter recorded on intermediate values, so the optimiser folds shapes only from
+    what ONNX shape inference derives from the (dynamic) inputs. The exporter records some of them at the traced size
+    (a reshape after a time-major nn.GRU: [7, batch, 32]); folded, that became a Reshape to 7 source positions, and the
+    graph failed on every other source length."""
+    keep = {id(v) for v in (*model.graph.inputs, *model.graph.outputs)}
+    for node in model.graph.all_nodes():
+        for value in node.outputs:
+            if id(value) not in keep:
+                value.shape = None
+
+
+def encoder_integers(specs: dict[str, GraphSpec], name: str, feeds: dict[str, np.ndarray], sizes: dict[str, int],
+                     rng: np.random.Generator, vocab: int, run_encoder) -> dict[str, np.ndarray]:
+    """The feeds of graph `name` with every integer input that is an integer output of the encoder (valid lengths passed
+    through, say) replaced by the encoder's own value on a source of the same batch and lengths: random integers there
+    (0, -1) mask whole rows and make NaN on both sides, which compares nothing. `run_encoder(feeds) -> outputs`."""
+    encoder = specs.get("encoder")
+    if encoder is None or name == "encoder":
+        return feeds
+    produced = {t.name for t in encoder.outputs if t.dtype == "int64"}
+    wanted = [t.name for t in specs[name].inputs if t.dtype == "int64" and t.name in produced]
+    if not wanted:
+        return feeds
+    source = make_inputs(encoder, sizes, rng, vocab)
+    if "src_len" in feeds:
+        source["src_len"] = feeds["src_len"]
+    out = run_encoder(source)
+    return {**feeds, **{n: np.asarray(out[n]) for n in wanted}}
+
+
+def _frozen_input(model: onnx.ModelProto, spec: GraphSpec) -> str | None:
+    """The first declared-dynamic input axis the exported graph holds as a number, in words."""
+    for value, declared in zip(model.graph.input, spec.inputs):
+        for axis, (dim, want) in enumerate(zip(value.type.tensor_type.shape.dim, declared.dims)):
+            if isinstance(want, str) and dim.HasField("dim_value"):
+                return f"input {declared.name} axis {axis} ('{want}') is frozen to {dim.dim_value}"
+    return None
+
+
+def check_sizes(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: int, specs: dict[str, GraphSpec],
+                encoder_module: torch.nn.Module | None, max_len: int) -> None:
+    """Runs the exported graph with ONNX Runtime at SECOND_SIZES and compares it with PyTorch; a failure is one line
+    naming the graph, the input and the axis (found by changing one axis at a time from the traced sizes)."""
+    from toolkit.core.variants import CATALOGUE
+    from toolkit.runtimes.onnxruntime import create_session
+
+    model = onnx.load(path, load_external_data=False)
+    frozen = _frozen_input(model, spec)
+    if frozen:
+        raise UsageError(f"export of graph '{spec.name}' refused: {frozen} (the exporter specialised it); "
+                         "make that axis follow the input's shape in your code")
+    session = create_session(path, "cpu", threads=1)
+    atol, rtol = CATALOGUE["fp32"].tolerance
+    run_encoder = None
+    if encoder_module is not None:
+        enc = specs["encoder"]
+        run_encoder = lambda feeds: dict(zip(enc.output_names, (o.numpy() for o in _torch_run(encoder_module, enc, feeds))))  # noqa: E731
+
+    def problem(sizes: dict[str, int]) -> str | None:
+        rng = np.random.default_rng(1)
+        feeds = encoder_integers(specs, spec.name, make_inputs(spec, sizes, rng, vocab), sizes, rng, vocab, run_encoder)
+        try:
+            got = session.run(None, feeds)
+        except Exception as e:  # ONNX Runtime refusing a size is the finding
+            return f"ONNX Runtime failed ({first_line(e, 90)})"
+        want = [o.numpy() for o in _torch_run(module, spec, feeds)]
+        for name, g, w in zip(spec.output_names, got, want):
+            if g.shape != w.shape:
+                return f"output {name} has shape {g.shape}, PyTorch's {w.shape}"
+            if not np.allclose(g.astype(np.float64), w.astype(np.float64), atol=atol, rtol=rtol, equal_nan=False):
+                return f"output {name} differs from PyTorch's (largest difference {float(np.nanmax(np.abs(g - w.astype(g.dtype)))):.2g})"
+        return None
+
+    second = dict(SECOND_SIZES)
+    if max_len < second["src_len"]:  # within the model's positions, and still not the traced length
+        second["src_len"] = max_len if max_len != EXAMPLE_SIZES["src_len"] else max_len - 1
+    found = problem({**EXAMPLE_SIZES, **second})
+    if found is None:
+        return
+    axes = [d for d in sorted(spec.symbolic_dims()) if "+" not in d and d in SECOND_SIZES]
+    for dim in axes:  # one axis at a time: the one that fails alone is the frozen one
+        alone = problem({**EXAMPLE_SIZES, dim: second[dim]})
+        if alone is not None:
+            inp, axis = next((t.name, t.dims.index(dim)) for t in spec.inputs if dim in t.dims)
+            raise UsageError(f"export of graph '{spec.name}' refused: input {inp} axis {axis} ('{dim}') is frozen to "
+                             f"{EXAMPLE_SIZES[dim]}: at {dim}={second[dim]} {alone}")
+    raise UsageError(f"export of graph '{spec.name}' refused: at " + ", ".join(f"{d}={second[d]}" for d in axes)
+                     + f" {found}, though each axis alone passes")
+
+
+def _torch_run(module: torch.nn.Module, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> tuple:
+    with torch.no_grad():
+        return tuple(module(*(torch.from_numpy(feeds[n]) for n in spec.input_names)))
 
 
 def load_model(opts: ExportOptions):
@@ -237,16 +349,26 @@ def attention_declaration(model: str, config: dict) -> dict:
     return {"attention": {g: [dataclasses.asdict(t) for t in ts] for g, ts in extra.items()}}
 
 
-def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
+def export_graphs(tmp: Path, opts: ExportOptions, entry, cfg, model, echo) -> dict:
+    """Each graph exported into `tmp` and run at a second size against PyTorch (check_sizes); their manifest records."""
     max_len = getattr(cfg, "max_len", 64)
     vocab = min(getattr(cfg, "vocab_size", 2), getattr(cfg, "decoder_vocab_size", 1 << 30))  # ids valid on both sides
     graphs = {}
-    for spec in entry.graphs(cfg):
+    specs = {spec.name: spec for spec in entry.graphs(cfg)}
+    encoder_module = registry.graph_module(entry, model, specs["encoder"]) if "encoder" in specs else None
+    for spec in specs.values():
         path = tmp / f"{spec.name}.onnx"
         echo(f"exporting {spec.name} ...")
-        export_graph(registry.graph_module(entry, model, spec), spec, path, opts.opset, max_len, vocab)
+        module = registry.graph_module(entry, model, spec)
+        export_graph(module, spec, path, opts.opset, max_len, vocab)
+        check_sizes(module, spec, path, vocab, specs, encoder_module, max_len)
         graphs[spec.name] = {"file": path.name, "sha256": manifest.file_sha256(path), "spec": spec.to_dict(),
                              "bytes": path.stat().st_size}
+    return graphs
+
+
+def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
+    graphs = export_graphs(tmp, opts, entry, cfg, model, echo)
     node_maps = [{"file": node_map_name(f"{name}.onnx"), "sha256": manifest.file_sha256(tmp / node_map_name(f"{name}.onnx"))}
                  for name in graphs]
     share_weights(tmp, graphs)
@@ -266,6 +388,7 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         data["declaration"] = Declaration().to_dict()
     if ckpt is not None and "adapter" in ckpt:
         data.update(adapter.write_files(ckpt["adapter"], cfg, tmp))
+        data["extra_files"] = node_maps + data["extra_files"]  # a target word list, hashed as every file is
         data["checkpoint"] = {"path": cfg.target, "weights_sha256": checkpoint.weights_sha256(model)}
     elif ckpt is not None and "hf" in ckpt:
         data.update(hf_marian.write_files(ckpt["hf"], tmp))

@@ -26,6 +26,7 @@ from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import hf_files
 from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
+from toolkit.pytorch.hf_layers import call_layer
 from toolkit.pytorch.hf_marian import ACTIVATIONS, HfSource, _heads, _LayerCache, write_files
 
 __all__ = ["M2M100Settings", "M2M100ForTk", "build", "read", "write_files"]
@@ -88,7 +89,11 @@ def _positions(table: nn.Module, ids: torch.Tensor, past) -> torch.Tensor:
     """M2M100SinusoidalPositionalEmbedding's rows for `ids`, `past` positions in: its own position rule (counting
     from padding_idx + 1, padding at padding_idx) over its own table, without the forward's branch that grows the
     table (a data-dependent size the exporter cannot keep dynamic; tk's max_len stays within the table)."""
-    ids_pos = table.create_position_ids_from_input_ids(ids, table.padding_idx, past)
+    # transformers 5 made the position rule a static method; 4.x has it as the module's function (same arguments).
+    rule = getattr(table, "create_position_ids_from_input_ids", None)
+    if rule is None:
+        from transformers.models.m2m_100.modeling_m2m_100 import create_position_ids_from_input_ids as rule
+    ids_pos = rule(ids, table.padding_idx, past)
     return table.weights.index_select(0, ids_pos.reshape(-1)).view(*ids.shape, -1)
 
 
@@ -115,7 +120,7 @@ class M2M100ForTk(nn.Module):
         x = enc.embed_tokens(src) + _positions(enc.embed_positions, src, 0)
         mask = self._mask(src_len, src.shape[1])
         for layer in enc.layers:
-            x = layer(x, mask)
+            x = call_layer(layer, x, mask)
         x = enc.layer_norm(x)
         out = {"memory": x, "src_len": src_len}
         for i, layer in enumerate(self.model.decoder.layers):
@@ -135,7 +140,7 @@ class M2M100ForTk(nn.Module):
             layer_cache = _LayerCache(cache[sk], cache[sv], cache[ck], cache[cv])
             # No causal mask: the cache holds only earlier positions; the encoder states are a stand-in (the cache
             # returns the encoder graph's keys/values).
-            x = layer(x, None, x, encoder_attention_mask=cross_mask, cache=layer_cache)
+            x = call_layer(layer, x, None, x, encoder_attention_mask=cross_mask, layer_cache=layer_cache)
             new[sk], new[sv] = layer_cache.new_k, layer_cache.new_v
         logits = self.lm_head(dec.layer_norm(x)[:, 0])
         return torch.log_softmax(logits, dim=-1) + self.suppress, {**cache, **new}

@@ -8,8 +8,8 @@ and `tk verify --localize` names them) and Marian's rules: scaled embeddings whe
 positions (sines in the first half, cosines in the second), post-LN layers, the output bias final_logits_bias, the
 start token (decoder_start_token_id, the pad id) and the tokens the generation config forbids.
 
-A Hugging Face directory is untrusted input: weights come from model.safetensors (or its shards), a
-pytorch_model.bin only through tensors-only loading; no code from the directory runs (the model is built from
+A Hugging Face directory is untrusted input: weights come from model.safetensors (or its shards), never from an
+unpickled pytorch_model.bin (hf_files.read_weights); no code from the directory runs (the model is built from
 transformers' own MarianMTModel, whatever config.json names), and no file outside it is read. Whatever would pass
 export and fail (or translate to nothing) later is refused at export in one line naming the file and the field or
 tensor: ill-typed generation fields, tensors that are not dense floating-point weights or hold NaN or infinities,
@@ -31,6 +31,7 @@ from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import hf_files
 from toolkit.pytorch.hf_files import PREFIX, check_weights, forbidden, generation_fields, inside, meta_shapes
+from toolkit.pytorch.hf_layers import call_layer
 
 __all__ = ["PREFIX", "MarianSettings", "MarianForTk", "build", "read", "write_files"]
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
@@ -145,7 +146,7 @@ class MarianForTk(nn.Module):
         x = enc.embed_tokens(src) * enc.embed_scale + enc.embed_positions(src.shape)
         mask = self._mask(src_len, src.shape[1])
         for layer in enc.layers:
-            x = layer(x, mask)
+            x = call_layer(layer, x, mask)
         out = {"memory": x, "src_len": src_len}
         for i, layer in enumerate(self.model.decoder.layers):
             att = layer.encoder_attn
@@ -163,7 +164,7 @@ class MarianForTk(nn.Module):
             layer_cache = _LayerCache(cache[sk], cache[sv], cache[ck], cache[cv])
             # No causal mask: the cache holds only earlier positions. The encoder states passed are a stand-in (the
             # cache returns the encoder graph's keys/values); their unused projections are dropped from the graph.
-            x = layer(x, None, x, encoder_attention_mask=cross_mask, cache=layer_cache)
+            x = call_layer(layer, x, None, x, encoder_attention_mask=cross_mask, layer_cache=layer_cache)
             new[sk], new[sv] = layer_cache.new_k, layer_cache.new_v
         logits = self.lm_head(x[:, 0]) + self.final_logits_bias
         # As generate: log-softmax first, then the forbidden tokens at -inf (the others are not renormalised).

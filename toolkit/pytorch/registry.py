@@ -21,7 +21,7 @@ from toolkit.models.attention import AdditiveAttention, DotProductAttention, Mul
 from toolkit.models.kernel_regression import NWKernelRegression
 from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
 from toolkit.models.transformer import Transformer, TransformerConfig, layer_key
-from toolkit.pytorch import hf_m2m100
+from toolkit.pytorch import hf_m2m100, hf_mbart, hf_t5
 from toolkit.pytorch.adapter import AdapterSettings
 from toolkit.pytorch.adapter import build as adapter_build
 from toolkit.pytorch.hf_marian import MarianSettings
@@ -218,6 +218,11 @@ register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, tr
 register(ModelEntry("marian", "seq2seq", MarianSettings, hf_build, marian_graphs))
 # Hugging Face M2M100ForConditionalGeneration (M2M-100, NLLB-200), imported with `tk export hf:DIR` (toolkit.pytorch.hf_m2m100).
 register(ModelEntry("m2m100", "seq2seq", hf_m2m100.M2M100Settings, hf_m2m100.build, hf_graphs))
+# Hugging Face MBartForConditionalGeneration (mBART-cc25, mBART-50), imported with `tk export hf:DIR` (toolkit.pytorch.hf_mbart).
+register(ModelEntry("mbart", "seq2seq", hf_mbart.MBartSettings, hf_mbart.build, hf_graphs))
+# Hugging Face T5ForConditionalGeneration (T5, Flan-T5, mT5), imported with `tk export hf:DIR` (toolkit.pytorch.hf_t5): its
+# own graph declaration, since T5's per-head size d_kv is not d_model / heads.
+register(ModelEntry("t5", "seq2seq", hf_t5.T5Settings, hf_t5.build, hf_t5.graphs))
 # Your own encoder-decoder, exported with `tk export MODULE:FUNCTION` (toolkit.pytorch.adapter): its graphs as it declared them.
 register(ModelEntry("adapter", "seq2seq", AdapterSettings, adapter_build, lambda cfg: cfg.specs(), random_init=False))
 # GRU encoder + Bahdanau-attention GRU decoder.
@@ -320,7 +325,7 @@ class EncoderGraph(nn.Module):
 
     def forward(self, *inputs):
         out = self.model.encode(*inputs)
-        return tuple(out[n] for n in self.names)
+        return _distinct(tuple(out[n] for n in self.names), inputs)
 
 
 class DecoderGraph(nn.Module):
@@ -333,7 +338,13 @@ class DecoderGraph(nn.Module):
     def forward(self, *inputs):
         token, state = inputs[0], inputs[1:]
         log_probs, cache = self.model.decode_step(token, dict(zip(self.state_names, state)))
-        return (log_probs, *(cache[src] for src in self.updates.values()))
+        return _distinct((log_probs, *(cache[src] for src in self.updates.values())), inputs)
+
+
+def _distinct(outputs: tuple, inputs: tuple) -> tuple:
+    """The outputs, each a value of its own: an input returned as it is (d2l's valid lengths passed through the
+    encoder, a state a step leaves as it was) would make the exporter name the graph's input after the output."""
+    return tuple(o.clone() if any(o is i for i in inputs) else o for o in outputs)
 
 
 class ModuleGraph(nn.Module):

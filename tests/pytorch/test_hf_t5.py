@@ -1,0 +1,323 @@
+"""Hugging Face T5ForConditionalGeneration (T5, Flan-T5, mT5) in: `tk export hf:DIR`, verify, translate with a task
+prefix, localize, untrusted tensors.
+
+Two tiny models built here from their config classes (no download), each trained a few dozen steps en -> fr so that
+outputs end at lengths of their own: a T5 v1.0 (relu feed-forward, tied and rescaled output layer, spiece.model only,
+trained on "translate English to French: " sources) and an mT5/Flan-T5-style one (gated-gelu, an lm_head of its own,
+no rescaling, tokenizer.json as transformers 5 saves it, trained on raw sources). d_kv is not d_model / heads in
+either, so tk's cache layout must take T5's own head size.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+from conftest import built_once
+from helpers import one_line_error
+from hf_marian_fixture import fra_eng_lines
+from verify.test_localize import _edit_decoder
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+
+PREFIX = "translate English to French: "
+TASKS = {"translation_en_to_fr": {"prefix": PREFIX}, "translation_en_to_de": {"prefix": "translate English to German: "},
+         "summarization": {"prefix": "summarize: "}}
+EXTRA_IDS = 8
+
+
+def _spiece(lines: list[str]) -> bytes:
+    """T5's SentencePiece layout: <pad> 0, </s> 1, <unk> 2, no <s>; its ids are the model's."""
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, vocab_size=200, model_type="unigram",
+                                   character_coverage=1.0, hard_vocab_limit=False, num_threads=1, minloglevel=2,
+                                   pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    return out.getvalue()
+
+
+def t5_directory(path: Path, pairs: list[tuple[str, str]], *, mt5: bool, steps: int = 150, seed: int = 0) -> Path:
+    """Writes a tiny trained T5 (mt5=False: relu, tied, spiece.model, prefixed sources) or mT5-style model (gated-gelu,
+    untied lm_head, tokenizer.json, raw sources) with its tokenizer into `path`."""
+    from transformers import MT5Config, MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration, T5Tokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "spiece.model").write_bytes(_spiece([e for e, _ in pairs] + [f for _, f in pairs] + [PREFIX]))
+    (path / "tokenizer_config.json").write_text(json.dumps({"extra_ids": EXTRA_IDS, "tokenizer_class": "T5Tokenizer"}))
+    tokenizer = T5Tokenizer.from_pretrained(path, extra_ids=EXTRA_IDS)
+    if mt5:  # transformers 5 saves tokenizer.json alone; the directory then has no spiece.model
+        (path / "spiece.model").unlink()
+        tokenizer.save_pretrained(path)
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=len(tokenizer) + 4, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2,
+                 num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
+                 decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, n_positions=64, task_specific_params=TASKS)
+    if mt5:
+        model = MT5ForConditionalGeneration(MT5Config(**sizes, feed_forward_proj="gated-gelu"))
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())  # an lm_head of its own
+    else:
+        model = T5ForConditionalGeneration(T5Config(**sizes, feed_forward_proj="relu"))
+    sources = [e if mt5 else PREFIX + e for e, _ in pairs]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only contend on a shared machine (10x slower measured)
+    try:
+        _train(model, tokenizer, sources, [f for _, f in pairs], steps, seed)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config.max_length = 24
+    model.generation_config.num_beams = 4
+    model.save_pretrained(path)
+    return path
+
+
+def _train(model, tokenizer, sources: list[str], targets: list[str], steps: int, seed: int) -> None:
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    whole = tokenizer(sources, text_target=targets, return_tensors="pt", padding=True)
+    whole["labels"][whole["labels"] == tokenizer.pad_token_id] = -100
+    for _ in range(steps):
+        idx = torch.randint(0, len(sources), (32,), generator=g)
+        loss = model(**{k: v[idx] for k, v in whole.items()}).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def pairs(corpus_zip) -> list[tuple[str, str]]:
+    return fra_eng_lines(corpus_zip, 2000)
+
+
+def _built(tmp_path_factory, pairs, name: str, mt5: bool) -> tuple[Path, Path]:
+    from click.testing import CliRunner
+
+    from toolkit.cli import main
+
+    def build(root: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t5_directory(root / "hf", pairs[:400], mt5=mt5)
+        result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
+        assert result.exit_code == 0, result.output
+
+    root = built_once(tmp_path_factory, name, build)
+    return root / "hf", root / "tk"
+
+
+@pytest.fixture(scope="module")
+def t5(tmp_path_factory, pairs) -> tuple[Path, Path]:
+    """(Hugging Face T5 directory, tk model directory exported from it), built once per run."""
+    return _built(tmp_path_factory, pairs, "hf-t5", mt5=False)
+
+
+@pytest.fixture(scope="module")
+def mt5(tmp_path_factory, pairs) -> tuple[Path, Path]:
+    return _built(tmp_path_factory, pairs, "hf-mt5", mt5=True)
+
+
+def _held_out(pairs, n: int = 40) -> list[str]:
+    return [e for e, _ in pairs[1000: 1000 + n]]
+
+
+def _generate(hf: Path, texts: list[str], beam: int) -> tuple[list[str], torch.Tensor]:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    model = AutoModelForSeq2SeqLM.from_pretrained(hf).eval()
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(**batch, num_beams=beam, do_sample=False)
+    return tokenizer.batch_decode(out, skip_special_tokens=True), out
+
+
+def _agreement(got: list[str], want: list[str], out: torch.Tensor) -> tuple[int, int]:
+    """(identical, compared) over generate's outputs that end before the length limit (a cut one may differ in the
+    tie the limit breaks)."""
+    ended = [1 in row[1:].tolist() for row in out]
+    compared = [(a, b) for a, b, e in zip(got, want, ended) if e]
+    return sum(a == b for a, b in compared), len(compared)
+
+
+@pytest.mark.transformers_lines
+@pytest.mark.parametrize("beam, share", [(1, 0.97), (4, 0.90)])
+def test_translations_with_the_task_prefix_are_generates(t5, pairs, beam, share):
+    from toolkit import Translator
+
+    hf, out = t5
+    english = _held_out(pairs)
+    want, ids = _generate(hf, [PREFIX + e for e in english], beam)
+    got = Translator(out).translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None, source_lang="en", target_lang="fr")
+    same, compared = _agreement(got, want, ids)
+    assert compared >= 20 and same >= share * compared, (same, compared)
+    assert len(set(want)) > 5  # the model says different things, which end at lengths of their own
+
+
+@pytest.mark.transformers_lines
+@pytest.mark.parametrize("beam, share", [(1, 0.97), (4, 0.90)])
+def test_an_untied_gated_gelu_mt5_translates_raw_text_as_generate(mt5, pairs, beam, share):
+    from toolkit import Translator
+
+    hf, out = mt5
+    english = _held_out(pairs)
+    want, ids = _generate(hf, english, beam)
+    got = Translator(out).translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None)
+    same, compared = _agreement(got, want, ids)
+    assert compared >= 20 and same >= share * compared, (same, compared)
+    assert len(set(want)) > 5
+    config = json.loads((out / "manifest.json").read_text())["config"]
+    assert (config["model_type"], config["tie_word_embeddings"], config["scale_decoder_outputs"]) == ("mt5", False, False)
+
+
+@pytest.mark.transformers_lines
+def test_the_tokenizer_gives_t5_tokenizer_ids(t5, mt5, pairs):
+    """spiece.model (sentencepiece) and tokenizer.json (the tokenizers library), with and without the task prefix."""
+    from transformers import AutoTokenizer
+
+    from toolkit.core import manifest
+    from toolkit.core.tokenizers import open_tokenizer, with_languages
+
+    texts = [e for e, _ in pairs[:300]] + ["<extra_id_0> is a sentinel", "  two  spaces ", "Ünïcödé, 123!"]
+    for hf, out in (t5, mt5):
+        m = manifest.load(out)
+        theirs = AutoTokenizer.from_pretrained(hf)
+        ours = open_tokenizer(m)
+        assert ours.encode(texts) == [theirs(t)["input_ids"] for t in texts]
+        _, prefixed = with_languages(m, ours, "en", "fr")
+        assert prefixed.encode(texts[:50]) == [theirs(PREFIX + t)["input_ids"] for t in texts[:50]]
+        ids = [theirs(t)["input_ids"] for t in texts[:50]]
+        assert ours.decode(ids) == theirs.batch_decode(ids, skip_special_tokens=True)
+    assert manifest.load(t5[1]).declared().tokenizer.source == "spiece.model"
+    assert manifest.load(mt5[1]).declared().tokenizer.source == "tokenizer.json"
+
+
+def test_export_with_a_pair_applies_its_prefix_and_an_unknown_pair_is_one_line(cli, t5, pairs, tmp_path):
+    from toolkit import Translator
+    from toolkit.core import manifest
+    from toolkit.core.errors import UsageError
+    from toolkit.core.tokenizers import open_tokenizer
+
+    hf, out = t5
+    assert manifest.load(out).declared().tokenizer.prefixes == {"en-fr": PREFIX, "en-de": "translate English to German: "}
+    directory = tmp_path / "en-fr"
+    result = cli("export", f"hf:{hf}", "--out", directory, "--source-lang", "en", "--target-lang", "fr")
+    assert result.exit_code == 0, result.output
+    english = _held_out(pairs, 10)
+    assert open_tokenizer(manifest.load(directory)).encode(english) == open_tokenizer(manifest.load(out)).encode([PREFIX + e for e in english])
+    assert Translator(directory).translate(english, raw=True) == Translator(out).translate(english, raw=True, source_lang="en", target_lang="fr")
+    with pytest.raises(UsageError, match=r"no task prefix for en to ro; its config.json's task_specific_params declares en-de, en-fr"):
+        Translator(out).translate(["Hello."], source_lang="en", target_lang="ro")
+    error = one_line_error(cli("translate", "--model", out, "--source-lang", "fr", "--target-lang", "en", "Salut."), 2)
+    assert "no task prefix for fr to en" in error and "en-de, en-fr" in error
+    error = one_line_error(cli("export", f"hf:{hf}", "--out", tmp_path / "xx", "--source-lang", "en", "--target-lang", "ro"), 2)
+    assert "no task prefix for en to ro" in error and "en-de, en-fr" in error
+
+
+@pytest.mark.transformers_lines
+@pytest.mark.parametrize("which", ["t5", "mt5"])
+def test_verify_holds_the_graphs_to_generate(cli, t5, mt5, which, tmp_path):
+    hf, out = t5 if which == "t5" else mt5
+    report = tmp_path / "report.json"
+    result = cli("verify", out, "--checkpoint", f"hf:{hf}", "--sentences", 16, "--json", report)
+    assert result.exit_code == 0, result.output
+    rows = [r for r in json.loads(report.read_text())["rows"] if r["check"] == "generate"]
+    assert {r["output"] for r in rows} == {"greedy tokens", "beam 4 tokens"} and all(r["ok"] for r in rows)
+
+
+def _relu_to_tanh(graph) -> str:
+    """The last decoder block's feed-forward activation (relu) turned into Tanh."""
+    node = [n for n in graph.node if n.op_type == "Relu"][-1]
+    node.op_type = "Tanh"
+    return node.name
+
+
+def test_a_swapped_activation_fails_verify_and_localize_names_the_transformers_module(cli, t5, tmp_path):
+    hf, out = t5
+    directory, _ = _edit_decoder(out, tmp_path, _relu_to_tanh)
+    report = tmp_path / "report.json"
+    result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--sentences", 4, "--json", report)
+    assert result.exit_code == 1, result.output
+    layers = json.loads((out / "manifest.json").read_text())["config"]["decoder_layers"]
+    assert json.loads(report.read_text())["localization"]["first"]["module"] == f"decoder.block.{layers - 1}.layer.2.DenseReluDense.act"
+
+
+def _bucket_shifted(graph) -> str:
+    """The decoder's relative-bias bucket of each position moved by one: the Gather that looks the buckets up in the
+    bias table gets its indices through an Add of one (clipped to the table), the fault of a bucket rule off by one."""
+    from onnx import helper, numpy_helper
+
+    gather = next(n for n in graph.node if n.op_type == "Gather" and "relative_attention_bias" in n.input[0])
+    one = numpy_helper.from_array(__import__("numpy").array(1, dtype="int64"), "planted_one")
+    top = numpy_helper.from_array(__import__("numpy").array(7, dtype="int64"), "planted_top")
+    graph.initializer.extend([one, top])
+    added, clipped = "planted_bucket_plus_one", "planted_bucket_clipped"
+    at = list(graph.node).index(gather)
+    graph.node.insert(at, helper.make_node("Min", [added, "planted_top"], [clipped], name="planted_min"))
+    graph.node.insert(at, helper.make_node("Add", [gather.input[1], "planted_one"], [added], name="planted_add"))
+    gather.input[1] = clipped
+    return gather.name
+
+
+def test_a_changed_relative_bias_bucket_fails_verify_and_localize_names_the_bias(cli, t5, tmp_path):
+    hf, out = t5
+    directory, _ = _edit_decoder(out, tmp_path, _bucket_shifted)
+    report = tmp_path / "report.json"
+    result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--sentences", 4, "--json", report)
+    assert result.exit_code == 1, result.output
+    module = json.loads(report.read_text())["localization"]["first"]["module"]
+    assert module.startswith("decoder.block.0.layer.0.SelfAttention"), module
+
+
+def test_a_wrong_shaped_tensor_is_refused_in_one_line_before_building(cli, t5, tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    from toolkit.pytorch import hf_t5
+
+    hf, _ = t5
+    bad = tmp_path / "bad"
+    shutil.copytree(hf, bad)
+    state = load_file(bad / "model.safetensors")
+    name = "decoder.block.1.layer.0.SelfAttention.k.weight"
+    state[name] = torch.zeros(state[name].shape[0] + 1, state[name].shape[1])
+    save_file(state, bad / "model.safetensors", metadata={"format": "pt"})
+    built = []
+    monkeypatch.setattr(hf_t5, "build", lambda settings: built.append(settings))
+    error = one_line_error(cli("export", f"hf:{bad}", "--out", tmp_path / "out"), 2)
+    assert f"weight {name} has shape (65, 32), the config gives (64, 32)" in error and not built
+
+
+def test_a_config_tk_cannot_build_is_one_line(cli, t5, tmp_path):
+    hf, _ = t5
+    bad = tmp_path / "bad"
+    shutil.copytree(hf, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "feed_forward_proj": "gated-mish"}))
+    assert "feed_forward_proj 'gated-mish' is not one tk exports" in one_line_error(cli("export", f"hf:{bad}", "--out", tmp_path / "o"), 2)
+    (bad / "config.json").write_text(json.dumps({**config, "d_kv": 0}))
+    assert "d_kv must be at least 1, got 0" in one_line_error(cli("export", f"hf:{bad}", "--out", tmp_path / "o"), 2)
+
+
+def test_int8_and_openvino_run_an_imported_t5(cli, t5, pairs, tmp_path):
+    """Guarded int8 stored beside the graphs and verified (held to its tolerances), and OpenVINO giving ONNX Runtime's
+    text with the pair's task prefix: the paths docs/models.md marks measured for t5."""
+    import shutil
+
+    hf, out = t5
+    directory = tmp_path / "variants"
+    shutil.copytree(out, directory)
+    result = cli("export", directory, "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--variant", "int8", "--sentences", 8)
+    assert result.exit_code == 0, result.output
+    english = _held_out(pairs, 6)
+    args = ("translate", "--model", directory, "--variant", "fp32", "--source-lang", "en", "--target-lang", "fr", "--raw", *english)
+    openvino, onnxruntime = cli(*args, "--runtime", "openvino"), cli(*args)
+    assert openvino.exit_code == 0 and onnxruntime.exit_code == 0, openvino.output + onnxruntime.output
+    lines = [line for line in openvino.stdout.splitlines() if line]
+    assert lines == [line for line in onnxruntime.stdout.splitlines() if line] and len(lines) == len(english)
