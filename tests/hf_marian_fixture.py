@@ -47,15 +47,16 @@ def _vocab(protos: list[bytes]) -> dict[str, int]:
 
 def marian_directory(path: Path, pairs: list[tuple[str, str]], *, separate: bool = False, activation: str = "swish",
                      d_model: int = 64, layers: tuple[int, int] = (2, 2), heads: int = 4, ffn: int = 128, scale: bool = True,
-                     max_length: int = 24, seed: int = 0, steps: int = 80) -> Path:
-    """Writes a MarianMTModel and its MarianTokenizer files into `path` with save_pretrained; returns `path`."""
+                     max_length: int = 24, seed: int = 0, steps: int = 80, pieces: tuple[int, int] = (300, 300)) -> Path:
+    """Writes a MarianMTModel and its MarianTokenizer files into `path` with save_pretrained; returns `path`.
+    `pieces`: the SentencePiece models' sizes (source, target); with `separate`, two sizes give two vocabulary sizes."""
     import torch
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     english, french = [e for e, _ in pairs], [f for _, f in pairs]
-    src = _spm(english, 300)
-    tgt = _spm(french, 300)
+    src = _spm(english, pieces[0])
+    tgt = _spm(french, pieces[1])
     (path / "source.spm").write_bytes(src)
     (path / "target.spm").write_bytes(tgt)
     if separate:

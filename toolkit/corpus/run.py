@@ -43,6 +43,9 @@ class CorpusJob:
     column: str | None = None
     address: str | None = None
     progress_seconds: float = 10.0  # the longest wait between two progress lines while shards run
+    # A multilingual model's pair in the model's own codes (source_lang, target_lang; None: its default), checked by the
+    # command before Ray starts; in `settings` too, since another pair is another translation.
+    languages: dict | None = None
 
 
 @dataclass
@@ -193,7 +196,7 @@ def _run_pool(job: CorpusJob, p: shards.Plan, pending: list[shards.Shard], progr
     ds = ds.map_batches(ShardTranslator, batch_size=1, concurrency=workers, **resources,
                         fn_constructor_kwargs={"model_dir": str(Path(job.model_dir).resolve()), "provider": job.provider,
                                                "variant": job.variant, "runtime": job.runtime, "threads": threads, "decode": job.decode,
-                                               "text": job.text, "strict": job.strict,
+                                               "text": job.text, "strict": job.strict, "languages": job.languages,
                                                "crash_once": os.environ.get(CRASH_ENV), "counter": counter})
     by_id = {s.id: s for s in pending}
     watcher = _watch(counter, progress, min(2.0, job.progress_seconds))

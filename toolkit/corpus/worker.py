@@ -30,10 +30,12 @@ CRASH_ENV = "TK_CORPUS_CRASH_ONCE"
 
 class ShardTranslator:
     def __init__(self, model_dir: str, provider: str, variant: str, threads: int | None, decode: DecodeOptions, text: dict,
-                 strict: bool, crash_once: str | None = None, counter=None, runtime: str = DEFAULT_RUNTIME):
+                 strict: bool, crash_once: str | None = None, counter=None, runtime: str = DEFAULT_RUNTIME,
+                 languages: dict | None = None):
         from toolkit.deploy.translate import open_model
 
-        self.t = open_model(model_dir, provider, variant, threads=threads, runtime=runtime)
+        # The pair as tk translate --source-lang/--target-lang chooses it (TranslationModel.for_languages).
+        self.t = open_model(model_dir, provider, variant, threads=threads, runtime=runtime).for_languages(**(languages or {}))
         self.opts = decode
         self.text = TextOptions(**text)
         self.strict = strict

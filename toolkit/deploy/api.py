@@ -8,7 +8,6 @@ Torch-free, like `tk translate`, which calls the same functions: the same option
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import warnings
@@ -23,7 +22,6 @@ from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.shipped import default_model
 from toolkit.core.textprep import TextOptions
-from toolkit.core.tokenizers import with_languages
 from toolkit.deploy import markup
 from toolkit.deploy.translate import Translation, failure_notes, open_model, translate_batch
 
@@ -149,8 +147,8 @@ class Translator:
         for name, flag in (("split", split), ("raw", raw), ("strict", strict)):
             _check_flag(name, flag)
         # A multilingual model's languages (None: its own defaults): the source code on each sentence, the target forced first.
-        m, tokenizer = with_languages(self.manifest, self.loaded.tokenizer, source_lang, target_lang)
-        loaded = self.loaded if m is self.manifest else dataclasses.replace(self.loaded, manifest=m, tokenizer=tokenizer)
+        loaded = self.loaded.for_languages(source_lang, target_lang)
+        m = loaded.manifest
         opts = decode_options(m, beam=beam, n_best=n_best, provider=self.provider, **options)
         repaired: list[int] = []
         said: list[str] = []

@@ -6,10 +6,12 @@ from toolkit.core.scoring import bleu_chrf
 
 
 def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4), batch_size: int = 64,
-                   limit: int | None = None, threads: int | None = None, variant: str = "fp32", echo=print) -> dict:
+                   limit: int | None = None, threads: int | None = None, variant: str = "fp32", echo=print,
+                   languages: dict | None = None) -> dict:
     """Scores an exported translation model with ONNX Runtime on the held-out test split
     (all references of each English sentence, and single-reference) and on the public
-    Tatoeba Challenge test set (single reference, as published models report it)."""
+    Tatoeba Challenge test set (single reference, as published models report it). `languages`: a multilingual
+    model's source_lang and target_lang, as tk translate takes them (None: its default pair)."""
     import time
     from pathlib import Path
 
@@ -17,7 +19,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     from toolkit.core.batching import DecodeOptions
     from toolkit.deploy.translate import open_model
 
-    model = open_model(directory, "cpu", variant, threads=threads)
+    model = open_model(directory, "cpu", variant, threads=threads).for_languages(**(languages or {}))
     if model.built_s:
         echo(f"{variant} graphs: not stored in {directory}, built in memory from its fp32 graphs in {model.built_s:.2f}s")
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
@@ -58,9 +60,11 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
 
 
 def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: int = 64, limit: int | None = None,
-                        threads: int | None = None, variant: str = "fp32", seed: int = 0, raw: bool = False, echo=print) -> dict:
+                        threads: int | None = None, variant: str = "fp32", seed: int = 0, raw: bool = False, echo=print,
+                        languages: dict | None = None) -> dict:
     """Translates every robustness set (toolkit.deploy.robustness) with the decoding guards on, as
-    tk translate does, and again with them off to measure the runaway rate they would hide."""
+    tk translate does, and again with them off to measure the runaway rate they would hide. `languages`: as
+    evaluate_model's."""
     import time
 
     from toolkit.core import data
@@ -69,7 +73,7 @@ def evaluate_robustness(directory, corpus_path=None, beam: int = 4, batch_size: 
     from toolkit.deploy import robustness
     from toolkit.deploy.translate import open_model
 
-    model = open_model(directory, "cpu", variant, threads=threads)
+    model = open_model(directory, "cpu", variant, threads=threads).for_languages(**(languages or {}))
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
     echo(data.describe(corpus))
     english, refs = data.references(corpus.splits["test"])

@@ -73,14 +73,15 @@ def describe(result: dict) -> str:
 
 
 def evaluate_names(directory, path: str | Path = DEFAULT_SET, beam: int = 4, threads: int | None = None,
-                   variant: str = "fp32", echo=print) -> dict:
-    """Translates every case's English as `tk translate --beam BEAM` would and scores the names (see score)."""
+                   variant: str = "fp32", echo=print, languages: dict | None = None) -> dict:
+    """Translates every case's English as `tk translate --beam BEAM` would and scores the names (see score).
+    `languages`: a multilingual model's source_lang and target_lang (None: its default pair)."""
     from toolkit.core.batching import DecodeOptions
     from toolkit.core.scoring import bleu_chrf
     from toolkit.deploy.translate import open_model, translate_batch
 
     cases = read_cases(path)
-    model = open_model(directory, "cpu", variant, threads=threads)
+    model = open_model(directory, "cpu", variant, threads=threads).for_languages(**(languages or {}))
     start = time.perf_counter()
     opts = DecodeOptions.for_manifest(model.manifest, model.provider, beam=beam)
     outputs = [n[0].text for n in translate_batch(model, [c.english for c in cases], opts)]

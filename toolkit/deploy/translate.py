@@ -23,7 +23,7 @@ from toolkit.core.decoding import word_end
 from toolkit.core.errors import DataError, ToolkitError, UsageError, describe_os_error, first_line
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
-from toolkit.core.tokenizers import MarianTokenizer, open_tokenizer
+from toolkit.core.tokenizers import MarianTokenizer, open_tokenizer, with_languages
 from toolkit.runtimes import DEFAULT_RUNTIME
 
 CHUNK_LINES = 2048  # lines read, sorted and translated at a time: bounds memory on any input size
@@ -49,6 +49,13 @@ class TranslationModel:
         from toolkit import runtimes
 
         return self.provider if self.runtime == "torch" else f"{self.provider} ({runtimes.label(self.runtime)})"
+
+    def for_languages(self, source_lang: str | None = None, target_lang: str | None = None) -> TranslationModel:
+        """This model translating from `source_lang` into `target_lang` (None: its default): the same sessions, the
+        source code on every sentence and the target forced first (toolkit.core.tokenizers.choose_languages, the one
+        place a pair is chosen). A code the model does not know is one line listing its codes."""
+        chosen, tokenizer = with_languages(self.manifest, self.tokenizer, source_lang, target_lang)
+        return self if chosen is self.manifest else dataclasses.replace(self, manifest=chosen, tokenizer=tokenizer)
 
 
 def open_model(directory: str | Path, provider: str | None = None, variant: str | None = "fp32",

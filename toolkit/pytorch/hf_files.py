@@ -1,7 +1,8 @@
 """Reading a Hugging Face `save_pretrained` directory as untrusted input, for every architecture tk imports.
 
-Weights come from model.safetensors (or its shards), a pytorch_model.bin only through tensors-only loading; no code
-from the directory runs (each builder makes the model from transformers' own class, whatever config.json names), and
+Weights come from model.safetensors (or its shards inside the directory); a pytorch_model.bin is never unpickled, even
+by torch's weights_only loader (alone, it is refused in one line saying to convert it); no code from the directory
+runs (each builder makes the model from transformers' own class, whatever config.json names), and
 no file outside the directory is read. Whatever would pass export and fail (or translate to nothing) later is refused
 here in one line naming the file and the field or tensor: tensors that are not dense floating-point weights or hold
 NaN or infinities, shapes other than the config's (checked on a model built on the meta device, before anything is
@@ -61,9 +62,17 @@ def read_json(directory: Path, name: str, required: bool = True, what: str = "mo
     return read_json_object(path, MAX_JSON_BYTES, "a Hugging Face config")
 
 
+# The weights of a directory that has only PyTorch's pickle: tk never unpickles a file from outside (even torch's
+# weights_only loader runs a pickle machine over it), so it says how to get safetensors instead.
+CONVERT_HINT = ("tk never unpickles a file it is given; convert it to safetensors where you trust it (python -c \"from "
+                "transformers import AutoModelForSeq2SeqLM as M; M.from_pretrained('DIR').save_pretrained('DIR', "
+                "safe_serialization=True)\") or download the model's model.safetensors")
+
+
 def read_weights(directory: Path, model_class: str) -> tuple[dict[str, torch.Tensor], dict[str, Path], list[Path]]:
-    """The state dict, the file each tensor came from, and the files: safetensors (single or sharded), else a
-    tensors-only .bin (a pickle that wants anything but tensors is refused, never run)."""
+    """The state dict, the file each tensor came from, and the files: safetensors, single or sharded (every shard a
+    file inside the directory). A pytorch_model.bin is never read: alone, it is refused in one line (CONVERT_HINT);
+    beside safetensors, the safetensors are read."""
     from safetensors.torch import load_file
 
     single, index = inside(directory, "model.safetensors"), inside(directory, "model.safetensors.index.json")
@@ -72,26 +81,22 @@ def read_weights(directory: Path, model_class: str) -> tuple[dict[str, torch.Ten
         files = [single]
     elif index.is_file():
         weight_map = (read_json(directory, "model.safetensors.index.json") or {}).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise UsageError(f"{index} has no weight_map")
-        files = [inside(directory, str(name)) for name in sorted(set(weight_map.values()))]
-    elif inside(directory, "pytorch_model.bin").is_file():
-        files = [directory / "pytorch_model.bin"]
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UsageError(f"{index} has no weight_map (tensor name -> shard file); save the model again with save_pretrained")
+        files = [inside(directory, name) for name in sorted({str(n) for n in weight_map.values()})]
+        absent = next((f for f in files if not f.is_file()), None)
+        if absent is not None:
+            raise UsageError(f"{index} names shard {absent.name}, which is not in {directory}; download every shard")
+    elif inside(directory, "pytorch_model.bin").is_file() or inside(directory, "pytorch_model.bin.index.json").is_file():
+        raise UsageError(f"{directory} holds its weights only as pytorch_model.bin, a pickle: {CONVERT_HINT}")
     else:
-        raise UsageError(f"{directory} has no model.safetensors (or pytorch_model.bin); save the model with save_pretrained")
+        raise UsageError(f"{directory} has no model.safetensors; save the model with save_pretrained")
     state: dict[str, torch.Tensor] = {}
     origin: dict[str, Path] = {}
     for f in files:
         try:
-            if f.suffix == ".bin":
-                loaded = torch.load(f, map_location="cpu", weights_only=True)
-                if not isinstance(loaded, dict):
-                    raise UsageError(f"{f} does not hold a state dict")
-            else:
-                loaded = load_file(str(f))
-        except UsageError:
-            raise
-        except Exception as e:  # a corrupt file or a refused pickle, as one line
+            loaded = load_file(str(f))
+        except Exception as e:  # a corrupt or truncated file, as one line
             raise UsageError(f"cannot read weights {f}: {first_line(e, 120)}") from None
         for k, v in loaded.items():
             problem = tensor_problem(k, v)

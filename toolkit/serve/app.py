@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +58,7 @@ class ServeConfig:
     body_timeout_s: float = 10.0  # the whole request body must arrive within this (408 beyond)
     header_timeout_s: float = 10.0  # a request's line and headers must arrive within this (server.BoundedH11Protocol)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides LOOPBACK_HOSTS; "*" serves any
+    default_pair: Pair | None = None  # what a request naming no pair gets (tk serve --source-lang/--target-lang); None: the first
 
     @property
     def max_body_bytes(self) -> int:
@@ -72,6 +73,12 @@ class ModelSpec:
     load: Callable[[], TranslationModel]
     pairs: tuple[Pair, ...] = (languages.TK_PAIR,)
     description: str = ""
+    # A multilingual model: each served pair (the clients' codes) -> the model's own codes, which its batcher translates
+    # with (languages.every_pair). None: a model of one pair, translated as it is.
+    codes: Mapping[Pair, Pair] | None = None
+    # Its pairs fill what the models of one stated pair leave: `tk serve exported/transformer m2m100/` gives en-fr to
+    # the first and every other pair to the second.
+    fills: bool = False
 
 
 class TranslateRequest(BaseModel):
@@ -137,20 +144,29 @@ def host_name(value: str) -> str:
 
 
 class Routes:
-    """The served models and the pair each request goes to: one batcher (and decoding worker) per model."""
+    """The served models and the pair each request goes to: one batcher (and decoding worker) per model; a multilingual
+    model's batcher serves every pair it translates, each request carrying the pair in the model's codes."""
 
-    def __init__(self, models: Sequence[ModelSpec], policy: BatchPolicy, metrics: Metrics):
+    def __init__(self, models: Sequence[ModelSpec], policy: BatchPolicy, metrics: Metrics, default: Pair | None = None):
         if not models:
             raise UsageError("tk serve needs at least one model directory")
         self.batchers = [Batcher(m.load, policy, metrics) for m in models]
         self.models = list(models)
         self.by_pair: dict[Pair, Batcher] = {}
-        for m, b in zip(models, self.batchers):
+        self.codes: dict[Pair, Pair | None] = {}  # a pair -> the model's codes for it (None: a model of one pair)
+        stated = [(m, b) for m, b in zip(models, self.batchers) if not m.fills]
+        for m, b in stated + [(m, b) for m, b in zip(models, self.batchers) if m.fills]:
             for pair in m.pairs:
                 if pair in self.by_pair:
+                    if m.fills:
+                        continue  # a stated pair, or an earlier multilingual model's, comes first
                     raise UsageError(f"two models are given for {languages.shown(pair)}; serve one model per language pair")
                 self.by_pair[pair] = b
-        self.default = next(iter(self.by_pair))
+                self.codes[pair] = m.codes[pair] if m.codes is not None else None
+        first = next(iter(self.by_pair))
+        if default is not None and default not in self.by_pair:
+            raise UsageError(f"{languages.shown(default)} is not served here; served pairs: {self.served()}")
+        self.default = default or (models[0].pairs[0] if models[0].pairs[0] in self.by_pair else first)
 
     @property
     def healthy(self) -> bool:
@@ -162,12 +178,20 @@ class Routes:
         return "; ".join(reasons)
 
     def served(self) -> str:
-        return ", ".join(languages.shown(p) for p in self.by_pair)
+        """The served pairs, in one line: a multilingual model's as "any two of" its codes, not thousands of pairs."""
+        out = []
+        for m, b in zip(self.models, self.batchers):
+            if m.codes is not None and len(m.pairs) > 1:
+                out.append(f"any two of {', '.join(sorted({c for pair in m.pairs for c in pair}))}")
+            else:
+                out += [languages.shown(p) for p in m.pairs if self.by_pair.get(p) is b]
+        return ", ".join(out)
 
-    def find(self, source: str | None, target: str | None) -> Batcher:
-        """The batcher of a pair; a pair no model serves is a UsageError naming the served pairs."""
+    def find(self, source: str | None, target: str | None) -> tuple[Batcher, Pair | None]:
+        """The batcher of a pair and the model's codes for it (None: a model of one pair, translated as it is); a pair
+        no model serves is a UsageError naming the served pairs."""
         if source is None and target is None:
-            return self.by_pair[self.default]
+            source, target = self.default
         if source == "auto":
             raise UsageError(f"source \"auto\" asks for language detection, which tk serve does not have; give the source language "
                              f"code: {', '.join(sorted({s for s, _ in self.by_pair}))}")
@@ -176,12 +200,15 @@ class Routes:
         pair = (source, target)
         if pair not in self.by_pair:
             raise UsageError(f"{printable(str(source))}-{printable(str(target))} is not served here; served pairs: {self.served()}")
-        return self.by_pair[pair]
+        return self.by_pair[pair], self.codes[pair]
 
     def languages(self) -> list[dict]:
         """LibreTranslate's /languages: every language of a served pair, with the targets served from it."""
         codes = list(dict.fromkeys(c for pair in self.by_pair for c in pair))
-        return [{"code": c, "name": languages.name(c), "targets": sorted(t for s, t in self.by_pair if s == c)} for c in codes]
+        targets: dict[str, list[str]] = {c: [] for c in codes}
+        for s, t in self.by_pair:
+            targets[s].append(t)
+        return [{"code": c, "name": languages.name(c), "targets": sorted(targets[c])} for c in codes]
 
 
 class Refusal(Exception):
@@ -200,7 +227,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
     config = config or ServeConfig()
     metrics = Metrics()
     specs = [ModelSpec(models, description=config.description)] if callable(models) else list(models)
-    routes = Routes(specs, config.policy, metrics)
+    routes = Routes(specs, config.policy, metrics, config.default_pair)
     batcher = routes.batchers[0]
     # Server-wide gauges over every model: the queue holds all their sentences; ready once every model is.
     metrics.queue_depth.set_function(lambda: sum(b.depth for b in routes.batchers))
@@ -300,11 +327,11 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         if not texts:
             return error(422, "text: give at least one sentence")
         try:
-            b = routes.find(req.source, req.target)
+            b, codes = routes.find(req.source, req.target)
         except UsageError as e:
             return error(400, str(e))
         check_texts(texts, 413)
-        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard)
+        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard, codes)
         results = await decoded(b, texts, key)
         metrics.sentences.inc(len(texts))
         latency = time.perf_counter() - start
@@ -334,9 +361,9 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
             raise Refusal(400, "texts must be a list of strings, with src_lang and tgt_lang: "
                                '{"texts": ["I\'m home."], "src_lang": "en", "tgt_lang": "fr"}')
         request.state.sentences = len(texts)
-        b = pick(body.get("src_lang"), body.get("tgt_lang"), "src_lang", "tgt_lang")
+        b, codes = pick(body.get("src_lang"), body.get("tgt_lang"), "src_lang", "tgt_lang")
         check_texts(texts, 400, "text")
-        results = await decoded(b, texts, OptionKey(1, 1, None, None), 400) if texts else []
+        results = await decoded(b, texts, OptionKey(1, 1, None, None, languages=codes), 400) if texts else []
         metrics.sentences.inc(len(texts))
         return {"translations": [n[0].text for n in results]}
 
@@ -361,11 +388,11 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
             raise Refusal(400, "Invalid request: alternatives parameter is not a number") from None
         if alternatives > MAX_BEAM - 1:
             raise Refusal(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM - 1}")
-        b = pick(body.get("source"), body.get("target"), "source", "target")
+        b, codes = pick(body.get("source"), body.get("target"), "source", "target")
         check_texts(texts, 400, "text")
         # LibreTranslate asks its beam search for alternatives + 1 hypotheses: tk translate --beam N --n-best N, N = that.
         n = alternatives + 1
-        key = OptionKey(n, n if fmt == "text" else 1, None, None)
+        key = OptionKey(n, n if fmt == "text" else 1, None, None, languages=codes)
         if fmt == "html":  # LibreTranslate gives no alternatives for html either
             out, others = await html(b, texts, key), [[] for _ in texts]
         else:
@@ -378,7 +405,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
             answer["alternatives"] = others if isinstance(q, list) else others[0]
         return answer
 
-    def pick(source: object, target: object, source_name: str, target_name: str) -> Batcher:
+    def pick(source: object, target: object, source_name: str, target_name: str) -> tuple[Batcher, Pair | None]:
         if not isinstance(source, str) or not isinstance(target, str) or not source or not target:
             raise Refusal(400, f"Invalid request: give {source_name} and {target_name} as language codes; served pairs: {routes.served()}")
         try:

@@ -65,6 +65,9 @@ class OptionKey:
     max_len_a: float | None = GUARDED["max_len_a"]
     max_len_b: int = GUARDED["max_len_b"]
     loop_guard: bool = GUARDED["loop_guard"]
+    # A multilingual model's pair in its own codes (None: the model's default): another pair is another tokenization
+    # and another forced first token, so only sentences of one pair share a decode.
+    languages: tuple[str, str] | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Batcher:
         self.policy = policy
         self.metrics = metrics
         self.translator: TranslationModel | None = None
+        self._pairs: dict[tuple[str, str], TranslationModel] = {}  # a multilingual model's views, per pair asked for
         self.ready = threading.Event()
         self.failed: str | None = None
         self._lanes: OrderedDict[int, deque[_Item]] = OrderedDict()  # one per request, in turn order
@@ -138,15 +142,25 @@ class Batcher:
         """What a batch of n sentences decodes with: the request's options through the one builder of user-facing
         options (so the same text as `tk translate` and the API), in one batch within the work budget, one stream
         (the server's concurrency is its batches). A bad value is a UsageError naming it."""
-        t = self.translator
+        t = self.chosen(key)
         return DecodeOptions.for_manifest(t.manifest, t.provider, beam=key.beam, alpha=key.alpha, n_best=key.n_best, max_len=key.max_len,
                                           max_len_a=key.max_len_a, max_len_b=key.max_len_b, loop_guard=key.loop_guard,
                                           batch_size=max(n, 1), max_tokens=self.policy.max_tokens, streams=1)
 
-    def prepare(self, texts: list[str]) -> tuple[list[list[textprep.Segment]], list[int]]:
+    def chosen(self, key: OptionKey) -> TranslationModel:
+        """The model translating the key's pair (TranslationModel.for_languages, as tk translate --source-lang chooses
+        it; a view of the one loaded model, kept per pair)."""
+        if key.languages is None:
+            return self.translator
+        view = self._pairs.get(key.languages)
+        if view is None:
+            view = self._pairs[key.languages] = self.translator.for_languages(*key.languages)
+        return view
+
+    def prepare(self, texts: list[str], key: OptionKey | None = None) -> tuple[list[list[textprep.Segment]], list[int]]:
         """Each text's sentences as tk translate prepares a line, and each sentence's source tokens for the batch budget
         (cut to the model's maximum, as decoding cuts them)."""
-        t = self.translator
+        t = self.chosen(key) if key is not None else self.translator
         segments = segment_lines(t.manifest, texts, TextOptions(), _fallback)
         ids = t.tokenizer.encode([seg.text for segs in segments for seg in segs])
         return segments, [min(len(i), t.manifest.max_len) for i in ids]
@@ -162,7 +176,7 @@ class Batcher:
             raise NotReady(self.not_ready_reason())
         self.options(key)  # checked before any work
         # Off the event loop: splitting and tokenising 64 texts of 1,000 characters takes tens of milliseconds.
-        segments, tokens = await asyncio.to_thread(self.prepare, texts)
+        segments, tokens = await asyncio.to_thread(self.prepare, texts, key)
         loop = asyncio.get_running_loop()
         counts = iter(tokens)
         items = [_Item(seg.text, next(counts), key, loop.create_future(), loop, deadline, line, k == len(segs) - 1)
@@ -322,7 +336,7 @@ class Batcher:
         m.batch_tokens.observe(self._padded(batch))
         start = time.perf_counter()
         try:
-            results = decode_sentences(self.translator, [i.text for i in batch], self.options(batch[0].key, len(batch)), backend=backend,
+            results = decode_sentences(self.chosen(batch[0].key), [i.text for i in batch], self.options(batch[0].key, len(batch)), backend=backend,
                                        warn=log.warning, lines=[i.line for i in batch])
         except Exception as e:
             if len(batch) > 1:

@@ -61,10 +61,10 @@ def stated_pair(tokenizer: object) -> Pair | None:
     source, target = getattr(tokenizer, "source_lang", None), getattr(tokenizer, "target_lang", None)
     if source is None or target is None:
         return None
-    return _libretranslate_code(source), _libretranslate_code(target)
+    return client_code(source), client_code(target)
 
 
-def _libretranslate_code(code: str) -> str:
+def client_code(code: str) -> str:
     """A model's code as LibreTranslate's clients send it: eng_Latn -> en (through its first two letters where the
     name table knows them), pt-BR and en as they are."""
     from toolkit.core.tokenizers import ISO3
@@ -74,6 +74,35 @@ def _libretranslate_code(code: str) -> str:
     base = code.split("_")[0]
     two = {three: two for two, three in ISO3.items()}.get(base, base)
     return two if re.fullmatch(CODE, two) else code
+
+
+def served_codes(declared: object) -> dict[str, str]:
+    """A multilingual model's codes as LibreTranslate's clients send them (en, zh-Hans) -> the model's own (M2M100's
+    "en", NLLB's "eng_Latn", mBART's "en_XX"); where two of the model's codes would give one client code (zho_Hans and
+    zho_Hant), each keeps its script (zh-Hans, zh-Hant). Empty for a model of one pair."""
+    codes = getattr(declared, "languages", None) or {}
+    plain = {code: client_code(code) for code in sorted(codes)}
+    taken: dict[str, int] = {}
+    for short in plain.values():
+        taken[short] = taken.get(short, 0) + 1
+    out: dict[str, str] = {}
+    for code, short in plain.items():
+        if taken[short] > 1:  # ambiguous: the script or region subtag tells them apart, else the model's own code
+            parts = code.strip("_").split("_")
+            short = f"{short}-{parts[1]}" if len(parts) == 2 and re.fullmatch(CODE, f"{short}-{parts[1]}") else code
+        out.setdefault(short, code)
+    return out
+
+
+def every_pair(declared: object) -> dict[Pair, Pair]:
+    """Every pair a multilingual model translates, in client codes -> the model's codes; its default pair (what its files
+    say, or what tk export --source-lang/--target-lang recorded) first, so a request that names none gets it."""
+    codes = served_codes(declared)
+    own = {model: client for client, model in codes.items()}
+    default = (own[declared.source_lang], own[declared.target_lang])
+    pairs = {default: (declared.source_lang, declared.target_lang)}
+    pairs.update({(s, t): (codes[s], codes[t]) for s in codes for t in codes if s != t and (s, t) != default})
+    return pairs
 
 
 def default_pair(origin: str, directory: str) -> Pair:

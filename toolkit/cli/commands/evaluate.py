@@ -9,6 +9,7 @@ import click
 from toolkit.cli.commands.options import (
     BEAM,
     DATA_OPTION,
+    LANGUAGES,
     POSITIVE,
     SEED,
     THREADS,
@@ -35,7 +36,8 @@ from toolkit.core.variants import NAMES
 @click.option("--names", "names_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Instead: how many unseen names come out verbatim (k of n) on a name test set, e.g. docs/names-test.tsv "
                    "[beam: the first --beam, default 4].")
-def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw, names_path):
+@LANGUAGES
+def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw, names_path, languages):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
 
     Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
@@ -43,13 +45,16 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
     import json
 
     from toolkit.core import manifest as manifest_mod
+    from toolkit.core.tokenizers import choose_languages
     from toolkit.deploy.evaluate import evaluate_model, evaluate_robustness
+
+    choose_languages(manifest_mod.load(model_dir), **languages)  # an unknown code: one line, before any model loads
 
     if names_path:
         from toolkit.deploy.names import evaluate_names
 
         results = evaluate_names(model_dir, names_path, beams[0] if beams else 4, threads=threads, variant=variant,
-                                 echo=lambda m: click.echo(m, err=True))
+                                 echo=lambda m: click.echo(m, err=True), languages=languages)
         click.echo(json.dumps(results, indent=2, ensure_ascii=False))
         if record:
             manifest_mod.record_metric(model_dir, "names", variant, results)
@@ -58,13 +63,14 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
         from toolkit.deploy.robustness import table
 
         results = evaluate_robustness(model_dir, data_path, beams[0] if beams else 4, limit=limit, threads=threads,
-                                      variant=variant, seed=seed, raw=raw, echo=lambda m: click.echo(m, err=True))
+                                      variant=variant, seed=seed, raw=raw, echo=lambda m: click.echo(m, err=True),
+                                      languages=languages)
         click.echo(table(results))
         if record:
             manifest_mod.record_metric(model_dir, "robustness", variant, results)
         return
     scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
-                            variant=variant, echo=lambda m: click.echo(m, err=True))
+                            variant=variant, echo=lambda m: click.echo(m, err=True), languages=languages)
     click.echo(json.dumps(scores, indent=2))
     if record:
         manifest_mod.record_metric(model_dir, "evaluation", variant, scores)

@@ -105,6 +105,17 @@ TEXT = option_group(
                                                 "(translate-corpus: fail its shard)."),
 )
 
+# A multilingual model's pair, for every command that translates (tk translate, translate-corpus, evaluate, verify, serve):
+# the codes users know (en, fr; eng_Latn, fr_XX where the model uses them), checked by the one chooser
+# (toolkit.core.tokenizers.choose_languages), handed to the command as one dict `languages` (source_lang, target_lang).
+LANGUAGES = option_group(
+    click.option("--source-lang", help="A multilingual model's source language code (en, eng_Latn) [default: the model's own, "
+                                       "or what tk export --source-lang recorded]."),
+    click.option("--target-lang", help="A multilingual model's target language code (fr, fra_Latn) [default: the model's own, "
+                                       "or what tk export --target-lang recorded]."),
+    into="languages",
+)
+
 
 def provider_option(default: str | None = None, also: tuple[str, ...] = (), help: str | None = None):
     """--provider, its choices the declared providers (toolkit.core.engines.PROVIDERS) and `also` (verify's "all")."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from toolkit.cli.commands.options import (
     DEFAULT_FAST_VARIANT,
     DEFAULT_MODEL,
     DEFAULT_RUNTIME,
+    LANGUAGES,
     PROVIDER,
     STREAMS,
     TEXT,
@@ -51,10 +51,9 @@ from toolkit.core.errors import UsageError
 @click.option("--format", "text_format", type=click.Choice(["text", "html"]), default="text", show_default=True,
               help="html: each line is an HTML fragment; its text is translated and its markup kept in place.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
-@click.option("--source-lang", help="A multilingual model's source language code (en, eng_Latn) [default: the model's own].")
-@click.option("--target-lang", help="A multilingual model's target language code (fr, fra_Latn) [default: the model's own].")
+@LANGUAGES
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, decoding, keep, split, raw,
-              strict, n_best, reference, threads, streams, text_format, quiet, source_lang, target_lang):
+              strict, n_best, reference, threads, streams, text_format, quiet, languages):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
     Sentences come from arguments, -i FILE, or standard input, one per line;
@@ -102,11 +101,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {t.variant}) on {t.where}; ready in {t.startup_s:.2f}s")
-    if source_lang is not None or target_lang is not None:  # the source code on each sentence, the target forced first
-        from toolkit.core.tokenizers import with_languages
-
-        chosen, tokenizer = with_languages(t.manifest, t.tokenizer, source_lang, target_lang)
-        t = dataclasses.replace(t, manifest=chosen, tokenizer=tokenizer)
+    t = t.for_languages(**languages)  # the source code on each sentence, the target forced first
     if t.built_s:
         from toolkit.core.variants import export_flag
 

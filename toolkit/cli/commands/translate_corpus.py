@@ -8,6 +8,7 @@ import click
 
 from toolkit.cli.commands.options import (
     DECODING,
+    LANGUAGES,
     TEXT,
     THREADS,
     FiniteFloat,
@@ -35,11 +36,12 @@ from toolkit.core.variants import NAMES
 @runtime_option()
 @DECODING
 @TEXT
+@LANGUAGES
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.option("--progress-seconds", type=FiniteFloat(0.1, 3600.0), default=10.0, show_default=True,
               help="Longest wait between two progress lines while shards run.")
 def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, shard_lines, column, provider, variant, runtime, decoding,
-                     keep, split, raw, strict, quiet, progress_seconds):
+                     keep, split, raw, strict, languages, quiet, progress_seconds):
     """Translate a corpus on Ray Data: shards, one ordered output file, resumable.
 
     INPUTS are text files (one sentence per line), directories or globs of them, or Parquet files
@@ -59,8 +61,15 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     from toolkit.corpus.run import translate_corpus as run
 
     say = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
+    from toolkit.core.tokenizers import choose_languages
+
     m = manifest_mod.load(model_dir)
     m.translation_tokenizer()
+    # The pair checked here, before Ray starts (an unknown code is one line listing the model's codes), and handed to
+    # the actors in the model's own codes, which each applies as tk translate does.
+    m = choose_languages(m, **languages)
+    declared = m.declared().tokenizer
+    chosen = {"source_lang": declared.source_lang, "target_lang": declared.target_lang} if declared.languages else {}
     # Before Ray starts: a modified or corrupt model file is one line here, not a traceback from every actor.
     m.check_files(cached=True)
     problem = max_len_problem(decoding["max_len"], m.max_len)
@@ -77,9 +86,9 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     model_sha256 = hashlib.sha256(json.dumps(m.files(), sort_keys=True).encode()).hexdigest()  # every file's digest
     settings = {"model": str(Path(model_dir).resolve()), "model_files_sha256": model_sha256, "variant": variant,
                 "runtime": runtime, **{k: v for k, v in dataclasses.asdict(decode).items() if k != "streams"}, "keep": list(keep),
-                "split": split, "raw": raw, "strict": strict}
+                "split": split, "raw": raw, "strict": strict, **({"languages": chosen} if chosen else {})}
     job = CorpusJob(str(model_dir), list(inputs), output_dir, settings, decode, text, strict, provider, variant, runtime, workers,
-                    threads, shard_lines, column, address, progress_seconds)
+                    threads, shard_lines, column, address, progress_seconds, chosen or None)
     result = run(job, say)
     rate = f", {result.lines_per_s:,.1f} lines/s" if result.resumed < result.shards else ""
     say(f"wrote {result.merged}: {result.lines:,} lines from {result.shards} shards ({result.resumed} done earlier) "

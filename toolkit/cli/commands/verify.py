@@ -9,6 +9,7 @@ import click
 from toolkit.cli.commands.options import (
     DATA_OPTION,
     DEFAULT_RUNTIME,
+    LANGUAGES,
     SEED,
     TOLERANCE,
     TakesModel,
@@ -55,8 +56,9 @@ from toolkit.core.variants import NAMES
 @click.option("--to-hf", "hf_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Instead: check the Hugging Face MarianMTModel directory that `tk export MODEL_DIR --to-hf DIR` wrote against "
                    "the fp32 graphs (transformers' log-probabilities, tokenizer and greedy generate; needs the hf extra).")
+@LANGUAGES
 def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, max_len, full, data_path, json_path, record,
-           checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir):
+           checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir, languages):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure.
 
     \b
@@ -75,7 +77,8 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     if hf_dir is not None:
         if max_len is not None or full:
             raise UsageError("--to-hf runs its own checks; drop --max-len and --full")
-        _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot)
+        _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot,
+                       any(v is not None for v in languages.values()))
         return _verify_hf(model_dir, hf_dir, atol, rtol, seed, 16 if sentences is None else sentences, data_path, json_path)
     if expect_digest is not None and not is_digest(expect_digest):
         raise UsageError(f"--expect-digest must be 64 hex digits (a weights_sha256), got {expect_digest!r}")
@@ -88,7 +91,8 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     start = time.time()
     report = run_verify(model_dir, provider, list(variants) or None, atol, rtol, seed, sentences,
                       echo=lambda m: click.echo(m, err=True), checkpoint=checkpoint_path, expect_digest=expect_digest,
-                      runtime=runtime, data=data_path, localize=localize, localize_against=against, max_len=max_len, full=full)
+                      runtime=runtime, data=data_path, localize=localize, localize_against=against, max_len=max_len, full=full,
+                      languages=languages)
     click.echo(render(report))
     if report.localization is not None:
         from toolkit.verify import localize as localization
@@ -113,12 +117,13 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 
 
 def _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against,
-                   localize_plot) -> None:
+                   localize_plot, languages: bool = False) -> None:
     """--to-hf runs its own checks: the options of the graphs' checks are refused beside it, not ignored."""
     others = [name for name, given in (("--provider", provider != "cpu"), ("--runtime", runtime != DEFAULT_RUNTIME), ("--variant", variants),
                                        ("--record", record), ("--checkpoint", checkpoint_path), ("--int8-layers", int8_layers),
                                        ("--expect-digest", expect_digest), ("--localize", localize is not None),
-                                       ("--localize-against", localize_against), ("--localize-plot", localize_plot)) if given]
+                                       ("--localize-against", localize_against), ("--localize-plot", localize_plot),
+                                       ("--source-lang/--target-lang", languages)) if given]
     if others:
         raise UsageError(f"--to-hf compares a Hugging Face directory with the fp32 graphs on ONNX Runtime's CPU; drop {', '.join(others)}")
 
