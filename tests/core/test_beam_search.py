@@ -249,3 +249,31 @@ def test_a_beam_wide_enough_to_keep_every_prefix_finds_the_most_likely_output(se
     best = max(exhaustive_scores(backend, src[0], max_len))
     got = beam_search(backend, src, max_len=max_len, beam=vocab ** max_len, alpha=0.0)[0][0]
     assert got.score == pytest.approx(best, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hugging_face_beam_steps_leave_each_sentences_state_in_place(seed):
+    """Hugging Face's beam rule (imported models) reorders beams without copying the encoder's part of the state on
+    steps where every sentence keeps its `beam` rows: the same hypotheses as a search that selects every row, and a
+    reorder called where the layout changed would decode a row against another sentence's source."""
+    import dataclasses
+
+    from toolkit.core.declaration import TK_RULES
+    from toolkit.core.decoding import beam_search_hf
+
+    rng = np.random.default_rng(seed)
+    vocab, beam = int(rng.choice([5, 7, 40])), int(rng.integers(1, 6))
+    n = int(rng.integers(1, 9))
+    src = [[int(t) for t in rng.integers(4, 100, size=rng.integers(1, 6))] for _ in range(n)]
+    max_len = int(rng.integers(1, 14))
+    limits = rng.integers(1, max_len + 3, size=n) if rng.random() < 0.5 else None
+    rules = dataclasses.replace(TK_RULES, length_penalty="hf", early_stopping=[False, True, "never"][seed % 3],
+                                forced_end=bool(seed % 2))
+    args = dict(max_len=max_len, beam=beam, alpha=float(rng.choice([0.0, 0.6, 1.0])), n_best=int(rng.integers(1, beam + 1)),
+                limits=limits, loop_guard=bool(rng.random() < 0.5), rules=rules)
+    keeping = KeepsSentenceState(vocab, seed)
+    got = beam_search_hf(keeping, src, **args)
+    want = beam_search_hf(RandomSteps(vocab, seed), src, **args)
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == [[(h.tokens, h.score) for h in hyps] for hyps in want]
+    if max_len >= 3 and limits is None and rules.early_stopping == "never":  # no sentence stops before its limit
+        assert getattr(keeping, "kept", 0) > 0

@@ -1,0 +1,96 @@
+"""Where tk's decoding time goes on the `tk bench --scale` work model: ONNX Runtime's profiler over the decoder (op-type
+totals and the costliest nodes), and the decoding loop's backend calls timed in the same process (decoder runs,
+ranking, row selection, the loop's own Python). One batch of the bench's kind of sources (24 random tokens and the end
+token), exactly --tokens tokens per sentence.
+
+    python docs/measurements/scale_profile.py [--variant int8|fp32] [--beam 4] [--batch 16] [--model DIR]
+
+DIR: the tk directory of the work model (default $TK_CACHE_DIR/bench-scale/opus-mt/tk, made by `tk bench --scale
+opus-mt`). Shares, not absolute times, compare between machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    from toolkit.core import manifest
+    from toolkit.core.batching import DecodeOptions, decode_ids
+    from toolkit.core.load_cache import default_directory
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
+    from toolkit.runtimes.onnxruntime.sessions import create_session
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=["int8", "fp32"], default="int8")
+    parser.add_argument("--beam", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", type=Path, default=None)
+    args = parser.parse_args()
+    model = args.model or default_directory() / "bench-scale" / "opus-mt" / "tk"
+    m = manifest.load(model)
+    specs = m.specs()
+    suffix = "" if args.variant == "fp32" else f".{args.variant}"
+    prefix = os.path.join(tempfile.mkdtemp(prefix="tk-profile-"), "decoder")
+
+    def profiled(options) -> None:
+        options.enable_profiling = True
+        options.profile_file_prefix = prefix
+
+    encoder = create_session(model / f"encoder{suffix}.onnx", threads=args.threads)
+    decoder = create_session(model / f"decoder{suffix}.onnx", threads=args.threads, configure=profiled)
+    backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"])
+    spent: collections.Counter[str] = collections.Counter()
+    for name in ("encode", "_run_host", "step_top_k", "reorder_beams", "select"):  # timed on this object only
+        method = getattr(backend, name)
+
+        def timed(*a, _method=method, _name=name, **kw):
+            start = time.perf_counter()
+            try:
+                return _method(*a, **kw)
+            finally:
+                spent[_name] += time.perf_counter() - start
+
+        setattr(backend, name, timed)
+    rng = np.random.default_rng(0)
+    vocab = specs["decoder"].outputs[0].dims[-1]  # log_probs (batch, vocab)
+    src = [[int(t) for t in rng.integers(2, vocab - 2, 24)] + [m.rules().end] for _ in range(args.batch)]
+    opts = DecodeOptions(beam=args.beam, batch_size=args.batch, max_len=args.tokens, streams=1, rules=m.rules())
+    start = time.perf_counter()
+    decode_ids(backend, src, opts)
+    total = time.perf_counter() - start
+    events = json.loads(Path(decoder.end_profiling()).read_text(encoding="utf-8"))
+    by_op: collections.Counter[str] = collections.Counter()
+    by_node: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] += e["dur"]
+            by_node[e["name"][: -len("_kernel_time")]] += e["dur"]
+    ops = sum(by_op.values())
+    print(f"{args.variant}, beam {args.beam}, batch {args.batch}, {args.tokens} tokens: {total * 1000:.0f} ms in all "
+          f"(with the profiler on)")
+    loop = total - spent["encode"] - spent["step_top_k"] - spent["reorder_beams"] - spent["select"]
+    for name, seconds in [("encoder", spent["encode"]), ("decoder runs", spent["_run_host"]),
+                          ("ranking", spent["step_top_k"] - spent["_run_host"]),
+                          ("reorder_beams", spent["reorder_beams"]), ("select", spent["select"]), ("loop's Python", loop)]:
+        print(f"  {name:16s} {seconds * 1000:8.0f} ms {100 * seconds / total:5.1f}%")
+    print(f"decoder ops, {ops / 1000:.0f} ms:")
+    for op, us in by_op.most_common(12):
+        print(f"  {op:24s} {us / 1000:8.1f} ms {100 * us / ops:5.1f}%")
+    print("costliest nodes:")
+    for node, us in by_node.most_common(6):
+        print(f"  {node[:60]:60s} {us / 1000:8.1f} ms {100 * us / ops:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
