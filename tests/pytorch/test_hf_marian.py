@@ -121,7 +121,9 @@ def test_translations_are_token_identical_to_generate(marian, pairs, beam):
     # generation config forces the end token into the last place.
     lengths = {len(t) for t in want_tokens}
     assert min(lengths) < m.max_output_len
-    if "shared" in str(out):
+    if "shared" in str(out) and transformers_major() >= 5:
+        # The fixture's shared model, trained on transformers 5, runs some sentences to the limit; on 4.x the same
+        # training draws other random numbers and need not, so only the line that trains it so is held to it.
         assert m.max_output_len in lengths
 
 
@@ -343,3 +345,9 @@ def test_an_imported_model_gets_its_sentences_as_they_are(cli, shared):
     plain = dict(raw=True, loop_guard=False, max_len_a=None)
     assert t.translate([line], loop_guard=False, max_len_a=None) == [" ".join(t.translate(["I have 3 cats.", "WHERE IS THE STATION?"], **plain))]
     assert "was not trained to copy" in one_line_error(cli("translate", "--model", out, "--keep", "Paris", "I love Paris."), 2)
+
+
+def transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])

@@ -56,7 +56,11 @@ def mbart_directory(path: Path, pairs: list[tuple[str, str]], style: str, *, ste
     tokenizer = cls.from_pretrained(path, src_lang="en_XX", tgt_lang="fr_XX")  # transformers' own reading of the .model
     tokenizer.save_pretrained(path)
     if style == "cc25":  # the .model alone: tk's own "mbart" tokenizer kind
-        (path / "tokenizer.json").unlink()
+        (path / "tokenizer.json").unlink(missing_ok=True)
+    elif not (path / "tokenizer.json").is_file():  # transformers 4's MBart50Tokenizer is the slow one: the fast one's file
+        from transformers import MBart50TokenizerFast
+
+        MBart50TokenizerFast.from_pretrained(path, src_lang="en_XX", tgt_lang="fr_XX").save_pretrained(path)
     torch.manual_seed(seed)
     config = MBartConfig(vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="gelu",

@@ -50,9 +50,14 @@ def t5_directory(path: Path, pairs: list[tuple[str, str]], *, mt5: bool, steps: 
     (path / "spiece.model").write_bytes(_spiece([e for e, _ in pairs] + [f for _, f in pairs] + [PREFIX]))
     (path / "tokenizer_config.json").write_text(json.dumps({"extra_ids": EXTRA_IDS, "tokenizer_class": "T5Tokenizer"}))
     tokenizer = T5Tokenizer.from_pretrained(path, extra_ids=EXTRA_IDS)
-    if mt5:  # transformers 5 saves tokenizer.json alone; the directory then has no spiece.model
-        (path / "spiece.model").unlink()
+    if mt5:  # tokenizer.json: transformers 5 saves it alone; 4's fast tokenizer saves it beside spiece.model (as Hub repos)
         tokenizer.save_pretrained(path)
+        if (path / "tokenizer.json").is_file():
+            (path / "spiece.model").unlink(missing_ok=True)
+        else:
+            from transformers import T5TokenizerFast
+
+            T5TokenizerFast.from_pretrained(path, extra_ids=EXTRA_IDS).save_pretrained(path)
     torch.manual_seed(seed)
     sizes = dict(vocab_size=len(tokenizer) + 4, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2,
                  num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,

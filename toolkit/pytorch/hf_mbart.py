@@ -34,6 +34,7 @@ from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import hf_files
 from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
+from toolkit.pytorch.hf_layers import call_layer
 from toolkit.pytorch.hf_m2m100 import LANGUAGE_TOKEN, _default, _language_codes
 from toolkit.pytorch.hf_m2m100 import _tokenizer as _json_tokenizer
 from toolkit.pytorch.hf_marian import ACTIVATIONS, HfSource, _heads, _LayerCache, write_files
@@ -123,7 +124,7 @@ class MBartForTk(nn.Module):
         x = enc.layernorm_embedding(enc.embed_tokens(src) + enc.embed_positions(src))
         mask = self._mask(src_len, src.shape[1])
         for layer in enc.layers:
-            x = layer(x, mask)
+            x = call_layer(layer, x, mask)
         x = enc.layer_norm(x)
         out = {"memory": x, "src_len": src_len}
         for i, layer in enumerate(self.model.decoder.layers):
@@ -143,7 +144,7 @@ class MBartForTk(nn.Module):
             layer_cache = _LayerCache(cache[sk], cache[sv], cache[ck], cache[cv])
             # No causal mask: the cache holds only earlier positions; the encoder states are a stand-in (the cache
             # returns the encoder graph's keys/values).
-            x = layer(x, None, x, encoder_attention_mask=cross_mask, cache=layer_cache)
+            x = call_layer(layer, x, None, x, encoder_attention_mask=cross_mask, layer_cache=layer_cache)
             new[sk], new[sv] = layer_cache.new_k, layer_cache.new_v
         logits = self.lm_head(dec.layer_norm(x)[:, 0]) + self.final_logits_bias
         # As generate: log-softmax first, then the forbidden tokens at -inf (the others are not renormalised).
