@@ -94,13 +94,14 @@ def translation_figures(att, path: Path) -> list[Path]:
         return [heatmap_grid(f"{caption}\nBahdanau attention of each output piece over the source",
                              [("decoder step (rows) over source pieces (columns)", att.weights["cross_attention"])], 1,
                              att.target, att.source, path)]
-    layers = sorted(int(n.rsplit("_", 1)[1]) for n in att.weights if n.startswith("encoder_attention_"))
     heads = att.weights["encoder_attention_0"].shape[0]
     drawn = []
     for suffix, key, what, rows, cols in (
             ("encoder", "encoder_attention", "encoder self-attention", att.source, att.source),
             ("decoder-self", "self_attention", "decoder self-attention", att.target, att.target_inputs),
             ("cross", "cross_attention", "cross-attention", att.target, att.source)):
+        # Each stack's own depth: a deep encoder and a shallow decoder (the student's 6 + 2) draw 6 and 2 rows.
+        layers = sorted(int(n.rsplit("_", 1)[1]) for n in att.weights if n.startswith(f"{key}_"))
         panels = [p for i in layers for p in _heads(key, att.weights[f"{key}_{i}"], what, i)]
         drawn.append(heatmap_grid(f"{caption}\n{what}: rows attend over columns ({len(layers)} layers x {heads} heads)",
                                   panels, heads, rows, cols, suffixed(path, suffix)))
