@@ -107,14 +107,22 @@ def test_word_end_keeps_the_shortest_output_that_ends_on_a_whole_word():
 
 
 def test_the_guarded_translation_is_made_of_whole_words_of_the_unguarded_one(shipped):
-    line = "International postal rates differ according to destination."
-    warned: list[str] = []
-    guarded = _translate(shipped, [line], warn=warned.append)[0]
+    """Lines that loop in one shipped model or another (the 3 + 3 model looped on the first): wherever the guard cuts,
+    what is left is whole words of the unguarded output; at least one line must be cut for the test to look at a cut."""
     from toolkit.deploy.translate import translate_batch
 
-    bare = translate_batch(shipped, [line], DecodeOptions(max_len=64, **{**GUARDED, "loop_guard": False}))[0][0].text
-    assert any("loop guard" in w for w in warned)  # this line does loop: the test looks at a guard's cut
-    assert guarded and set(guarded.split()) <= set(bare.split()), (guarded, bare)
+    lines = ["International postal rates differ according to destination.", "I said no, no, no, no, no, no, no, no.",
+             "la la la la la la la la la la la la la la"]
+    cut = 0
+    for line in lines:
+        warned: list[str] = []
+        guarded = _translate(shipped, [line], warn=warned.append)[0]
+        if not any("loop guard" in w for w in warned):
+            continue
+        cut += 1
+        bare = translate_batch(shipped, [line], DecodeOptions(max_len=64, **{**GUARDED, "loop_guard": False}))[0][0].text
+        assert guarded and set(guarded.split()) <= set(bare.split()), (guarded, bare)
+    assert cut  # the guard cut at least one line: the property was looked at
 
 
 

@@ -17,6 +17,8 @@ import pytest
 import torch
 from helpers import one_line_error
 
+from toolkit.core.declaration import transformer_layers
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "exported" / "transformer"
 NEAR_TIE = 1e-4  # two tokens whose log-probabilities the graphs put this close may come out either way on another CPU
@@ -72,7 +74,9 @@ def test_transformers_loads_it_as_a_marian_model_with_tk_rules(hf_dir, hf):
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "source.spm", "target.spm", "vocab.json"} <= {p.name for p in hf_dir.iterdir()}
     c = model.config
-    assert (c.model_type, c.d_model, c.encoder_layers, c.decoder_layers, c.vocab_size, c.max_position_embeddings) == ("marian", 256, 3, 3, 6000, 64)
+    layers = transformer_layers(json.loads((SHIPPED / "manifest.json").read_text())["config"])  # the shipped model's (6, 2)
+    assert (c.model_type, c.d_model, (c.encoder_layers, c.decoder_layers)) == ("marian", 256, layers)
+    assert (c.vocab_size, c.max_position_embeddings) == (6000, 64)
     assert c.scale_embedding and c.activation_function == "relu" and c.tie_word_embeddings
     g = model.generation_config
     assert (g.decoder_start_token_id, g.eos_token_id, g.pad_token_id, g.forced_eos_token_id, g.num_beams, g.max_length) == (2, 3, 0, None, 1, 65)

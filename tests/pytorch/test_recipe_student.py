@@ -130,11 +130,14 @@ def test_decoder_layers_reach_the_model_graphs_cache_check_and_converters():
 
 @pytest.mark.timeout(30)
 def test_old_configs_and_the_shipped_manifest_load_unchanged():
-    shipped = manifest.load(SHIPPED)
-    assert "decoder_layers" not in shipped.config and transformer_layers(shipped.config) == (3, 3)
+    shipped = manifest.load(SHIPPED)  # the student: 6 encoder layers, 2 decoder layers
+    assert transformer_layers(shipped.config) == (shipped.config["num_layers"], shipped.config["decoder_layers"]) == (6, 2)
     cfg = registry.get("transformer").checked_config(shipped.config, "shipped")
-    assert cfg.decoder_layers == cfg.num_layers == 3
-    assert len(Transformer(cfg).decoder_blocks) == 3
+    assert len(Transformer(cfg).decoder_blocks) == 2
+    # A manifest written before decoder_layers existed (the 3 + 3 model shipped before) reads as equal stacks.
+    before = {k: v for k, v in shipped.config.items() if k != "decoder_layers"}
+    assert transformer_layers({**before, "num_layers": 3}) == (3, 3)
+    assert registry.get("transformer").checked_config({**before, "num_layers": 3}, "before").decoder_layers == 3
     # A checkpoint written before decoder_layers existed (its config has none) builds the model it was.
     state = Transformer(TransformerConfig(vocab_size=40, num_hiddens=8, ffn_num_hiddens=16, num_heads=2, num_layers=2)).state_dict()
     old = {"model": "transformer", "config": {"vocab_size": 40, "num_hiddens": 8, "ffn_num_hiddens": 16, "num_heads": 2,

@@ -3,8 +3,8 @@
 architecture tk imports from Hugging Face.
 
 Each architecture is one row of ARCHITECTURES: how to build a tiny directory of it (no download), where its last decoder
-layer's activation and output projection live in transformers' module tree. mBART and T5 are rows already, skipped
-until their importers land (toolkit/pytorch/hf_mbart.py, hf_t5.py): drop the skip mark and they are held to the same.
+layer's activation and output projection live in transformers' module tree (T5 has no biases: its activation only).
+The directories are the ones the architectures' own test modules build (built_once, shared by name).
 The planted node is found through the export's own node map (decoder.nodes.json), the way --localize reads it, so the
 test plants exactly where the module's computation is, whatever ops the exporter chose.
 """
@@ -60,15 +60,16 @@ def _t5(path: Path, pairs: list) -> Path:
     return t5_directory(path, pairs[:400], mt5=False)
 
 
-PENDING = "its importer is being written; drop this mark once it lands"
 ARCHITECTURES = [
-    pytest.param(Architecture("marian", _marian, "model.decoder.layers.{i}", "activation_fn", "fc2"), id="marian"),
-    pytest.param(Architecture("m2m100", _m2m100, "model.decoder.layers.{i}", "activation_fn", "fc2"), id="m2m100"),
-    pytest.param(Architecture("mbart", _mbart, "model.decoder.layers.{i}", "activation_fn", "fc2"), id="mbart",
-                 marks=pytest.mark.skip(reason=f"mBART: {PENDING}")),
-    pytest.param(Architecture("t5", _t5, "decoder.block.{i}.layer.2.DenseReluDense", "act", None), id="t5",
-                 marks=pytest.mark.skip(reason=f"T5: {PENDING}")),
+    Architecture("marian", _marian, "model.decoder.layers.{i}", "activation_fn", "fc2"),
+    Architecture("m2m100", _m2m100, "model.decoder.layers.{i}", "activation_fn", "fc2"),
+    Architecture("mbart", _mbart, "model.decoder.layers.{i}", "activation_fn", "fc2"),
+    Architecture("t5", _t5, "decoder.block.{i}.layer.2.DenseReluDense", "act", None),
 ]
+# The directory each is built in: the name its own test module gives it, so one build serves both.
+BUILT_AS = {"m2m100": "hf-m2m100", "mbart": "hf-mbart-mbart50", "t5": "hf-t5", "marian": "hf-marian-faults"}
+CASES = [pytest.param(a, fault, id=f"{a.name}-{fault}") for a in ARCHITECTURES for fault in ("activation", "bias")
+         if fault == "activation" or a.bias is not None]
 # What an activation's node becomes: another activation of the same shape, so the graph still runs and only its values
 # are wrong (Gelu's "approximate" attribute is dropped with it).
 SWAPPED = {"Relu": "Tanh", "Sigmoid": "Tanh", "Erf": "Tanh", "Tanh": "Sigmoid", "Gelu": "Tanh"}
@@ -98,7 +99,7 @@ def exported(tmp_path_factory, pairs):
                 result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
                 assert result.exit_code == 0, result.output
 
-            root = built_once(tmp_path_factory, "hf-m2m100" if arch.name == "m2m100" else f"hf-{arch.name}-faults", build)
+            root = built_once(tmp_path_factory, BUILT_AS[arch.name], build)
             cache[arch.name] = (root / "hf", root / "tk")
         return cache[arch.name]
 
@@ -142,7 +143,7 @@ def _verify(cli, directory: Path, hf: Path, report: Path, *args):
     return result, json.loads(report.read_text())
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: a.name)
 def test_the_clean_export_passes(cli, exported, arch, tmp_path):
     """The control: what fails below fails for the planted fault, not for the architecture."""
     hf, out = exported(arch)
@@ -151,11 +152,8 @@ def test_the_clean_export_passes(cli, exported, arch, tmp_path):
     assert report["passed"] and report["localization"] is None
 
 
-@pytest.mark.parametrize("fault", ["activation", "bias"])
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch, fault", CASES)
 def test_a_planted_fault_fails_verify_and_localize_names_its_module(cli, exported, arch, fault, tmp_path):
-    if fault == "bias" and arch.bias is None:
-        pytest.skip(f"{arch.name} has no biases to drop")
     hf, out = exported(arch)
     modules = _modules(out)
     module = f"{_last_layer(out, arch)}.{arch.activation if fault == 'activation' else arch.bias}"

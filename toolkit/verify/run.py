@@ -322,6 +322,10 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
     src_ids = [ids[:max_len] for ids in open_tokenizer(m).encode(english)]
     rules, out_len = m.rules(), out_len or m.max_output_len
     ref_backend = TorchBackend(model, specs["encoder"], specs["decoder"])
+    # Batch invariance is the model's (a mask left out), checked on the first session that can show it exactly: not
+    # int8, whose activations take one quantisation scale per batch, so a sentence's logits move with its batch
+    # (docs/performance.md) and a near-tie can flip in any model. An int8-only run leaves it to the fp32 graphs' run.
+    batch_session = next((key for key in sessions if key[1] != "int8"), None)
     for (p, v), s in sessions.items():
         echo(f"decode: {v} on {p}")
         parity = ParityBackend(ref_backend, s, specs, v, p, tolerance(v, atol, rtol), report.rows)
@@ -330,7 +334,7 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
             report.failing_inputs = report.failing_inputs or parity.failing_inputs
             report.step_errors[f"{v}/{p}"] = [parity.step_errors[k] for k in sorted(parity.step_errors)]
             compare_translations(report.rows, ref_backend, backends[(p, v)](), src_ids, out_len, v, p, tolerance(v, atol, rtol), rules)
-            if (p, v) == next(iter(sessions)):  # once, on the graphs as deployed: padding leaking into attention
+            if (p, v) == batch_session:  # once, on the graphs as deployed: padding leaking into attention
                 check_batch_invariance(report.rows, backends[(p, v)](), src_ids, out_len, v, p, tolerance(v, atol, rtol), rules)
         except Exception as e:  # ONNX Runtime refusing a real sentence is a verdict, reported like any other
             failed_run(report.rows, "decode", specs["decoder"], v, p, f"{len(src_ids)} sentences", RunFailure(first_line(e)))
