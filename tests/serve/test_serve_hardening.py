@@ -257,9 +257,13 @@ def test_a_big_request_takes_turns_with_later_requests_instead_of_holding_them(m
         async def scenario():
             held = asyncio.ensure_future(batcher.translate(["Wait."], key(model)))
             await settle(lambda: decoded[-1][0] == ["Wait."])
-            requests = [asyncio.ensure_future(batcher.translate(big, key(model, 2))),
-                        asyncio.ensure_future(batcher.translate(["Small."], key(model, 2))),
-                        asyncio.ensure_future(batcher.translate(["Other."], key(model)))]
+            # One request at a time into the queue: each prepares off the event loop, so three started together
+            # could enqueue in any order; the order is what this test is about.
+            requests = [asyncio.ensure_future(batcher.translate(big, key(model, 2)))]
+            await settle(lambda: batcher.depth == 6)
+            requests.append(asyncio.ensure_future(batcher.translate(["Small."], key(model, 2))))
+            await settle(lambda: batcher.depth == 7)
+            requests.append(asyncio.ensure_future(batcher.translate(["Other."], key(model))))
             await settle(lambda: batcher.depth == 8)
             gate.set()
             return await asyncio.gather(held, *requests)
