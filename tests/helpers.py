@@ -55,3 +55,22 @@ class Scripted(StepBackend):
 
     def select(self, state, rows):
         return {**state, "rows": state["rows"][rows]}
+
+
+def check_int8_and_openvino(cli, hf: Path, out: Path, english: list[str], tmp_path: Path) -> None:
+    """An imported model's guarded int8 stored beside its graphs and verified against `hf:` (held to int8's
+    tolerances), and OpenVINO giving ONNX Runtime's text with the en -> fr pair chosen: the paths docs/models.md marks
+    measured for each architecture tk imports."""
+    import shutil
+
+    directory = tmp_path / "variants"
+    shutil.copytree(out, directory)
+    result = cli("export", directory, "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--variant", "int8", "--sentences", 8)
+    assert result.exit_code == 0, result.output
+    args = ("translate", "--model", directory, "--variant", "fp32", "--source-lang", "en", "--target-lang", "fr", "--raw", *english)
+    openvino, onnxruntime = cli(*args, "--runtime", "openvino"), cli(*args)
+    assert openvino.exit_code == 0 and onnxruntime.exit_code == 0, openvino.output + onnxruntime.output
+    lines = [line for line in openvino.stdout.splitlines() if line]
+    assert lines == [line for line in onnxruntime.stdout.splitlines() if line] and len(lines) == len(english)

@@ -20,7 +20,7 @@ import pytest
 import sentencepiece as spm
 import torch
 from conftest import built_once
-from helpers import one_line_error
+from helpers import check_int8_and_openvino, one_line_error
 from hf_marian_fixture import fra_eng_lines
 from verify.test_localize import _edit_decoder
 
@@ -311,18 +311,5 @@ def test_a_config_tk_cannot_build_is_one_line(cli, t5, tmp_path):
 def test_int8_and_openvino_run_an_imported_t5(cli, t5, pairs, tmp_path):
     """Guarded int8 stored beside the graphs and verified (held to its tolerances), and OpenVINO giving ONNX Runtime's
     text with the pair's task prefix: the paths docs/models.md marks measured for t5."""
-    import shutil
-
     hf, out = t5
-    directory = tmp_path / "variants"
-    shutil.copytree(out, directory)
-    result = cli("export", directory, "--quantize", "int8")
-    assert result.exit_code == 0, result.output
-    result = cli("verify", directory, "--checkpoint", f"hf:{hf}", "--variant", "int8", "--sentences", 8)
-    assert result.exit_code == 0, result.output
-    english = _held_out(pairs, 6)
-    args = ("translate", "--model", directory, "--variant", "fp32", "--source-lang", "en", "--target-lang", "fr", "--raw", *english)
-    openvino, onnxruntime = cli(*args, "--runtime", "openvino"), cli(*args)
-    assert openvino.exit_code == 0 and onnxruntime.exit_code == 0, openvino.output + onnxruntime.output
-    lines = [line for line in openvino.stdout.splitlines() if line]
-    assert lines == [line for line in onnxruntime.stdout.splitlines() if line] and len(lines) == len(english)
+    check_int8_and_openvino(cli, hf, out, _held_out(pairs, 6), tmp_path)
