@@ -74,3 +74,40 @@ def check_int8_and_openvino(cli, hf: Path, out: Path, english: list[str], tmp_pa
     assert openvino.exit_code == 0 and onnxruntime.exit_code == 0, openvino.output + onnxruntime.output
     lines = [line for line in openvino.stdout.splitlines() if line]
     assert lines == [line for line in onnxruntime.stdout.splitlines() if line] and len(lines) == len(english)
+
+
+def check_ctranslate2(cli, hf: Path, out: Path, english: list[str], want: list[str], tmp_path: Path, fault: tuple[str, str],
+                      **languages: str) -> None:
+    """An import's CTranslate2 conversion (`tk export DIR --ctranslate2`) verified against `hf:` (scores and greedy
+    tokens), translating to generate's greedy text (`want`) through the Python API, and a planted converter fault (the
+    two named weights swapped) failing verify's score rows."""
+    import shutil
+
+    from toolkit import Translator
+    from toolkit.runtimes.ctranslate2 import spec, stored
+
+    directory = tmp_path / "ct2"
+    shutil.copytree(out, directory)
+    result = cli("export", directory, "--ctranslate2")
+    assert result.exit_code == 0, result.output
+    result = cli("verify", directory, "--runtime", "ctranslate2", "--checkpoint", f"hf:{hf}", "--sentences", 8)
+    assert result.exit_code == 0, result.output
+    assert "score " in result.output and "8/8 identical to the ONNX graphs'" in result.output
+    got = Translator(directory, runtime="ctranslate2").translate(english, raw=True, loop_guard=False, max_len_a=None, **languages)
+    assert sum(a != b for a, b in zip(got, want)) <= 1 and len(set(want)) > 5  # one near-tie, at most
+
+    real, (a, b) = spec.graph_weights, fault
+
+    def swapped(m):
+        w = real(m)
+        w[a], w[b] = w[b], w[a]
+        return w
+
+    spec.graph_weights = swapped
+    try:
+        stored.add(directory, force=True, echo=lambda s: None)
+    finally:
+        spec.graph_weights = real
+    result = cli("verify", directory, "--runtime", "ctranslate2", "--checkpoint", f"hf:{hf}", "--sentences", 0)
+    assert result.exit_code == 1, result.output
+    assert [line.split()[-1] for line in result.output.splitlines() if line.startswith("score")] == ["FAIL"]

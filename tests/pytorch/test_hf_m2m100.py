@@ -147,3 +147,17 @@ def test_int8_and_openvino_run_an_imported_m2m100(cli, m2m100, pairs, tmp_path):
     languages chosen: the paths docs/models.md marks measured for m2m100."""
     hf, out = m2m100
     check_int8_and_openvino(cli, hf, out, _held_out(pairs, 6), tmp_path)
+
+
+def test_ctranslate2_converts_verifies_and_translates_an_imported_m2m100(cli, m2m100, pairs, tmp_path):
+    """`--runtime ctranslate2` on an M2M100 (pre-LN, offset sinusoidal positions, the target language forced first as
+    CTranslate2's target prefix): verified against hf:, generate's greedy text, and a swapped cross-attention key/value
+    weight pair fails verify."""
+    pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctranslate2")
+    from helpers import check_ctranslate2
+
+    hf, out = m2m100
+    english = _held_out(pairs)
+    layer = "model.decoder.layers.0.encoder_attn"
+    check_ctranslate2(cli, hf, out, english, _generate(hf, english, 1), tmp_path,
+                      (f"{layer}.k_proj.weight", f"{layer}.v_proj.weight"), source_lang="en", target_lang="fr")

@@ -251,3 +251,21 @@ def test_a_hub_cache_link_beyond_its_repository_is_refused(cli, tc_big, tmp_path
     (snapshot / name).symlink_to(os.path.relpath(target, snapshot))
     line = one_line_error(_export(cli, snapshot, tmp_path / "out"), 2)
     assert f"links to {target}, outside the Hugging Face directory" in line and not (tmp_path / "out").exists()
+
+
+def test_ctranslate2_converts_verifies_and_translates_a_tc_big_shaped_marian(cli, tc_big, pairs, tmp_path):
+    """`--runtime ctranslate2` on a Marian of separate vocabularies (two vocabulary files, untied output layer, <pad>
+    forbidden per call as generate forbids it): verified against hf:, generate's greedy text, and a swapped
+    self-attention key/value weight pair fails verify."""
+    pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctranslate2")
+    from helpers import check_ctranslate2
+
+    from toolkit.core import manifest
+
+    hf, out = tc_big
+    english = _english(pairs)
+    layer = "model.encoder.layers.0.self_attn"
+    check_ctranslate2(cli, hf, out, english, _generate(hf, english, 1)[1], tmp_path,
+                      (f"{layer}.k_proj.weight", f"{layer}.v_proj.weight"))
+    files = set(manifest.load(tmp_path / "ct2").converted["ctranslate2"].files)
+    assert files == {"model.bin", "config.json", "source_vocabulary.json", "target_vocabulary.json"}

@@ -127,23 +127,21 @@ register(Architecture(
     "marian", SEQ2SEQ, _hf_cache, ("decoder_layers",), ("marian",),
     "start decoder_start_token_id (pad), end </s> forced at the limit, generate's beam rule and length penalty",
     origin="hf", hf_model_types=("marian",), hf_class="MarianMTModel", builder="toolkit.pytorch.hf_marian",
-    paths={**_ALL, "ctranslate2": "CTranslate2 runs tk's Transformer; tk does not convert an imported Marian to it yet: "
-                                  "use --runtime onnxruntime (the default) or openvino"}))
+    paths={**_ALL, "ctranslate2": None}))
 register(Architecture(
     "m2m100", SEQ2SEQ, _hf_cache, ("decoder_layers",), ("m2m100", "tokenizer.json"),
     "source [lang] text </s>; start </s> (decoder_start_token_id), the target language's token forced first, "
     "end </s> forced at the limit, generate's beam rule (M2M100 and NLLB-200)",
     origin="hf", hf_model_types=("m2m_100",), hf_class="M2M100ForConditionalGeneration",
     builder="toolkit.pytorch.hf_m2m100",
-    paths={**_ALL, "ctranslate2": "CTranslate2 runs tk's Transformer; tk does not convert an imported M2M100/NLLB to it yet: "
-                                  "use --runtime onnxruntime (the default) or openvino"}))
+    paths={**_ALL, "ctranslate2": None}))
 register(Architecture(
     "mbart", SEQ2SEQ, _hf_cache, ("decoder_layers",), ("mbart", "tokenizer.json"),
     "mBART-50: source [lang] text </s>, start </s>, the target language's token forced first; mBART-cc25: source "
     "text </s> [lang], the decoder started with the target language's token; end </s> forced at the limit, generate's "
     "beam rule", origin="hf", hf_model_types=("mbart",), hf_class="MBartForConditionalGeneration",
     builder="toolkit.pytorch.hf_mbart",
-    paths={**_ALL, "ctranslate2": "CTranslate2 runs tk's Transformer; tk does not convert an imported mBART to it yet: "
+    paths={**_ALL, "ctranslate2": "CTranslate2 runs tk's Transformer, imported Marian and M2M100/NLLB; tk does not convert an imported mBART to it yet: "
                                   "use --runtime onnxruntime (the default) or openvino",
            "web": "the browser site runs tk's own tokenizer and rules; translate an imported mBART with tk translate or tk serve"}))
 for _name in ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw"):
@@ -154,6 +152,6 @@ register(Architecture(
     "source [task prefix of the chosen pair] text </s>; start <pad> (decoder_start_token_id 0), end </s>, no forced first "
     "token, generate's beam rule and length penalty (T5, T5 v1.1, Flan-T5, mT5)",
     origin="hf", hf_model_types=("t5", "mt5"), hf_class="T5ForConditionalGeneration", builder="toolkit.pytorch.hf_t5",
-    paths={**_ALL, "ctranslate2": "CTranslate2 runs tk's Transformer; tk does not convert an imported T5 to it yet: "
+    paths={**_ALL, "ctranslate2": "CTranslate2 runs tk's Transformer, imported Marian and M2M100/NLLB; tk does not convert an imported T5 to it yet: "
                                   "use --runtime onnxruntime (the default) or openvino",
            "web": "the browser site runs tk's own tokenizer and rules; translate an imported T5 with tk translate or tk serve"}))

@@ -24,6 +24,7 @@ from toolkit.core.decoding import greedy
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import CATALOGUE
 from toolkit.pytorch.reference import load_reference, reference_kind
+from toolkit.runtimes.ctranslate2.engine import forbidden_tokens
 from toolkit.verify.checks import check_weights, held_out_sentences, prefix_log_probs
 from toolkit.verify.compare import compare, tolerance
 from toolkit.verify.report import Report, Row, environment
@@ -62,23 +63,29 @@ def verify_ct2(directory: str | Path, provider: str = "cpu", variants: list[str]
     report.reference_kind, report.reference_proves = reference_kind(report.reference)
     check_weights(report, m, entry, cfg, model, checkpoint, expect_digest, echo)
     rng = np.random.default_rng(seed)
-    vocab, rules = cfg.vocab_size, m.rules()
-    cases = [_case(rng, b, n, t, vocab, m.max_len) for b, n, t in SHAPES]
+    rules = m.rules()
+    source_vocab, target_vocab = (len(v) for v in ct2.vocabularies(m))
+    # Tokens the model never emits (Marian's <pad>) are left out of the targets: tk's graphs give them -inf after
+    # the softmax, as generate does, and CTranslate2 forbids them per call, so their scores are not comparable.
+    allowed = np.setdiff1d(np.arange(4, target_vocab), forbidden_tokens(m))
+    cases = [_case(rng, b, n, t, source_vocab, allowed, m.max_len) for b, n, t in SHAPES]
+    specs = m.specs()
     for v, c in loaded.items():
         tol = tolerance(v, atol, rtol)
         for (b, n, t), (src, tgt) in zip(SHAPES, cases):
-            ref = _torch_scores(model, src, tgt, rules)
+            ref = _torch_scores(model, src, tgt, rules, None if m.model == "transformer" else specs)
             got = [np.array(r.log_probs, dtype=np.float64) for r in c.translator.score_batch(_words(src), _words(tgt))]
             _score_row(report, v, label, f"batch={b} src<={n} tgt<={t}", ref, got, tol)
     _decode(report, m, model, loaded, label, sentences, data, atol, rtol, echo)
     return report
 
 
-def _case(rng: np.random.Generator, batch: int, src_len: int, tgt_len: int, vocab: int, max_len: int):
+def _case(rng: np.random.Generator, batch: int, src_len: int, tgt_len: int, source_vocab: int, target_tokens: np.ndarray,
+          max_len: int):
     """Random sources and targets of ordinary tokens (no specials), the first row of each at the longest length."""
     lens = lambda top: [top] + [int(rng.integers(1, top + 1)) for _ in range(batch - 1)]  # noqa: E731
-    pick = lambda n: rng.integers(4, vocab, size=n).tolist()  # noqa: E731
-    return [pick(n) for n in lens(min(src_len, max_len))], [pick(n) for n in lens(min(tgt_len, max_len - 1))]
+    sources = [rng.integers(4, source_vocab, size=n).tolist() for n in lens(min(src_len, max_len))]
+    return sources, [rng.choice(target_tokens, size=n).tolist() for n in lens(min(tgt_len, max_len - 1))]
 
 
 def _words(seqs: list[list[int]]) -> list[list[str]]:
@@ -86,14 +93,25 @@ def _words(seqs: list[list[int]]) -> list[list[str]]:
 
 
 @torch.no_grad()
-def _torch_scores(model, src: list[list[int]], tgt: list[list[int]], rules) -> list[np.ndarray]:
+def _torch_scores(model, src: list[list[int]], tgt: list[list[int]], rules, specs=None) -> list[np.ndarray]:
     """PyTorch's log-probability of each target token and of the end token after it, per sentence (teacher forcing
-    from the start token), as score_batch gives them."""
+    from the start token), as score_batch gives them. tk's Transformer scores a batch in one forward pass; an import
+    (specs given) is stepped through its own one-step decoder, the computation its graphs were exported from."""
     from toolkit.core.decoding import pad_batch
 
     ids, lens = pad_batch(src, rules.pad)
     tgt_in, _ = pad_batch([[rules.start, *t] for t in tgt], rules.pad)
-    log_probs = model(torch.from_numpy(ids), torch.from_numpy(lens), torch.from_numpy(tgt_in)).double().numpy()
+    if specs is None:
+        log_probs = model(torch.from_numpy(ids), torch.from_numpy(lens), torch.from_numpy(tgt_in)).double().numpy()
+    else:
+        from toolkit.pytorch.torch_backend import TorchBackend
+
+        backend = TorchBackend(model, specs["encoder"], specs["decoder"])
+        state, steps = backend.encode(ids, lens), []
+        for t in range(tgt_in.shape[1]):
+            lp, state = backend.step(tgt_in[:, t], state)
+            steps.append(np.asarray(lp, dtype=np.float64))
+        log_probs = np.stack(steps, axis=1)
     return [log_probs[i, np.arange(len(t) + 1), [*t, rules.end]] for i, t in enumerate(tgt)]
 
 

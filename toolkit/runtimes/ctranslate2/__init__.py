@@ -13,7 +13,7 @@ from toolkit.runtimes.ctranslate2.engine import (
     thread_candidates,
     version,
 )
-from toolkit.runtimes.ctranslate2.spec import convert, graph_weights, transformer_spec
+from toolkit.runtimes.ctranslate2.spec import convert, graph_weights, model_spec, vocabularies
 
 __all__ = ["INSTALL_HINT", "Ct2Backend", "Ct2Translator", "LoadedCt2", "available", "convert", "fastest", "graph_weights",
-           "load", "thread_candidates", "transformer_spec", "version"]
+           "load", "model_spec", "thread_candidates", "version", "vocabularies"]

@@ -135,6 +135,7 @@ class Ct2Backend:
     translator: object  # for a call of one batch: every thread on it (intra_threads)
     end: int  # the model's end token (the converted model ends on it too)
     batches: Callable[[], object] | None = None  # for a call of several batches: one thread per batch, side by side
+    forbidden: tuple[int, ...] = ()  # tokens generate never emits (an import's bad_words_ids: Marian's <pad>)
 
     def decode_all(self, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
         """Hypotheses for every source sentence, in input order; empty sources get no decoding."""
@@ -147,12 +148,18 @@ class Ct2Backend:
         # only the rare hypotheses that reach their limit could differ (a call per limit made beam 4 1.3x slower).
         groups = [(todo, limits, int(limits.max()))]
         engine = self.batches() if self.batches is not None and len(todo) > opts.batch_size else self.translator
+        forced = getattr(opts.rules, "forced_first", None)
         for idx, lims, longest in groups:
             results = engine.translate_batch(
                 [_words(src[i]) for i in idx], max_batch_size=opts.batch_size, batch_type="examples", beam_size=opts.beam,
                 num_hypotheses=opts.n_best, max_decoding_length=longest, return_scores=True,
                 # Greedy: no length penalty, so each score is the plain sum of log-probabilities, as tk's loop sums it.
-                length_penalty=0.0 if opts.beam == 1 else self._alpha(opts))
+                length_penalty=0.0 if opts.beam == 1 else self._alpha(opts),
+                # A multilingual model's target language is its first output token, as generate forces it: CTranslate2
+                # decodes from it as a prefix (kept in the hypothesis, its log-probability left out of the score, as
+                # the forced step's 0 leaves it out of tk's beam scores).
+                target_prefix=[[str(forced)] for _ in idx] if forced is not None else None,
+                suppress_sequences=[[str(t)] for t in self.forbidden] or None)
             for i, limit, result in zip(idx, lims, results):
                 out[i] = [self._hypothesis(src[i], [int(t) for t in words], score, int(limit), longest, opts)
                           for words, score in zip(result.hypotheses, result.scores)]
@@ -220,7 +227,14 @@ class LoadedCt2:
             return self._batches
 
     def backend(self) -> Ct2Backend:
-        return Ct2Backend(self.translator, self.manifest.rules().end, self.batches if self.batch_loader else None)
+        return Ct2Backend(self.translator, self.manifest.rules().end, self.batches if self.batch_loader else None,
+                          forbidden_tokens(self.manifest))
+
+
+def forbidden_tokens(m: Manifest) -> tuple[int, ...]:
+    """The tokens an imported model's generation config forbids (tk's decoder graph gives them -inf); none for tk's own."""
+    text = str(m.config.get("suppress_tokens") or "")
+    return tuple(int(t) for t in text.split(",") if t.strip().isdigit())
 
 
 def stored_files(m: Manifest) -> dict[str, bytes]:

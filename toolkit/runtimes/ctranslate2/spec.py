@@ -102,13 +102,17 @@ def conversion_problem(m: Manifest) -> str | None:
     """Why tk cannot convert the directory's model to CTranslate2 (and what to run instead), or None. Said by
     `tk export DIR --ctranslate2` and by `--runtime ctranslate2` on a directory without a conversion, so that the one
     never advises the other where it would refuse."""
+    from toolkit.runtimes.ctranslate2 import hf_spec
+
+    if m.model in hf_spec.LAYOUTS:
+        return hf_spec.conversion_problem(m)
     if m.model != "transformer":
         from toolkit.core import architectures  # the entry says what the model is: an import names its class
 
         arch = architectures.ARCHITECTURES.get(m.model)
         what = f"an imported {arch.hf_class} ('{m.model}')" if arch and arch.hf_class else f"a '{m.model}' model"
-        return (f"CTranslate2 runs tk's Transformer; {m.directory} holds {what}, which tk does not convert to CTranslate2: "
-                "use --runtime onnxruntime (the default)")
+        return (f"CTranslate2 runs tk's Transformer and imported Marian and M2M100/NLLB models; {m.directory} holds "
+                f"{what}, which tk does not convert to CTranslate2: use --runtime onnxruntime (the default)")
     if m.config.get("pre_ln"):
         return (f"{m.directory} is a pre-LN Transformer; tk converts post-LN Transformers to CTranslate2 only: "
                 "use --runtime onnxruntime (the default)")
@@ -117,11 +121,25 @@ def conversion_problem(m: Manifest) -> str | None:
 
 def _empty_spec(m: Manifest):
     """A ctranslate2 TransformerSpec of the directory's sizes, configured as tk converts it, without weights."""
-    common_spec, ts = _specs()
-
-    cfg = m.config
     if problem := conversion_problem(m):
         raise UsageError(problem)
+    return _spec(m, None)
+
+
+def _spec(m: Manifest, w: dict[str, np.ndarray] | None):
+    """The directory's spec with the weights `w` (None: its config only), built by the model's own converter."""
+    from toolkit.runtimes.ctranslate2 import hf_spec
+
+    if m.model in hf_spec.LAYOUTS:
+        return hf_spec.model_spec(m, w, _specs())
+    spec = _tk_transformer(m)
+    return spec if w is None else _tk_transformer_weights(spec, w)
+
+
+def _tk_transformer(m: Manifest):
+    """tk's own post-LN Transformer, configured as tk converts it, without weights."""
+    common_spec, ts = _specs()
+    cfg = m.config
     layers, heads = transformer_layers(cfg), cfg["num_heads"]  # (encoder, decoder): the two may differ
     spec = ts.TransformerSpec.from_config(layers, heads, pre_norm=False, activation=common_spec.Activation.RELU)
     spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default
@@ -136,15 +154,27 @@ def _empty_spec(m: Manifest):
 TK_CONFIG_KEYS = ("layer_norm_epsilon", "unk_token", "bos_token", "eos_token", "decoder_start_token")
 
 
-def vocabulary(m: Manifest) -> list[str]:
-    """The converted vocabulary: every token id of the model, written as a string."""
-    return [str(i) for i in range(m.config["vocab_size"])]
+def vocabularies(m: Manifest) -> tuple[list[str], list[str]]:
+    """The converted (source, target) vocabularies: every token id of the model, written as a string (an
+    opus-mt-tc-big-shaped Marian's decoder has a vocabulary of its own size)."""
+    source = m.config["vocab_size"]
+    target = m.config.get("decoder_vocab_size") or source
+    return [str(i) for i in range(source)], [str(i) for i in range(target)]
 
 
-def transformer_spec(m: Manifest):
-    """A ctranslate2 TransformerSpec holding the directory's weights (post-LN Transformer only)."""
-    spec = _empty_spec(m)
-    w = graph_weights(m)
+def model_spec(m: Manifest):
+    """A ctranslate2 TransformerSpec holding the directory's weights (tk's post-LN Transformer, an imported Marian or
+    M2M100/NLLB)."""
+    if problem := conversion_problem(m):
+        raise UsageError(problem)
+    spec = _spec(m, graph_weights(m))
+    source, target = vocabularies(m)
+    spec.register_source_vocabulary(source)
+    spec.register_target_vocabulary(target)
+    return spec
+
+
+def _tk_transformer_weights(spec, w: dict[str, np.ndarray]):
     emb = w["embedding.weight"]
     for stack in (spec.encoder, spec.decoder):
         # The sinusoidal table is given as learned positions: tk interleaves sin/cos, CTranslate2's own table does not.
@@ -167,15 +197,13 @@ def transformer_spec(m: Manifest):
         _norm(cross.layer_norm, w, f"{p}.sub2")
         _ffn(layer.ffn, w, p)
         _norm(layer.ffn.layer_norm, w, f"{p}.sub3")
-    spec.register_source_vocabulary(vocabulary(m))
-    spec.register_target_vocabulary(vocabulary(m))
     return spec
 
 
 def convert(m: Manifest, out_dir: str | Path) -> Path:
     """Writes the CTranslate2 model (float32 weights; int8 is chosen at load) into out_dir."""
     out = Path(out_dir)
-    spec = transformer_spec(m)
+    spec = model_spec(m)
     out.mkdir(parents=True, exist_ok=True)
     spec.validate()
     spec.optimize(quantization=None)
@@ -188,7 +216,24 @@ def convert(m: Manifest, out_dir: str | Path) -> Path:
 # them. So each is also held to what tk writes: CTranslate2 would otherwise load a vocabulary of the wrong size or with
 # other entries (and fail on the first token it cannot map back), or decode with a rule tk's loop does not have.
 
-VOCABULARY_FILES = ("shared_vocabulary.json", "shared_vocabulary.txt")
+VOCABULARY_FILES = ("shared_vocabulary.json", "shared_vocabulary.txt", "source_vocabulary.json", "source_vocabulary.txt",
+                    "target_vocabulary.json", "target_vocabulary.txt")
+
+
+def _expected_vocabulary(m: Manifest, name: str) -> list[str]:
+    """The entries tk writes to a vocabulary file: the target's for target_vocabulary, else the source's (CTranslate2
+    writes one shared file when the two are equal)."""
+    source, target = vocabularies(m)
+    return target if name.startswith("target_") else source
+
+
+def _missing_vocabulary(m: Manifest, names: list[str]) -> str | None:
+    """The vocabulary file a conversion lacks, or None: one shared file when source and target are equal, else both."""
+    source, target = vocabularies(m)
+    stems = {n.rsplit(".", 1)[0] for n in names}
+    if source == target:
+        return None if stems == {"shared_vocabulary"} else "shared_vocabulary.json"
+    return next((f"{s}.json" for s in ("source_vocabulary", "target_vocabulary") if s not in stems), None)
 
 
 def _vocabulary_problem(m: Manifest, name: str, data: bytes) -> str | None:
@@ -199,7 +244,7 @@ def _vocabulary_problem(m: Manifest, name: str, data: bytes) -> str | None:
         entries = json.loads(text) if name.endswith(".json") else text.splitlines()
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         return f"is not a readable vocabulary ({first_line(e, 80)})"
-    want = vocabulary(m)
+    want = _expected_vocabulary(m, name)
     if not isinstance(entries, list) or len(entries) != len(want):
         size = len(entries) if isinstance(entries, list) else "no list of"
         return f"holds {size} entries, but the model's vocabulary has {len(want)}"
@@ -230,14 +275,15 @@ def _config_problem(m: Manifest, data: bytes) -> str | None:
 
 def check_converted(m: Manifest, files: dict[str, bytes], paths: dict[str, Path]) -> None:
     """A one-line usage error unless the stored conversion's files (by CTranslate2's names, as `paths` name them in
-    the directory) hold what tk writes: its model.bin, config.json (tk's values, no other keys) and one vocabulary of
-    the model's token ids (its size the model's, each entry the id tk wrote)."""
+    the directory) hold what tk writes: its model.bin, config.json (tk's values, no other keys) and the vocabularies
+    of the model's token ids (one shared, or source and target; each its size the model's, each entry the id tk
+    wrote)."""
     vocabularies = [name for name in files if name in VOCABULARY_FILES]
     for name in files:
         if name not in ("model.bin", "config.json", *VOCABULARY_FILES):
             raise UsageError(f"{paths[name]}: {name} is not a file tk's CTranslate2 conversion holds; "
                              f"convert it again with tk export {m.directory} --ctranslate2 --force")
-    absent = next((name for name in ("model.bin", "config.json") if name not in files), None) or (None if vocabularies else "shared_vocabulary.json")
+    absent = next((name for name in ("model.bin", "config.json") if name not in files), None) or _missing_vocabulary(m, vocabularies)
     if absent is not None:
         raise UsageError(f"{m.directory}'s CTranslate2 conversion has no {absent}; convert it again with "
                          f"tk export {m.directory} --ctranslate2 --force")
