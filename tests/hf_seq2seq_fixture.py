@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import sentencepiece as spm
+from hf_marian_fixture import single_thread
 
 
 def _spm(lines: list[str], vocab_size: int) -> bytes:
@@ -69,10 +70,11 @@ def train(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int)
     # Tokenized once: the tokenizer's Python side costs more than the tiny model's steps.
     whole = tokenizer([e for e, _ in pairs], text_target=[f for _, f in pairs], return_tensors="pt", padding=True)
     whole["labels"][whole["labels"] == tokenizer.pad_token_id] = -100
-    for _ in range(steps):
-        idx = torch.randint(0, len(pairs), (32,), generator=g)
-        loss = model(**{k: v[idx] for k, v in whole.items()}).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    with single_thread():
+        for _ in range(steps):
+            idx = torch.randint(0, len(pairs), (32,), generator=g)
+            loss = model(**{k: v[idx] for k, v in whole.items()}).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     model.eval()

@@ -15,12 +15,14 @@ ENGINES = ["tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "transformers"]
 
 
 @pytest.mark.slow
-def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_path):
+@pytest.mark.parametrize(("shape", "engines"), [("tiny", ENGINES), ("tiny-m2m100", ["tk-fp32", "ct2-fp32", "transformers"])])
+def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_path, shape, engines):
+    """Marian (opus-mt's architecture) and M2M100 (NLLB's), each converted by CTranslate2's own converter."""
     from toolkit.bench import scale
 
     rows = (scale.Row("greedy, batches of 3", 6, 3, 1), scale.Row("beam 4, batches of 2", 4, 2, 4),
             scale.Row("one per call", 2, 1, 1, per_call=True))
-    steps, runs = scale.bench_scale("tiny", tmp_path / "work", ENGINES, tokens=TOKENS, threads=1, repeat=1, rows=rows,
+    steps, runs = scale.bench_scale(shape, tmp_path / "work", engines, tokens=TOKENS, threads=1, repeat=1, rows=rows,
                                     echo=lambda m: None)
     assert [r.engine for r in runs if r.error] == []
     by = {r.engine: r for r in runs}
@@ -31,7 +33,7 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
         assert by["tk-fp32"].outputs[row.name] == by["transformers"].outputs[row.name], row.name
     # The preparation's cost is reported, and a second run reuses what the first one built.
     assert {"tk export hf:DIR", "CTranslate2 TransformersConverter"} <= set(steps)
-    again, _ = scale.bench_scale("tiny", tmp_path / "work", ["tk-fp32"], tokens=TOKENS, threads=1, repeat=1, rows=rows[:1],
+    again, _ = scale.bench_scale(shape, tmp_path / "work", ["tk-fp32"], tokens=TOKENS, threads=1, repeat=1, rows=rows[:1],
                                  echo=lambda m: None)
     assert again and {k: v.seconds for k, v in again.items()} == {k: steps[k].seconds for k in again}
 

@@ -21,7 +21,7 @@ import sentencepiece as spm
 import torch
 from conftest import built_once
 from helpers import check_int8_and_openvino, one_line_error
-from hf_marian_fixture import fra_eng_lines
+from hf_marian_fixture import fra_eng_lines, single_thread
 from verify.test_localize import _edit_decoder
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
@@ -68,12 +68,8 @@ def t5_directory(path: Path, pairs: list[tuple[str, str]], *, mt5: bool, steps: 
     else:
         model = T5ForConditionalGeneration(T5Config(**sizes, feed_forward_proj="relu"))
     sources = [e if mt5 else PREFIX + e for e, _ in pairs]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads only contend on a shared machine (10x slower measured)
-    try:
+    with single_thread():
         _train(model, tokenizer, sources, [f for _, f in pairs], steps, seed)
-    finally:
-        torch.set_num_threads(threads)
     model.generation_config.max_length = 24
     model.generation_config.num_beams = 4
     model.save_pretrained(path)

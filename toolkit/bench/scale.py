@@ -129,7 +129,7 @@ def sources(n: int, length: int, vocab: int, end: int, pad: int, seed: int = 0) 
     import random
 
     rng = random.Random(seed)
-    ordinary = [t for t in range(min(vocab, 4096)) if t not in (end, pad)]
+    ordinary = [t for t in range(4, min(vocab, 4096)) if t not in (end, pad)]  # no control token of either vocabulary
     return [[rng.choice(ordinary) for _ in range(length)] + [end] for _ in range(n)]
 
 

@@ -1,6 +1,6 @@
 """The models `tk bench --scale` builds from config, with random weights and no download: a Hugging Face directory as
-`save_pretrained` writes it (model.safetensors, config, generation config, MarianTokenizer files), so each engine
-imports it with its own tool (`tk export hf:`, CTranslate2's converter, Optimum's exporter, transformers).
+`save_pretrained` writes it (model.safetensors, config, generation config, and MarianTokenizer's or M2M100Tokenizer's
+files), so each engine imports it with its own tool (`tk export hf:`, CTranslate2's converter, Optimum's exporter, transformers).
 
 Run as a script of its own (`python -m toolkit.bench.scale_model SHAPE DIR`) so its peak memory is measured apart.
 The generation config forbids the end token (bad_words_ids): a random model then never stops early in any engine,
@@ -19,22 +19,25 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Shape:
-    """A MarianMTModel shape: what the bench's table calls it and the config that builds it."""
+    """A MarianMTModel or M2M100 (NLLB-200's architecture) shape: what the bench's table calls it and its config."""
 
     name: str
     d_model: int
     layers: int  # encoder and decoder layers each
     heads: int
     ffn: int
-    vocab: int  # shared and tied, <pad> last (as opus-mt's: CTranslate2's converter drops it)
+    vocab: int  # shared and tied (Marian: <pad> last, as opus-mt's: CTranslate2's converter drops it)
     positions: int = 512
     init_std: float = 0.02
+    arch: str = "marian"  # or "m2m100": pre-LN with final layer norms, relu, no final_logits_bias
 
     def parameters(self) -> int:
         """Weights, the tied embedding counted once (positions are sinusoids, not weights)."""
         d, f = self.d_model, self.ffn
         enc = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
         dec = 8 * d * d + 8 * d + 2 * d * f + f + d + 6 * d
+        if self.arch == "m2m100":  # the two stacks' final layer norms; no final_logits_bias
+            return self.vocab * d + self.layers * (enc + dec) + 4 * d
         return self.vocab * d + self.layers * (enc + dec) + self.vocab
 
 
@@ -44,7 +47,17 @@ SHAPES = {
     # The harness's smoke test (tests/bench/test_scale_bench.py): the same code path in seconds. Larger initial weights
     # than a trained model's: wide gaps between the best tokens, so float rounding never picks another one.
     "tiny": Shape("tiny", d_model=32, layers=2, heads=4, ffn=64, vocab=400, positions=64, init_std=0.2),
+    # facebook/nllb-200-distilled-600M's config (M2M100 architecture): 615M weights, 2.5 GB in fp32.
+    "nllb-600m": Shape("nllb-600m", d_model=1024, layers=12, heads=16, ffn=4096, vocab=256206, positions=1024, arch="m2m100"),
+    # facebook/nllb-200-distilled-1.3B's: 1.37B weights, 5.5 GB in fp32 (beyond protobuf's 2 GB: external data).
+    "nllb-1.3b": Shape("nllb-1.3b", d_model=1024, layers=24, heads=16, ffn=8192, vocab=256206, positions=1024, arch="m2m100"),
+    # The M2M100 path's smoke test.
+    "tiny-m2m100": Shape("tiny-m2m100", d_model=32, layers=2, heads=4, ffn=64, vocab=400, positions=64, init_std=0.2,
+                         arch="m2m100"),
 }
+
+# M2M100Tokenizer's tokens after vocab.json: 100 language codes, then 8 made-up words (its num_madeup_words).
+M2M100_AFTER_VOCAB = 100 + 8
 
 _WORDS = ("the a house cat dog runs walks sees big small red green blue today tomorrow yesterday we you they "
           "she he it is are was were will would could should have has had do does did not never always often "
@@ -89,6 +102,8 @@ def build(shape: Shape, out: Path, seed: int = 0, forced_end: bool = False) -> P
     """Writes the Hugging Face directory of `shape` into `out` (created; must not exist yet); returns `out`.
     `forced_end`: the end token forced at the length limit, as opus-mt's config does (off for the bench: each engine
     then decodes exactly the tokens asked, and no step more)."""
+    if shape.arch == "m2m100":
+        return _build_m2m100(shape, out, seed)
     import torch
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
@@ -113,6 +128,47 @@ def build(shape: Shape, out: Path, seed: int = 0, forced_end: bool = False) -> P
     gen.max_length, gen.num_beams = shape.positions, 4  # opus-mt's max_length: 512
     gen.forced_eos_token_id = end if forced_end else None
     gen.bad_words_ids = [[pad], [end]]  # <pad> as opus-mt; the end token: fixed work (module docstring)
+    model.save_pretrained(out)
+    return out
+
+
+def _build_m2m100(shape: Shape, out: Path, seed: int) -> Path:
+    """An NLLB-shaped M2M100ForConditionalGeneration with M2M100Tokenizer's files (vocab.json filled to the shape's
+    vocabulary, the language codes and made-up words after it). No language is forced first: every step of the bench is
+    an ordinary decoder step, as in a real NLLB after its first."""
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    out.mkdir(parents=True)
+    proto = _sentencepiece()
+    (out / "sentencepiece.bpe.model").write_bytes(proto)
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    while len(vocab) < shape.vocab - M2M100_AFTER_VOCAB:
+        vocab[f"▁w{len(vocab)}"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tokenizer = M2M100Tokenizer(str(out / "vocab.json"), str(out / "sentencepiece.bpe.model"), src_lang="en", tgt_lang="fr")
+    tokenizer.save_pretrained(out)
+    # The language codes listed as the Hub's M2M100 repositories list them: CTranslate2's converter reads them there
+    # (transformers 5 writes none, and the conversion then lacks 100 tokens of the model's vocabulary).
+    settings = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    settings["additional_special_tokens"] = list(tokenizer.lang_code_to_token.values())
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    pad, end = 1, 2
+    config = M2M100Config(vocab_size=shape.vocab, d_model=shape.d_model, encoder_layers=shape.layers, decoder_layers=shape.layers,
+                          encoder_attention_heads=shape.heads, decoder_attention_heads=shape.heads, encoder_ffn_dim=shape.ffn,
+                          decoder_ffn_dim=shape.ffn, activation_function="relu", scale_embedding=True,
+                          max_position_embeddings=shape.positions, pad_token_id=pad, bos_token_id=0, eos_token_id=end,
+                          decoder_start_token_id=end, init_std=shape.init_std, dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    gen = model.generation_config
+    gen.max_length, gen.num_beams, gen.forced_bos_token_id = shape.positions, 4, None
+    gen.bad_words_ids = [[end]]  # fixed work (module docstring)
     model.save_pretrained(out)
     return out
 

@@ -7,13 +7,14 @@ Protocol: one JSON object a line. First line in: {"engine", "model", "threads", 
 "outputs": [[ids]]}. A closed stdin ends it. Everything libraries print goes to stderr.
 
 Engines: tk-fp32 and tk-int8 (tk's runtime, its decoding loop: imports toolkit), ct2-fp32 and ct2-int8 (CTranslate2's
-translate_batch over its own conversion), transformers (MarianMTModel.generate) and optimum (ORTModelForSeq2SeqLM from
+translate_batch over its own conversion), transformers (AutoModelForSeq2SeqLM's generate: Marian or M2M100) and optimum (ORTModelForSeq2SeqLM from
 Optimum's own exporter, at its defaults). Only tk's engines import tk, so the peers run under any Python that has them
 (--peer-python). Each is told to decode exactly `tokens` tokens per sentence; the model forbids its end token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -35,7 +36,10 @@ class _Tk:
     def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
         from toolkit.core.batching import DecodeOptions, decode_ids
 
-        opts = DecodeOptions(beam=beam, batch_size=batch, max_len=self.tokens, streams=1, rules=self.m.rules())
+        # No language forced first, as the peers decode the bench's model (its generation config forces none; tk's
+        # default would force the tokenizer's tgt_lang), so every engine takes the same steps.
+        rules = dataclasses.replace(self.m.rules(), forced_first=None)
+        opts = DecodeOptions(beam=beam, batch_size=batch, max_len=self.tokens, streams=1, rules=rules)
         return [h[0].tokens for h in decode_ids(self.backend, src, opts)]
 
 
@@ -70,9 +74,9 @@ class _Generate:
         self.torch = torch
         if engine == "transformers":
             import transformers
-            from transformers import MarianMTModel
+            from transformers import AutoModelForSeq2SeqLM
 
-            self.model = MarianMTModel.from_pretrained(model).eval()
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(model).eval()
             self.version = f"transformers {transformers.__version__}"
         else:
             import onnxruntime

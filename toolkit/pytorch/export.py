@@ -146,9 +146,17 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: in
         del node.metadata_props[:]
         node.doc_string = ""
     name_dims(model, spec)
-    onnx.save_model(model, path)
+    # Weights go beside the graph (share_weights then moves them into weights.bin): one protobuf message cannot hold
+    # 2 GB, and an NLLB-1.3B-shaped decoder holds 3.5 GB.
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=staged_weights(path),
+                    size_threshold=1024)
     onnx.checker.check_model(str(path), full_check=True)
     onnx.shape_inference.infer_shapes_path(str(path), check_type=True, strict_mode=True)
+
+
+def staged_weights(path: Path) -> str:
+    """The file a freshly exported graph's weights are written to, until share_weights moves them into weights.bin."""
+    return f"{path.name}.data"
 
 
 def forget_traced_shapes(model) -> None:
@@ -467,6 +475,7 @@ def share_weights(tmp: Path, graphs: dict) -> None:
                 for k, v in (("location", WEIGHTS), ("offset", str(start)), ("length", str(length))):
                     init.external_data.add(key=k, value=v)
             onnx.save_model(model, path)
+            (tmp / staged_weights(path)).unlink(missing_ok=True)
             g["sha256"], g["bytes"] = manifest.file_sha256(path), path.stat().st_size
     if not offsets:  # nothing large enough to share (the kernel regression has one scalar)
         (tmp / WEIGHTS).unlink()

@@ -24,7 +24,7 @@ from toolkit.core.variants import NAMES
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
 # toolkit.bench.scale's names, kept here so that `tk --help` imports no bench module (a test keeps them equal).
-SCALE_SHAPES = ("opus-mt", "tiny")
+SCALE_SHAPES = ("opus-mt", "tiny", "nllb-600m", "nllb-1.3b", "tiny-m2m100")
 SCALE_ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers")
 
 
