@@ -218,6 +218,7 @@ def test_export_with_a_pair_applies_its_prefix_and_an_unknown_pair_is_one_line(c
     assert "no task prefix for fr to en" in error and "en-de, en-fr" in error
     error = one_line_error(cli("export", f"hf:{hf}", "--out", tmp_path / "xx", "--source-lang", "en", "--target-lang", "ro"), 2)
     assert "no task prefix for en to ro" in error and "en-de, en-fr" in error
+    assert not (tmp_path / "xx").exists()  # refused before any export work: nothing written
 
 
 @pytest.mark.transformers_lines

@@ -27,6 +27,7 @@ class ExportOptions:
     attention: bool = False  # on an exported directory: record the attention variant's declaration
     force: bool = False
     command: str = ""
+    languages: tuple[str, str] | None = None  # --source-lang/--target-lang: checked against an import before it exports
 
 
 def wanted_variants(opts: ExportOptions) -> list[str]:

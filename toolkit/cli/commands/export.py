@@ -86,7 +86,8 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         raise UsageError("missing --out: say which model directory to write, e.g. --out exported/transformer")
     opts = ExportOptions(out=out or Path(source), checkpoint=None if random_init else source, model=source if random_init else None,
                          random_init=random_init, seed=seed, opset=opset, fp16=fp16, optimize=optimize,
-                         quantize=None if keep_fp32 else quantize, attention=attention, force=force, command=command_line())
+                         quantize=None if keep_fp32 else quantize, attention=attention, force=force, command=command_line(),
+                         languages=pair)
     start = time.time()
     if is_model_dir:
         if out is not None and out.resolve() != Path(source).resolve():
@@ -144,15 +145,11 @@ def _pair(source_lang: str | None, target_lang: str | None) -> tuple[str, str] |
 
 
 def _state_languages(path: Path, source_lang: str, target_lang: str) -> None:
-    """Records the pair in the directory's declaration: a multilingual model's codes are its own (en -> __en__'s code),
-    checked against what it knows; a one-pair model's are taken as stated."""
+    """Records the pair in the directory's declaration (toolkit.core.manifest.with_languages: a multilingual model's
+    codes are its own, checked against what it knows; a one-pair model's are taken as stated)."""
     from toolkit.core import manifest
-    from toolkit.core.tokenizers import language_id
 
-    declared = manifest.load(path).declared().tokenizer
-    if declared.languages is not None:
-        source_lang, target_lang = language_id(declared, source_lang, "source"), language_id(declared, target_lang, "target")
-    manifest.state_languages(path, source_lang, target_lang)
+    source_lang, target_lang = manifest.state_languages(path, source_lang, target_lang)
     click.echo(f"{path} translates {source_lang} to {target_lang} (recorded in its manifest)", err=True)
 
 
