@@ -157,6 +157,8 @@ def _build_m2m100(shape: Shape, out: Path, seed: int) -> Path:
     # (transformers 5 writes none, and the conversion then lacks 100 tokens of the model's vocabulary).
     settings = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     settings["additional_special_tokens"] = list(tokenizer.lang_code_to_token.values())
+    if settings.get("extra_special_tokens") == []:  # transformers 4 (Optimum's) cannot read the empty list 5 writes
+        del settings["extra_special_tokens"]
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
     pad, end = 1, 2
     config = M2M100Config(vocab_size=shape.vocab, d_model=shape.d_model, encoder_layers=shape.layers, decoder_layers=shape.layers,

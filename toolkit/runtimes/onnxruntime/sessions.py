@@ -104,10 +104,14 @@ def helper_session(graph: bytes, like: ort.InferenceSession, threads: int | None
     return _new(graph, session_options(threads=threads, spin=spin), like.get_providers())
 
 
-def save_optimized(src: Path, dst: Path, level: str) -> None:
-    """Saves the graph as ONNX Runtime's CPU provider would run it after `level` optimisations."""
+def save_optimized(src: Path, dst: Path, level: str, weights_file: str | None = None) -> None:
+    """Saves the graph as ONNX Runtime's CPU provider would run it after `level` optimisations; with `weights_file`,
+    its weights go to that file beside `dst` (past protobuf's 2 GB)."""
     so = session_options(level)
     so.optimized_model_filepath = str(dst)
+    if weights_file is not None:
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", weights_file)
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     _new(src, so, [PROVIDERS["cpu"]], CPU_DISABLED_OPTIMIZERS)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from toolkit.core.errors import ToolkitError, first_line
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN, export_flag, get
+from toolkit.runtimes.onnxruntime import graph_files
 from toolkit.runtimes.onnxruntime.sessions import save_optimized
 
 
@@ -31,7 +32,7 @@ def _fp16(src: Path, dst: Path) -> None:
 
 
 def _fused(src: Path, dst: Path) -> Path:
-    """The graph with its attention fused (attention_fusion.py), beside `dst`; the caller removes it."""
+    """The graph with its attention fused (attention_fusion.py), beside `dst`; the caller removes it (graph_files.remove)."""
     from toolkit.runtimes.onnxruntime.attention_fusion import fuse
 
     fused = dst.with_name(dst.name + ".fused.onnx")
@@ -39,13 +40,18 @@ def _fused(src: Path, dst: Path) -> Path:
     return fused
 
 
-def _fused_and_optimized(src: Path, dst: Path, level: str) -> None:
-    """The graph with its attention fused, then ONNX Runtime's `level` optimisations applied, written to `dst`."""
+def _fused_and_optimized(src: Path, dst: Path, level: str, weights_beside: bool = False) -> None:
+    """The graph with its attention fused, then ONNX Runtime's `level` optimisations applied, written to `dst`
+    (self-contained, or with its weights in DST.data: an intermediate graph of any size)."""
     fused = _fused(src, dst)
     try:
-        save_optimized(fused, dst, level)
+        # ONNX Runtime writes every weight it did not change as a reference into the fused graph's own weights file,
+        # which goes with it below: all of them are written beside dst, then read into it where one file is wanted.
+        save_optimized(fused, dst, level, graph_files.beside(dst).name)
     finally:
-        fused.unlink(missing_ok=True)
+        graph_files.remove(fused)
+    if not weights_beside:
+        graph_files.inline(dst)
 
 
 def _optimized(src: Path, dst: Path) -> None:
@@ -92,7 +98,7 @@ def int8_graph(src: Path, dst: Path, keep_fp32: Sequence[str] = (), only: Sequen
     finally:
         root.setLevel(level)
         if not given:
-            folded.unlink(missing_ok=True)
+            graph_files.remove(folded)
 
 
 def float_lookups(graph: Path) -> list[str]:
@@ -118,16 +124,17 @@ def float_lookups(graph: Path) -> list[str]:
 
 
 def fold_for_int8(src: Path, folded: Path) -> Path:
-    """The graph the quantiser reads: attention fused, transposed weights constant-folded (see int8_graph)."""
+    """The graph the quantiser reads: attention fused, transposed weights constant-folded (see int8_graph), its
+    weights beside it (graph_files: the caller removes both)."""
     import onnx
 
-    _fused_and_optimized(src, folded, "basic")
+    _fused_and_optimized(src, folded, "basic", weights_beside=True)
     # The folded graph keeps shape annotations the folding made stale (the GRU decoder's output
     # projection), which the quantiser's own shape inference rejects; they are only hints.
     model = onnx.load(folded)
     del model.graph.value_info[:]
     untie_lookups(model)
-    onnx.save_model(model, folded)
+    graph_files.save_beside(model, folded)
     return folded
 
 
@@ -224,7 +231,7 @@ def builder_digest() -> str:
     import zlib
 
     parts = []
-    for name in ("variants.py", "sessions.py", "attention_fusion.py"):  # read, not imported: onnx loads slowly
+    for name in ("variants.py", "sessions.py", "attention_fusion.py", "graph_files.py"):  # read, not imported: onnx loads slowly
         data = Path(__file__).with_name(name).read_bytes()
         parts.append(f"{zlib.crc32(data):08x}{len(data):x}")
     return "-".join(parts)
