@@ -262,3 +262,15 @@ def test_the_torch_backend_is_reached_through_runtimes_load_and_needs_its_side_i
     said, imported = done.stdout.splitlines()
     assert said == "the torch backend is not loaded; import toolkit.pytorch.torch_backend first (it needs the torch extra)"
     assert imported == "[]"
+
+
+@pytest.mark.parametrize("name", ["seq2seq", "masked_softmax", "dot_attention", "additive_attention",
+                                  "multihead_attention", "nw"])
+def test_openvino_and_int8_verify_tks_gru_and_attention_modules(cli, random_export, name):
+    """docs/models.md's OpenVINO and int8 cells for tk's GRU seq2seq and the attention modules: verify passes on
+    OpenVINO's CPU plugin, and on ONNX Runtime with the int8 graphs (built in memory, held to int8's tolerances)."""
+    directory = random_export(name)
+    result = cli("verify", directory, "--runtime", "openvino", "--sentences", 4)
+    assert result.exit_code == 0, result.output
+    result = cli("verify", directory, "--variant", "int8", "--sentences", 4)
+    assert result.exit_code == 0, result.output

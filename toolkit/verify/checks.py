@@ -192,7 +192,7 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
     if not wanted and report.reference_kind != "graphs":
         return
     try:
-        report.weights_sha256 = ckpt_mod.weights_sha256(model if report.reference_kind == "graphs" else graphs_like(m, model))
+        report.weights_sha256 = ckpt_mod.weights_sha256(model) if report.reference_kind == "graphs" else graphs_digest(m, model)
     except UsageError as e:
         report.rows.append(Row("weights", "all", "fp32", "-", "-", "weights_sha256", ok=False, detail=str(e)))
         return
@@ -203,8 +203,9 @@ def check_weights(report: Report, m, entry, cfg, model, checkpoint_path, expect_
         echo(f"weights digest {'matches' if ok else 'DOES NOT match'} the {what}: {report.weights_sha256}")
 
 
-def graphs_like(m, reference):
-    """A copy of the reference model holding the weights the exported graphs hold, for the weights digest.
+def graphs_digest(m, reference) -> str:
+    """The weights digest of the reference model holding the weights the exported graphs hold (weights_sha256 of such
+    a model, computed without building it: the graphs' weights are mapped from their file, not copied).
 
     The exporter stores identical tensors once: the zero biases and unit LayerNorm weights of an untrained model, say,
     become one initializer named after the first of them, and the others are in no graph under their own names. Such
@@ -215,15 +216,15 @@ def graphs_like(m, reference):
     """
     import torch
 
-    from toolkit.pytorch.reference import copy_model, graph_parameters, resolve_parameters
+    from toolkit.pytorch.checkpoint import state_dict_sha256
+    from toolkit.pytorch.reference import graph_parameters, resolve_parameters
 
-    model = copy_model(reference)
     found = graph_parameters(m.directory, [g.file for g in m.graphs.values()])
-    state, missing = resolve_parameters(model, found)
+    state, missing = resolve_parameters(reference, found)
     by_shape: dict[tuple, list] = {}
     for tensor in state.values():  # the model's own parameters only: the exporter names a merged tensor after one
         by_shape.setdefault((tuple(tensor.shape), tensor.dtype), []).append(tensor)
-    own = model.state_dict()
+    own = reference.state_dict()
     for name in missing:
         want = own[name]
         twin = next((t for t in by_shape.get((tuple(want.shape), want.dtype), []) if torch.equal(t, want)), None)
@@ -231,5 +232,9 @@ def graphs_like(m, reference):
             raise UsageError(f"parameter {name} of the reference is in no graph of {m.directory}, under its own name or "
                              "merged with an identical tensor: the graphs' weights differ from the reference's")
         state[name] = twin
-    model.load_state_dict(state)
-    return model
+    for name, tensor in state.items():  # as load_state_dict would take them: the reference's dtype and shape
+        if tensor.shape != own[name].shape:
+            raise UsageError(f"parameter {name} has shape {tuple(tensor.shape)} in the graphs of {m.directory}, "
+                             f"{tuple(own[name].shape)} in the reference: the graphs' weights differ from the reference's")
+        state[name] = tensor.to(own[name].dtype)
+    return state_dict_sha256(state)
