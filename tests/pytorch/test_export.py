@@ -241,18 +241,3 @@ def test_each_graph_gets_a_node_map_of_where_its_nodes_came_from(random_export):
     relus = [origin for node, origin in decoder.items() if nodes.get(node) == "Relu"]
     assert relus[0] == ["decoder_blocks.0.ffn.relu", "torch.nn.modules.activation.ReLU", "models/attention.py:152"]
     m.check_files()
-
-
-def test_large_weights_start_on_a_page_so_onnx_runtime_can_map_them(tiny_export):
-    """ONNX Runtime maps an external initializer from the file only when its offset is page-aligned (4 KiB); the
-    encoder's and decoder's sessions then share the tied embedding's pages instead of each reading a copy."""
-    from toolkit.pytorch.export import PAGE, PAGE_ALIGNED_FROM
-
-    m = manifest.load(tiny_export)
-    large = []
-    for g in m.graphs.values():
-        for init in onnx.load(m.directory / g.file, load_external_data=False).graph.initializer:
-            info = {e.key: int(e.value) for e in init.external_data if e.key in ("offset", "length")}
-            if info.get("length", 0) >= PAGE_ALIGNED_FROM:
-                large.append((init.name, info["offset"]))
-    assert large and all(offset % PAGE == 0 for _, offset in large), large

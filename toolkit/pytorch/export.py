@@ -435,8 +435,6 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
 
 
 WEIGHTS = "weights.bin"
-PAGE = 4096  # the allocation granularity ONNX Runtime needs to map an external initializer (Linux, macOS)
-PAGE_ALIGNED_FROM = 64 * 1024
 
 DATA_LICENSE = """# Training data
 
@@ -468,11 +466,7 @@ def share_weights(tmp: Path, graphs: dict) -> None:
                 key = (init.name, hashlib.sha256(raw).digest())
                 if key not in offsets:
                     blob.seek(0, os.SEEK_END)
-                    # Large tensors start on a page: ONNX Runtime maps a page-aligned external initializer from the
-                    # file instead of reading it into memory (the encoder's and decoder's sessions then share the tied
-                    # embedding's pages); small ones on 64 bytes, so padding stays small.
-                    align = PAGE if len(raw) >= PAGE_ALIGNED_FROM else 64
-                    start = blob.tell() + (-blob.tell() % align)
+                    start = blob.tell() + (-blob.tell() % 64)  # aligned, so the runtime can map it directly
                     blob.seek(start)
                     blob.write(raw)
                     offsets[key] = (start, len(raw))
