@@ -264,6 +264,7 @@ def test_the_torch_backend_is_reached_through_runtimes_load_and_needs_its_side_i
     assert imported == "[]"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["seq2seq", "masked_softmax", "dot_attention", "additive_attention",
                                   "multihead_attention", "nw"])
 def test_openvino_and_int8_verify_tks_gru_and_attention_modules(cli, random_export, name):
