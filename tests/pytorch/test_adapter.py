@@ -151,5 +151,5 @@ def test_int8_verifies_and_openvino_translates_as_onnx_runtime(cli, target, expo
     args = ("translate", "--model", directory, "--variant", "fp32", "I'm home.", "Where is the station?", "He's calm.")
     openvino, onnxruntime = cli(*args, "--runtime", "openvino"), cli(*args)
     assert openvino.exit_code == 0 and onnxruntime.exit_code == 0, openvino.output + onnxruntime.output
-    lines = [line for line in openvino.stdout.splitlines() if line]
-    assert lines == [line for line in onnxruntime.stdout.splitlines() if line] and len(lines) == 3
+    # One line per input (a briefly trained model may translate one to nothing): the same on both runtimes.
+    assert openvino.stdout.splitlines() == onnxruntime.stdout.splitlines() and len(onnxruntime.stdout.splitlines()) == 3
