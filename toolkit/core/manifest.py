@@ -642,39 +642,6 @@ def updating(directory: str | Path) -> Iterator[Manifest]:
         m.save()
 
 
-def with_languages(declaration: dict, source: str, target: str, where: str) -> dict:
-    """The declaration `declaration` stating the pair a one-pair model translates, or a multilingual model's default
-    pair (its own codes: en -> __en__'s), checked: an unknown code, or a T5 pair without a task prefix, is one line.
-    The one place a pair is stated: `tk export --source-lang/--target-lang` checks it with this before any export work
-    and records it with state_languages."""
-    from toolkit.core.tokenizers import language_id
-
-    declaration = dict(declaration or Declaration().to_dict())
-    tokenizer = dict(declaration.get("tokenizer", {}))
-    codes, decoding = tokenizer.get("languages"), declaration.get("decoding", {})
-    if isinstance(codes, dict):
-        declared = Declaration.from_dict(declaration, where).tokenizer
-        source, target = language_id(declared, source, "source"), language_id(declared, target, "target")
-    tokenizer.update(source_lang=source, target_lang=target)
-    if isinstance(codes, dict) and target in codes and decoding.get("forced_first") is not None:
-        # A multilingual model's new default target is the token forced first: left as it was, the recorded pair
-        # would tokenize the new source and still translate into the old target. (A model that forces none, whose
-        # start token is its target's, gets it from toolkit.core.tokenizers.choose_languages each time.)
-        declaration["decoding"] = {**decoding, "forced_first": codes[target]}
-    Declaration.from_dict({**declaration, "tokenizer": tokenizer}, where)  # checked (a T5's task prefix for the pair)
-    return {**declaration, "tokenizer": tokenizer}
-
-
-def state_languages(directory: str | Path, source: str, target: str) -> tuple[str, str]:
-    """Records the pair (with_languages) in the directory's declaration: tk serve routes requests by it and
-    --source-lang checks it. Returns the pair in the model's own codes."""
-    with updating(directory) as m:
-        m.declaration = with_languages(m.declaration, source, target, str(Path(directory) / NAME))
-        m.__dict__.pop("_declared", None)
-        tokenizer = m.declaration["tokenizer"]
-        return tokenizer["source_lang"], tokenizer["target_lang"]
-
-
 def record_metric(directory: str | Path, name: str, variant: str, result: dict) -> None:
     """Stores a measured result (`tk evaluate --record`) under `name`, or `name_VARIANT` for a variant other than fp32."""
     with updating(directory) as m:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import sentencepiece as spm
 
-from toolkit.core.declaration import TokenizerDeclaration
+from toolkit.core.declaration import Declaration, TokenizerDeclaration
 from toolkit.core.errors import UsageError, first_line
 from toolkit.core.tokenizer import Tokenizer
 
@@ -424,3 +424,36 @@ class T5SourceTokenizer:
             return [self.tok.decode([i for i in seq if i not in self.special], skip_special_tokens=True).strip() for seq in ids]
         # ids past the SentencePiece model are the sentinels T5Tokenizer adds after it
         return [self.spm.decode([i for i in seq if i not in self.special and 0 <= i < self.size]).strip() for seq in ids]
+
+
+def declaration_stating(declaration: dict, source: str, target: str, where: str) -> dict:
+    """The declaration `declaration` stating the pair a one-pair model translates, or a multilingual model's default
+    pair (its own codes: en -> __en__'s), checked: an unknown code, or a T5 pair without a task prefix, is one line.
+    The one place a pair is stated: `tk export --source-lang/--target-lang` checks it with this before any export work
+    and records it with state_languages."""
+    declaration = dict(declaration or Declaration().to_dict())
+    tokenizer = dict(declaration.get("tokenizer", {}))
+    codes, decoding = tokenizer.get("languages"), declaration.get("decoding", {})
+    if isinstance(codes, dict):
+        declared = Declaration.from_dict(declaration, where).tokenizer
+        source, target = language_id(declared, source, "source"), language_id(declared, target, "target")
+    tokenizer.update(source_lang=source, target_lang=target)
+    if isinstance(codes, dict) and target in codes and decoding.get("forced_first") is not None:
+        # A multilingual model's new default target is the token forced first: left as it was, the recorded pair
+        # would tokenize the new source and still translate into the old target. (A model that forces none, whose
+        # start token is its target's, gets it from toolkit.core.tokenizers.choose_languages each time.)
+        declaration["decoding"] = {**decoding, "forced_first": codes[target]}
+    Declaration.from_dict({**declaration, "tokenizer": tokenizer}, where)  # checked (a T5's task prefix for the pair)
+    return {**declaration, "tokenizer": tokenizer}
+
+
+def state_languages(directory: str | Path, source: str, target: str) -> tuple[str, str]:
+    """Records the pair (declaration_stating) in the directory's declaration: tk serve routes requests by it and
+    --source-lang checks it. Returns the pair in the model's own codes."""
+    from toolkit.core.manifest import NAME, updating
+
+    with updating(directory) as m:
+        m.declaration = declaration_stating(m.declaration, source, target, str(Path(directory) / NAME))
+        m.__dict__.pop("_declared", None)
+        tokenizer = m.declaration["tokenizer"]
+        return tokenizer["source_lang"], tokenizer["target_lang"]

@@ -334,9 +334,11 @@ def export(opts: ExportOptions, echo=print) -> Path:
         raise UsageError(f"--opset {opts.opset} is too old; the dynamo exporter needs opset 18 or newer")
     entry, cfg, model, ckpt = load_model(opts)
     if opts.languages and ckpt is not None and "hf" in ckpt:  # a pair the import cannot state: refused before minutes of export
+        from toolkit.core.tokenizers import declaration_stating
+
         source = ckpt["hf"]
         declaration = Declaration(source.rules, source.tokenizer, origin="hf", placeholders=False).to_dict()
-        manifest.with_languages(declaration, *opts.languages, where=str(source.directory))
+        declaration_stating(declaration, *opts.languages, where=str(source.directory))
     with output.writing(target) as tmp:
         data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
         manifest.write(tmp, data)

@@ -145,11 +145,11 @@ def _pair(source_lang: str | None, target_lang: str | None) -> tuple[str, str] |
 
 
 def _state_languages(path: Path, source_lang: str, target_lang: str) -> None:
-    """Records the pair in the directory's declaration (toolkit.core.manifest.with_languages: a multilingual model's
-    codes are its own, checked against what it knows; a one-pair model's are taken as stated)."""
-    from toolkit.core import manifest
+    """Records the pair in the directory's declaration (toolkit.core.tokenizers.declaration_stating: a multilingual
+    model's codes are its own, checked against what it knows; a one-pair model's are taken as stated)."""
+    from toolkit.core.tokenizers import state_languages
 
-    source_lang, target_lang = manifest.state_languages(path, source_lang, target_lang)
+    source_lang, target_lang = state_languages(path, source_lang, target_lang)
     click.echo(f"{path} translates {source_lang} to {target_lang} (recorded in its manifest)", err=True)
 
 
