@@ -82,7 +82,7 @@ def marian_directory(path: Path, pairs: list[tuple[str, str]], *, separate: bool
                           pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
                           init_std=0.1, tie_word_embeddings=not separate)
     model = MarianMTModel(config)
-    _train(model, tokenizer, pairs, steps, seed)
+    train_briefly(model, tokenizer, [e for e, _ in pairs], [f for _, f in pairs], steps, seed)
     with torch.no_grad():  # a buffer training leaves at zero: given values, so that an exporter that drops it fails
         model.final_logits_bias.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(seed))
     model.generation_config.max_length = max_length
@@ -106,18 +106,19 @@ def single_thread():
         torch.set_num_threads(threads)
 
 
-def _train(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int) -> None:
+def train_briefly(model, tokenizer, sources: list[str], targets: list[str], steps: int, seed: int) -> None:
+    """Every Hugging Face fixture's training: Adam, batches of 32 drawn from `seed`, on one thread."""
     import torch
 
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(seed)
     # Tokenized once: the tokenizer's Python side costs more than the tiny model's steps.
-    whole = tokenizer([e for e, _ in pairs], text_target=[f for _, f in pairs], return_tensors="pt", padding=True)
+    whole = tokenizer(sources, text_target=targets, return_tensors="pt", padding=True)
     whole["labels"][whole["labels"] == tokenizer.pad_token_id] = -100
     with single_thread():
         for _ in range(steps):
-            idx = torch.randint(0, len(pairs), (32,), generator=g)
+            idx = torch.randint(0, len(sources), (32,), generator=g)
             loss = model(**{k: v[idx] for k, v in whole.items()}).loss
             opt.zero_grad()
             loss.backward()

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import sentencepiece as spm
-from hf_marian_fixture import single_thread
+from hf_marian_fixture import train_briefly
 
 
 def _spm(lines: list[str], vocab_size: int) -> bytes:
@@ -62,19 +62,4 @@ def m2m100_directory(path: Path, pairs: list[tuple[str, str]], *, d_model: int =
 
 
 def train(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int) -> None:
-    import torch
-
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(seed)
-    # Tokenized once: the tokenizer's Python side costs more than the tiny model's steps.
-    whole = tokenizer([e for e, _ in pairs], text_target=[f for _, f in pairs], return_tensors="pt", padding=True)
-    whole["labels"][whole["labels"] == tokenizer.pad_token_id] = -100
-    with single_thread():
-        for _ in range(steps):
-            idx = torch.randint(0, len(pairs), (32,), generator=g)
-            loss = model(**{k: v[idx] for k, v in whole.items()}).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    model.eval()
+    train_briefly(model, tokenizer, [e for e, _ in pairs], [f for _, f in pairs], steps, seed)

@@ -21,7 +21,7 @@ import sentencepiece as spm
 import torch
 from conftest import built_once
 from helpers import check_int8_and_openvino, one_line_error
-from hf_marian_fixture import fra_eng_lines, single_thread
+from hf_marian_fixture import fra_eng_lines, train_briefly
 from verify.test_localize import _edit_decoder
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
@@ -68,27 +68,11 @@ def t5_directory(path: Path, pairs: list[tuple[str, str]], *, mt5: bool, steps: 
     else:
         model = T5ForConditionalGeneration(T5Config(**sizes, feed_forward_proj="relu"))
     sources = [e if mt5 else PREFIX + e for e, _ in pairs]
-    with single_thread():
-        _train(model, tokenizer, sources, [f for _, f in pairs], steps, seed)
+    train_briefly(model, tokenizer, sources, [f for _, f in pairs], steps, seed)
     model.generation_config.max_length = 24
     model.generation_config.num_beams = 4
     model.save_pretrained(path)
     return path
-
-
-def _train(model, tokenizer, sources: list[str], targets: list[str], steps: int, seed: int) -> None:
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(seed)
-    whole = tokenizer(sources, text_target=targets, return_tensors="pt", padding=True)
-    whole["labels"][whole["labels"] == tokenizer.pad_token_id] = -100
-    for _ in range(steps):
-        idx = torch.randint(0, len(sources), (32,), generator=g)
-        loss = model(**{k: v[idx] for k, v in whole.items()}).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
 
 
 @pytest.fixture(scope="module")
