@@ -294,3 +294,18 @@ def test_int8_and_openvino_run_an_imported_t5(cli, t5, pairs, tmp_path):
     text with the pair's task prefix: the paths docs/models.md marks measured for t5."""
     hf, out = t5
     check_int8_and_openvino(cli, hf, out, _held_out(pairs, 6), tmp_path)
+
+
+def test_float16_is_refused_in_one_line_by_every_command_that_would_make_it(cli, t5, tmp_path):
+    """A plain float16 T5 graph overflows where transformers clamps (its feed-forward outputs pass 65,504): export,
+    adding the variant, translate and verify each refuse it in one line, before any work and with nothing written."""
+    hf, out = t5
+    error = one_line_error(cli("export", f"hf:{hf}", "--out", tmp_path / "fp16", "--fp16"), 2)
+    assert "overflow float16" in error and "--quantize int8" in error
+    assert not (tmp_path / "fp16").exists()
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    assert "overflow float16" in one_line_error(cli("export", copy, "--fp16"), 2)
+    assert not list(copy.glob("*.fp16.onnx")) and "fp16" not in json.loads((copy / "manifest.json").read_text())["variants"]
+    assert "overflow float16" in one_line_error(cli("translate", "--model", copy, "--variant", "fp16", "Hello."), 2)
+    assert "overflow float16" in one_line_error(cli("verify", copy, "--variant", "fp16"), 2)

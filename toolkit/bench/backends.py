@@ -371,10 +371,13 @@ def bench_variants(m, provider: str, wanted: list[str] | None) -> list[str]:
     """fp32, the provider's fastest fp32-precision and speed variants, and every variant the directory stores for it; or `wanted`."""
     if wanted is not None:
         return list(wanted)
+    from toolkit.core.architectures import ARCHITECTURES
     from toolkit.core.variants import FAST_PLAIN, PLAIN, SPEED
 
-    # The fast variants are built from the fp32 graphs at load time when the directory does not store them.
-    return list(dict.fromkeys([PLAIN, FAST_PLAIN[provider], *m.variants_for(provider), SPEED[provider]]))
+    # The fast variants are built from the fp32 graphs at load time when the directory does not store them; a variant
+    # the architecture refuses (T5 in float16) is left out of the default set (asked for by name, it is refused).
+    refused = ARCHITECTURES[m.model].refused_variants if m.model in ARCHITECTURES else {}
+    return [v for v in dict.fromkeys([PLAIN, FAST_PLAIN[provider], *m.variants_for(provider), SPEED[provider]]) if v not in refused]
 
 
 def torch_row(provider: str) -> str:

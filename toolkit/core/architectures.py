@@ -39,6 +39,8 @@ class Architecture:
     hf_class: str | None = None  # the transformers class its reference and `generate` are (origin "hf")
     builder: str = ""  # the torch module that builds it (toolkit/pytorch/), imported only by the torch side
     paths: dict[str, str | None] = field(default_factory=dict)
+    # Variants (toolkit.core.variants) it must not run, each with the one line that refuses it; any other runs.
+    refused_variants: dict[str, str] = field(default_factory=dict)
 
     def supports(self, path: str) -> bool:
         return path in self.paths and self.paths[path] is None
@@ -59,6 +61,14 @@ class Architecture:
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def check_variant(model: str, variant: str) -> None:
+    """Refuses, in the entry's own line, a variant the model's architecture must not run (T5 in float16); a model no
+    entry declares is left to the manifest's own checks."""
+    arch = ARCHITECTURES.get(model)
+    if arch is not None and variant in arch.refused_variants:
+        raise UsageError(arch.refused_variants[variant])
 
 
 def register(arch: Architecture) -> Architecture:
@@ -155,4 +165,10 @@ register(Architecture(
     origin="hf", hf_model_types=("t5", "mt5"), hf_class="T5ForConditionalGeneration", builder="toolkit.pytorch.hf_t5",
     paths={**_ALL, "ctranslate2": _CT2_CONVERTS + "; tk does not convert an imported T5 to it yet: use --runtime "
                                                   "onnxruntime (the default) or openvino",
-           "web": "the browser site runs tk's own tokenizer and rules; translate an imported T5 with tk translate or tk serve"}))
+           "web": "the browser site runs tk's own tokenizer and rules; translate an imported T5 with tk translate or tk serve"},
+    # transformers clamps T5's hidden states when it runs in float16 because its feed-forward outputs pass float16's
+    # 65,504 (T5 v1.1, Flan-T5 and mT5 were trained in bfloat16; CTranslate2 #1074 reports the garbage): a plain
+    # float16 graph has no such clamp, so tk does not make one.
+    refused_variants={"fp16": "a T5 model's activations overflow float16 (its feed-forward outputs pass 65,504; "
+                              "transformers clamps them, an fp16 graph cannot): use the fp32 graphs, or --quantize "
+                              "int8 on CPU"}))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.convert import IntoModelDirectory, Writer, convert
-from toolkit.core import manifest, variants
+from toolkit.core import architectures, manifest, variants
 from toolkit.core.errors import UsageError
 from toolkit.runtimes.onnxruntime.variants import build
 
@@ -58,6 +58,8 @@ def variants_writer(opts: ExportOptions, attention: dict | None) -> Writer:
         if not wanted and not opts.attention:
             flags = ", ".join(variants.CATALOGUE[v].export_flag for v in variants.BUILT)
             raise UsageError(f"{m.directory} is already exported; to add graphs to it pass {flags} or --attention")
+        for variant in wanted:
+            architectures.check_variant(m.model, variant)
 
     def write(m: manifest.Manifest, tmp: Path, echo) -> dict[str, dict]:
         graphs = {name: {"file": g.file} for name, g in m.graphs.items()}

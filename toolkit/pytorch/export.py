@@ -25,7 +25,7 @@ import onnx.numpy_helper
 import torch
 
 from toolkit.convert import output
-from toolkit.core import manifest, variants
+from toolkit.core import architectures, manifest, variants
 from toolkit.core.data import CORPUS_SHA256
 from toolkit.core.declaration import Declaration
 from toolkit.core.errors import ToolkitError, UsageError, first_line, path_problem
@@ -333,6 +333,8 @@ def export(opts: ExportOptions, echo=print) -> Path:
     if opts.opset < 18:
         raise UsageError(f"--opset {opts.opset} is too old; the dynamo exporter needs opset 18 or newer")
     entry, cfg, model, ckpt = load_model(opts)
+    for variant in wanted_variants(opts):  # before minutes of export: a variant this architecture must not run
+        architectures.check_variant(entry.name, variant)
     if opts.languages and ckpt is not None and "hf" in ckpt:  # a pair the import cannot state: refused before minutes of export
         from toolkit.core.tokenizers import declaration_stating
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from toolkit.core import architectures
 from toolkit.core.errors import ToolkitError, first_line
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN, export_flag, get
@@ -210,6 +211,7 @@ def _built(src: str, digest: str, variant: str) -> bytes:
 def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, float]:
     """The variant's graph as stored in the directory (a path), else built in memory (bytes);
     with the seconds spent building it (0 when stored)."""
+    architectures.check_variant(m.model, variant)
     if variant == PLAIN or variant in m.stored:
         return m.graph_path(graph, variant), 0.0
     get(variant)
