@@ -1,0 +1,66 @@
+"""The int8 variant keeps one int8 copy of a table that the decoder both looks up and multiplies by (an embedding tied
+to its output layer), and the lookup still returns that table's rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from toolkit.runtimes.onnxruntime.variants import int8_graph
+
+pytestmark = pytest.mark.timeout(120)
+
+VOCAB, WIDTH = 300, 32
+
+
+def _decoder_like(path, table: np.ndarray, weight: np.ndarray) -> None:
+    """ids (batch, 1) -> their rows of `table`; hidden (batch, width) -> hidden @ weight (the output layer)."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], name="lookup"),
+         helper.make_node("MatMul", ["hidden", "weight"], ["logits"], name="output_layer")],
+        "decoder_like",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 1]),
+         helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["batch", 1, WIDTH]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", VOCAB])],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(weight, "weight")])
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+
+
+def _table_copies(path) -> int:
+    return sum(int(np.prod(i.dims)) == VOCAB * WIDTH for i in onnx.load(path).graph.initializer)
+
+
+def test_a_tied_table_is_stored_once_and_looked_up_per_row(tmp_path):
+    rng = np.random.default_rng(0)
+    # Rows of very different sizes: one scale for the whole table would round the small rows to nothing.
+    table = (rng.standard_normal((VOCAB, WIDTH)) * rng.uniform(0.01, 3.0, (VOCAB, 1))).astype(np.float32)
+    src, dst = tmp_path / "tied.onnx", tmp_path / "tied.int8.onnx"
+    _decoder_like(src, table, np.ascontiguousarray(table.T))
+    int8_graph(src, dst)
+    assert _table_copies(dst) == 1
+
+    session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    ids = rng.integers(0, VOCAB, (16, 1))
+    rows, _ = session.run(None, {"ids": ids, "hidden": np.zeros((16, WIDTH), np.float32)})
+    want = table[ids]
+    # Per row, 7-bit: each value within half a step of its row's own scale (max |row| / 63).
+    step = np.abs(want).max(axis=-1, keepdims=True) / 63
+    assert rows.shape == want.shape and np.all(np.abs(rows - want) <= step / 2 + 1e-6)
+
+
+def test_a_table_that_is_not_the_output_layer_keeps_its_own_copy(tmp_path):
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((VOCAB, WIDTH)).astype(np.float32)
+    weight = np.ascontiguousarray(table.T)
+    weight[3, 7] += 1e-3  # untied (opus-mt-tc-big's separate embeddings): the lookup must not read the output layer
+    src, dst = tmp_path / "untied.onnx", tmp_path / "untied.int8.onnx"
+    _decoder_like(src, table, weight)
+    int8_graph(src, dst)
+    assert _table_copies(dst) == 2
+    session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    rows, _ = session.run(None, {"ids": np.array([[5], [9]]), "hidden": np.zeros((2, WIDTH), np.float32)})
+    assert np.abs(rows - table[[[5], [9]]]).max() < np.abs(table).max() / 100
