@@ -61,5 +61,45 @@ def m2m100_directory(path: Path, pairs: list[tuple[str, str]], *, d_model: int =
     return path
 
 
+def nllb_directory(path: Path, pairs: list[tuple[str, str]], *, seed: int = 0, steps: int = 120) -> Path:
+    """Writes an NLLB-200-style model into `path`: M2M100ForConditionalGeneration with NllbTokenizer's tokenizer.json as
+    the Hub's NLLB repositories ship it (a SentencePiece BPE model's pieces and merges at fairseq's ids, <s> 0 <pad> 1
+    </s> 2 <unk> 3, the 202 `eng_Latn`-style codes after them, `eng_Latn text </s>` on the source), trained
+    eng_Latn -> fra_Latn with fra_Latn forced first. transformers 5 only: its NllbTokenizer builds from pieces and
+    merges. Returns `path`."""
+    import torch
+    from tokenizers.models import BPE
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+    path.mkdir(parents=True, exist_ok=True)
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter([e for e, _ in pairs] + [f for _, f in pairs]), model_writer=out,
+                                   vocab_size=200, model_type="bpe", character_coverage=1.0, hard_vocab_limit=False,
+                                   num_threads=1, minloglevel=2)
+    model_file = path.parent / f"{path.name}.spm"
+    model_file.write_bytes(out.getvalue())
+    pieces = SentencePieceExtractor(str(model_file)).extract(BPE)
+    model_file.unlink()
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({piece: i + 1 for piece, i in pieces["vocab"].items() if i >= 3})  # fairseq's offset of one
+    tokenizer = NllbTokenizer(vocab=vocab, merges=pieces["merges"], _spm_precompiled_charsmap=pieces["_spm_precompiled_charsmap"],
+                              src_lang="eng_Latn", tgt_lang="fra_Latn")
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(seed)
+    config = M2M100Config(vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="relu",
+                          max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                          decoder_start_token_id=2, forced_eos_token_id=2, dropout=0.0, attention_dropout=0.0, init_std=0.1,
+                          scale_embedding=True)
+    model = M2M100ForConditionalGeneration(config)
+    train(model, tokenizer, pairs, steps, seed)
+    model.generation_config.max_length = 24
+    model.generation_config.num_beams = 4
+    model.generation_config.forced_bos_token_id = tokenizer.convert_tokens_to_ids("fra_Latn")
+    model.save_pretrained(path)
+    return path
+
+
 def train(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int) -> None:
     train_briefly(model, tokenizer, [e for e, _ in pairs], [f for _, f in pairs], steps, seed)
