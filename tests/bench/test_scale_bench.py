@@ -67,3 +67,20 @@ def test_the_command_offers_the_harness_names(tmp_path: Path):
     from toolkit.cli.commands import bench
 
     assert tuple(bench.SCALE_SHAPES) == tuple(SHAPES) and tuple(bench.SCALE_ENGINES) == scale.ENGINES
+
+
+def test_tks_ctranslate2_conversion_of_an_untrained_nllb_shape_verifies(cli, tmp_path):
+    """A model built from config, as the bench's: its unit layer-norm scales are stored once in the graphs (under the
+    first module's name), and its random decoder does not choose the target language itself. tk's own conversion
+    (`tk export DIR --ctranslate2`) must find every layer norm, and verify must hold CTranslate2 to tk's loop as
+    translate runs it (the target language forced first on both)."""
+    pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctranslate2")
+    from toolkit.bench.scale_model import SHAPES, build
+
+    hf, out = build(SHAPES["tiny-m2m100"], tmp_path / "hf"), tmp_path / "tk"
+    assert cli("export", f"hf:{hf}", "--out", out).exit_code == 0
+    result = cli("export", out, "--ctranslate2")
+    assert result.exit_code == 0, result.output
+    result = cli("verify", out, "--runtime", "ctranslate2", "--checkpoint", f"hf:{hf}", "--sentences", 4)
+    assert result.exit_code == 0, result.output
+    assert "4/4 identical to the ONNX graphs'" in result.output

@@ -20,7 +20,7 @@ import torch
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decode_options import DecodeOptions
-from toolkit.core.decoding import greedy
+from toolkit.core.decoding import translate_ids
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import CATALOGUE
 from toolkit.pytorch.reference import load_reference, reference_kind
@@ -145,7 +145,8 @@ def _decode(report: Report, m, model, loaded: dict, label: str, sentences: int, 
     opts = DecodeOptions(max_len=out_len, rules=rules)
     for v, c in loaded.items():
         onnx_variant = v if v in m.variants() or v in ("int8", "optimized") else "fp32"
-        graphs = greedy(runtimes.load(m, "onnxruntime", "cpu", onnx_variant).backend(), src, out_len, rules=rules)
+        # tk's loop as translate runs it: a multilingual model's target language forced first, as CTranslate2 is told to.
+        graphs = [h[0] for h in translate_ids(runtimes.load(m, "onnxruntime", "cpu", onnx_variant).backend(), src, out_len, rules=rules)]
         got = [h[0] for h in c.backend().decode_all(src, opts)]
         same = sum(a.tokens == b.tokens for a, b in zip(graphs, got))
         tol = tolerance(v, atol, rtol)

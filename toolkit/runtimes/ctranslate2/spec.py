@@ -15,6 +15,7 @@ import numpy as np
 from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError, first_line
 from toolkit.core.manifest import Manifest
+from toolkit.core.node_map import node_origins
 from toolkit.core.tokenizer import BOS, EOS, UNK
 
 
@@ -49,14 +50,30 @@ def graph_weights(m: Manifest) -> dict[str, np.ndarray]:
             if problem:
                 raise UsageError(problem)
             load_external_data_for_model(graph, str(m.directory))
-            for init in graph.graph.initializer:
-                if init.name.startswith("model."):
-                    weights[init.name[len("model."):]] = numpy_helper.to_array(init)
+            arrays = {init.name: numpy_helper.to_array(init) for init in graph.graph.initializer}
+            for init_name, array in arrays.items():
+                if init_name.startswith("model."):
+                    weights[init_name[len("model."):]] = array
+            _layer_norms_by_module(graph, node_origins(m, name), arrays, weights)
         except UsageError:
             raise
         except Exception as e:  # noqa: BLE001 - a corrupt graph or weights file (digests rewritten), in one line
             raise UsageError(f"cannot read the weights of {m.directory / file} ({first_line(e, 120)}); re-export the model directory") from None
     return weights
+
+
+def _layer_norms_by_module(graph, origins: dict[str, list[str]], arrays: dict[str, np.ndarray],
+                           weights: dict[str, np.ndarray]) -> None:
+    """Each layer norm's scale and bias under its own module's name, where the graph holds it under another: the
+    exporter stores identical tensors once (the unit scales and zero biases of an untrained model become one
+    initializer named after the first of them), and the node map says which module each LayerNormalization is."""
+    for node in graph.graph.node:
+        module = origins.get(node.name, [None])[0]
+        if node.op_type != "LayerNormalization" or not module:
+            continue
+        for slot, field in ((1, "weight"), (2, "bias")):
+            if len(node.input) > slot and node.input[slot] in arrays:
+                weights.setdefault(f"{module}.{field}", arrays[node.input[slot]])
 
 
 def _linear(spec, weight: np.ndarray, bias: np.ndarray | None = None) -> None:
