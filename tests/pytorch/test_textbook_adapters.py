@@ -10,6 +10,7 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -317,3 +318,19 @@ def test_a_model_whose_translation_changes_with_the_batch_fails_verify(cli, runs
     failed = [r for r in rows if not r["ok"]]
     # Parity holds (the graphs leak as PyTorch does); only the batch check sees it.
     assert [r["check"] for r in failed] == ["batch"] and "padding reaches the model's attention" in failed[0]["detail"]
+
+
+@pytest.mark.parametrize("name", ["d2l", "pre-ln"])
+def test_int8_verifies_against_your_function(cli, runs, exported, monkeypatch, tmp_path, name):
+    """docs/models.md's int8 cell for your own model: the int8 graphs stored beside the export, held by verify to
+    int8's tolerances against your function (sweep, step parity, translations)."""
+    monkeypatch.setenv("TK_EXAMPLE_RUN", str(runs[name]))
+    directory = tmp_path / name
+    shutil.copytree(exported[name], directory)
+    result = cli("export", directory, "--quantize", "int8")
+    assert result.exit_code == 0, result.output
+    result = cli("verify", directory, "--checkpoint", _target(name), "--variant", "int8", "--sentences", 8,
+                 "--json", tmp_path / "report.json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "report.json").read_text())["rows"]
+    assert {r["check"] for r in rows} >= {"sweep", "decode", "translation"} and all(r["ok"] for r in rows)
