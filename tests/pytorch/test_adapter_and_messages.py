@@ -189,7 +189,7 @@ def test_ctranslate2_on_a_model_tk_does_not_convert_never_advises_the_conversion
     with pytest.raises(UsageError) as export_error:
         spec.model_spec(m)
     said = str(runtime_error.value)
-    assert "--ctranslate2" not in said and "use --runtime onnxruntime" in said and "imported T5ForConditionalGeneration" in said
+    assert "--ctranslate2" not in said and "use --runtime onnxruntime" in said and "imported T5 (T5ForConditionalGeneration)" in said
     assert said == str(export_error.value)
 
 

@@ -121,7 +121,7 @@ def _hf_cache(config: dict) -> set[str]:
 _ALL = dict.fromkeys(("export", "verify", "int8", "cuda", "openvino"))
 _TK_SEQ2SEQ = {**_ALL, "web": None}
 _HF = "tk export hf:DIR"
-_CT2_CONVERTS = "CTranslate2 runs tk's Transformer, imported Marian and M2M100/NLLB"
+_CT2_CONVERTS = "CTranslate2 runs tk's Transformer, imported Marian, M2M100/NLLB and mBART"
 
 register(Architecture(
     "transformer", SEQ2SEQ, lambda c: self_attention_cache(transformer_layers(c)[1]), ("num_layers",), ("sentencepiece",),
@@ -152,8 +152,7 @@ register(Architecture(
     "text </s> [lang], the decoder started with the target language's token; end </s> forced at the limit, generate's "
     "beam rule", origin="hf", hf_model_types=("mbart",), hf_class="MBartForConditionalGeneration",
     builder="toolkit.pytorch.hf_mbart",
-    paths={**_ALL, "ctranslate2": _CT2_CONVERTS + "; tk does not convert an imported mBART to it yet: use --runtime "
-                                                  "onnxruntime (the default) or openvino",
+    paths={**_ALL, "ctranslate2": None,
            "web": "the browser site runs tk's own tokenizer and rules; translate an imported mBART with tk translate or tk serve"}))
 for _name in ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw"):
     register(Architecture(_name, MODULE, builder="toolkit.models.attention",
@@ -163,7 +162,7 @@ register(Architecture(
     "source [task prefix of the chosen pair] text </s>; start <pad> (decoder_start_token_id 0), end </s>, no forced first "
     "token, generate's beam rule and length penalty (T5, T5 v1.1, Flan-T5, mT5)",
     origin="hf", hf_model_types=("t5", "mt5"), hf_class="T5ForConditionalGeneration", builder="toolkit.pytorch.hf_t5",
-    paths={**_ALL, "ctranslate2": _CT2_CONVERTS + "; tk does not convert an imported T5 to it yet: use --runtime "
+    paths={**_ALL, "ctranslate2": _CT2_CONVERTS + "; tk does not convert an imported T5 (T5ForConditionalGeneration) to it yet: use --runtime "
                                                   "onnxruntime (the default) or openvino",
            "web": "the browser site runs tk's own tokenizer and rules; translate an imported T5 with tk translate or tk serve"},
     # transformers clamps T5's hidden states when it runs in float16 because its feed-forward outputs pass float16's

@@ -65,7 +65,6 @@ class RuntimeSpec:
     version: Callable[[], str]
     providers: tuple[str, ...] = ("cpu",)
     variants: tuple[str, ...] = ("fp32",)  # the catalogue's variants it runs (toolkit.core.variants), "attention" included
-    architectures: tuple[str, ...] | None = None  # the model kinds (manifest "model") it runs; None: every one
     default_provider: Callable[[], str] = _cpu
     default_variant: Callable[[str], str] = _plain
     default_threads: Callable[[str], tuple[int | None, int | None]] = _no_threads

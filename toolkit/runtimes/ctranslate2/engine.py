@@ -136,9 +136,22 @@ class Ct2Backend:
     end: int  # the model's end token (the converted model ends on it too)
     batches: Callable[[], object] | None = None  # for a call of several batches: one thread per batch, side by side
     forbidden: tuple[int, ...] = ()  # tokens generate never emits (an import's bad_words_ids: Marian's <pad>)
+    start: int | None = None  # the decoder start token the conversion stores (mBART-cc25's: its target language's code)
+    directory: str = ""  # the model directory, for the one line that refuses another start
+
+    def _check_start(self, opts: DecodeOptions) -> None:
+        """CTranslate2 starts every sentence with the converted decoder_start_token; an mBART-cc25 starts with the
+        target language's code, so another target than the converted one would decode from the wrong code."""
+        wanted = getattr(opts.rules, "start", None)
+        if self.start is not None and wanted is not None and wanted != self.start:
+            raise UsageError(f"the CTranslate2 model of {self.directory} starts its decoder with token {self.start}, the "
+                             f"target language it was converted for, not {wanted}; translate to another target with "
+                             "--runtime onnxruntime (the default), or state the pair with tk export DIR --source-lang S "
+                             "--target-lang T and convert again with tk export DIR --ctranslate2 --force")
 
     def decode_all(self, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
         """Hypotheses for every source sentence, in input order; empty sources get no decoding."""
+        self._check_start(opts)
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
         todo = [i for i, s in enumerate(src) if s]
         if not todo:
@@ -210,6 +223,7 @@ class LoadedCt2:
     provider: str
     compute_type: str
     batch_loader: Callable[[], object] | None = None  # makes the translator for calls of several batches
+    start: int | None = None  # the converted decoder start token (Ct2Backend.start)
     sessions: dict = field(default_factory=dict)  # no ONNX graphs run
     built_s: float = 0.0
     runtime: str = RUNTIME
@@ -228,7 +242,7 @@ class LoadedCt2:
 
     def backend(self) -> Ct2Backend:
         return Ct2Backend(self.translator, self.manifest.rules().end, self.batches if self.batch_loader else None,
-                          forbidden_tokens(self.manifest))
+                          forbidden_tokens(self.manifest), self.start, str(self.manifest.directory))
 
 
 def forbidden_tokens(m: Manifest) -> tuple[int, ...]:
@@ -285,4 +299,15 @@ def load(m: Manifest, provider: str = "cpu", variant: str = PLAIN, threads: int 
     if threads is None and provider == "cpu" and n > 1:
         loader = lambda: _load_translator(str(m.directory), files, device=provider, compute_type=compute,  # noqa: E731
                                           intra_threads=1, inter_threads=n)
-    return LoadedCt2(m, translator, provider, compute, loader)
+    return LoadedCt2(m, translator, provider, compute, loader, start=_converted_start(files))
+
+
+def _converted_start(files: dict[str, bytes]) -> int | None:
+    """The decoder start token the converted config.json names (an id written as a string; spec.check_converted has
+    held the file to what tk writes)."""
+    import json
+
+    try:
+        return int(json.loads(files["config.json"])["decoder_start_token"])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,6 +1,6 @@
-"""An imported Marian or M2M100/NLLB as a CTranslate2 model, built with CTranslate2's spec API the way its own
-Transformers converter builds these two (BartLoader, MarianMTLoader, M2M100Loader), from the weights of tk's fp32
-graphs (spec.graph_weights), so the conversion and the graphs compute the same function.
+"""An imported Marian, M2M100/NLLB or mBART as a CTranslate2 model, built with CTranslate2's spec API the way its own
+Transformers converter builds these (BartLoader, MarianMTLoader, M2M100Loader, MBartLoader), from the weights of tk's
+fp32 graphs (spec.graph_weights), so the conversion and the graphs compute the same function.
 
 Where tk parts from CTranslate2's converter, it is to stay exact to `generate`:
   - the vocabulary is the model's token ids written as strings (tk tokenizes, as for tk's own Transformer), every id
@@ -9,7 +9,9 @@ Where tk parts from CTranslate2's converter, it is to stay exact to `generate`:
     start_from_zero_embedding assumes that row is zero);
   - the tokens generate forbids (bad_words_ids: Marian's <pad>) are forbidden per call (engine: suppress_sequences),
     not removed from the model, so teacher-forced scores stay transformers' own;
-  - layer norms use torch's epsilon (1e-5), not CTranslate2's default.
+  - layer norms use torch's epsilon (1e-5), not CTranslate2's default;
+  - an mBART-cc25 starts its decoder with the target language's code, as generate is told to (CTranslate2's converter
+    leaves the start to the caller): the conversion stores the directory's target, and the engine refuses another.
 Imports numpy and (lazily) ctranslate2; never torch.
 """
 
@@ -26,13 +28,15 @@ from toolkit.core.manifest import Manifest
 
 @dataclass(frozen=True)
 class Layout:
-    """What differs between the two BART-family imports CTranslate2 runs."""
+    """What differs between the BART-family imports CTranslate2 runs."""
 
-    pre_norm: bool  # M2M100/NLLB: pre-LN with a final layer norm per stack; Marian: post-LN
-    position_offset: int  # rows of the position table before position 0 (M2M100's padding offset)
+    pre_norm: bool  # M2M100/NLLB and mBART: pre-LN with a final layer norm per stack; Marian: post-LN
+    position_offset: int  # rows of the position table before position 0 (M2M100's padding offset, mBART's learned 2)
+    layernorm_embedding: bool = False  # mBART: a layer norm over the embeddings and positions, before the layers
 
 
-LAYOUTS = {"marian": Layout(pre_norm=False, position_offset=0), "m2m100": Layout(pre_norm=True, position_offset=2)}
+LAYOUTS = {"marian": Layout(pre_norm=False, position_offset=0), "m2m100": Layout(pre_norm=True, position_offset=2),
+           "mbart": Layout(pre_norm=True, position_offset=2, layernorm_embedding=True)}
 
 # transformers' activation names as CTranslate2's (its converter's _SUPPORTED_ACTIVATIONS, the ones these models use).
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_python": "GELU", "gelu_new": "GELUTanh", "gelu_fast": "GELUTanh",
@@ -111,7 +115,8 @@ def model_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
         raise UsageError(problem)
     activation = getattr(common_spec.Activation, _ACTIVATIONS[cfg["activation_function"]])
     spec = ts.TransformerSpec.from_config((cfg["encoder_layers"], cfg["decoder_layers"]), cfg["encoder_attention_heads"],
-                                          pre_norm=layout.pre_norm, activation=activation)
+                                          pre_norm=layout.pre_norm, activation=activation,
+                                          layernorm_embedding=layout.layernorm_embedding)
     spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default, which transformers' BART family uses
     rules = m.rules()
     spec.config.unk_token = str(m.special_tokens.get("unk", rules.end) if m.special_tokens else rules.end)
@@ -127,6 +132,8 @@ def model_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
         embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
         # Tied models store the embedding once, as the output projection's weight.
         embeddings.weight = _first(w, f"model.{stack}.embed_tokens.weight", "model.shared.weight", "lm_head.weight")
+        if layout.layernorm_embedding:
+            _norm(stack_spec.layernorm_embedding, w, f"model.{stack}.layernorm_embedding")
         if layout.pre_norm:
             _norm(stack_spec.layer_norm, w, f"model.{stack}.layer_norm")
         _layers(stack_spec, w, stack, stack == "decoder")

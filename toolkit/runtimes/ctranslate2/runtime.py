@@ -16,5 +16,5 @@ def load(m: Manifest, provider: str, variant: str, *, allow_fallback: bool = Fal
 
 
 RUNTIME = RuntimeSpec(name="ctranslate2", runs=CONVERTED, load=load, version=version, providers=tuple(COMPUTE),
-                      variants=tuple(dict.fromkeys(v for per in COMPUTE.values() for v in per)), architectures=("transformer", "marian", "m2m100"),
+                      variants=tuple(dict.fromkeys(v for per in COMPUTE.values() for v in per)),
                       verify="toolkit.verify.ct2_parity:verify_ct2", extra="ct2")

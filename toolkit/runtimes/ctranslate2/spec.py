@@ -119,17 +119,15 @@ def conversion_problem(m: Manifest) -> str | None:
     """Why tk cannot convert the directory's model to CTranslate2 (and what to run instead), or None. Said by
     `tk export DIR --ctranslate2` and by `--runtime ctranslate2` on a directory without a conversion, so that the one
     never advises the other where it would refuse."""
+    from toolkit.core import architectures  # the entry says which architectures CTranslate2 runs
     from toolkit.runtimes.ctranslate2 import hf_spec
 
+    arch = architectures.ARCHITECTURES.get(m.model)
+    refusal = arch.refusal("ctranslate2") if arch else f"CTranslate2 does not run a '{m.model}' model"
+    if refusal:
+        return f"{m.directory}: {refusal}" + ("" if "--runtime onnxruntime" in refusal else "; use --runtime onnxruntime (the default)")
     if m.model in hf_spec.LAYOUTS:
         return hf_spec.conversion_problem(m)
-    if m.model != "transformer":
-        from toolkit.core import architectures  # the entry says what the model is: an import names its class
-
-        arch = architectures.ARCHITECTURES.get(m.model)
-        what = f"an imported {arch.hf_class} ('{m.model}')" if arch and arch.hf_class else f"a '{m.model}' model"
-        return (f"CTranslate2 runs tk's Transformer and imported Marian and M2M100/NLLB models; {m.directory} holds "
-                f"{what}, which tk does not convert to CTranslate2: use --runtime onnxruntime (the default)")
     if m.config.get("pre_ln"):
         return (f"{m.directory} is a pre-LN Transformer; tk converts post-LN Transformers to CTranslate2 only: "
                 "use --runtime onnxruntime (the default)")
