@@ -265,3 +265,37 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
           f"int8 ({ready8['bytes'] / 2**20:.1f} MiB of graphs): page ready in {ready8['loadMs']:.0f} ms, {48 / int8['ms'] * 1000:.1f} at batch 16, "
           f"first-step log-probs max abs error {stats['max_abs']:.3f} against fp32, greedy translations identical to "
           f"ONNX Runtime CPU int8 {same_int8}/48 and to fp32 {same_fp32}/48")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed: apt-get install -y chromium (README, Web)")
+def test_the_gru_model_translates_in_chromium_with_onnx_runtime_s_tokens(cli, tmp_path, held_out):
+    """tk's GRU + Bahdanau (its state a fixed-shape tensor, not a growing cache) runs on the same site: the page's
+    greedy and beam-4 tokens are ONNX Runtime CPU fp32's."""
+    from playwright.sync_api import sync_playwright
+
+    shipped = REPO / "exported" / "seq2seq"
+    site = tmp_path / "site"
+    r = cli("export", shipped, "--web", site)
+    assert r.exit_code == 0, r.output
+    model = open_model(shipped, "cpu")
+    english = list(dict.fromkeys(en for en, _ in held_out))[:24]
+    ids = model.tokenizer.encode(english)
+    greedy = [n[0] for n in decode_ids(model.backend(), ids, options(model.manifest, batch_size=8))]
+    beam = [n[0] for n in decode_ids(model.backend(), ids[:8], options(model.manifest, beam=4, batch_size=8))]
+    assert len({tuple(h.tokens) for h in greedy}) > 10  # a model that says different things
+    with static_server(site) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            page.evaluate("tk.ready")
+            assert page.evaluate("texts => tk.encode(texts)", english) == ids
+            assert page.evaluate(TIMED, [ids, {"batchSize": 8}])["tokens"] == [h.tokens for h in greedy]
+            got_beam = page.evaluate(TIMED, [ids[:8], {"batchSize": 8, "beam": 4}])
+            assert got_beam["tokens"] == [h.tokens for h in beam]
+            assert got_beam["scores"] == pytest.approx([h.score for h in beam], abs=1e-3)
+            assert not errors, errors
+        finally:
+            browser.close()
