@@ -178,18 +178,18 @@ def test_an_npz_without_the_training_points_is_one_line(cli, tmp_path):
 # ---- messages ----------------------------------------------------------------------------------------------------
 
 def test_ctranslate2_on_a_model_tk_does_not_convert_never_advises_the_conversion(tmp_path):
-    """An imported T5 without a CTranslate2 copy: `--runtime ctranslate2` advised `tk export DIR --ctranslate2`,
-    which refuses such a model. Both now say the same: not supported, use ONNX Runtime."""
+    """A model CTranslate2 does not run, without a CTranslate2 copy: `--runtime ctranslate2` advised `tk export DIR
+    --ctranslate2`, which refuses such a model. Both now say the same: not supported, use ONNX Runtime."""
     from toolkit.runtimes.ctranslate2 import engine, spec
 
     m = manifest.load(SHIPPED / "transformer")
-    m.model = "t5"  # what an imported T5's manifest says; the message depends on nothing else
+    m.model = "seq2seq"  # what tk's GRU's manifest says; the message depends on nothing else
     with pytest.raises(UsageError) as runtime_error:
         engine.stored_files(m)
     with pytest.raises(UsageError) as export_error:
         spec.model_spec(m)
     said = str(runtime_error.value)
-    assert "--ctranslate2" not in said and "use --runtime onnxruntime" in said and "imported T5 (T5ForConditionalGeneration)" in said
+    assert "--ctranslate2" not in said and "use --runtime onnxruntime" in said and "a 'seq2seq' model" in said
     assert said == str(export_error.value)
 
 

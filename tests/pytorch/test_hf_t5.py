@@ -309,3 +309,21 @@ def test_float16_is_refused_in_one_line_by_every_command_that_would_make_it(cli,
     assert not list(copy.glob("*.fp16.onnx")) and "fp16" not in json.loads((copy / "manifest.json").read_text())["variants"]
     assert "overflow float16" in one_line_error(cli("translate", "--model", copy, "--variant", "fp16", "Hello."), 2)
     assert "overflow float16" in one_line_error(cli("verify", copy, "--variant", "fp16"), 2)
+
+
+@pytest.mark.parametrize("which", ["t5", "mt5"])
+def test_ctranslate2_converts_verifies_and_translates_an_imported_t5(cli, t5, mt5, pairs, which, tmp_path):
+    """`--runtime ctranslate2` on T5 (relu, tied head scaled by d_model^-0.5, the pair's task prefix) and mT5 (gated-gelu,
+    an lm_head of its own), both with d_kv * heads != d_model: verified against hf:, generate's greedy text, and swapped
+    cross-attention keys and values failing verify."""
+    pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctranslate2")
+    from helpers import check_ctranslate2
+
+    hf, out = t5 if which == "t5" else mt5
+    english = _held_out(pairs)
+    want, ids = _generate(hf, [PREFIX + e for e in english] if which == "t5" else english, 1)
+    ended = [1 in row[1:].tolist() for row in ids]  # a sentence cut at the limit may end on a tie the limit breaks
+    english, want = [e for e, k in zip(english, ended) if k], [w for w, k in zip(want, ended) if k]
+    layer = "decoder.block.0.layer.1.EncDecAttention"
+    check_ctranslate2(cli, hf, out, english, want, tmp_path, (f"{layer}.k.weight", f"{layer}.v.weight"),
+                      **({"source_lang": "en", "target_lang": "fr"} if which == "t5" else {}))

@@ -121,7 +121,6 @@ def _hf_cache(config: dict) -> set[str]:
 _ALL = dict.fromkeys(("export", "verify", "int8", "cuda", "openvino"))
 _TK_SEQ2SEQ = {**_ALL, "web": None}
 _HF = "tk export hf:DIR"
-_CT2_CONVERTS = "CTranslate2 runs tk's Transformer, imported Marian, M2M100/NLLB and mBART"
 
 register(Architecture(
     "transformer", SEQ2SEQ, lambda c: self_attention_cache(transformer_layers(c)[1]), ("num_layers",), ("sentencepiece",),
@@ -162,8 +161,7 @@ register(Architecture(
     "source [task prefix of the chosen pair] text </s>; start <pad> (decoder_start_token_id 0), end </s>, no forced first "
     "token, generate's beam rule and length penalty (T5, T5 v1.1, Flan-T5, mT5)",
     origin="hf", hf_model_types=("t5", "mt5"), hf_class="T5ForConditionalGeneration", builder="toolkit.pytorch.hf_t5",
-    paths={**_ALL, "ctranslate2": _CT2_CONVERTS + "; tk does not convert an imported T5 (T5ForConditionalGeneration) to it yet: use --runtime "
-                                                  "onnxruntime (the default) or openvino",
+    paths={**_ALL, "ctranslate2": None,
            "web": "the browser site runs tk's own tokenizer and rules; translate an imported T5 with tk translate or tk serve"},
     # transformers clamps T5's hidden states when it runs in float16 because its feed-forward outputs pass float16's
     # 65,504 (T5 v1.1, Flan-T5 and mT5 were trained in bfloat16; CTranslate2 #1074 reports the garbage): a plain

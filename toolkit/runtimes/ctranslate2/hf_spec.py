@@ -1,6 +1,6 @@
-"""An imported Marian, M2M100/NLLB or mBART as a CTranslate2 model, built with CTranslate2's spec API the way its own
-Transformers converter builds these (BartLoader, MarianMTLoader, M2M100Loader, MBartLoader), from the weights of tk's
-fp32 graphs (spec.graph_weights), so the conversion and the graphs compute the same function.
+"""An imported Marian, M2M100/NLLB, mBART or T5 as a CTranslate2 model, built with CTranslate2's spec API the way its
+own Transformers converter builds these (BartLoader, MarianMTLoader, M2M100Loader, MBartLoader, T5Loader), from the
+weights of tk's fp32 graphs (spec.graph_weights), so the conversion and the graphs compute the same function.
 
 Where tk parts from CTranslate2's converter, it is to stay exact to `generate`:
   - the vocabulary is the model's token ids written as strings (tk tokenizes, as for tk's own Transformer), every id
@@ -43,9 +43,21 @@ _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_python": "GELU", "gelu_new
                 "gelu_pytorch_tanh": "GELUTanh", "swish": "SWISH", "silu": "SWISH"}
 
 
+# The imports this module converts: the BART family by layout, and T5.
+CONVERTS = (*LAYOUTS, "t5")
+
+
+def _t5_activation(cfg: dict) -> tuple[str | None, bool]:
+    """(transformers' activation name, gated) of a T5 feed-forward, as T5Config derives them from feed_forward_proj."""
+    proj = str(cfg.get("feed_forward_proj", "relu"))
+    gated = proj.startswith("gated-")
+    act = proj.split("-")[-1]
+    return ("gelu_new" if gated and act == "gelu" else act), gated
+
+
 def conversion_problem(m: Manifest) -> str | None:
     """Why an import of a supported architecture still cannot be converted, or None."""
-    activation = m.config.get("activation_function")
+    activation = _t5_activation(m.config)[0] if m.model == "t5" else m.config.get("activation_function")
     if activation not in _ACTIVATIONS:
         return (f"{m.directory}'s activation {activation!r} has no CTranslate2 counterpart tk maps; "
                 "use --runtime onnxruntime (the default)")
@@ -110,9 +122,11 @@ def _positions(w: dict[str, np.ndarray], stack: str, offset: int) -> np.ndarray:
 def model_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
     """A ctranslate2 TransformerSpec of the import's sizes, with the graphs' weights `w` (None: the config only)."""
     common_spec, ts = specs
-    cfg, layout = m.config, LAYOUTS[m.model]
     if problem := conversion_problem(m):
         raise UsageError(problem)
+    if m.model == "t5":
+        return _t5_spec(m, w, specs)
+    cfg, layout = m.config, LAYOUTS[m.model]
     activation = getattr(common_spec.Activation, _ACTIVATIONS[cfg["activation_function"]])
     spec = ts.TransformerSpec.from_config((cfg["encoder_layers"], cfg["decoder_layers"]), cfg["encoder_attention_heads"],
                                           pre_norm=layout.pre_norm, activation=activation,
@@ -141,3 +155,66 @@ def model_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
     if "final_logits_bias" in w:
         spec.decoder.projection.bias = np.ascontiguousarray(w["final_logits_bias"].reshape(-1), dtype=np.float32)
     return spec
+
+
+def _t5_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
+    """T5, T5 v1.1, Flan-T5 and mT5 as CTranslate2's T5Loader builds them: pre-LN with RMS norms (no mean, no bias),
+    one relative position bias per stack (the first layer's, which every layer uses), queries unscaled, a gated
+    feed-forward where the config says so, and the output scaled by d_model^-0.5 when the head is tied."""
+    common_spec, ts = specs
+    cfg = m.config
+    name, gated = _t5_activation(cfg)
+    spec = ts.TransformerSpec.from_config((cfg["encoder_layers"], cfg["decoder_layers"]), cfg["num_heads"], pre_norm=True,
+                                          activation=getattr(common_spec.Activation, _ACTIVATIONS[name]), ffn_glu=gated,
+                                          relative_attention_bias=True, rms_norm=True)
+    spec.config.layer_norm_epsilon = float(cfg.get("layer_norm_epsilon", 1e-6))
+    rules = m.rules()
+    spec.config.unk_token = str(m.special_tokens.get("unk", rules.end) if m.special_tokens else rules.end)
+    spec.config.bos_token, spec.config.eos_token = str(rules.start), str(rules.end)
+    spec.config.decoder_start_token = str(rules.start)
+    if w is None:
+        return spec
+    # The embedding is stored once, under the first name the exporter met (a tied one as the output layer's).
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    names = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", *(("lm_head.weight",) if tied else ()))
+    for stack, stack_spec in (("encoder", spec.encoder), ("decoder", spec.decoder)):
+        embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
+        embeddings.weight = np.ascontiguousarray(_first(w, f"{stack}.embed_tokens.weight", *names), dtype=np.float32)
+        stack_spec.scale_embeddings = False
+        stack_spec.layer_norm.gamma = w[f"{stack}.final_layer_norm.weight"]
+        for i, layer in enumerate(stack_spec.layer):
+            p = f"{stack}.block.{i}.layer"
+            _t5_attention(layer.self_attention, w, f"{p}.0.SelfAttention", True, f"{stack}.block.0.layer.0.SelfAttention",
+                          cfg)
+            layer.self_attention.layer_norm.gamma = w[f"{p}.0.layer_norm.weight"]
+            if stack == "decoder":
+                _t5_attention(layer.attention, w, f"{p}.1.EncDecAttention", False, None, cfg)
+                layer.attention.layer_norm.gamma = w[f"{p}.1.layer_norm.weight"]
+            ffn = f"{p}.{2 if stack == 'decoder' else 1}"
+            if gated:
+                _linear(layer.ffn.linear_0, w, [f"{ffn}.DenseReluDense.wi_0"])
+                _linear(layer.ffn.linear_0_noact, w, [f"{ffn}.DenseReluDense.wi_1"])
+            else:
+                _linear(layer.ffn.linear_0, w, [f"{ffn}.DenseReluDense.wi"])
+            _linear(layer.ffn.linear_1, w, [f"{ffn}.DenseReluDense.wo"])
+            layer.ffn.layer_norm.gamma = w[f"{ffn}.layer_norm.weight"]
+    head = _first(w, "lm_head.weight", *names)
+    spec.decoder.projection.weight = np.ascontiguousarray(head, dtype=np.float32)
+    if cfg.get("scale_decoder_outputs", tied):
+        spec.decoder.scale_outputs = float(cfg["d_model"]) ** -0.5
+    return spec
+
+
+def _t5_attention(spec, w: dict[str, np.ndarray], scope: str, self_attention: bool, bias_scope: str | None,
+                  cfg: dict) -> None:
+    """One T5 attention: no biases, queries unscaled; a self-attention takes its stack's relative position bias."""
+    spec.queries_scale = 1.0
+    if self_attention:
+        _linear(spec.linear[0], w, [f"{scope}.{x}" for x in "qkv"])
+    else:
+        _linear(spec.linear[0], w, [f"{scope}.q"])
+        _linear(spec.linear[1], w, [f"{scope}.k", f"{scope}.v"])
+    _linear(spec.linear[-1], w, [f"{scope}.o"])
+    if bias_scope is not None:
+        spec.relative_attention_bias = np.ascontiguousarray(w[f"{bias_scope}.relative_attention_bias.weight"], dtype=np.float32)
+        spec.relative_attention_max_distance = np.dtype("int32").type(cfg["relative_attention_max_distance"])
