@@ -1,0 +1,128 @@
+"""Issue 48's held-out check: small models of each imported architecture that no test uses (another seed, other
+training sentences, more steps than the tests' fixtures), each through `tk export hf:DIR --out OUT` and `tk verify OUT
+--checkpoint hf:DIR`, then `Translator(OUT).translate(texts, beam=b, raw=True, loop_guard=False, max_len_a=None)` against
+transformers' `generate` on 200 held-out Tatoeba sentences, greedy and beam 4: the share of identical outputs among
+those that `generate` ends before the length limit.
+
+    python docs/measurements/unseen_models.py [--only t5,m2m100,...] [--work DIR]
+
+Run it under each transformers line (the `hf` extra's 5.x, and 4.57 beside Optimum); the builders are the tests'
+(tests/), called with seed 7 and sentences 2,000 to 2,400 of fra-eng.zip (the tests train on the first 400 with seed 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "pytorch")]
+
+SEED, TRAIN, HELD_OUT = 7, slice(2000, 2400), slice(3000, 3200)
+
+
+def _architectures():
+    """name -> (build(path, pairs), tk's language arguments, generate(hf, english, beam) -> (texts, ended))."""
+    import torch
+    from hf_marian_fixture import marian_directory
+    from hf_seq2seq_fixture import m2m100_directory, nllb_directory
+    from test_hf_mbart import _generate as mbart_generate
+    from test_hf_mbart import mbart_directory
+    from test_hf_t5 import PREFIX, t5_directory
+
+    def generate(hf: Path, sources: list[str], beam: int, tokenizer=None, skip: int = 1, **how):
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(hf)
+        model = AutoModelForSeq2SeqLM.from_pretrained(hf).eval()
+        with torch.inference_mode():
+            out = model.generate(**tokenizer(sources, return_tensors="pt", padding=True), num_beams=beam, do_sample=False, **how)
+        out = out[:, skip:]
+        ended = [bool((row == tokenizer.eos_token_id).any()) for row in out]
+        return [t.strip() for t in tokenizer.batch_decode(out, skip_special_tokens=True)], ended
+
+    def m2m100_generate(hf, english, beam):
+        from transformers import M2M100Tokenizer
+
+        tokenizer = M2M100Tokenizer.from_pretrained(hf, src_lang="en")
+        return generate(hf, english, beam, tokenizer, 2, forced_bos_token_id=tokenizer.get_lang_id("fr"))
+
+    def nllb_generate(hf, english, beam):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(hf, src_lang="eng_Latn")
+        return generate(hf, english, beam, tokenizer, 2, forced_bos_token_id=tokenizer.convert_tokens_to_ids("fra_Latn"))
+
+    languages = {"source_lang": "en", "target_lang": "fr"}
+    table = {
+        "marian (tc-big: two vocabularies, untied)": (
+            lambda p, pairs: marian_directory(p, pairs, separate=True, activation="relu", seed=SEED, steps=120,
+                                             pieces=(280, 320)), {},
+            lambda hf, e, b: generate(hf, e, b)),
+        "m2m100": (lambda p, pairs: m2m100_directory(p, pairs, seed=SEED, steps=400), languages, m2m100_generate),
+        "mbart-50": (lambda p, pairs: mbart_directory(p, pairs, "mbart50", seed=SEED, steps=200), languages,
+                     lambda hf, e, b: mbart_generate("mbart50", hf, e, b)),
+        "mbart-cc25": (lambda p, pairs: mbart_directory(p, pairs, "cc25", seed=SEED, steps=200), languages,
+                       lambda hf, e, b: mbart_generate("cc25", hf, e, b)),
+        "t5 (task prefix)": (lambda p, pairs: t5_directory(p, pairs, mt5=False, seed=SEED, steps=200), languages,
+                             lambda hf, e, b: generate(hf, [PREFIX + s for s in e], b)),
+        "mt5 (gated-gelu, untied)": (lambda p, pairs: t5_directory(p, pairs, mt5=True, seed=SEED, steps=200), {},
+                                     lambda hf, e, b: generate(hf, e, b)),
+    }
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:  # NllbTokenizer builds from pieces and merges in 5.x only
+        table["nllb (tokenizer.json)"] = (lambda p, pairs: nllb_directory(p, pairs, seed=SEED, steps=160), languages,
+                                          nllb_generate)
+    return table
+
+
+def main() -> None:
+    import transformers
+    from click.testing import CliRunner
+    from hf_marian_fixture import fra_eng_lines
+
+    from toolkit import Translator
+    from toolkit.cli import main as tk
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="")
+    parser.add_argument("--work", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="tk-unseen-"))
+    pairs = fra_eng_lines(REPO.parent / "shared" / "data" / "fra-eng.zip", 4000)
+    english = [e for e, _ in pairs[HELD_OUT]]
+    print(f"transformers {transformers.__version__}; {len(english)} held-out sentences; work {work}")
+    print("| architecture | verify | greedy identical (ended) | beam 4 identical (ended) |")
+    print("| --- | --- | --- | --- |")
+    results = {}
+    for name, (build, langs, generate) in _architectures().items():
+        if args.only and not any(key in name for key in args.only.split(",")):
+            continue
+        root = work / name.split()[0]
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build(root / "hf", pairs[TRAIN])
+        exported = CliRunner().invoke(tk, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
+        assert exported.exit_code == 0, exported.output
+        verified = CliRunner().invoke(tk, ["verify", str(root / "tk"), "--checkpoint", f"hf:{root / 'hf'}"])
+        checks = verified.output.strip().splitlines()[-1] if verified.exit_code == 0 else verified.output.strip().splitlines()[-1]
+        row = [name, f"exit {verified.exit_code}: {checks[:60]}"]
+        for beam in (1, 4):
+            want, ended = generate(root / "hf", english, beam)
+            got = Translator(root / "tk").translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None, **langs)
+            same = sum(a == b for a, b, e in zip(got, want, ended) if e)
+            row.append(f"{same}/{sum(ended)} ({same / max(sum(ended), 1):.1%})")
+            results[f"{name} beam {beam}"] = (same, sum(ended))
+        print("| " + " | ".join(row) + f" |  <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
