@@ -20,6 +20,22 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def _a_core_per_worker() -> None:
+    """With one xdist worker per core (the README's and CI's `-n 2` on 2 cores), each worker runs on a core of its own.
+    Otherwise every worker's ONNX Runtime sessions take every core (tk's default: the process's cores), their threads
+    spinning while the other worker waits for a core. Subprocesses started by a test inherit the core."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity masks (macOS, Windows)
+        return
+    if worker.startswith("gw") and count > 1 and count == len(allowed):
+        os.sched_setaffinity(0, {allowed[int(worker[2:]) % count]})
+
+
+_a_core_per_worker()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory) -> Path:
     """tk's start-up cache (toolkit.core.load_cache) goes to a fresh directory, not the user's, for every test run

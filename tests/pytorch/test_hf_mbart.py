@@ -258,10 +258,12 @@ def test_int8_and_openvino_run_an_imported_mbart(cli, mbart, pairs, tmp_path):
     check_int8_and_openvino(cli, hf, out, _held_out(pairs, 6), tmp_path)
 
 
+@pytest.mark.parametrize("mbart", ["cc25"], indirect=True)
 def test_ctranslate2_converts_verifies_and_translates_an_imported_mbart(cli, mbart, pairs, tmp_path):
-    """`--runtime ctranslate2` on both conventions (mBART-50: the target's code as CTranslate2's target prefix; cc25:
-    the decoder started with it): verified against hf:, generate's greedy text, a swapped pair of embedding layer
-    norms (encoder's for decoder's) failing verify; on cc25 another target than the converted one is one line."""
+    """`--runtime ctranslate2` on mBART-cc25 (the decoder started with the target's code, the converted start; mBART-50
+    forces it as M2M100 does, CTranslate2's target prefix, tested there): verified against hf:, generate's greedy text,
+    a swapped pair of embedding layer norms (encoder's for decoder's) failing verify, and another target than the
+    converted one refused in one line."""
     pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctranslate2")
     from helpers import check_ctranslate2
 
@@ -273,8 +275,7 @@ def test_ctranslate2_converts_verifies_and_translates_an_imported_mbart(cli, mba
     check_ctranslate2(cli, hf, out, english, want, tmp_path,
                       ("model.encoder.layernorm_embedding.weight", "model.decoder.layernorm_embedding.weight"),
                       source_lang="en", target_lang="fr")
-    if style == "cc25":
-        from toolkit.core.errors import UsageError
+    from toolkit.core.errors import UsageError
 
-        with pytest.raises(UsageError, match="starts its decoder with token .* the target language it was converted for"):
-            Translator(tmp_path / "ct2", runtime="ctranslate2").translate(["Hello."], source_lang="en", target_lang="de")
+    with pytest.raises(UsageError, match="starts its decoder with token .* the target language it was converted for"):
+        Translator(tmp_path / "ct2", runtime="ctranslate2").translate(["Hello."], source_lang="en", target_lang="de")
