@@ -64,6 +64,15 @@ def conversion_problem(m: Manifest) -> str | None:
     return None
 
 
+def _tokens(spec, m: Manifest) -> None:
+    """The converted config's special tokens: the model's own ids, written as strings (tk tokenizes), the decoder
+    started as generate starts it (an mBART-cc25's: the directory's target language)."""
+    rules = m.rules()
+    spec.config.unk_token = str(m.special_tokens.get("unk", rules.end) if m.special_tokens else rules.end)
+    spec.config.bos_token, spec.config.eos_token = str(rules.start), str(rules.end)
+    spec.config.decoder_start_token = str(rules.start)
+
+
 def _first(w: dict[str, np.ndarray], *names: str) -> np.ndarray:
     """The first of the names the graphs hold: a tied weight is stored once, under the name the exporter met first."""
     for name in names:
@@ -132,10 +141,7 @@ def model_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
                                           pre_norm=layout.pre_norm, activation=activation,
                                           layernorm_embedding=layout.layernorm_embedding)
     spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default, which transformers' BART family uses
-    rules = m.rules()
-    spec.config.unk_token = str(m.special_tokens.get("unk", rules.end) if m.special_tokens else rules.end)
-    spec.config.bos_token, spec.config.eos_token = str(rules.start), str(rules.end)
-    spec.config.decoder_start_token = str(rules.start)
+    _tokens(spec, m)
     if w is None:
         return spec
     scale = math.sqrt(cfg["d_model"]) if cfg.get("scale_embedding") else 1.0
@@ -168,10 +174,7 @@ def _t5_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
                                           activation=getattr(common_spec.Activation, _ACTIVATIONS[name]), ffn_glu=gated,
                                           relative_attention_bias=True, rms_norm=True)
     spec.config.layer_norm_epsilon = float(cfg.get("layer_norm_epsilon", 1e-6))
-    rules = m.rules()
-    spec.config.unk_token = str(m.special_tokens.get("unk", rules.end) if m.special_tokens else rules.end)
-    spec.config.bos_token, spec.config.eos_token = str(rules.start), str(rules.end)
-    spec.config.decoder_start_token = str(rules.start)
+    _tokens(spec, m)
     if w is None:
         return spec
     # The embedding is stored once, under the first name the exporter met (a tied one as the output layer's).

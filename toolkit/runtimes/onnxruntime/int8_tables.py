@@ -19,21 +19,28 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def tied_tables(folded) -> dict[str, str]:
-    """{lookup table: the MatMul weight it is the transpose of} in a float graph (an onnx.ModelProto, weights loaded)
-    about to be quantised: a Gather's table equal, element for element, to a MatMul weight transposed."""
+def tied_tables(folded: Path) -> dict[str, str]:
+    """{lookup table: the MatMul weight it is the transpose of} in the float graph at `folded` (its weights beside it)
+    about to be quantised: a Gather's table equal, element for element, to a MatMul weight transposed. Only the tensors
+    whose shapes pair up are read (an NLLB-1.3B decoder's other 3 GB of weights are not)."""
     import numpy as np
+    import onnx
     from onnx import numpy_helper
 
-    inits = {i.name: i for i in folded.graph.initializer}
-    looked_up = {n.input[0] for n in folded.graph.node if n.op_type == "Gather" and n.input[0] in inits}
+    graph = onnx.load(folded, load_external_data=False).graph
+    inits = {i.name: i for i in graph.initializer}
+    looked_up = {n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits}
     # (weight, stored as vocab x d_model): a MatMul's weight is d_model x vocab; a Gemm's with transB=1 is the table's way
     # round (the quantiser transposes it to MatMul's).
     multiplied = {}
-    for n in folded.graph.node:
+    for n in graph.node:
         if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in inits:
             trans_b = next((a.i for a in n.attribute if a.name == "transB"), 0)
             multiplied[n.input[1]] = n.op_type == "Gemm" and trans_b == 1
+
+    def array(name: str) -> np.ndarray:
+        return numpy_helper.to_array(inits[name], base_dir=str(Path(folded).parent))
+
     pairs = {}
     for table in looked_up:
         rows = tuple(inits[table].dims)
@@ -41,8 +48,8 @@ def tied_tables(folded) -> dict[str, str]:
             dims = tuple(inits[weight].dims)
             if len(rows) != 2 or table == weight or (dims if as_table else dims[::-1]) != rows:
                 continue
-            w = numpy_helper.to_array(inits[weight])
-            if np.array_equal(numpy_helper.to_array(inits[table]), w if as_table else w.T):
+            w = array(weight)
+            if np.array_equal(array(table), w if as_table else w.T):
                 pairs[table] = weight
                 break
     return pairs
@@ -98,8 +105,8 @@ def share_tied_tables(model, pairs: dict[str, str]) -> int:
             del model.graph.node[:]
             model.graph.node.extend(nodes)
             rewritten += 1
-    used = {name for node in model.graph.node for name in node.input}
-    keep = [i for i in model.graph.initializer if i.name in used or i.name in {o.name for o in model.graph.output}]
+    used = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+    keep = [i for i in model.graph.initializer if i.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
     return rewritten

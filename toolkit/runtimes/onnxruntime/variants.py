@@ -97,7 +97,7 @@ def int8_graph(src: Path, dst: Path, keep_fp32: Sequence[str] = (), only: Sequen
                          nodes_to_exclude=list(keep_fp32), nodes_to_quantize=list(only) if only is not None else None,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         # One int8 copy of a table both looked up and multiplied by (int8_tables: 262 MB less at NLLB's size).
-        int8_tables.share_in_file(dst, int8_tables.tied_tables(onnx.load(folded)))
+        int8_tables.share_in_file(dst, int8_tables.tied_tables(folded))
     finally:
         root.setLevel(level)
         if not given:

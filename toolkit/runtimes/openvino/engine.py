@@ -88,15 +88,14 @@ def compile_graph(source: Path | bytes, threads: int | None = None) -> OvSession
     except Exception as e:
         first = first_line(e)
         raise UsageError(f"OpenVINO cannot run {describe(source)}: {first}; use --runtime onnxruntime") from None
-    return OvSession(compiled, [_graph_input_name(port, source) for port in compiled.inputs])
+    declared = _onnx_inputs(source)
+    return OvSession(compiled, [_graph_input_name(port, declared) for port in compiled.inputs])
 
 
-def _graph_input_name(port, source: Path | bytes) -> str:
+def _graph_input_name(port, declared: frozenset[str]) -> str:
     """The ONNX graph's own name of an input port: OpenVINO merges a tensor's names when it removes a node that only
     renames it (a Reshape of the token ids to their own shape in the int8 graphs), and any name may then come first."""
-    names = port.get_names()
-    declared = _onnx_inputs(source)
-    return next((n for n in sorted(names) if n in declared), port.get_any_name())
+    return next((n for n in sorted(port.get_names()) if n in declared), port.get_any_name())
 
 
 def _onnx_inputs(source: Path | bytes) -> frozenset[str]:
