@@ -27,24 +27,16 @@ def chain(width: int, ffn: int, layers: int, projections: int, vocab: int | None
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    nodes, inits, x = [], [], "x"
-
-    def product(shape: tuple[int, int], out: str) -> str:
-        name = f"w{len(inits)}"
-        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.02).astype(np.float32), name))
-        nodes.append(helper.make_node("MatMul", [x_in[0], name], [out]))
-        return out
-
-    x_in = [x]
-    for i in range(layers):
-        for j in range(projections):
-            x_in[0] = product((width, width), f"l{i}p{j}")
-        x_in[0] = product((width, ffn), f"l{i}f1")
-        x_in[0] = product((ffn, width), f"l{i}f2")
-    if vocab:
-        x_in[0] = product((width, vocab), "logits")
+    nodes, inits = [], []
+    shapes = [(width, width)] * projections + [(width, ffn), (ffn, width)]
+    shapes = shapes * layers + ([(width, vocab)] if vocab else [])
+    x = "x"
+    for k, shape in enumerate(shapes):  # each product takes the previous one's output
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.02).astype(np.float32), f"w{k}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{k}"], [f"y{k}"]))
+        x = f"y{k}"
     graph = helper.make_graph(nodes, "floor", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", width])],
-                              [helper.make_tensor_value_info(x_in[0], TensorProto.FLOAT, None)], inits)
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 

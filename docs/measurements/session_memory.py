@@ -16,7 +16,6 @@ import sys
 
 CHILD = r"""
 import json, resource, sys, time
-import numpy as np
 import onnxruntime as ort
 from toolkit.core import manifest
 from toolkit.runtimes.onnxruntime.variants import graph_source
