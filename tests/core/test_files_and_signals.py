@@ -186,6 +186,21 @@ def test_repeated_ctrl_c_exits_130_without_a_traceback_or_an_abort(tmp_path, cou
     assert out.read_text() == "previous run\n"
 
 
+def test_ctrl_c_after_the_command_while_the_process_exits_is_one_line():
+    """A third Ctrl-C in CI landed after the command had returned, while the interpreter joined its threads, and
+    printed Python's "Exception ignored ... KeyboardInterrupt" traceback. Made certain here: a thread the exit waits for."""
+    script = ("import sys, threading, time\n"
+              "from toolkit.cli import main\n"
+              "threading.Thread(target=time.sleep, args=(30,)).start()\n"  # not a daemon: the exit joins it
+              "main(['--version'])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
+    assert proc.stdout.readline().startswith(b"tk")  # the command has returned; the exit now waits for the thread
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    stderr = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 130 and stderr.strip() == "error: interrupted", stderr
+
 # ---- inputs that used to end in an internal error --------------------------------------------------
 
 def test_an_argument_that_is_not_utf8_is_one_line():

@@ -50,6 +50,14 @@ class Group(click.Group):
         with signals.starting():
             return super().main(*args, **kwargs)
 
+    def __call__(self, *args, **kwargs):
+        # The process's entry (the tk script, python -m toolkit.cli; in-process callers such as CliRunner call main):
+        # after the command only the exit is left, and a signal there must not print a traceback either.
+        try:
+            return self.main(*args, **kwargs)
+        finally:
+            signals.exit_at_once_from_now()
+
     def invoke(self, ctx):
         if sys.stdout is None:  # started with stdout closed (`>&-`): whatever it printed would be lost
             if sys.stderr is not None:
@@ -60,12 +68,12 @@ class Group(click.Group):
                 return super().invoke(ctx)
         except ToolkitError as e:
             if signals.interrupted() and e.exit_code != 130:  # raised because of the signal (see below): say that
-                click.echo("error: interrupted", err=True)
+                signals.say_interrupted()
                 sys.exit(130)
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
+            signals.say_interrupted()
             sys.exit(130)
         except click.exceptions.UsageError as e:
             # One line, like every other error: click's default adds the usage and a hint around it.
@@ -94,7 +102,7 @@ class Group(click.Group):
                 # The signal was raised inside code that turned it into another error (a native module's import
                 # says "ImportError: initialization failed", which a runtime's loader may report as a ToolkitError
                 # above): the cause is the interruption, not a fault of tk's or the user's.
-                click.echo("error: interrupted", err=True)
+                signals.say_interrupted()
                 sys.exit(130)
             if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in BUILD_SIDE:
                 click.echo(f"error: tk {ctx.invoked_subcommand} needs PyTorch, which the base install leaves out; install the torch "

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _active = False  # inside handled(): claim() puts the handlers back where a library replaced them
 _received = False  # a signal arrived inside handled(): whatever error follows was caused by it
+_said = False  # "error: interrupted" is already on stderr: a later signal exits without saying it twice
 
 
 def _first(signum, frame) -> None:
@@ -36,9 +37,18 @@ def _first(signum, frame) -> None:
 
 
 def _again(signum, frame) -> None:
+    if not _said:
+        with contextlib.suppress(OSError):
+            os.write(2, b"error: interrupted\n")
+    os._exit(130)
+
+
+def say_interrupted() -> None:
+    """Writes the one line an interrupted command ends with, once: a signal after it exits without a second."""
+    global _said
+    _said = True
     with contextlib.suppress(OSError):
         os.write(2, b"error: interrupted\n")
-    os._exit(130)
 
 
 def _install(handler) -> dict:
@@ -60,6 +70,13 @@ def _restore(previous: dict) -> None:
 def exit_at_once() -> dict:
     """From now on a signal exits 130 with one line (nothing to clean up yet: start-up). Returns what to restore."""
     return _install(_again)
+
+
+def exit_at_once_from_now() -> None:
+    """For the process's own entry point once its command has returned: nothing is left but the interpreter's exit
+    (joining threads, finalising native runtimes), where Python's handler would print a KeyboardInterrupt traceback
+    ("Exception ignored in threading._shutdown"); a signal then exits 130 at once."""
+    _install(_again)
 
 
 def restore(previous: dict) -> None:
