@@ -55,10 +55,55 @@ class StepBackend:
         raise NotImplementedError(f"{type(self).__name__} cannot decode concurrent streams")
 
 
+class HostState(dict):
+    """A host backend's decoder state (name -> numpy array) with the memory its beam reorders write into, one search's.
+
+    A beam step copies the whole self-attention cache into the order of the surviving beams. Into fresh arrays, which
+    grow by a position each step, that copy ran at half speed: the allocator maps new pages for every larger array
+    (opus-mt shape, fp32 beam 4, 16 sentences: 0.8 of 4.7 s; into reused memory 0.2 to 0.3 s). The memory belongs
+    to the search (it goes with its state, and goes away with it), so concurrent searches never share it. Only the
+    search's latest state is valid: each reorder writes over the memory the previous one returned."""
+
+    __slots__ = ("_memory",)
+
+    def __init__(self, arrays: dict[str, np.ndarray], memory: dict[str, tuple[np.ndarray, int]] | None = None):
+        super().__init__(arrays)
+        self._memory = {} if memory is None else memory
+
+    def carried(self, arrays: dict[str, np.ndarray]) -> HostState:
+        """The next state of the same search (it keeps this one's memory)."""
+        return HostState(arrays, self._memory)
+
+    def reordered(self, name: str, value: np.ndarray, rows: np.ndarray, axis: int) -> np.ndarray:
+        """np.take(value, rows, axis), written into this search's memory for `name`."""
+        shape = (*value.shape[:axis], len(rows), *value.shape[axis + 1:])
+        size = int(np.prod(shape))
+        flat, last = self._memory.get(name, (None, size))
+        if flat is None or flat.size < size or flat.dtype != value.dtype:
+            # Room for 32 more steps of the growth since the last reorder (a cache grows by a position a step): fresh
+            # memory each few steps would fault its pages in again.
+            flat = np.empty(size + max(32 * (size - last), size // 4, 1), value.dtype)
+        self._memory[name] = (flat, size)
+        if len(rows) and (rows.min() < 0 or rows.max() >= value.shape[axis]):
+            raise IndexError(f"row {int(rows.max())} of {value.shape[axis]}")  # mode="clip" below would hide it
+        # mode="clip": with out= and numpy's default mode "raise", numpy copies through a buffer of its own. (A value
+        # in this memory itself, reordered twice without a step between, is copied first by numpy: take checks overlap.)
+        return np.take(value, rows, axis=axis, out=flat[:size].reshape(shape), mode="clip")
+
+
 def take_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axis: dict[str, int],
               keep: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """The given rows of every host state tensor along its batch axis; the tensors named in `keep` as they are."""
-    return {n: v if n in keep else np.take(v, rows, axis=batch_axis[n]) for n, v in state.items()}
+    taken = {n: v if n in keep else np.take(v, rows, axis=batch_axis[n]) for n, v in state.items()}
+    return state.carried(taken) if isinstance(state, HostState) else taken
+
+
+def reorder_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axis: dict[str, int],
+                 keep: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    """take_rows for a beam reorder: into the search's own memory where the state is a HostState."""
+    if not isinstance(state, HostState):
+        return take_rows(state, rows, batch_axis, keep)
+    return state.carried({n: v if n in keep else state.reordered(n, v, rows, batch_axis[n]) for n, v in state.items()})
 
 
 def top_k_rows(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from toolkit.core.decoding import StepBackend, empty_cache, take_rows, top_k_rows
+from toolkit.core.decoding import HostState, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
 from toolkit.core.graphs import GraphSpec
 from toolkit.runtimes.onnxruntime.helper_graphs import selection_graph, top_k_graph
 from toolkit.runtimes.onnxruntime.sessions import helper_session, session_provider
@@ -122,14 +122,15 @@ class OrtBackend(StepBackend):
         self.record("encoder", outputs)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
         if not self.io_binding:
-            return {n: outputs[n] for n in self.state_names}
+            return HostState({n: outputs[n] for n in self.state_names})
         return {n: self._to_device(outputs[n]) for n in self.state_names}
 
     def _run_host(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         named = dict(zip(self.output_names, self._run_decoder(self.output_names, {"token": token, **state})))
         if self.recorded:
             self.record("decoder", {n: named[n] for n in self.recorded})
-        return named["log_probs"], self.decoder_spec.next_state(state, named)
+        new_state = self.decoder_spec.next_state(state, named)
+        return named["log_probs"], state.carried(new_state) if isinstance(state, HostState) else new_state
 
     def _run_step(self, token: np.ndarray, state: dict[str, ort.OrtValue], log_probs_on: str):
         binding = self.decoder.io_binding()
@@ -177,7 +178,7 @@ class OrtBackend(StepBackend):
 
     def reorder_beams(self, state: dict, rows: np.ndarray) -> dict:
         if not self.io_binding:
-            return take_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
+            return reorder_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
         return self.select(state, rows)
 
     def select(self, state: dict, rows: np.ndarray) -> dict:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from toolkit.core.decoding import StepBackend, empty_cache, take_rows, top_k_rows
+from toolkit.core.decoding import HostState, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
@@ -125,18 +125,19 @@ class OvBackend(StepBackend):
         outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
         outputs.update(src=src, src_len=src_len)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
-        return {n: outputs[n] for n in self.state_names}
+        return HostState({n: outputs[n] for n in self.state_names})
 
     def step(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         named = dict(zip(self.decoder_spec.output_names, self.decoder.run(None, {"token": token, **state})))
-        return named["log_probs"], self.decoder_spec.next_state(state, named)
+        new_state = self.decoder_spec.next_state(state, named)
+        return named["log_probs"], state.carried(new_state) if isinstance(state, HostState) else new_state
 
     def step_top_k(self, token: np.ndarray, state: dict[str, np.ndarray], k: int):
         log_probs, new_state = self.step(token, state)
         return (*top_k_rows(log_probs, k), new_state)
 
     def reorder_beams(self, state: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-        return take_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
+        return reorder_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
 
     def select(self, state: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         return take_rows(state, rows, self.batch_axis)
