@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from toolkit.core.decoding import HostState, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
+from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
 from toolkit.core.graphs import GraphSpec
 from toolkit.runtimes.onnxruntime.helper_graphs import selection_graph, top_k_graph
 from toolkit.runtimes.onnxruntime.sessions import helper_session, session_provider
@@ -64,6 +64,7 @@ class OrtBackend(StepBackend):
         self.output_names = decoder_spec.output_names  # built once: a single request runs the decoder a dozen times
         self._run_decoder = direct_run(decoder)
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
+        self._reorder_memory = ReorderMemory()  # a fork has its own: its stream runs in another thread
         self.device = session_provider(decoder)
         self.io_binding = self.device != "cpu" if io_binding is None else io_binding
         self._helpers: dict[str, ort.InferenceSession] = {}  # the ranking and row-selection sessions
@@ -122,7 +123,7 @@ class OrtBackend(StepBackend):
         self.record("encoder", outputs)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
         if not self.io_binding:
-            return HostState({n: outputs[n] for n in self.state_names})
+            return HostState({n: outputs[n] for n in self.state_names}, self._reorder_memory.here())
         return {n: self._to_device(outputs[n]) for n in self.state_names}
 
     def _run_host(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:

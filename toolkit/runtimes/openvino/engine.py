@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from toolkit.core.decoding import HostState, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
+from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
@@ -117,6 +117,7 @@ class OvBackend(StepBackend):
         self.encoder_spec, self.decoder_spec = encoder_spec, decoder_spec
         self.state_names = decoder_spec.input_names[1:]
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
+        self._reorder_memory = ReorderMemory()  # a fork has its own: its stream runs in another thread
 
     def fork(self) -> OvBackend:
         return OvBackend(self.encoder.fork(), self.decoder.fork(), self.encoder_spec, self.decoder_spec)
@@ -125,7 +126,7 @@ class OvBackend(StepBackend):
         outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
         outputs.update(src=src, src_len=src_len)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
-        return HostState({n: outputs[n] for n in self.state_names})
+        return HostState({n: outputs[n] for n in self.state_names}, self._reorder_memory.here())
 
     def step(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         named = dict(zip(self.decoder_spec.output_names, self.decoder.run(None, {"token": token, **state})))
