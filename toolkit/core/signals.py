@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -44,11 +45,13 @@ def _again(signum, frame) -> None:
 
 
 def say_interrupted() -> None:
-    """Writes the one line an interrupted command ends with, once: a signal after it exits without a second."""
+    """Writes the one line an interrupted command ends with, once: a signal after it exits without a second. Through
+    sys.stderr, which a caller running tk in-process (click's CliRunner) may have replaced."""
     global _said
     _said = True
-    with contextlib.suppress(OSError):
-        os.write(2, b"error: interrupted\n")
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write("error: interrupted\n")
+        sys.stderr.flush()
 
 
 def _install(handler) -> dict:
