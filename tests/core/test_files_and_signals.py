@@ -201,6 +201,7 @@ def test_ctrl_c_after_the_command_while_the_process_exits_is_one_line():
     stderr = proc.communicate(timeout=60)[1].decode()
     assert proc.returncode == 130 and stderr.strip() == "error: interrupted", stderr
 
+
 # ---- inputs that used to end in an internal error --------------------------------------------------
 
 def test_an_argument_that_is_not_utf8_is_one_line():

@@ -52,11 +52,12 @@ class Group(click.Group):
 
     def __call__(self, *args, **kwargs):
         # The process's entry (the tk script, python -m toolkit.cli; in-process callers such as CliRunner call main):
-        # after the command only the exit is left, and a signal there must not print a traceback either.
+        # after the command only the interpreter's exit is left (joining threads), where Python's own handler would
+        # print "Exception ignored in threading._shutdown ... KeyboardInterrupt": a signal there exits 130 at once.
         try:
             return self.main(*args, **kwargs)
         finally:
-            signals.exit_at_once_from_now()
+            signals.exit_at_once()
 
     def invoke(self, ctx):
         if sys.stdout is None:  # started with stdout closed (`>&-`): whatever it printed would be lost

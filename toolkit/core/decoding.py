@@ -102,10 +102,9 @@ class HostState(dict):
             # memory each few steps would fault its pages in again.
             flat = np.empty(size + max(32 * (size - last), size // 4, 1), value.dtype)
         self._memory[name] = (flat, size)
-        if len(rows) and (rows.min() < 0 or rows.max() >= value.shape[axis]):
-            raise IndexError(f"row {int(rows.max())} of {value.shape[axis]}")  # mode="clip" below would hide it
-        # mode="clip": with out= and numpy's default mode "raise", numpy copies through a buffer of its own. (A value
-        # in this memory itself, reordered twice without a step between, is copied first by numpy: take checks overlap.)
+        # mode="clip" (reorder_rows checked the rows): with out= and numpy's default mode "raise", numpy copies through a
+        # buffer of its own. (A value in this memory itself, reordered twice without a step between, is copied first by
+        # numpy: take checks overlap.)
         return np.take(value, rows, axis=axis, out=flat[:size].reshape(shape), mode="clip")
 
 
@@ -116,11 +115,19 @@ def take_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axis: dict[s
     return state.carried(taken) if isinstance(state, HostState) else taken
 
 
+def next_host_state(spec: GraphSpec, state: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """spec.next_state for a host backend: a HostState's next state keeps its search's memory."""
+    new_state = spec.next_state(state, outputs)
+    return state.carried(new_state) if isinstance(state, HostState) else new_state
+
+
 def reorder_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axis: dict[str, int],
                  keep: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """take_rows for a beam reorder: into the search's own memory where the state is a HostState."""
     if not isinstance(state, HostState):
         return take_rows(state, rows, batch_axis, keep)
+    if len(rows) and (rows.min() < 0 or any(rows.max() >= state[n].shape[batch_axis[n]] for n in state if n not in keep)):
+        raise IndexError(f"row {int(rows.max())} is past the state's rows")  # mode="clip" would hide it
     return state.carried({n: v if n in keep else state.reordered(n, v, rows, batch_axis[n]) for n, v in state.items()})
 
 

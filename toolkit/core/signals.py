@@ -75,13 +75,6 @@ def exit_at_once() -> dict:
     return _install(_again)
 
 
-def exit_at_once_from_now() -> None:
-    """For the process's own entry point once its command has returned: nothing is left but the interpreter's exit
-    (joining threads, finalising native runtimes), where Python's handler would print a KeyboardInterrupt traceback
-    ("Exception ignored in threading._shutdown"); a signal then exits 130 at once."""
-    _install(_again)
-
-
 def restore(previous: dict) -> None:
     """Puts back the handlers `exit_at_once` replaced."""
     _restore(previous)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
+from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, next_host_state, reorder_rows, take_rows, top_k_rows
 from toolkit.core.graphs import GraphSpec
 from toolkit.runtimes.onnxruntime.helper_graphs import selection_graph, top_k_graph
 from toolkit.runtimes.onnxruntime.sessions import helper_session, session_provider
@@ -130,8 +130,7 @@ class OrtBackend(StepBackend):
         named = dict(zip(self.output_names, self._run_decoder(self.output_names, {"token": token, **state})))
         if self.recorded:
             self.record("decoder", {n: named[n] for n in self.recorded})
-        new_state = self.decoder_spec.next_state(state, named)
-        return named["log_probs"], state.carried(new_state) if isinstance(state, HostState) else new_state
+        return named["log_probs"], next_host_state(self.decoder_spec, state, named)
 
     def _run_step(self, token: np.ndarray, state: dict[str, ort.OrtValue], log_probs_on: str):
         binding = self.decoder.io_binding()

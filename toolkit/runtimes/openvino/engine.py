@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, reorder_rows, take_rows, top_k_rows
+from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, next_host_state, reorder_rows, take_rows, top_k_rows
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
@@ -130,8 +130,7 @@ class OvBackend(StepBackend):
 
     def step(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         named = dict(zip(self.decoder_spec.output_names, self.decoder.run(None, {"token": token, **state})))
-        new_state = self.decoder_spec.next_state(state, named)
-        return named["log_probs"], state.carried(new_state) if isinstance(state, HostState) else new_state
+        return named["log_probs"], next_host_state(self.decoder_spec, state, named)
 
     def step_top_k(self, token: np.ndarray, state: dict[str, np.ndarray], k: int):
         log_probs, new_state = self.step(token, state)
