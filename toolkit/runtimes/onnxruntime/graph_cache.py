@@ -91,11 +91,11 @@ def _save(source: Path | bytes, entry: Path, key: str, create_session: Callable[
     import shutil
     import tempfile
 
-    def save_to(so) -> None:
+    def save_to(so, prepacked: bool = True) -> None:
         so.optimized_model_filepath = str(Path(tmp) / GRAPH)
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA)
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        so.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+        so.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1" if prepacked else "0")
 
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +107,11 @@ def _save(source: Path | bytes, entry: Path, key: str, create_session: Callable[
             session = create_session(source, "cpu", threads=threads, configure=save_to)
         except UsageError:  # saving failed (or the source is bad: then this raises the same error)
             return create_session(source, "cpu", threads=threads)
+        if not prepacked_aligned(Path(tmp) / GRAPH):
+            # Saved again with the weights packed at each load instead (the session above is sound either way).
+            for name in (GRAPH, DATA):
+                (Path(tmp) / name).unlink(missing_ok=True)
+            create_session(source, "cpu", threads=threads, configure=lambda so: save_to(so, prepacked=False))
         for name in (GRAPH, DATA):
             with open(Path(tmp) / name, "rb") as f:
                 os.fsync(f.fileno())
@@ -121,6 +126,28 @@ def _save(source: Path | bytes, entry: Path, key: str, create_session: Callable[
         return session  # saved or not, the session itself is sound
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# The alignment ONNX Runtime's CPU kernels read prepacked weights with (64 bytes: one AVX-512 vector).
+PACKED_ALIGNMENT = 64
+
+
+def prepacked_aligned(graph: Path) -> bool:
+    """Whether every prepacked weight ONNX Runtime saved beside `graph` starts on a PACKED_ALIGNMENT boundary of its
+    data file. Loaded, they are read in place from the mapped file; onnxruntime 1.31.1 places one after a smaller
+    tensor at any multiple of 8, and its matrix kernels' aligned loads then crash the process (a Marian of d_model 64
+    with its Q/K/V projections merged, at offset 895,832; 1.32 aligns them)."""
+    import onnx
+
+    model = onnx.load(graph, load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key.startswith("prepacked"):  # "KERNEL+HASH|OFFSET;LENGTH;..." for each packed buffer
+                for blob in entry.value.split("|")[1:]:
+                    offset = blob.split(";")[0]
+                    if not offset.isdigit() or int(offset) % PACKED_ALIGNMENT:  # a format it does not know: unsafe
+                        return False
+    return True
 
 
 def _prune(graphs: Path) -> None:
