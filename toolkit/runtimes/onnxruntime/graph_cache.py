@@ -66,7 +66,8 @@ def cached_session(source: Path | Callable[[], Path | bytes], identity: str,
     root = directory()
     if root is None:
         return create_session(source() if callable(source) else source, "cpu", threads=threads)
-    name, key = graph_key(identity, f"all -{','.join(CPU_DISABLED_OPTIMIZERS)} prepacked")
+    # "aligned": entries written before saved graphs were checked by prepacked_aligned are never trusted
+    name, key = graph_key(identity, f"all -{','.join(CPU_DISABLED_OPTIMIZERS)} prepacked aligned {PACKED_ALIGNMENT}")
     entry = root / "graphs" / name
     recorded = read_json(entry / ENTRY)
     try:
