@@ -200,10 +200,147 @@ def _cache(g: _Graph, name: str, reader: onnx.NodeProto) -> tuple[str, str, onnx
     return new[0], cat.input[0], cat
 
 
+def _through_shape_ops(g: _Graph, name: str) -> str:
+    """`name` back through Unsqueeze/Expand/Reshape: nodes that move values, never compute them."""
+    while (n := g.producer.get(name)) is not None and n.op_type in ("Unsqueeze", "Expand", "Reshape"):
+        name = n.input[0]
+    return name
+
+
+def _padding_mask(g: _Graph, name: str) -> tuple[str, list[onnx.NodeProto]] | None:
+    """The key-length input of an additive padding mask Unsqueeze(Where(arange(S) < lengths, 0, -big), [1, 2]) (what
+    transformers' encoder-decoders build from the attention mask), and its nodes; None for any other addend (T5's
+    position bias, a causal mask)."""
+    unsq = g.node(name, "Unsqueeze")
+    axes = g.const(unsq.input[1]) if unsq is not None else None
+    where = g.node(unsq.input[0], "Where") if axes is not None and [int(a) for a in axes.reshape(-1)] == [1, 2] else None
+    less = g.node(where.input[0], "Less") if where is not None else None
+    keep, fill = (g.const(where.input[1]), g.const(where.input[2])) if less is not None else (None, None)
+    if keep is None or fill is None or keep.size != 1 or float(keep) != 0.0 or fill.size != 1 or float(fill) > -1e4:
+        return None
+    rng = g.node(_through_shape_ops(g, less.input[0]), "Range")
+    if rng is None or g.const(rng.input[0]) is None or int(g.const(rng.input[0])) != 0 \
+            or g.const(rng.input[2]) is None or int(g.const(rng.input[2])) != 1:
+        return None
+    lengths = _through_shape_ops(g, less.input[1])
+    if lengths not in g.inputs or len(g.inputs[lengths].type.tensor_type.shape.dim) != 1:
+        return None
+    return lengths, [unsq, where]
+
+
+def _width(g: _Graph, name: str) -> int | None:
+    """The last axis of a projection's output, Add(MatMul(x, W), bias) or MatMul(x, W), from its weights' dims (their
+    values stay unread)."""
+    n = g.producer.get(name)
+    if n is not None and n.op_type == "Add":
+        for operand in n.input:
+            if operand in g.inits and len(g.inits[operand].dims) == 1:
+                return int(g.inits[operand].dims[0])
+        n = next((g.producer[i] for i in n.input if i in g.producer and g.producer[i].op_type == "MatMul"), None)
+    if n is None or n.op_type != "MatMul":
+        return None
+    w, t = n.input[1], _perm(g, n.input[1], [1, 0])
+    if w in g.inits and len(g.inits[w].dims) == 2:
+        return int(g.inits[w].dims[1])
+    if t is not None and t.input[0] in g.inits and len(g.inits[t.input[0]].dims) == 2:
+        return int(g.inits[t.input[0]].dims[0])
+    return None
+
+
+def _heads_4d(g: _Graph, name: str, perm: list[int]) -> tuple[str, int, int] | None:
+    """Transpose(Reshape(x, (B, L, H or -1, d)), perm): (x, H, d) for x a projection's (B, L, H*d) output."""
+    t = _perm(g, name, perm)
+    r = g.node(t.input[0], "Reshape") if t is not None else None
+    shape = g.shape_ints(r.input[1]) if r is not None else None
+    if shape is None or len(shape) != 4 or shape[3] is None or shape[3] <= 0:
+        return None
+    heads = shape[2] if shape[2] is not None and shape[2] > 0 else None
+    if heads is None:  # transformers writes -1 for the heads: the projection's width tells them
+        width = _width(g, r.input[0])
+        heads = width // shape[3] if width and width % shape[3] == 0 else None
+    return (r.input[0], heads, shape[3]) if heads else None
+
+
+def _hf_keys(g: _Graph, name: str, reader: onnx.NodeProto, transposed: bool) -> dict | None:
+    """What the attention reads as keys (transposed: MatMul's right operand, keys transposed) or values, in
+    transformers' form: a (B, H, S, d) graph input (the cross cache: bnsh), Concat(past, heads(x)) (the
+    self-attention cache) or heads(x) itself; x the (B, L, H*d) projection otherwise."""
+    if transposed:
+        whole = _heads_4d(g, name, [0, 2, 3, 1])  # the exporter's one transpose of (B, L, H, d) to (B, H, d, L)
+        if whole is not None:
+            return {"x": whole[0], "bnsh": False}
+        t = _perm(g, name, [0, 1, 3, 2])
+        if t is None:
+            return None
+        reader, name = t, t.input[0]
+    if name in g.inputs and len(g.inputs[name].type.tensor_type.shape.dim) == 4:
+        return {"x": name, "bnsh": True}
+    cat = g.node(name, "Concat")
+    if cat is not None:
+        if len(cat.input) != 2 or _attr(cat, "axis") not in (2, -2) or cat.input[0] not in g.inputs:
+            return None
+        new = _heads_4d(g, cat.input[1], [0, 2, 1, 3])
+        if new is None or any(u is not reader for u in g.consumers[name]) or len(g.consumers[cat.input[1]]) != 1:
+            return None
+        return {"x": new[0], "bnsh": False, "past": cat.input[0], "present": name, "cat": cat}
+    own = _heads_4d(g, name, [0, 2, 1, 3])
+    return {"x": own[0], "bnsh": False} if own is not None and len(g.consumers[name]) == 1 else None
+
+
+# Over 60 lines: one exported pattern walked node by node, each step a guard that returns None.
+def _match_hf(g: _Graph, softmax: onnx.NodeProto) -> dict | None:
+    """The attention core around one Softmax in transformers' form (BART, Marian, M2M100/NLLB, mBART, exported by
+    torch.export): Softmax(MatMul(heads(q), keys^T) * scale [+ padding mask]) @ values, heads merged by
+    Transpose + Reshape. None for anything else (T5 has no scale and adds a position bias)."""
+    if _attr(softmax, "axis", -1) != -1:
+        return None
+    chain, lengths = [softmax], None
+    scores = g.producer.get(softmax.input[0])
+    if scores is not None and scores.op_type == "Add":
+        for k in (0, 1):
+            mask = _padding_mask(g, scores.input[k])
+            if mask is not None and g.node(scores.input[1 - k], "Mul") is not None:
+                lengths, _ = mask
+                chain.append(scores)
+                scores = g.producer[scores.input[1 - k]]
+                break
+        else:
+            return None
+    if scores is None or scores.op_type != "Mul":
+        return None
+    c = g.const(scores.input[1])
+    bmm = g.node(scores.input[0], "MatMul")
+    q = _heads_4d(g, bmm.input[0], [0, 2, 1, 3]) if bmm is not None and c is not None and c.size == 1 else None
+    keys = _hf_keys(g, bmm.input[1], bmm, transposed=True) if q is not None else None
+    users = g.consumers[softmax.output[0]]
+    if keys is None or len(users) != 1 or users[0].op_type != "MatMul" or users[0].input[0] != softmax.output[0]:
+        return None
+    bmm_v = users[0]
+    values = _hf_keys(g, bmm_v.input[1], bmm_v, transposed=False)
+    merge = g.consumers[bmm_v.output[0]]
+    ot = merge[0] if len(merge) == 1 and list(_attr(merge[0], "perm", []) or []) == [0, 2, 1, 3] else None
+    o3 = g.consumers[ot.output[0]] if ot is not None else []
+    if values is None or len(o3) != 1 or o3[0].op_type != "Reshape" or ("past" in keys) != ("past" in values) \
+            or keys["bnsh"] != values["bnsh"]:  # the op takes keys and values in one layout
+        return None
+    chain += [scores, bmm, g.producer[bmm.input[0]], bmm_v, ot]
+    inside = {n.output[0] for n in chain} | {o3[0].output[0]}
+    for n in chain:
+        if any(o in g.outputs or any(u.output[0] not in inside for u in g.consumers[o]) for o in n.output):
+            return None
+    query, heads, _ = q
+    common = {"query": query, "lengths": lengths, "heads": heads, "scale": float(c), "output": o3[0]}
+    if "past" in keys:  # decoder self-attention: the op appends to the cache itself (its present replaces the Concat)
+        return {**common, "key": keys["x"], "value": values["x"], "past": [keys["past"], values["past"]],
+                "present": [keys["present"], values["present"]], "drop": [keys["cat"], values["cat"]]}
+    return {**common, "key": keys["x"], "value": values["x"], "past": [], "present": [], "drop": []}
+
+
 def fuse_attention(model: onnx.ModelProto) -> int:
     """Replaces each exported attention core by com.microsoft.MultiHeadAttention; returns how many."""
     g = _Graph(model.graph)
-    found = [m for s in list(model.graph.node) if s.op_type == "Softmax" and (m := _match(g, s)) is not None]
+    found = [m for s in list(model.graph.node) if s.op_type == "Softmax"
+             and (m := _match(g, s) or _match_hf(g, s)) is not None]
     if not found:
         return 0
     casts: dict[str, str] = {}
