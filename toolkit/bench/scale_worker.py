@@ -6,7 +6,8 @@ Protocol: one JSON object a line. First line in: {"engine", "model", "threads", 
 "threads"} or {"error"}. Then each line in: {"src": [[ids]], "batch", "beam", "per_call"}; out: {"seconds",
 "outputs": [[ids]]}. A closed stdin ends it. Everything libraries print goes to stderr.
 
-Engines: tk-fp32 and tk-int8 (tk's runtime, its decoding loop: imports toolkit), ct2-fp32 and ct2-int8 (CTranslate2's
+Engines: tk-fp32 and tk-int8 (tk's runtime, its decoding loop: imports toolkit; fp32 is the float32 variant tk runs on
+CPU by default, attention fused: toolkit.core.variants.FAST_PLAIN), ct2-fp32 and ct2-int8 (CTranslate2's
 translate_batch over its own conversion), transformers (AutoModelForSeq2SeqLM's generate: Marian or M2M100) and optimum (ORTModelForSeq2SeqLM from
 Optimum's own exporter, at its defaults). Only tk's engines import tk, so the peers run under any Python that has them
 (--peer-python). Each is told to decode exactly `tokens` tokens per sentence; the model forbids its end token.
@@ -112,7 +113,10 @@ def load(request: dict):
     engine, model, threads, tokens = request["engine"], request["model"], request["threads"], request["tokens"]
     kind, _, precision = engine.partition("-")
     if kind == "tk":
-        return _Tk(model, precision, threads, tokens)
+        from toolkit.core.variants import FAST_PLAIN
+
+        # fp32: the float32 graphs tk runs on CPU by default (`tk translate`'s own choice), as the peers run theirs
+        return _Tk(model, FAST_PLAIN["cpu"] if precision == "fp32" else precision, threads, tokens)
     if kind == "ct2":
         return _Ct2(model, {"fp32": "float32", "int8": "int8"}[precision], threads, tokens)
     return _Generate(engine, model, threads, tokens, request.get("work"))
