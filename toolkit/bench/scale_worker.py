@@ -28,11 +28,13 @@ class _Tk:
         from toolkit.runtimes import registry
 
         self.m = manifest.load(model)
-        self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=threads)
+        # One stream on every thread is how tk decodes a call of one batch (`tk translate`'s request threads): the
+        # decoder session's workers spin between the steps of a call rather than sleep and be woken at every node.
+        self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=threads, request_threads=threads)
         self.backend = self.loaded.backend()
         self.tokens = tokens
         self.version = registry.get(registry.DEFAULT).label() + f", tk {variant}"
-        self.threads = f"{threads} intra-op threads x 1 stream"
+        self.threads = f"{threads} intra-op threads x 1 stream, the decoder's spinning"
 
     def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
         from toolkit.core.batching import DecodeOptions, decode_ids
