@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -211,16 +212,63 @@ def _built(src: str, digest: str, variant: str) -> bytes:
         return dst.read_bytes()
 
 
+# One protobuf message holds at most 2 GB: a graph whose weights come near that (an NLLB-1.3B decoder holds 3.5 GB) is
+# built in a temporary directory, its weights beside it, instead of in memory.
+IN_MEMORY_BYTES = 1_500_000_000
+# The builders that write a graph of any size with its weights beside it.
+ON_DISK: dict[str, Callable[[Path, Path], None]] = {
+    "optimized": lambda src, dst: _fused_and_optimized(src, dst, "extended", weights_beside=True),
+    "int8": lambda src, dst: int8_graph(src, dst),
+}
+
+
+def weight_bytes(graph: Path) -> int:
+    """The bytes of a graph's weights, read from its structure alone (external tensors by their recorded length)."""
+    import onnx
+
+    total = 0
+    for tensor in onnx.load(graph, load_external_data=False).graph.initializer:
+        length = next((e.value for e in tensor.external_data if e.key == "length"), None)
+        total += int(length) if length is not None and length.isdigit() else len(tensor.raw_data)
+    return total
+
+
+_on_disk: dict[tuple[str, str, str], Path] = {}
+_on_disk_lock = threading.Lock()
+
+
+def _built_on_disk(src: Path, digest: str, variant: str) -> Path:
+    """The variant of the fp32 graph `src` written to a temporary directory of this process (removed at its exit), its
+    weights beside it; built once per process, as _built's copies are."""
+    import atexit
+    import shutil
+
+    with _on_disk_lock:
+        key = (str(src), digest, variant)
+        if key not in _on_disk:
+            tmp = Path(tempfile.mkdtemp(prefix="tk-variant-"))
+            atexit.register(shutil.rmtree, tmp, True)
+            dst = tmp / f"graph.{variant}.onnx"
+            ON_DISK[variant](src, dst)
+            _on_disk[key] = dst
+        return _on_disk[key]
+
+
 def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, float]:
-    """The variant's graph as stored in the directory (a path), else built in memory (bytes);
-    with the seconds spent building it (0 when stored)."""
+    """The variant's graph as stored in the directory (a path), else built in memory (bytes), or in a temporary
+    directory (a path) for a graph too large for one protobuf message; with the seconds spent building it (0 when
+    stored)."""
     architectures.check_variant(m.model, variant)
     if variant == PLAIN or variant in m.stored:
         return m.graph_path(graph, variant), 0.0
     get(variant)
     start = time.perf_counter()
     try:
-        data = _built(str(m.graph_path(graph)), m.graphs[graph].sha256, variant)
+        src = m.graph_path(graph)
+        if variant in ON_DISK and weight_bytes(src) > IN_MEMORY_BYTES:
+            data: Path | bytes = _built_on_disk(src, m.graphs[graph].sha256, variant)
+        else:
+            data = _built(str(src), m.graphs[graph].sha256, variant)
     except Exception as e:
         raise ToolkitError(f"could not build the {variant} variant of {m.directory}/{graph}: {first_line(e)}; "
                            f"use --variant fp32, or store it with `tk export {m.directory} {export_flag(variant)}`") from None

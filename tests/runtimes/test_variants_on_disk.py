@@ -1,0 +1,49 @@
+"""A variant a directory does not store, for a graph too large for one protobuf message (an NLLB-1.3B decoder holds
+3.5 GB of fp32 weights): built in a temporary directory with its weights beside it, not in memory, so that `tk
+translate`'s default graphs (`optimized` on CPU) and `--variant int8` load at any size.
+
+The tiny shipped Transformer stands in for the large model: the size limit is lowered to nothing, and the in-memory
+builder is made to fail the way protobuf fails past 2 GB, so only the on-disk path can give the translations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolkit.core import manifest
+from toolkit.runtimes.onnxruntime import graph_files, variants
+
+pytestmark = pytest.mark.timeout(300)
+
+SHIPPED = Path(__file__).resolve().parents[2] / "exported" / "transformer"
+SENTENCES = ["I'm home.", "Where is the station?", "The cat is sleeping on the sofa."]
+
+
+def _translate(variant: str | None) -> list[str]:
+    from toolkit import Translator
+
+    kwargs = {} if variant is None else {"variant": variant}
+    return Translator(SHIPPED, **kwargs).translate(SENTENCES, beam=4)
+
+
+def test_a_variant_past_the_protobuf_limit_is_built_on_disk_and_translates_the_same(monkeypatch):
+    monkeypatch.setenv("TK_NO_CACHE", "1")  # every start builds its graphs: the cache would hide the builder
+    want = {v: _translate(v) for v in (None, "int8")}  # the default (optimized) and int8, built in memory
+
+    def past_the_limit(*args):
+        raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB: 3512406528")
+
+    monkeypatch.setattr(variants, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(variants, "_built", past_the_limit)
+    m = manifest.load(SHIPPED)
+    source, _ = variants.graph_source(m, "decoder", "optimized")
+    assert isinstance(source, Path) and graph_files.beside(source).exists()  # its weights beside it, not inside
+    assert {v: _translate(v) for v in want} == want
+
+
+def test_weight_bytes_counts_the_weights_stored_outside_the_graph():
+    """What the choice rests on: the shipped decoder's weights live in weights.bin, not in decoder.onnx."""
+    decoder = SHIPPED / "decoder.onnx"
+    assert variants.weight_bytes(decoder) > 4 * decoder.stat().st_size
