@@ -47,3 +47,19 @@ def test_weight_bytes_counts_the_weights_stored_outside_the_graph():
     """What the choice rests on: the shipped decoder's weights live in weights.bin, not in decoder.onnx."""
     decoder = SHIPPED / "decoder.onnx"
     assert variants.weight_bytes(decoder) > 4 * decoder.stat().st_size
+
+
+def test_storing_an_optimized_variant_past_the_limit_is_refused_in_one_line(cli, monkeypatch, tmp_path):
+    """`tk export DIR --optimize` stores each graph as one file, which cannot pass 2 GB: refused before anything is
+    written, naming the way that works (tk builds it at load), and the directory is left as it was."""
+    import shutil
+
+    directory = tmp_path / "model"
+    shutil.copytree(SHIPPED, directory)
+    before = sorted(p.name for p in directory.iterdir())
+    monkeypatch.setattr(variants, "IN_MEMORY_BYTES", 0)
+    result = cli("export", directory, "--optimize")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "holds too much for one ONNX file" in result.output and "drop --optimize" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert sorted(p.name for p in directory.iterdir()) == before

@@ -10,6 +10,7 @@ from pathlib import Path
 from toolkit.convert import IntoModelDirectory, Writer, convert
 from toolkit.core import architectures, manifest, variants
 from toolkit.core.errors import UsageError
+from toolkit.runtimes.onnxruntime import variants as built_variants
 from toolkit.runtimes.onnxruntime.variants import build
 
 
@@ -60,6 +61,11 @@ def variants_writer(opts: ExportOptions, attention: dict | None) -> Writer:
             raise UsageError(f"{m.directory} is already exported; to add graphs to it pass {flags} or --attention")
         for variant in wanted:
             architectures.check_variant(m.model, variant)
+        if "optimized" in wanted:  # stored as one file each, the size of the fp32 graph
+            big = [g for g in m.graphs if built_variants.weight_bytes(m.graph_path(g)) > built_variants.IN_MEMORY_BYTES]
+            if big:
+                raise UsageError(f"the {big[0]} graph of {m.directory} holds too much for one ONNX file, so its optimized "
+                                 "variant is not stored; drop --optimize: tk builds it when it loads the model")
 
     def write(m: manifest.Manifest, tmp: Path, echo) -> dict[str, dict]:
         graphs = {name: {"file": g.file} for name, g in m.graphs.items()}
