@@ -1,8 +1,8 @@
 """`tk bench --scale SHAPE`: tk against CTranslate2, Optimum and transformers on a model of the size users deploy.
 
 The model is built from config with random weights (toolkit.bench.scale_model), saved with save_pretrained, and each
-engine takes it through its own tool: `tk export hf:` (and `tk export DIR --quantize int8`, `--optimize`: tk fp32 runs
-the float32 graphs tk runs on CPU by default, attention fused), CTranslate2's
+engine takes it through its own tool: `tk export hf:` (and `tk export DIR --quantize int8`; tk fp32 runs the float32
+graphs tk runs on CPU by default, attention fused, built when its worker loads the model), CTranslate2's
 TransformersConverter, Optimum's exporter, transformers' from_pretrained. The build, export and conversion run once per
 work directory, each in a process of its own whose wall time and peak memory are reported.
 
@@ -111,9 +111,7 @@ def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None]) ->
     hf, tk = work / "hf", work / "tk"
     steps = [("build (random weights, save_pretrained)", [py, "-m", "toolkit.bench.scale_model", shape.name, str(hf)], hf),
              ("tk export hf:DIR", [py, "-c", cli, "export", f"hf:{hf}", "--out", str(tk)], tk),
-             ("tk export --quantize int8 (size: the directory with both)", [py, "-c", cli, "export", str(tk), "--quantize", "int8"], tk),
-             # tk's default float32 graphs on CPU (attention fused), stored as `tk export --optimize` stores them
-             ("tk export --optimize (size: the directory with all three)", [py, "-c", cli, "export", str(tk), "--optimize"], tk)]
+             ("tk export --quantize int8 (size: the directory with both)", [py, "-c", cli, "export", str(tk), "--quantize", "int8"], tk)]
     if ct2:
         convert = f"from ctranslate2.converters import TransformersConverter; TransformersConverter({str(hf)!r}).convert({str(work / 'ct2')!r})"
         steps.append(("CTranslate2 TransformersConverter", [py, "-c", convert], work / "ct2"))
