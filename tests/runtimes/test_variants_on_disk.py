@@ -63,3 +63,27 @@ def test_storing_an_optimized_variant_past_the_limit_is_refused_in_one_line(cli,
     assert "holds too much for one ONNX file" in result.output and "drop --optimize" in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert sorted(p.name for p in directory.iterdir()) == before
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_a_large_model_runs_its_exported_graphs_by_default_unless_the_fast_ones_are_stored(monkeypatch, tmp_path, stored):
+    """Past LARGE_WEIGHTS_BYTES of weights, building the optimized graphs at the first start costs minutes and several
+    times the weights in memory for no speed: the default is the exported fp32 graphs. Stored ones are used as stored;
+    a small model keeps the optimized graphs; an explicit variant is always honoured."""
+    import shutil
+
+    from toolkit import Translator
+    from toolkit.runtimes.onnxruntime import runtime
+
+    directory = tmp_path / "model"
+    shutil.copytree(SHIPPED, directory)
+    if stored:
+        from click.testing import CliRunner
+
+        from toolkit.cli import main
+
+        assert CliRunner().invoke(main, ["export", str(directory), "--optimize"]).exit_code == 0
+    assert Translator(directory).variant == "optimized"
+    monkeypatch.setattr(runtime, "LARGE_WEIGHTS_BYTES", 0)
+    assert Translator(directory).variant == ("optimized" if stored else "fp32")
+    assert Translator(directory, variant="optimized").variant == "optimized"

@@ -7,10 +7,11 @@ Protocol: one JSON object a line. First line in: {"engine", "model", "threads", 
 "outputs": [[ids]]}. A closed stdin ends it. Everything libraries print goes to stderr.
 
 Engines: tk-fp32 and tk-int8 (tk's runtime, its decoding loop: imports toolkit; fp32 is the float32 variant tk runs on
-CPU by default, attention fused: toolkit.core.variants.FAST_PLAIN), ct2-fp32 and ct2-int8 (CTranslate2's
-translate_batch over its own conversion), transformers (AutoModelForSeq2SeqLM's generate: Marian or M2M100) and optimum (ORTModelForSeq2SeqLM from
-Optimum's own exporter, at its defaults). Only tk's engines import tk, so the peers run under any Python that has them
-(--peer-python). Each is told to decode exactly `tokens` tokens per sentence; the model forbids its end token.
+CPU by default: attention fused, or the exported graphs past 1.5 GB of weights, onnxruntime.runtime.default_variant),
+ct2-fp32 and ct2-int8 (CTranslate2's translate_batch over its own conversion), transformers (AutoModelForSeq2SeqLM's
+generate: Marian or M2M100) and optimum (ORTModelForSeq2SeqLM from Optimum's own exporter, at its defaults). Only tk's
+engines import tk, so the peers run under any Python that has them (--peer-python). Each is told to decode exactly
+`tokens` tokens per sentence; the model forbids its end token.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import time
 
 
 class _Tk:
-    def __init__(self, model: str, variant: str, threads: int, tokens: int):
+    def __init__(self, model: str, precision: str, threads: int, tokens: int):
         from toolkit.core import manifest
         from toolkit.runtimes import registry
 
         self.m = manifest.load(model)
+        # fp32: the float32 graphs tk runs on CPU by default (`tk translate`'s own choice), as the peers run theirs
+        variant = registry.get(registry.DEFAULT).default_variant("cpu", self.m) if precision == "fp32" else precision
         # One stream on every thread is how tk decodes a call of one batch (`tk translate`'s request threads): the
         # decoder session's workers spin between the steps of a call rather than sleep and be woken at every node.
         self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=threads, request_threads=threads)
@@ -115,10 +118,7 @@ def load(request: dict):
     engine, model, threads, tokens = request["engine"], request["model"], request["threads"], request["tokens"]
     kind, _, precision = engine.partition("-")
     if kind == "tk":
-        from toolkit.core.variants import FAST_PLAIN
-
-        # fp32: the float32 graphs tk runs on CPU by default (`tk translate`'s own choice), as the peers run theirs
-        return _Tk(model, FAST_PLAIN["cpu"] if precision == "fp32" else precision, threads, tokens)
+        return _Tk(model, precision, threads, tokens)
     if kind == "ct2":
         return _Ct2(model, {"fp32": "float32", "int8": "int8"}[precision], threads, tokens)
     return _Generate(engine, model, threads, tokens, request.get("work"))

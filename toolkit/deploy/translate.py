@@ -86,7 +86,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         return TranslationModel(m, tokenizer, loaded.backend, "torch", time.perf_counter() - start, runtime="torch")
     spec = runtimes.get(runtime)
     provider = spec.default_provider() if provider is None else provider
-    variant = spec.default_variant(provider) if variant is None else variant
+    variant = spec.default_variant(provider, m) if variant is None else variant
     request_threads = None
     if threads is None:
         threads, request_threads = spec.default_threads(provider)

@@ -8,7 +8,7 @@ import numpy as np
 
 from toolkit.core.batching import default_request_threads, default_threads
 from toolkit.core.manifest import Manifest
-from toolkit.core.variants import FAST_PLAIN, NAMES
+from toolkit.core.variants import FAST_PLAIN, NAMES, PLAIN
 from toolkit.runtimes.io_check import check_sessions
 from toolkit.runtimes.onnxruntime.cuda import PROVIDERS
 from toolkit.runtimes.onnxruntime.loading import LoadedOnnxRuntime, load_sessions
@@ -37,10 +37,25 @@ def default_provider() -> str:
     return "cuda" if cuda_available() else "cpu"
 
 
-def default_variant(provider: str) -> str:
+# Weights past this (an NLLB-600M-sized model and up) run the exported graphs unless the fast ones are stored: building
+# the optimized copy at the first start took 67 s and 12 GB at NLLB-600M's size (1.8 GB of weights in each graph),
+# for no speed there (1.00 and 1.01x: its steps are the matrix products).
+LARGE_WEIGHTS_BYTES = 1_500_000_000
+
+
+def default_variant(provider: str, m: Manifest | None = None) -> str:
     # Same translations as fp32 (verify demands it of "optimized"); fewer nodes a step: one sentence
     # per call, first 200 Tatoeba Challenge sentences, 12.9 ms -> 11.7 ms; a 2,000-line file 3.03 -> 2.96 s.
-    return FAST_PLAIN[provider]
+    fast = FAST_PLAIN[provider]
+    if m is not None and fast != PLAIN and fast not in m.stored and _weights_bytes(m) > LARGE_WEIGHTS_BYTES:
+        return PLAIN
+    return fast
+
+
+def _weights_bytes(m: Manifest) -> int:
+    """The size of the model's external weights files (a stat each: start-up reads no graph for this)."""
+    files = {g.weights.file for g in m.graphs.values() if g.weights is not None}
+    return sum((m.directory / f).stat().st_size for f in files if (m.directory / f).is_file())
 
 
 def threads_for(provider: str) -> tuple[int | None, int | None]:
