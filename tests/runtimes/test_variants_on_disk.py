@@ -87,3 +87,18 @@ def test_a_large_model_runs_its_exported_graphs_by_default_unless_the_fast_ones_
     monkeypatch.setattr(runtime, "LARGE_WEIGHTS_BYTES", 0)
     assert Translator(directory).variant == ("optimized" if stored else "fp32")
     assert Translator(directory, variant="optimized").variant == "optimized"
+
+
+def test_a_large_graph_that_cannot_be_built_names_only_the_way_that_works(monkeypatch):
+    """Its optimized graphs cannot be stored (the refusal above), so the one-line error names the exported graphs alone."""
+    from toolkit.core.errors import ToolkitError
+
+    def out_of_memory(src, dst):
+        raise MemoryError("std::bad_alloc")
+
+    monkeypatch.setattr(variants, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setitem(variants.ON_DISK, "optimized", out_of_memory)
+    monkeypatch.setattr(variants, "_on_disk", {})
+    with pytest.raises(ToolkitError) as caught:
+        variants.graph_source(manifest.load(SHIPPED), "decoder", "optimized")
+    assert "use --variant fp32" in str(caught.value) and "--optimize" not in str(caught.value)

@@ -263,15 +263,19 @@ def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, f
         return m.graph_path(graph, variant), 0.0
     get(variant)
     start = time.perf_counter()
+    large = False
     try:
         src = m.graph_path(graph)
-        if variant in ON_DISK and weight_bytes(src) > IN_MEMORY_BYTES:
+        large = variant in ON_DISK and weight_bytes(src) > IN_MEMORY_BYTES
+        if large:
             data: Path | bytes = _built_on_disk(src, m.graphs[graph].sha256, variant)
         else:
             data = _built(str(src), m.graphs[graph].sha256, variant)
     except Exception as e:
+        # A large graph's optimized variant cannot be stored (one file each): only the exported graphs are left to name.
+        fix = "" if large and variant == "optimized" else f", or store it with `tk export {m.directory} {export_flag(variant)}`"
         raise ToolkitError(f"could not build the {variant} variant of {m.directory}/{graph}: {first_line(e)}; "
-                           f"use --variant fp32, or store it with `tk export {m.directory} {export_flag(variant)}`") from None
+                           f"use --variant fp32{fix}") from None
     return data, time.perf_counter() - start
 
 
