@@ -25,8 +25,8 @@ def shipped():
     return m, {g: onnx.load(m.graph_path(g)) for g in ("encoder", "decoder")}
 
 
-def _feeds(m, graph: str, past: int, rng) -> dict[str, np.ndarray]:
-    """Random inputs with ragged source lengths, so that padded keys must be masked."""
+def _feeds(m, graph: str, past: int, rng, vocab: int = 6000) -> dict[str, np.ndarray]:
+    """Random inputs (token ids below `vocab`) with ragged source lengths, so that padded keys must be masked."""
     batch, src = 3, 9
     sizes = {"batch": batch, "src_len": src, "past_len": past}
     feed = {}
@@ -34,7 +34,7 @@ def _feeds(m, graph: str, past: int, rng) -> dict[str, np.ndarray]:
         if t.name == "src_len":
             feed[t.name] = np.array([src, 4, 1], np.int64)
         elif t.dtype == "int64":
-            feed[t.name] = rng.integers(4, 6000, t.shape(sizes)).astype(np.int64)
+            feed[t.name] = rng.integers(4, vocab, t.shape(sizes)).astype(np.int64)
         else:
             feed[t.name] = rng.standard_normal(t.shape(sizes)).astype(np.float32)
     return feed

@@ -10,16 +10,14 @@ The directories are the ones the architectures' own test modules build (built_on
 from __future__ import annotations
 
 import collections
-import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from conftest import built_once
 from hf_marian_fixture import fra_eng_lines
-from runtimes.test_attention_fusion import _interface, _run
-from verify.test_planted_faults_hf import ARCHITECTURES, BUILT_AS, Architecture
+from runtimes.test_attention_fusion import _feeds, _interface, _run
+from verify.test_planted_faults_hf import ARCHITECTURES, Architecture, exported_directory
 
 from toolkit.core import manifest
 from toolkit.runtimes.onnxruntime.attention_fusion import fuse_attention, fuse_projections
@@ -36,34 +34,7 @@ def pairs(corpus_zip) -> list[tuple[str, str]]:
 
 
 def _exported(tmp_path_factory, pairs, arch: Architecture) -> Path:
-    from click.testing import CliRunner
-
-    from toolkit.cli import main
-
-    def build(root: Path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            arch.build(root / "hf", pairs)
-        result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
-        assert result.exit_code == 0, result.output
-
-    return built_once(tmp_path_factory, BUILT_AS[arch.name], build) / "tk"
-
-
-def _feeds(m, graph: str, past: int, rng) -> dict[str, np.ndarray]:
-    """Random inputs, token ids within the tiny vocabularies, with ragged source lengths, so that padded keys must be
-    masked."""
-    batch, src = 3, 9
-    sizes = {"batch": batch, "src_len": src, "past_len": past}
-    feed = {}
-    for t in m.specs()[graph].inputs:
-        if t.name == "src_len":
-            feed[t.name] = np.array([src, 4, 1], np.int64)
-        elif t.dtype == "int64":
-            feed[t.name] = rng.integers(4, 100, t.shape(sizes)).astype(np.int64)
-        else:
-            feed[t.name] = rng.standard_normal(t.shape(sizes)).astype(np.float32)
-    return feed
+    return exported_directory(tmp_path_factory, pairs, arch)[1]
 
 
 def _cores(m, graph: str) -> int:
@@ -86,7 +57,7 @@ def test_every_imported_attention_fuses_and_computes_the_same_outputs(tmp_path_f
     ops = collections.Counter(n.op_type for n in fused.graph.node)
     assert ops["Softmax"] == 0 and ops["MultiHeadAttention"] == _cores(m, graph)
     assert _interface(fused) == _interface(model)
-    feed = _feeds(m, graph, past, np.random.default_rng(past))
+    feed = _feeds(m, graph, past, np.random.default_rng(past), vocab=100)  # the tiny vocabularies
     want, got = _run(model, feed), _run(fused, feed)
     assert list(got) == list(want)
     for output in want:

@@ -84,26 +84,32 @@ def pairs(corpus_zip) -> list[tuple[str, str]]:
 def exported(tmp_path_factory, pairs):
     """arch -> (Hugging Face directory, tk model directory), each built once per run (m2m100's shared with the other
     modules that build the same directory)."""
-    from click.testing import CliRunner
-
-    from toolkit.cli import main
-
     cache: dict[str, tuple[Path, Path]] = {}
 
     def get(arch: Architecture) -> tuple[Path, Path]:
         if arch.name not in cache:
-            def build(root: Path) -> None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    arch.build(root / "hf", pairs)
-                result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
-                assert result.exit_code == 0, result.output
-
-            root = built_once(tmp_path_factory, BUILT_AS[arch.name], build)
-            cache[arch.name] = (root / "hf", root / "tk")
+            cache[arch.name] = exported_directory(tmp_path_factory, pairs, arch)
         return cache[arch.name]
 
     return get
+
+
+def exported_directory(tmp_path_factory, pairs, arch: Architecture) -> tuple[Path, Path]:
+    """(Hugging Face directory, tk model directory exported from it with `tk export hf:DIR`), built once per run under
+    the name the architecture's own test module gives it."""
+    from click.testing import CliRunner
+
+    from toolkit.cli import main
+
+    def build(root: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            arch.build(root / "hf", pairs)
+        result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
+        assert result.exit_code == 0, result.output
+
+    root = built_once(tmp_path_factory, BUILT_AS[arch.name], build)
+    return root / "hf", root / "tk"
 
 
 def _modules(out: Path) -> dict[str, str]:

@@ -218,7 +218,7 @@ IN_MEMORY_BYTES = 1_500_000_000
 # The builders that write a graph of any size with its weights beside it.
 ON_DISK: dict[str, Callable[[Path, Path], None]] = {
     "optimized": lambda src, dst: _fused_and_optimized(src, dst, "extended", weights_beside=True),
-    "int8": lambda src, dst: int8_graph(src, dst),
+    "int8": _int8,
 }
 
 
