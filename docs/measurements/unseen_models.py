@@ -4,10 +4,15 @@ training sentences, more steps than the tests' fixtures), each through `tk expor
 transformers' `generate` on 200 held-out Tatoeba sentences, greedy and beam 4: the share of identical outputs among
 those that `generate` ends before the length limit.
 
-    python docs/measurements/unseen_models.py [--only t5,m2m100,...] [--work DIR]
+    python docs/measurements/unseen_models.py [--only t5,m2m100,...] [--work DIR] [--provider cuda]
 
 Run it under each transformers line (the `hf` extra's 5.x, and 4.57 beside Optimum); the builders are the tests'
 (tests/), called with seed 7 and sentences 2,000 to 2,400 of fra-eng.zip (the tests train on the first 400 with seed 0).
+
+On a GPU (`--provider cuda`): verify runs on CUDA with the fp32 and fp16 variants (T5's fp16 is refused: the refusal's
+line is recorded), and tk translates on CUDA with each; `generate` stays on the CPU, the reference. A --work directory
+that already holds the models and their held-out sentences (held_out.json) is reused as it is: the models can be
+built and exported on one machine and carried to a GPU machine without fra-eng.zip.
 """
 
 from __future__ import annotations
@@ -97,34 +102,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="tk-unseen-"))
-    pairs = fra_eng_lines(REPO.parent / "shared" / "data" / "fra-eng.zip", 4000)
-    english = [e for e, _ in pairs[HELD_OUT]]
-    print(f"transformers {transformers.__version__}; {len(english)} held-out sentences; work {work}")
-    print("| architecture | verify | greedy identical (ended) | beam 4 identical (ended) |")
-    print("| --- | --- | --- | --- |")
+    held_out = work / "held_out.json"
+    if held_out.is_file():  # the models built (and their sentences chosen) by an earlier run
+        pairs, english = None, json.loads(held_out.read_text(encoding="utf-8"))
+    else:
+        pairs = fra_eng_lines(REPO.parent / "shared" / "data" / "fra-eng.zip", 4000)
+        english = [e for e, _ in pairs[HELD_OUT]]
+        work.mkdir(parents=True, exist_ok=True)
+        held_out.write_text(json.dumps(english, ensure_ascii=False), encoding="utf-8")
+    # On CUDA both of its variants: the float32 graphs and fp16 (verify's own tolerance for it).
+    variants = ("fp32", "fp16") if args.provider == "cuda" else ("fp32",)
+    print(f"transformers {transformers.__version__}; {len(english)} held-out sentences; work {work}; tk on {args.provider}")
+    print("| architecture | variant | verify | greedy identical (ended) | beam 4 identical (ended) |")
+    print("| --- | --- | --- | --- | --- |")
     results = {}
     for name, (build, langs, generate) in _architectures().items():
         if args.only and not any(key in name for key in args.only.split(",")):
             continue
         root = work / name.split()[0]
         start = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            build(root / "hf", pairs[TRAIN])
-        exported = CliRunner().invoke(tk, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
-        assert exported.exit_code == 0, exported.output
-        verified = CliRunner().invoke(tk, ["verify", str(root / "tk"), "--checkpoint", f"hf:{root / 'hf'}"])
-        row = [name, f"exit {verified.exit_code}: {verified.output.strip().splitlines()[-1][:60]}"]
-        for beam in (1, 4):
-            want, ended = generate(root / "hf", english, beam)
-            got = Translator(root / "tk").translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None, **langs)
-            same = sum(a == b for a, b, e in zip(got, want, ended) if e)
-            row.append(f"{same}/{sum(ended)} ({same / max(sum(ended), 1):.1%})")
-            results[f"{name} beam {beam}"] = (same, sum(ended))
-        print("| " + " | ".join(row) + f" |  <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
-    (work / "results.json").write_text(json.dumps(results, indent=1))
+        if not (root / "tk" / "manifest.json").is_file():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                build(root / "hf", pairs[TRAIN])
+            exported = CliRunner().invoke(tk, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
+            assert exported.exit_code == 0, exported.output
+        wanted = {beam: generate(root / "hf", english, beam) for beam in (1, 4)}
+        for variant in variants:
+            verified = CliRunner().invoke(tk, ["verify", str(root / "tk"), "--checkpoint", f"hf:{root / 'hf'}",
+                                               "--provider", args.provider, "--variant", variant])
+            last = (verified.output.strip().splitlines() or [""])[-1]
+            row = [name, variant, f"exit {verified.exit_code}: {last[:90]}"]
+            results[f"{name} {variant} verify"] = [verified.exit_code, last]
+            if verified.exit_code == 2:  # refused (T5's fp16): nothing to translate with
+                print("| " + " | ".join(row + ["", ""]) + " |", flush=True)
+                continue
+            try:
+                translator = Translator(root / "tk", provider=args.provider, variant=variant)
+                for beam in (1, 4):
+                    want, ended = wanted[beam]
+                    got = translator.translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None, **langs)
+                    same = sum(a == b for a, b, e in zip(got, want, ended) if e)
+                    row.append(f"{same}/{sum(ended)} ({same / max(sum(ended), 1):.1%})")
+                    results[f"{name} {variant} beam {beam}"] = (same, sum(ended))
+            except Exception as e:  # noqa: BLE001 - one architecture's failure is its row; the others go on
+                row.append(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+                results[f"{name} {variant} error"] = row[-1]
+            print("| " + " | ".join(row) + f" |  <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+    (work / f"results-{args.provider}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ engine's spinning threads have gone idle before the next starts; each row's medi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -31,7 +32,18 @@ from pathlib import Path
 from toolkit.bench.scale_model import SHAPES, Shape
 from toolkit.core.errors import UsageError
 
-ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers")
+ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers",
+           # On a GPU (scale_worker says why where CUDA cannot be used): fp32 and half precision.
+           "tk-cuda-fp32", "tk-cuda-fp16", "ct2-cuda-fp32", "ct2-cuda-fp16", "transformers-cuda", "transformers-cuda-fp16")
+# The table's ratios and token identities, each shown where both engines ran: (label, engine, against).
+RATIOS = (("tk/CT2 fp32", "tk-fp32", "ct2-fp32"), ("tk/CT2 int8", "tk-int8", "ct2-int8"),
+          ("tk fp32/Optimum", "tk-fp32", "optimum"), ("tk/CT2 cuda fp32", "tk-cuda-fp32", "ct2-cuda-fp32"),
+          ("tk/CT2 cuda fp16", "tk-cuda-fp16", "ct2-cuda-fp16"),
+          ("tk/transformers cuda fp32", "tk-cuda-fp32", "transformers-cuda"),
+          ("tk/transformers cuda fp16", "tk-cuda-fp16", "transformers-cuda-fp16"))
+SAME = (("tk fp32 = transformers", "tk-fp32", "transformers"), ("CT2 fp32 = transformers", "ct2-fp32", "transformers"),
+        ("tk cuda fp32 = transformers cuda", "tk-cuda-fp32", "transformers-cuda"),
+        ("tk cuda fp32 = transformers (cpu)", "tk-cuda-fp32", "transformers"))
 MARKER = "tk-bench-scale.json"  # what this bench wrote in its work directory: the shape and each step's cost
 PAUSE_S = 0.3  # between turns: longer than Intel OpenMP's 200 ms spin (CTranslate2's threads) and ONNX Runtime's
 
@@ -103,19 +115,20 @@ def _work_dir(work: Path, shape: Shape) -> dict:
     return {"shape": shape.name, "steps": {}}
 
 
-def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None]) -> dict[str, Step]:
+def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None], int8: bool = True) -> dict[str, Step]:
     """The model in every form the engines read, each step once per work directory: returns every step's cost (a step
-    done in an earlier run keeps the figures measured then)."""
+    done in an earlier run keeps the figures measured then). `int8`, `ct2`: whether any engine reads those copies."""
     record = _work_dir(work, shape)
     py, cli = sys.executable, "from toolkit.cli import main; main()"
     hf, tk = work / "hf", work / "tk"
     steps = [("build (random weights, save_pretrained)", [py, "-m", "toolkit.bench.scale_model", shape.name, str(hf)], hf),
-             ("tk export hf:DIR", [py, "-c", cli, "export", f"hf:{hf}", "--out", str(tk)], tk),
-             ("tk export --quantize int8 (size: the directory with both)", [py, "-c", cli, "export", str(tk), "--quantize", "int8"], tk)]
+             ("tk export hf:DIR", [py, "-c", cli, "export", f"hf:{hf}", "--out", str(tk)], tk)]
+    if int8:
+        steps.append(("tk export --quantize int8 (size: the directory with both)", [py, "-c", cli, "export", str(tk), "--quantize", "int8"], tk))
     if ct2:
         convert = f"from ctranslate2.converters import TransformersConverter; TransformersConverter({str(hf)!r}).convert({str(work / 'ct2')!r})"
         steps.append(("CTranslate2 TransformersConverter", [py, "-c", convert], work / "ct2"))
-    done = {}
+    done = {name: Step(**step) for name, step in record["steps"].items()}  # an earlier run's steps are still reported
     for name, cmd, out in steps:
         if name not in record["steps"]:
             record["steps"][name] = _run_step(name, cmd, out, work / "prepare.log", echo).__dict__
@@ -170,12 +183,18 @@ def _models(work: Path) -> dict[str, Path]:
 
 
 def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list[list[int]], tokens: int, threads: int,
-                repeat: int, peer_python: str | None, echo: Callable[[str], None]) -> list[EngineRun]:
-    """Every engine's rows, the engines taking turns (see the module docstring)."""
+                repeat: int, peer_python: str | None, echo: Callable[[str], None],
+                unavailable: dict[str, str] | None = None) -> list[EngineRun]:
+    """Every engine's rows, the engines taking turns (see the module docstring). `unavailable`: engines that are
+    reported skipped, with why, and not started."""
     runs, workers = [], {}
     for engine in engines:
         run = EngineRun(engine)
         runs.append(run)
+        if engine in (unavailable or {}):
+            run.error = unavailable[engine]
+            echo(f"{engine}: skipped, {run.error}")
+            continue
         kind = engine.split("-")[0]
         worker = _Worker(engine, _models(work)[kind], threads, tokens, work, peer_python if engine == "optimum" else None)
         if "error" in worker.hello:
@@ -230,19 +249,21 @@ def emitted(run: EngineRun, row: Row) -> str:
 
 
 def table(runs: list[EngineRun], rows: tuple[Row, ...], tokens: int) -> str:
-    """The markdown table: tokens/s per engine, tk's ratios, the tokens each engine emitted, token identity."""
+    """The markdown table: tokens/s per engine, tk's ratios, the tokens each engine emitted, token identity (each
+    ratio and identity where both of its engines are in the run)."""
     by = {r.engine: r for r in runs}
     shown = [e for e in ENGINES if e in by]
+    ran = {r.engine for r in runs if not r.error}
+    ratios = [r for r in RATIOS if r[1] in ran and r[2] in ran]
+    same = [s for s in SAME if s[1] in ran and s[2] in ran]
     ratio = lambda a, b: f"{a / b:.2f}" if a and b else ""  # noqa: E731
-    head = ["row", *shown, "tk/CT2 fp32", "tk/CT2 int8", "tk fp32/Optimum", "tokens per sentence",
-            "tk fp32 = transformers", "CT2 fp32 = transformers"]
+    head = ["row", *shown, *(r[0] for r in ratios), "tokens per sentence", *(s[0] for s in same)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
         rate = {e: _rate(by.get(e), row, tokens) for e in ENGINES}
         counts = sorted({emitted(by[e], row) for e in shown if emitted(by[e], row)})
-        cells = [row.name, *(f"{rate[e]:,.0f}" if rate[e] else "—" for e in shown), ratio(rate["tk-fp32"], rate["ct2-fp32"]),
-                 ratio(rate["tk-int8"], rate["ct2-int8"]), ratio(rate["tk-fp32"], rate["optimum"]), " / ".join(counts),
-                 _same(by.get("tk-fp32"), by.get("transformers"), row), _same(by.get("ct2-fp32"), by.get("transformers"), row)]
+        cells = [row.name, *(f"{rate[e]:,.0f}" if rate[e] else "—" for e in shown), *(ratio(rate[a], rate[b]) for _, a, b in ratios),
+                 " / ".join(counts), *(_same(by[a], by[b], row) for _, a, b in same)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -255,9 +276,15 @@ def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 3
     if tokens + 1 > shape.positions:
         raise UsageError(f"--tokens {tokens} is beyond the model's {shape.positions} positions; give at most {shape.positions - 1}")
     threads = threads or os.cpu_count() or 1
-    steps = prepare(shape, work, any(e.startswith("ct2") for e in engines), echo)
+    unavailable = {}
+    if any(e.startswith("ct2") for e in engines) and importlib.util.find_spec("ctranslate2") is None:
+        # Its own conversion cannot run either: the other engines' rows go on.
+        unavailable = {e: f"ctranslate2 is not installed for {sys.executable} (pip install 'tk-onnx-deploy[ct2]')"
+                       for e in engines if e.startswith("ct2")}
+    steps = prepare(shape, work, any(e.startswith("ct2") for e in engines) and not unavailable, echo,
+                    int8=any(e.startswith("tk-int8") for e in engines))
     config = json.loads((work / "hf" / "config.json").read_text(encoding="utf-8"))
     src = sources(max(r.sentences for r in rows), 24, shape.vocab, config["eos_token_id"], config["pad_token_id"])
     echo(f"{shape.name}: {shape.parameters() / 1e6:.1f}M weights; {len(src)} sources of 24 tokens; every engine decodes "
          f"exactly {tokens} tokens per sentence; {threads} threads each; median of {repeat} rounds after a warm-up round")
-    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo)
+    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo, unavailable)

@@ -12,6 +12,10 @@ ct2-fp32 and ct2-int8 (CTranslate2's translate_batch over its own conversion), t
 generate: Marian or M2M100) and optimum (ORTModelForSeq2SeqLM from Optimum's own exporter, at its defaults). Only tk's
 engines import tk, so the peers run under any Python that has them (--peer-python). Each is told to decode exactly
 `tokens` tokens per sentence; the model forbids its end token.
+
+On a GPU: tk-cuda-fp32 and tk-cuda-fp16 (ONNX Runtime's CUDA provider: the exported graphs, and the fp16 variant),
+ct2-cuda-fp32 and ct2-cuda-fp16 (CTranslate2 on device "cuda"), transformers-cuda and transformers-cuda-fp16 (the
+model moved to the GPU, in float32 or half precision). Where CUDA cannot be used each says why in its one line.
 """
 
 from __future__ import annotations
@@ -23,21 +27,34 @@ import sys
 import time
 
 
+def parse(engine: str) -> tuple[str, str, str]:
+    """An engine's name as (kind, device, precision): 'tk-int8' -> ('tk', 'cpu', 'int8'), 'transformers-cuda-fp16' ->
+    ('transformers', 'cuda', 'fp16'); no precision named is float32."""
+    kind, *rest = engine.split("-")
+    device = "cuda" if "cuda" in rest else "cpu"
+    precision = next((p for p in rest if p in ("fp32", "fp16", "int8")), "fp32")
+    return kind, device, precision
+
+
 class _Tk:
-    def __init__(self, model: str, precision: str, threads: int, tokens: int):
+    def __init__(self, model: str, device: str, precision: str, threads: int, tokens: int):
         from toolkit.core import manifest
         from toolkit.runtimes import registry
 
         self.m = manifest.load(model)
-        # fp32: the float32 graphs tk runs on CPU by default (`tk translate`'s own choice), as the peers run theirs
-        variant = registry.get(registry.DEFAULT).default_variant("cpu", self.m) if precision == "fp32" else precision
-        # One stream on every thread is how tk decodes a call of one batch (`tk translate`'s request threads): the
-        # decoder session's workers spin between the steps of a call rather than sleep and be woken at every node.
-        self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=threads, request_threads=threads)
+        # fp32: the float32 graphs tk runs by default on the device (`tk translate`'s own choice), as the peers run theirs
+        variant = registry.get(registry.DEFAULT).default_variant(device, self.m) if precision == "fp32" else precision
+        if device == "cuda":  # the provider's own threads; a missing CUDA provider is an error, never a CPU run
+            self.loaded = registry.load(self.m, registry.DEFAULT, "cuda", variant)
+            self.threads = "CUDA provider, 1 stream"
+        else:
+            # One stream on every thread is how tk decodes a call of one batch (`tk translate`'s request threads): the
+            # decoder session's workers spin between the steps of a call rather than sleep and be woken at every node.
+            self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=threads, request_threads=threads)
+            self.threads = f"{threads} intra-op threads x 1 stream, the decoder's spinning"
         self.backend = self.loaded.backend()
         self.tokens = tokens
-        self.version = registry.get(registry.DEFAULT).label() + f", tk {variant}"
-        self.threads = f"{threads} intra-op threads x 1 stream, the decoder's spinning"
+        self.version = registry.get(registry.DEFAULT).label() + f", tk {variant} on {device}"
 
     def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
         from toolkit.core.batching import DecodeOptions, decode_ids
@@ -50,17 +67,17 @@ class _Tk:
 
 
 class _Ct2:
-    def __init__(self, model: str, compute_type: str, threads: int, tokens: int):
+    def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int):
         import ctranslate2
 
-        self.translator = ctranslate2.Translator(model, device="cpu", compute_type=compute_type, intra_threads=threads,
+        self.translator = ctranslate2.Translator(model, device=device, compute_type=compute_type, intra_threads=threads,
                                                  inter_threads=1)
         with open(os.path.join(model, "shared_vocabulary.json"), encoding="utf-8") as f:
             self.pieces = json.load(f)
         self.ids = {p: i for i, p in enumerate(self.pieces)}
         self.tokens = tokens
-        self.version = f"ctranslate2 {ctranslate2.__version__} {compute_type}"
-        self.threads = f"intra_threads {threads} x inter_threads 1"
+        self.version = f"ctranslate2 {ctranslate2.__version__} {compute_type} on {device}"
+        self.threads = f"intra_threads {threads} x inter_threads 1" if device == "cpu" else "CUDA, inter_threads 1"
 
     def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
         # min = max decoding length: exactly `tokens` tokens (the end token is excluded from the output).
@@ -78,12 +95,17 @@ class _Generate:
 
         torch.set_num_threads(threads)
         self.torch = torch
-        if engine == "transformers":
+        kind, self.device, precision = parse(engine)
+        if kind == "transformers":
             import transformers
             from transformers import AutoModelForSeq2SeqLM
 
-            self.model = AutoModelForSeq2SeqLM.from_pretrained(model).eval()
-            self.version = f"transformers {transformers.__version__}"
+            if self.device == "cuda" and not torch.cuda.is_available():
+                raise RuntimeError(f"torch {torch.__version__} sees no CUDA device")
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(model).eval().to(self.device)
+            if precision == "fp16":
+                self.model = self.model.half()
+            self.version = f"transformers {transformers.__version__}, torch {torch.__version__}, {precision} on {self.device}"
         else:
             import onnxruntime
             import optimum.version
@@ -96,7 +118,7 @@ class _Generate:
             options.intra_op_num_threads = threads
             self.model = ORTModelForSeq2SeqLM.from_pretrained(exported, session_options=options)
             self.version = f"optimum {optimum.version.__version__}, onnxruntime {onnxruntime.__version__}"
-        self.threads = f"torch {threads} threads" if engine == "transformers" else f"{threads} intra-op threads"
+        self.threads = f"{threads} intra-op threads" if kind == "optimum" else f"torch {threads} threads" if self.device == "cpu" else "CUDA"
         self.pad, self.tokens = self.model.config.pad_token_id, tokens
 
     def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
@@ -105,8 +127,8 @@ class _Generate:
             for i in range(0, len(src), batch):
                 rows = src[i : i + batch]
                 width = max(map(len, rows))
-                ids = self.torch.tensor([r + [self.pad] * (width - len(r)) for r in rows])
-                mask = self.torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+                ids = self.torch.tensor([r + [self.pad] * (width - len(r)) for r in rows], device=self.device)
+                mask = self.torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
                 generated = self.model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
                                                 max_new_tokens=self.tokens, min_new_tokens=self.tokens,
                                                 forced_eos_token_id=None, num_return_sequences=1)
@@ -116,11 +138,11 @@ class _Generate:
 
 def load(request: dict):
     engine, model, threads, tokens = request["engine"], request["model"], request["threads"], request["tokens"]
-    kind, _, precision = engine.partition("-")
+    kind, device, precision = parse(engine)
     if kind == "tk":
-        return _Tk(model, precision, threads, tokens)
+        return _Tk(model, device, precision, threads, tokens)
     if kind == "ct2":
-        return _Ct2(model, {"fp32": "float32", "int8": "int8"}[precision], threads, tokens)
+        return _Ct2(model, device, {"fp32": "float32", "fp16": "float16", "int8": "int8"}[precision], threads, tokens)
     return _Generate(engine, model, threads, tokens, request.get("work"))
 
 

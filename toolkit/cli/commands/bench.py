@@ -25,7 +25,9 @@ from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
 # toolkit.bench.scale's names, kept here so that `tk --help` imports no bench module (a test keeps them equal).
 SCALE_SHAPES = ("opus-mt", "tiny", "nllb-600m", "nllb-1.3b", "tiny-m2m100")
-SCALE_ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers")
+SCALE_ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers",
+                 "tk-cuda-fp32", "tk-cuda-fp16", "ct2-cuda-fp32", "ct2-cuda-fp16", "transformers-cuda", "transformers-cuda-fp16")
+SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with --engines
 
 
 # Over 60 lines: the options of four benches (the graphs, --text, --serve, --scale) arrive here and each goes to its helper.
@@ -69,7 +71,8 @@ SCALE_ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "trans
                    "built from config with random weights, exported by each engine's own tool, each engine in a process of "
                    "its own (tiny: the same harness in seconds).")
 @click.option("--engines", "engines_text", metavar="LIST",
-              help=f"With --scale: comma-separated engines [default: {','.join(SCALE_ENGINES)}]; optimum runs under --peer-python.")
+              help=f"With --scale: comma-separated engines [default: {','.join(SCALE_DEFAULT_ENGINES)}]; optimum runs under "
+                   f"--peer-python. On a GPU: {','.join(SCALE_ENGINES[6:])}.")
 @click.option("--tokens", type=click.IntRange(1, 1023), default=32, show_default=True,
               help="With --scale: tokens every engine decodes per sentence (the model never ends early).")
 @click.option("--work", "work_dir", type=click.Path(path_type=Path, file_okay=False),
@@ -205,7 +208,7 @@ def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, 
 def parse_engines(text: str | None) -> list[str]:
     """--engines: a comma-separated subset of SCALE_ENGINES, in the order given, each once."""
     if text is None:
-        return list(SCALE_ENGINES)
+        return list(SCALE_DEFAULT_ENGINES)
     engines = list(dict.fromkeys(e.strip() for e in text.split(",") if e.strip()))
     unknown = [e for e in engines if e not in SCALE_ENGINES]
     if unknown or not engines:
