@@ -173,3 +173,28 @@ def test_a_planted_fault_fails_verify_and_localize_names_its_module(cli, exporte
     assert first["module"] == module, first
     assert modules[first["node"]] == module  # the node named is one of that module's
     assert f"first divergent node: {first['node']}" in result.output
+
+
+def test_a_generate_that_fails_is_a_failed_row_naming_transformers_not_an_internal_error(cli, exported, tmp_path, monkeypatch):
+    """transformers 5.17's beam search failed on a Marian model of two vocabularies (a reshape by vocab_size, seen on
+    an H100 lease): verify must say that the reference could not be computed, not crash as tk's own error."""
+    import transformers
+    from transformers.generation.utils import GenerationMixin
+
+    hf, out = exported(ARCHITECTURES[0])
+    real = GenerationMixin.generate
+
+    def failing(self, *args, **kwargs):
+        if kwargs.get("num_beams", 1) > 1:
+            raise RuntimeError("shape '[8, 1128]' is invalid for input of size 1288")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", failing)
+    result, report = _verify(cli, out, hf, tmp_path / "report.json")
+    assert result.exit_code == 1, result.output
+    assert "internal error" not in result.output and "Traceback" not in result.output
+    failed = [r for r in report["rows"] if not r["ok"]]
+    assert [r["output"] for r in failed] == ["beam 4 tokens"], failed
+    assert f"transformers {transformers.__version__}'s generate(num_beams=4) failed" in failed[0]["detail"]
+    greedy = [r for r in report["rows"] if r["check"] == "generate" and r["output"] == "greedy tokens"]
+    assert greedy and all(r["ok"] for r in greedy)  # the greedy comparison still ran
