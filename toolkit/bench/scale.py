@@ -9,11 +9,13 @@ work directory, each in a process of its own whose wall time and peak memory are
 Rows are fixed work: the model forbids its end token and every engine is told to decode exactly --tokens tokens per
 sentence, so each row times the same number of decoder steps in every engine; the table says how many tokens each
 engine emitted, and how many of tk fp32's (and CTranslate2 fp32's) sentences are token-identical to transformers'
-greedy or beam output. Each engine runs in a process of its own (toolkit.bench.scale_worker) with fixed threads:
-tk's intra-op threads = --threads and one decoding stream; CTranslate2 intra_threads = --threads, inter_threads 1;
-transformers torch threads = --threads; Optimum's ONNX Runtime sessions intra-op threads = --threads; OMP/MKL threads
-= --threads in each. The processes take turns, row by row, round by round, with a pause between turns so that one
-engine's spinning threads have gone idle before the next starts; each row's median over the rounds is reported.
+greedy or beam output. Each engine runs in a process of its own (toolkit.bench.scale_worker) on --threads cores, as
+its users run it: tk as `tk translate` does on that many cores (batches side by side, one stream per core, and a call
+of one batch on every core); CTranslate2 timed both of its ways on each row, the faster kept (intra_threads =
+--threads x inter_threads 1, or intra 1 x inter --threads: its best threads); transformers torch threads = --threads;
+Optimum's ONNX Runtime sessions intra-op threads = --threads; OMP/MKL threads = --threads in each. The processes take turns, row by row, round by
+round, with a pause between turns so that one engine's spinning threads have gone idle before the next starts;
+each row's median over the rounds is reported.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class EngineRun:
     error: str | None = None
     seconds: dict[str, list[float]] = field(default_factory=dict)  # row -> each round's seconds
     outputs: dict[str, list[list[int]]] = field(default_factory=dict)  # row -> the last round's tokens
+    how: dict[str, list[str]] = field(default_factory=dict)  # row -> each round's faster way (an engine timed two ways)
 
 
 def _dir_mib(path: Path) -> float:
@@ -227,6 +230,8 @@ def _turn(run: EngineRun, worker: _Worker, row: Row, src: list[list[int]], keep:
     if keep:
         run.seconds.setdefault(row.name, []).append(got["seconds"])
         run.outputs[row.name] = got["outputs"]
+        if "how" in got:
+            run.how.setdefault(row.name, []).append(got["how"])
 
 
 def _rate(run: EngineRun | None, row: Row, tokens: int) -> float | None:

@@ -4,7 +4,8 @@ engines still take turns (a slow spell of the machine hits each alike).
 
 Protocol: one JSON object a line. First line in: {"engine", "model", "threads", "tokens"}; out: {"version",
 "threads"} or {"error"}. Then each line in: {"src": [[ids]], "batch", "beam", "per_call"}; out: {"seconds",
-"outputs": [[ids]]}. A closed stdin ends it. Everything libraries print goes to stderr.
+"outputs": [[ids]]} and, for an engine timed more than one way, "how" (the faster way). A closed stdin ends it.
+Everything libraries print goes to stderr.
 
 Engines: tk-fp32 and tk-int8 (tk's runtime, its decoding loop: imports toolkit; fp32 is the float32 variant tk runs on
 CPU by default: attention fused, or the exported graphs past 1.5 GB of weights, onnxruntime.runtime.default_variant),
@@ -44,14 +45,19 @@ class _Tk:
         self.m = manifest.load(model)
         # fp32: the float32 graphs tk runs by default on the device (`tk translate`'s own choice), as the peers run theirs
         variant = registry.get(registry.DEFAULT).default_variant(device, self.m) if precision == "fp32" else precision
+        self.streams = 1
         if device == "cuda":  # the provider's own threads; a missing CUDA provider is an error, never a CPU run
             self.loaded = registry.load(self.m, registry.DEFAULT, "cuda", variant)
             self.threads = "CUDA provider, 1 stream"
         else:
-            # One stream on every thread is how tk decodes a call of one batch (`tk translate`'s request threads): the
-            # decoder session's workers spin between the steps of a call rather than sleep and be woken at every node.
-            self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=threads, request_threads=threads)
-            self.threads = f"{threads} intra-op threads x 1 stream, the decoder's spinning"
+            # As `tk translate` runs on `threads` cores (batching.default_threads and default_request_threads): several
+            # batches decode side by side, one stream per core (up to 4) on sessions of their own, and a call of one
+            # batch decodes on every core, the decoder session's workers spinning between the steps of the call.
+            self.streams = max(1, min(threads, 4))
+            self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=max(1, threads // self.streams),
+                                        request_threads=min(threads, 4))
+            self.threads = (f"{self.streams} streams x {max(1, threads // self.streams)} intra-op threads for several batches; "
+                            f"{min(threads, 4)} spinning decoder threads for a call of one batch")
         self.backend = self.loaded.backend()
         self.tokens = tokens
         self.version = registry.get(registry.DEFAULT).label() + f", tk {variant} on {device}"
@@ -62,7 +68,7 @@ class _Tk:
         # No language forced first, as the peers decode the bench's model (its generation config forces none; tk's
         # default would force the tokenizer's tgt_lang), so every engine takes the same steps.
         rules = dataclasses.replace(self.m.rules(), forced_first=None)
-        opts = DecodeOptions(beam=beam, batch_size=batch, max_len=self.tokens, streams=1, rules=rules)
+        opts = DecodeOptions(beam=beam, batch_size=batch, max_len=self.tokens, streams=self.streams, rules=rules)
         return [h[0].tokens for h in decode_ids(self.backend, src, opts)]
 
 
@@ -70,21 +76,40 @@ class _Ct2:
     def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int):
         import ctranslate2
 
-        self.translator = ctranslate2.Translator(model, device=device, compute_type=compute_type, intra_threads=threads,
-                                                 inter_threads=1)
+        # Its two ways of using the cores, each row timed with both and the faster kept (its best threads): one batch
+        # at a time on every core (intra_threads), or batches side by side, one core each (inter_threads).
+        ways = [(threads, 1)] + ([(1, threads)] if device == "cpu" and threads > 1 else [])
+        self.translators = {f"intra_threads {i} x inter_threads {j}": ctranslate2.Translator(
+            model, device=device, compute_type=compute_type, intra_threads=i, inter_threads=j) for i, j in ways}
         with open(os.path.join(model, "shared_vocabulary.json"), encoding="utf-8") as f:
             self.pieces = json.load(f)
         self.ids = {p: i for i, p in enumerate(self.pieces)}
         self.tokens = tokens
         self.version = f"ctranslate2 {ctranslate2.__version__} {compute_type} on {device}"
-        self.threads = f"intra_threads {threads} x inter_threads 1" if device == "cpu" else "CUDA, inter_threads 1"
+        self.threads = " or ".join(self.translators) + (", the faster per row" if len(self.translators) > 1 else "")
 
-    def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
+    def run(self, src: list[list[int]], batch: int, beam: int, translator=None) -> list[list[int]]:
         # min = max decoding length: exactly `tokens` tokens (the end token is excluded from the output).
-        results = self.translator.translate_batch([[self.pieces[t] for t in s] for s in src], max_batch_size=batch,
-                                                  batch_type="examples", beam_size=beam, min_decoding_length=self.tokens,
-                                                  max_decoding_length=self.tokens, length_penalty=1.0)
+        translator = translator or next(iter(self.translators.values()))
+        results = translator.translate_batch([[self.pieces[t] for t in s] for s in src], max_batch_size=batch,
+                                             batch_type="examples", beam_size=beam, min_decoding_length=self.tokens,
+                                             max_decoding_length=self.tokens, length_penalty=1.0)
         return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
+
+    def timed(self, src: list[list[int]], batch: int, beam: int, per_call: bool) -> dict:
+        """Each way timed on the row in turn; the faster's seconds, and which it was."""
+        best = None
+        for how, translator in self.translators.items():
+            start = time.perf_counter()
+            if per_call:
+                outputs = [o for s in src for o in self.run([s], 1, beam, translator)]
+            else:
+                outputs = self.run(src, batch, beam, translator)
+            seconds = time.perf_counter() - start
+            if best is None or seconds < best["seconds"]:
+                best = {"seconds": seconds, "outputs": outputs, "how": how}
+            time.sleep(0.3)  # the spinning threads of one way idle before the other's run
+        return best
 
 
 class _Generate:
@@ -150,6 +175,9 @@ def serve(engine, read, write) -> None:
     for line in read:
         job = json.loads(line)
         src, batch, beam = job["src"], job["batch"], job["beam"]
+        if hasattr(engine, "timed"):
+            write(engine.timed(src, batch, beam, job["per_call"]))
+            continue
         start = time.perf_counter()
         if job["per_call"]:
             outputs = [o for s in src for o in engine.run([s], 1, beam)]

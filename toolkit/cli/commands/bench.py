@@ -238,6 +238,8 @@ def _scale(shape: str, engines_text: str | None, tokens: int, work_dir: Path | N
                           + (f", {s.size_mib:,.0f} MiB on disk" if s.size_mib else "") for s in steps.values()))
     for r in runs:
         click.echo(f"- {r.engine}: " + (f"skipped ({r.error})" if r.error else f"{r.version}; {r.threads}"))
+        for row, ways in r.how.items():  # an engine timed two ways: the faster, each round
+            click.echo(f"  {row}: {', '.join(ways)}")
     click.echo("\ntokens/s (each row's median over the rounds):\n")
     click.echo(scale_bench.table(runs, scale_bench.ROWS, tokens))
     if json_path:
