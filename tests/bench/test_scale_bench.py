@@ -23,9 +23,10 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
 
     rows = (scale.Row("greedy, batches of 3", 6, 3, 1), scale.Row("beam 4, batches of 2", 4, 2, 4),
             scale.Row("one per call", 2, 1, 1, per_call=True))
-    # Two threads: tk decodes the batches of a row on two streams (as `tk translate` does on two cores), and
-    # CTranslate2 is timed both of its ways (intra or inter threads), the faster kept.
-    steps, runs = scale.bench_scale(shape, tmp_path / "work", engines, tokens=TOKENS, threads=2, repeat=1, rows=rows,
+    # Marian on two threads: tk decodes the batches of a row on two streams (as `tk translate` does on two cores), and
+    # CTranslate2 is timed both of its ways (intra or inter threads), the faster kept. M2M100 on one (the suite's time).
+    threads = 2 if shape == "tiny" else 1
+    steps, runs = scale.bench_scale(shape, tmp_path / "work", engines, tokens=TOKENS, threads=threads, repeat=1, rows=rows,
                                     echo=lambda m: None)
     # Without a GPU each CUDA engine says why in one line and the others' rows go on; with one, it runs like the rest.
     if not _cuda_visible():
@@ -36,8 +37,9 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
         runs = [r for r in runs if r.engine not in CUDA]
     assert [r.engine for r in runs if r.error] == []
     by = {r.engine: r for r in runs}
-    ways = {"intra_threads 2 x inter_threads 1", "intra_threads 1 x inter_threads 2"}
-    assert all(set(by["ct2-fp32"].how[row.name]) <= ways and by["ct2-fp32"].how[row.name] for row in rows)
+    if threads == 2:
+        ways = {"intra_threads 2 x inter_threads 1", "intra_threads 1 x inter_threads 2"}
+        assert all(set(by["ct2-fp32"].how[row.name]) <= ways and by["ct2-fp32"].how[row.name] for row in rows)
     for row in rows:
         for run in runs:
             assert [len(o) for o in run.outputs[row.name]] == [TOKENS] * row.sentences, (run.engine, row.name)
