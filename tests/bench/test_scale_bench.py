@@ -27,7 +27,7 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
     # CTranslate2 is timed both of its ways (intra or inter threads), the faster kept. M2M100 on one (the suite's time).
     threads = 2 if shape == "tiny" else 1
     steps, runs = scale.bench_scale(shape, tmp_path / "work", engines, tokens=TOKENS, threads=threads, repeat=1, rows=rows,
-                                    echo=lambda m: None)
+                                    echo=lambda m: None, pause=0.0)
     # Without a GPU each CUDA engine says why in one line and the others' rows go on; with one, it runs like the rest.
     if not _cuda_visible():
         skipped = {r.engine: r.error for r in runs if r.error}
@@ -49,7 +49,7 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
     assert {"tk export hf:DIR", "CTranslate2 TransformersConverter"} <= set(steps)
     if shape == "tiny":
         again, _ = scale.bench_scale(shape, tmp_path / "work", ["tk-fp32"], tokens=TOKENS, threads=1, repeat=1,
-                                     rows=rows[:1], echo=lambda m: None)
+                                     rows=rows[:1], echo=lambda m: None, pause=0.0)
         assert again and {k: v.seconds for k, v in again.items()} == {k: steps[k].seconds for k in again}
     else:
         _tks_own_conversion_of_an_untrained_model_verifies(tmp_path / "work")

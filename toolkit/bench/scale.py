@@ -153,12 +153,14 @@ def sources(n: int, length: int, vocab: int, end: int, pad: int, seed: int = 0) 
 class _Worker:
     """One engine's process (toolkit.bench.scale_worker), loaded once."""
 
-    def __init__(self, engine: str, model: Path, threads: int, tokens: int, work: Path, python: str | None):
+    def __init__(self, engine: str, model: Path, threads: int, tokens: int, work: Path, python: str | None,
+                 pause: float = PAUSE_S):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         script = [python, str(Path(__file__).with_name("scale_worker.py"))] if python else [sys.executable, "-m", "toolkit.bench.scale_worker"]
         self.log = open(work / f"{engine}.log", "a", encoding="utf-8")  # noqa: SIM115 - open while the process runs
         self.proc = subprocess.Popen(script, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        self.hello = self._ask({"engine": engine, "model": str(model), "threads": threads, "tokens": tokens, "work": str(work)})
+        self.hello = self._ask({"engine": engine, "model": str(model), "threads": threads, "tokens": tokens, "work": str(work),
+                                "pause": pause})
 
     def _ask(self, obj: dict) -> dict:
         try:
@@ -187,7 +189,7 @@ def _models(work: Path) -> dict[str, Path]:
 
 def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list[list[int]], tokens: int, threads: int,
                 repeat: int, peer_python: str | None, echo: Callable[[str], None],
-                unavailable: dict[str, str] | None = None) -> list[EngineRun]:
+                unavailable: dict[str, str] | None = None, pause: float = PAUSE_S) -> list[EngineRun]:
     """Every engine's rows, the engines taking turns (see the module docstring). `unavailable`: engines that are
     reported skipped, with why, and not started."""
     runs, workers = [], {}
@@ -199,7 +201,7 @@ def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list
             echo(f"{engine}: skipped, {run.error}")
             continue
         kind = engine.split("-")[0]
-        worker = _Worker(engine, _models(work)[kind], threads, tokens, work, peer_python if engine == "optimum" else None)
+        worker = _Worker(engine, _models(work)[kind], threads, tokens, work, peer_python if engine == "optimum" else None, pause)
         if "error" in worker.hello:
             run.error = worker.hello["error"]
             echo(f"{engine}: skipped, {run.error}")
@@ -213,7 +215,7 @@ def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list
             for row in rows:
                 for run in runs:
                     if run.engine in workers and run.error is None:
-                        _turn(run, workers[run.engine], row, src[: row.sentences], keep=i > 0)
+                        _turn(run, workers[run.engine], row, src[: row.sentences], keep=i > 0, pause=pause)
             echo(f"round {i}{' (warm-up, not kept)' if i == 0 else ''} done")
     finally:
         for w in workers.values():
@@ -221,8 +223,8 @@ def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list
     return runs
 
 
-def _turn(run: EngineRun, worker: _Worker, row: Row, src: list[list[int]], keep: bool) -> None:
-    time.sleep(PAUSE_S)
+def _turn(run: EngineRun, worker: _Worker, row: Row, src: list[list[int]], keep: bool, pause: float = PAUSE_S) -> None:
+    time.sleep(pause)
     got = worker.run(src, row)
     if "error" in got:
         run.error = got["error"]
@@ -275,8 +277,9 @@ def table(runs: list[EngineRun], rows: tuple[Row, ...], tokens: int) -> str:
 
 def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 32, threads: int | None = None,
                 repeat: int = 3, peer_python: str | None = None, rows: tuple[Row, ...] = ROWS,
-                echo: Callable[[str], None] = print) -> tuple[dict[str, Step], list[EngineRun]]:
-    """Prepares the model (once per `work`) and times `engines` on `rows`; returns the preparation steps and the runs."""
+                echo: Callable[[str], None] = print, pause: float = PAUSE_S) -> tuple[dict[str, Step], list[EngineRun]]:
+    """Prepares the model (once per `work`) and times `engines` on `rows`; returns the preparation steps and the runs.
+    `pause`: seconds between turns (the tests' tiny shapes take none: no thread of theirs spins for long)."""
     shape = SHAPES[shape_name]
     if tokens + 1 > shape.positions:
         raise UsageError(f"--tokens {tokens} is beyond the model's {shape.positions} positions; give at most {shape.positions - 1}")
@@ -292,4 +295,4 @@ def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 3
     src = sources(max(r.sentences for r in rows), 24, shape.vocab, config["eos_token_id"], config["pad_token_id"])
     echo(f"{shape.name}: {shape.parameters() / 1e6:.1f}M weights; {len(src)} sources of 24 tokens; every engine decodes "
          f"exactly {tokens} tokens per sentence; {threads} threads each; median of {repeat} rounds after a warm-up round")
-    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo, unavailable)
+    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo, unavailable, pause)

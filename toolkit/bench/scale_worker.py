@@ -73,9 +73,10 @@ class _Tk:
 
 
 class _Ct2:
-    def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int):
+    def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int, pause: float = 0.3):
         import ctranslate2
 
+        self.pause = pause
         # Its two ways of using the cores, each row timed with both and the faster kept (its best threads): one batch
         # at a time on every core (intra_threads), or batches side by side, one core each (inter_threads).
         ways = [(threads, 1)] + ([(1, threads)] if device == "cpu" and threads > 1 else [])
@@ -108,7 +109,7 @@ class _Ct2:
             seconds = time.perf_counter() - start
             if best is None or seconds < best["seconds"]:
                 best = {"seconds": seconds, "outputs": outputs, "how": how}
-            time.sleep(0.3)  # the spinning threads of one way idle before the other's run
+            time.sleep(self.pause)  # the spinning threads of one way idle before the other's run
         return best
 
 
@@ -167,7 +168,8 @@ def load(request: dict):
     if kind == "tk":
         return _Tk(model, device, precision, threads, tokens)
     if kind == "ct2":
-        return _Ct2(model, device, {"fp32": "float32", "fp16": "float16", "int8": "int8"}[precision], threads, tokens)
+        return _Ct2(model, device, {"fp32": "float32", "fp16": "float16", "int8": "int8"}[precision], threads, tokens,
+                    request.get("pause", 0.3))
     return _Generate(engine, model, threads, tokens, request.get("work"))
 
 
