@@ -38,6 +38,7 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
     assert [r.engine for r in runs if r.error] == []
     by = {r.engine: r for r in runs}
     if threads == 2:
+        assert by["tk-fp32"].threads.startswith("2 streams x 1 intra-op threads")  # as `tk translate` on two cores
         ways = {"intra_threads 2 x inter_threads 1", "intra_threads 1 x inter_threads 2"}
         assert all(set(by["ct2-fp32"].how[row.name]) <= ways and by["ct2-fp32"].how[row.name] for row in rows)
     for row in rows:

@@ -13,9 +13,9 @@ greedy or beam output. Each engine runs in a process of its own (toolkit.bench.s
 its users run it: tk as `tk translate` does on that many cores (batches side by side, one stream per core, and a call
 of one batch on every core); CTranslate2 timed both of its ways on each row, the faster kept (intra_threads =
 --threads x inter_threads 1, or intra 1 x inter --threads: its best threads); transformers torch threads = --threads;
-Optimum's ONNX Runtime sessions intra-op threads = --threads; OMP/MKL threads = --threads in each. The processes take turns, row by row, round by
-round, with a pause between turns so that one engine's spinning threads have gone idle before the next starts;
-each row's median over the rounds is reported.
+Optimum's ONNX Runtime sessions intra-op threads = --threads; OMP/MKL threads = --threads in each. The processes take
+turns, row by row, round by round, with a pause between turns so that one engine's spinning threads have gone idle
+before the next starts; each row's median over the rounds is reported.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ model moved to the GPU, in float32 or half precision). Where CUDA cannot be used
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -73,7 +74,7 @@ class _Tk:
 
 
 class _Ct2:
-    def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int, pause: float = 0.3):
+    def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int, pause: float):
         import ctranslate2
 
         self.pause = pause
@@ -101,14 +102,9 @@ class _Ct2:
         """Each way timed on the row in turn; the faster's seconds, and which it was."""
         best = None
         for how, translator in self.translators.items():
-            start = time.perf_counter()
-            if per_call:
-                outputs = [o for s in src for o in self.run([s], 1, beam, translator)]
-            else:
-                outputs = self.run(src, batch, beam, translator)
-            seconds = time.perf_counter() - start
-            if best is None or seconds < best["seconds"]:
-                best = {"seconds": seconds, "outputs": outputs, "how": how}
+            got = timed_row(functools.partial(self.run, translator=translator), src, batch, beam, per_call)
+            if best is None or got["seconds"] < best["seconds"]:
+                best = {**got, "how": how}
             time.sleep(self.pause)  # the spinning threads of one way idle before the other's run
         return best
 
@@ -173,19 +169,19 @@ def load(request: dict):
     return _Generate(engine, model, threads, tokens, request.get("work"))
 
 
+def timed_row(run, src: list[list[int]], batch: int, beam: int, per_call: bool) -> dict:
+    """One row decoded by `run(src, batch, beam)`: in batches, or one sentence per call; its seconds and outputs."""
+    start = time.perf_counter()
+    outputs = [o for s in src for o in run([s], 1, beam)] if per_call else run(src, batch, beam)
+    return {"seconds": time.perf_counter() - start, "outputs": outputs}
+
+
 def serve(engine, read, write) -> None:
     for line in read:
         job = json.loads(line)
-        src, batch, beam = job["src"], job["batch"], job["beam"]
-        if hasattr(engine, "timed"):
-            write(engine.timed(src, batch, beam, job["per_call"]))
-            continue
-        start = time.perf_counter()
-        if job["per_call"]:
-            outputs = [o for s in src for o in engine.run([s], 1, beam)]
-        else:
-            outputs = engine.run(src, batch, beam)
-        write({"seconds": time.perf_counter() - start, "outputs": outputs})
+        src, batch, beam, per_call = job["src"], job["batch"], job["beam"], job["per_call"]
+        # An engine timed more than one way (CTranslate2's threads) says which way was faster.
+        write(engine.timed(src, batch, beam, per_call) if hasattr(engine, "timed") else timed_row(engine.run, src, batch, beam, per_call))
 
 
 def main() -> None:
