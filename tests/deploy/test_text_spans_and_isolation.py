@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import Scripted
+from helpers import Scripted, one_line_error
 
 from toolkit.core import placeholders, textprep
 from toolkit.core.batching import GUARDED, DecodeOptions
@@ -312,3 +312,31 @@ def test_translate_corpus_refuses_a_model_that_fails_its_digest_before_ray_start
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1 and result.output.startswith("error: ") and "sha256" in result.output, result.output
     assert "rerun" not in result.output and "Ray" not in result.output and not (tmp_path / "out").exists()
+
+
+# ---- an install problem is no line's fault -------------------------------------------------------------------------
+
+def test_a_missing_sentence_splitter_is_one_error_not_a_file_of_empty_lines(cli, tiny_export, tmp_path, monkeypatch):
+    """Found on a machine without sentencex (a core dependency): tk translate wrote 50 empty lines, warned 50 times and
+    exited 0. Now translate, the API and serve refuse in one line naming the package and the fix, and write nothing."""
+    import sys
+
+    from toolkit.core.errors import UsageError
+    from toolkit.deploy.api import Translator
+
+    monkeypatch.setitem(sys.modules, "sentencex", None)  # `import sentencex` raises ImportError
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    line = one_line_error(cli("translate", "--model", SHIPPED, "-i", src, "-o", out), 2)
+    assert "sentencex is not installed" in line and "--no-split" in line and not out.exists()
+    with pytest.raises(UsageError, match="sentencex is not installed"):
+        Translator(SHIPPED).translate(LINES[:2])
+    assert Translator(SHIPPED).translate(LINES[:2], split=False)  # the way round it that the message names
+    line = one_line_error(cli("serve", tiny_export, "--port", 0), 2)
+    assert "sentencex is not installed" in line
+
+
+def test_when_every_line_fails_to_prepare_the_error_is_raised_not_hidden(shipped, monkeypatch):
+    monkeypatch.setattr(textprep, "prepare", lambda *a, **k: (_ for _ in ()).throw(IndexError("broken")))
+    with pytest.raises(IndexError, match="broken"):
+        _translate(shipped, LINES[:3])

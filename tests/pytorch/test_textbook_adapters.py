@@ -334,3 +334,19 @@ def test_int8_verifies_against_your_function(cli, runs, exported, monkeypatch, t
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "report.json").read_text())["rows"]
     assert {r["check"] for r in rows} >= {"sweep", "decode", "translation"} and all(r["ok"] for r in rows)
+
+
+def test_the_fp16_variant_of_nn_multiheadattention_verifies_on_the_cpu_without_crashing(cli, runs, exported, tmp_path):
+    """Found preparing the CUDA measurement: ONNX Runtime's FuseFp16InitializerToFp32NodeTransformer killed the process
+    (segmentation fault) making the CPU session of this model's fp16 encoder, so `tk verify` died with no message. tk's
+    CPU sessions now run without that transform; verify runs in a process of its own here, so a crash fails this test
+    and not the test worker."""
+    directory = tmp_path / "pre-ln"
+    shutil.copytree(exported["pre-ln"], directory)
+    assert cli("export", directory, "--fp16").exit_code == 0
+    env = {**os.environ, "TK_EXAMPLE_RUN": str(runs["pre-ln"])}
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "verify", str(directory), "--checkpoint", _target("pre-ln"),
+                           "--variant", "fp16", "--sentences", "4"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env=env)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "checks passed" in proc.stderr and "fp16     cpu" in proc.stdout

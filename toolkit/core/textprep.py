@@ -16,11 +16,13 @@ Torch-free.
 from __future__ import annotations
 
 import re
+import sys
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from toolkit.core import placeholders
+from toolkit.core.errors import UsageError
 
 # C0/C1 controls other than tab (NUL-only lines would otherwise be "translated" into invented text).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
@@ -108,7 +110,13 @@ def is_title_case(text: str) -> bool:
 
 
 def split_sentences(text: str) -> list[str]:
-    from sentencex import segment
+    try:
+        from sentencex import segment
+    except ImportError as e:
+        # An install problem, not this line's: raised as tk's own error, so that no line is left empty for it.
+        raise UsageError(f"{e.name or 'sentencex'} is not installed for {sys.executable} (tk splits lines into "
+                         "sentences with it): reinstall tk (pip install tk-onnx-deploy), or translate each line whole "
+                         "with --no-split (split=False in Python)") from None
 
     return [s.strip() for s in segment("en", text) if s.strip()] or ([text] if text else [])
 

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 
+from toolkit.core import textprep
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_LEN_A, MAX_LEN_B
 from toolkit.core.errors import UsageError, first_line
 from toolkit.deploy import markup
@@ -150,6 +151,7 @@ class Routes:
     def __init__(self, models: Sequence[ModelSpec], policy: BatchPolicy, metrics: Metrics, default: Pair | None = None):
         if not models:
             raise UsageError("tk serve needs at least one model directory")
+        textprep.split_sentences("Hello. Goodbye.")  # a missing sentence splitter is refused at start, not per request
         self.batchers = [Batcher(m.load, policy, metrics) for m in models]
         self.models = list(models)
         self.by_pair: dict[Pair, Batcher] = {}
