@@ -335,8 +335,3 @@ def test_a_missing_sentence_splitter_is_one_error_not_a_file_of_empty_lines(cli,
     line = one_line_error(cli("serve", tiny_export, "--port", 0), 2)
     assert "sentencex is not installed" in line
 
-
-def test_when_every_line_fails_to_prepare_the_error_is_raised_not_hidden(shipped, monkeypatch):
-    monkeypatch.setattr(textprep, "prepare", lambda *a, **k: (_ for _ in ()).throw(IndexError("broken")))
-    with pytest.raises(IndexError, match="broken"):
-        _translate(shipped, LINES[:3])

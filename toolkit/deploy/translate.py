@@ -218,14 +218,12 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
     """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them.
     With `fail`, a line whose preparation raises an unexpected error is prepared again as plain sentences (no
     placeholders or capitals folding: what the model makes of the text itself), else it has none (an empty
-    translation), and `fail(index, error, what became of it)` is told; without, the error is raised. As for decoding
-    (_isolated), when every line that has text fails in both forms, the first error is raised: no line is to blame."""
+    translation), and `fail(index, error, what became of it)` is told; without, the error is raised."""
     protect = m.declared().placeholders
     if text.keep and not protect:
         raise UsageError(f"--keep protects terms with tk's placeholders, which this {m.model} model was not trained to copy")
-    out, failures, texts_seen = [], [], 0
+    out = []
     for i, x in enumerate(texts):
-        texts_seen += bool(x.strip())
         try:
             out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect))
             continue
@@ -237,18 +235,12 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
             error = e
         try:
             out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect=False))
-            failures.append((i, error, "translated as plain text, without protecting its numbers, URLs, e-mail "
-                                       "addresses and kept terms"))
+            fail(i, error, "translated as plain text, without protecting its numbers, URLs, e-mail addresses and kept terms")
         except ToolkitError:
             raise
         except Exception:  # noqa: BLE001 - the plain form fails too: the line is left empty
             out.append([])
-            failures.append((i, error, "its output is an empty line"))
-    empty = [f for f in failures if f[2] == "its output is an empty line"]
-    if empty and len(empty) == texts_seen:
-        raise empty[0][1]
-    for failure in failures:
-        fail(*failure)
+            fail(i, error, "its output is an empty line")
     return out
 
 
