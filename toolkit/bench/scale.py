@@ -15,7 +15,9 @@ of one batch on every core); CTranslate2 timed both of its ways on each row, the
 --threads x inter_threads 1, or intra 1 x inter --threads: its best threads); transformers torch threads = --threads;
 Optimum's ONNX Runtime sessions intra-op threads = --threads; OMP/MKL threads = --threads in each. The processes take
 turns, row by row, round by round, with a pause between turns so that one engine's spinning threads have gone idle
-before the next starts; each row's median over the rounds is reported.
+before the next starts; each row's median over the rounds is reported. Engines that do not fit in memory together
+(NLLB-600M's six took 24 GiB and more, and the kernel killed one) run in groups, one group's rounds after another's:
+the next engine starts only while the memory available is at least twice the largest loaded engine's.
 """
 
 from __future__ import annotations
@@ -183,6 +185,30 @@ class _Worker:
         self.log.close()
 
 
+# An engine's memory grows while it decodes (activations, caches, beam copies): the next engine starts only while the
+# memory available is at least this many times the largest loaded engine's resident memory.
+MEMORY_HEADROOM = 2.0
+
+
+def _meminfo_mib(field_name: str, path: str = "/proc/meminfo") -> float | None:
+    """A /proc meminfo-style field in MiB (Linux); None where the file or field is missing."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _available_mib() -> float | None:
+    return _meminfo_mib("MemAvailable")
+
+
+def _rss_mib(pid: int) -> float | None:
+    return _meminfo_mib("VmRSS", f"/proc/{pid}/status")
+
+
 def _models(work: Path) -> dict[str, Path]:
     return {"tk": work / "tk", "ct2": work / "ct2", "transformers": work / "hf", "optimum": work / "hf"}
 
@@ -191,36 +217,65 @@ def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list
                 repeat: int, peer_python: str | None, echo: Callable[[str], None],
                 unavailable: dict[str, str] | None = None, pause: float = PAUSE_S) -> list[EngineRun]:
     """Every engine's rows, the engines taking turns (see the module docstring). `unavailable`: engines that are
-    reported skipped, with why, and not started."""
-    runs, workers = [], {}
-    for engine in engines:
-        run = EngineRun(engine)
-        runs.append(run)
-        if engine in (unavailable or {}):
-            run.error = unavailable[engine]
-            echo(f"{engine}: skipped, {run.error}")
+    reported skipped, with why, and not started. Engines that do not fit in memory together run in groups (each
+    group's rounds, then the next group's), and the output says so."""
+    runs = [EngineRun(engine) for engine in engines]
+    pending = list(runs)
+    groups = 0
+    while pending:
+        workers, largest = {}, 0.0
+        while pending:
+            run = pending[0]
+            if workers and not _room_for_another(largest):
+                echo(f"memory: {run.engine} and the engines after it wait for {', '.join(workers)} to finish "
+                     f"({_available_mib():,.0f} MiB available, the largest engine holds {largest:,.0f} MiB)")
+                break
+            pending.pop(0)
+            worker = _start(run, work, tokens, threads, peer_python, unavailable, pause, echo)
+            if worker is not None:
+                workers[run.engine] = worker
+                largest = max(largest, _rss_mib(worker.proc.pid) or 0.0)
+        if not workers:
             continue
-        kind = engine.split("-")[0]
-        worker = _Worker(engine, _models(work)[kind], threads, tokens, work, peer_python if engine == "optimum" else None, pause)
-        if "error" in worker.hello:
-            run.error = worker.hello["error"]
-            echo(f"{engine}: skipped, {run.error}")
-            worker.close()
-            continue
-        run.version, run.threads = worker.hello["version"], worker.hello["threads"]
-        echo(f"{engine}: {run.version}; {run.threads}")
-        workers[engine] = worker
-    try:
-        for i in range(repeat + 1):  # the first round warms each engine up and is not kept
-            for row in rows:
-                for run in runs:
-                    if run.engine in workers and run.error is None:
-                        _turn(run, workers[run.engine], row, src[: row.sentences], keep=i > 0, pause=pause)
-            echo(f"round {i}{' (warm-up, not kept)' if i == 0 else ''} done")
-    finally:
-        for w in workers.values():
-            w.close()
+        groups += 1
+        group = [r for r in runs if r.engine in workers]
+        try:
+            for i in range(repeat + 1):  # the first round warms each engine up and is not kept
+                for row in rows:
+                    for run in group:
+                        if run.error is None:
+                            _turn(run, workers[run.engine], row, src[: row.sentences], keep=i > 0, pause=pause)
+                echo(f"round {i}{' (warm-up, not kept)' if i == 0 else ''} done"
+                     + (f" ({', '.join(workers)})" if groups > 1 or pending else ""))
+        finally:
+            for w in workers.values():
+                w.close()
     return runs
+
+
+def _room_for_another(largest_mib: float) -> bool:
+    available = _available_mib()
+    return available is None or available >= MEMORY_HEADROOM * largest_mib
+
+
+def _start(run: EngineRun, work: Path, tokens: int, threads: int, peer_python: str | None,
+           unavailable: dict[str, str] | None, pause: float, echo: Callable[[str], None]) -> _Worker | None:
+    """The engine's worker, loaded; None (its run holding why) when it is unavailable or fails to load."""
+    if run.engine in (unavailable or {}):
+        run.error = unavailable[run.engine]
+        echo(f"{run.engine}: skipped, {run.error}")
+        return None
+    kind = run.engine.split("-")[0]
+    worker = _Worker(run.engine, _models(work)[kind], threads, tokens, work,
+                     peer_python if run.engine == "optimum" else None, pause)
+    if "error" in worker.hello:
+        run.error = worker.hello["error"]
+        echo(f"{run.engine}: skipped, {run.error}")
+        worker.close()
+        return None
+    run.version, run.threads = worker.hello["version"], worker.hello["threads"]
+    echo(f"{run.engine}: {run.version}; {run.threads}")
+    return worker
 
 
 def _turn(run: EngineRun, worker: _Worker, row: Row, src: list[list[int]], keep: bool, pause: float = PAUSE_S) -> None:

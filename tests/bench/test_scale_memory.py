@@ -1,0 +1,70 @@
+"""`tk bench --scale` at the size users deploy: its engines' processes must fit in memory. At the NLLB-600M shape the
+six engines, all loaded at once, took more than the machine's 24 GiB and the kernel killed tk fp32's worker (its rows
+then read "its process ended (exit -9)"). Engines that do not fit together now run in groups, one group's rounds after
+the other's; here the workers are stand-ins, and the memory is what the test says it is."""
+
+from __future__ import annotations
+
+import types
+
+from toolkit.bench import scale
+
+ENGINES = ["tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers"]
+ROWS = (scale.Row("greedy, batches of 2", 4, 2, 1), scale.Row("one per call", 2, 1, 1, per_call=True))
+
+
+class _Machine:
+    """A machine of `total` MiB on which every loaded engine holds `each` MiB."""
+
+    def __init__(self, total: float, each: float):
+        self.total, self.each, self.alive, self.most = total, each, set(), 0
+
+    def worker(self, engine, *args, **kwargs):
+        machine = self
+
+        class Worker:
+            def __init__(self):
+                machine.alive.add(engine)
+                machine.most = max(machine.most, len(machine.alive))
+                self.hello = {"version": f"{engine} 1.0", "threads": "1 thread"}
+                self.proc = types.SimpleNamespace(pid=len(machine.alive))
+
+            def run(self, src, row):
+                assert engine in machine.alive
+                return {"seconds": 0.5, "outputs": [[5] * 3 for _ in src]}
+
+            def close(self):
+                machine.alive.discard(engine)
+
+        return Worker()
+
+
+def _run(monkeypatch, machine: _Machine, work) -> tuple[list, list[str]]:
+    monkeypatch.setattr(scale, "_Worker", machine.worker)
+    monkeypatch.setattr(scale, "_rss_mib", lambda pid: machine.each, raising=False)
+    monkeypatch.setattr(scale, "_available_mib", lambda: machine.total - machine.each * len(machine.alive), raising=False)
+    said: list[str] = []
+    src = [[5, 6, 7, 2]] * 4
+    runs = scale.run_engines(ENGINES, work, ROWS, src, tokens=3, threads=1, repeat=2, peer_python=None,
+                             echo=said.append, pause=0.0)
+    return runs, said
+
+
+def test_engines_that_do_not_fit_together_run_in_groups_and_every_row_is_measured(monkeypatch, tmp_path):
+    machine = _Machine(total=24_000, each=5_000)
+    runs, said = _run(monkeypatch, machine, tmp_path)
+    # 24,000 - 3 x 5,000 = 9,000 available < twice 5,000: three engines at a time, never six.
+    assert machine.most == 3 and not machine.alive
+    assert all(r.error is None and sorted(r.seconds) == sorted(row.name for row in ROWS) for r in runs)
+    assert all(len(seconds) == 2 for r in runs for seconds in r.seconds.values())  # two kept rounds each
+    waits = [line for line in said if line.startswith("memory:")]
+    assert waits == ["memory: ct2-int8 and the engines after it wait for tk-fp32, tk-int8, ct2-fp32 to finish "
+                     "(9,000 MiB available, the largest engine holds 5,000 MiB)"]
+    assert "round 2 done (ct2-int8, optimum, transformers)" in said
+
+
+def test_engines_that_fit_take_turns_together_as_before(monkeypatch, tmp_path):
+    machine = _Machine(total=64_000, each=2_000)
+    runs, said = _run(monkeypatch, machine, tmp_path)
+    assert machine.most == 6 and not any(line.startswith("memory:") for line in said)
+    assert "round 2 done" in said and all(r.error is None for r in runs)
