@@ -165,7 +165,7 @@ def load(request: dict):
         return _Tk(model, device, precision, threads, tokens)
     if kind == "ct2":
         return _Ct2(model, device, {"fp32": "float32", "fp16": "float16", "int8": "int8"}[precision], threads, tokens,
-                    request.get("pause", 0.3))
+                    request["pause"])  # the driver's (scale.PAUSE_S, or a test's)
     return _Generate(engine, model, threads, tokens, request.get("work"))
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from toolkit.core.decoding import pad_batch, translate_ids
+from toolkit.core.errors import first_line
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import CATALOGUE
 from toolkit.verify.report import Report, Row
@@ -61,7 +62,7 @@ def generate_parity(report: Report, m: Manifest, model, backends: dict, src_ids:
             # vocabularies): the reference does not exist, so nothing was compared, and the report says so and fails.
             import transformers
 
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}" if str(e) else type(e).__name__
+            why = f"{type(e).__name__}: {first_line(e, 120)}" if str(e).strip() else type(e).__name__
             report.rows.append(Row("generate", "encoder+decoder", "-", "-", f"{len(src_ids)} sentences",
                                    "greedy tokens" if beam == 1 else f"beam {beam} tokens", outside=1.0, ok=False,
                                    detail=f"not compared: transformers {transformers.__version__}'s generate(num_beams={beam}) "
