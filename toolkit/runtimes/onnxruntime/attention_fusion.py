@@ -443,13 +443,16 @@ def remove_dead(model: onnx.ModelProto) -> None:
 
 
 def fuse(src: Path, dst: Path) -> int:
-    """Writes `src` with its attention and same-input projections fused to `dst`, its weights beside it in DST.data
-    (one protobuf message cannot hold 2 GB: an NLLB-1.3B-shaped decoder holds 3.5); returns the attention cores fused."""
+    """Writes `src` with its attention and same-input projections fused and its all-zero biases dropped (zero_bias.py)
+    to `dst`, its weights beside it in DST.data (one protobuf message cannot hold 2 GB: an NLLB-1.3B-shaped decoder
+    holds 3.5); returns the attention cores fused."""
     from toolkit.runtimes.onnxruntime.graph_files import save_beside
+    from toolkit.runtimes.onnxruntime.zero_bias import drop_zero_biases
 
     model = onnx.load(src)
     n = fuse_attention(model)
-    if n:  # a graph without attention (the GRU) stays exactly as it was
+    if n:  # a graph without attention (the GRU) keeps its projections as they were
         fuse_projections(model)
+    drop_zero_biases(model)
     save_beside(model, dst)
     return n
