@@ -26,6 +26,7 @@ ROWS = {"greedy": (128, 32, 1, False), "beam4": (32, 16, 4, False), "percall": (
 
 def main() -> None:
     sys.path.insert(0, str(REPO))
+    from toolkit.bench.scale import PAUSE_S
     from toolkit.core.load_cache import default_directory
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,7 +43,8 @@ def main() -> None:
         env = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", PYTHONPATH=str(tree))
         proc = subprocess.Popen([sys.executable, "-m", "toolkit.bench.scale_worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd="/")
-        proc.stdin.write(json.dumps({"engine": engine, "model": str(model), "threads": 2, "tokens": args.tokens}) + "\n")
+        proc.stdin.write(json.dumps({"engine": engine, "model": str(model), "threads": 2, "tokens": args.tokens,
+                                     "pause": PAUSE_S}) + "\n")
         proc.stdin.flush()
         print(engine, tree, proc.stdout.readline().strip(), file=sys.stderr)
         return proc
@@ -64,7 +66,7 @@ def main() -> None:
             result = json.loads(workers[name].stdout.readline())
             seconds[name].append(result["seconds"])
             outputs[name] = result["outputs"]
-            time.sleep(0.3)  # the last engine's spinning threads idle before the next starts, as in the bench
+            time.sleep(PAUSE_S)  # the last engine's spinning threads idle before the next starts, as in the bench
     median = {k: statistics.median(v[1:]) for k, v in seconds.items()}
     line = (f"{args.engine} {args.row}: before {n * args.tokens / median['before']:.0f} tok/s, after "
             f"{n * args.tokens / median['after']:.0f} tok/s, after/before {median['before'] / median['after']:.2f}x, tokens "

@@ -96,7 +96,11 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
             decode(backend, idx)
     else:
         first = backend.for_streams()
-        _decode_concurrently(decode, [first] + [first.fork() for _ in range(streams - 1)], batches)
+        forks = first.borrow_forks(streams)
+        try:
+            _decode_concurrently(decode, forks, batches)
+        finally:
+            first.return_forks(forks)
     return out
 
 

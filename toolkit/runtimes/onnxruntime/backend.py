@@ -64,7 +64,7 @@ class OrtBackend(StepBackend):
         self.output_names = decoder_spec.output_names  # built once: a single request runs the decoder a dozen times
         self._run_decoder = direct_run(decoder)
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
-        self._reorder_memory = ReorderMemory()  # a fork has its own: its stream runs in another thread
+        self._reorder_memory = ReorderMemory()  # one per thread of its callers; a fork has its own (fork)
         self.device = session_provider(decoder)
         self.io_binding = self.device != "cpu" if io_binding is None else io_binding
         self._helpers: dict[str, ort.InferenceSession] = {}  # the ranking and row-selection sessions
@@ -112,6 +112,7 @@ class OrtBackend(StepBackend):
             raise NotImplementedError("a backend recording attention decodes one stream, in order")
         twin = OrtBackend(self.encoder, self.decoder, self.encoder_spec, self.decoder_spec, self.io_binding, self.stream_sessions)
         twin._helpers, twin._helpers_lock = self._helpers, self._helpers_lock
+        twin._reorder_memory = ReorderMemory(per_thread=False)  # a fork decodes one stream at a time (borrow_forks)
         return twin
 
     def _to_device(self, value: np.ndarray) -> ort.OrtValue:

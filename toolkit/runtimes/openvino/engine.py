@@ -117,10 +117,12 @@ class OvBackend(StepBackend):
         self.encoder_spec, self.decoder_spec = encoder_spec, decoder_spec
         self.state_names = decoder_spec.input_names[1:]
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
-        self._reorder_memory = ReorderMemory()  # a fork has its own: its stream runs in another thread
+        self._reorder_memory = ReorderMemory()  # one per thread of its callers; a fork has its own (fork)
 
     def fork(self) -> OvBackend:
-        return OvBackend(self.encoder.fork(), self.decoder.fork(), self.encoder_spec, self.decoder_spec)
+        twin = OvBackend(self.encoder.fork(), self.decoder.fork(), self.encoder_spec, self.decoder_spec)
+        twin._reorder_memory = ReorderMemory(per_thread=False)  # a fork decodes one stream at a time (borrow_forks)
+        return twin
 
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
         outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
