@@ -86,3 +86,29 @@ def test_a_table_that_is_not_the_output_layer_keeps_its_own_copy(tmp_path):
     session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
     rows, _ = session.run(None, {"ids": np.array([[5], [9]]), "hidden": np.zeros((2, WIDTH), np.float32)})
     assert np.abs(rows - table[[[5], [9]]]).max() < np.abs(table).max() / 100
+
+
+def test_two_tables_tied_to_one_output_layer_both_read_its_one_copy(tmp_path):
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((VOCAB, WIDTH)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], name="lookup"),
+         helper.make_node("Gather", ["same_table", "ids"], ["rows_again"], name="second_lookup"),
+         helper.make_node("MatMul", ["hidden", "weight"], ["logits"], name="output_layer")],
+        "two_lookups",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 1]),
+         helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["batch", 1, WIDTH]),
+         helper.make_tensor_value_info("rows_again", TensorProto.FLOAT, ["batch", 1, WIDTH]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", VOCAB])],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(table.copy(), "same_table"),
+         numpy_helper.from_array(np.ascontiguousarray(table.T), "weight")])
+    src, dst = tmp_path / "two.onnx", tmp_path / "two.int8.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), src)
+    int8_graph(src, dst)
+    assert _table_copies(dst) == 1
+    session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    ids = rng.integers(0, VOCAB, (8, 1))
+    rows, rows_again, _ = session.run(None, {"ids": ids, "hidden": np.zeros((8, WIDTH), np.float32)})
+    step = np.abs(table[ids]).max(axis=-1, keepdims=True) / 63
+    assert np.array_equal(rows, rows_again) and np.all(np.abs(rows - table[ids]) <= step / 2 + 1e-6)

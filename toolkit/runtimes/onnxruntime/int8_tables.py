@@ -73,7 +73,7 @@ def share_tied_tables(model, pairs: dict[str, str]) -> int:
     for node in model.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    rewritten = 0
+    rewritten, stored_as_rows = 0, set()
     for table, weight in pairs.items():
         t_q, w_q, w_scale, w_zero = f"{table}_quantized", f"{weight}_quantized", f"{weight}_scale", f"{weight}_zero_point"
         if not all(n in inits for n in (t_q, w_q, w_scale, w_zero)):
@@ -87,11 +87,14 @@ def share_tied_tables(model, pairs: dict[str, str]) -> int:
         if not lookups:
             continue
         rows_q = f"{w_q}_rows"
-        weight_q = inits[w_q]
-        model.graph.initializer.remove(weight_q)
-        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weight_q).T), rows_q))
-        # First in the node list: the output layer's weight is this Transpose's output now, no longer an initializer.
-        nodes = [helper.make_node("Transpose", [rows_q], [w_q], name=f"{w_q}/from_rows", perm=[1, 0])]
+        nodes = []
+        if w_q not in stored_as_rows:  # a second table tied to the same weight reads the rows already stored
+            stored_as_rows.add(w_q)
+            weight_q = inits[w_q]
+            model.graph.initializer.remove(weight_q)
+            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weight_q).T), rows_q))
+            # First in the node list: the output layer's weight is this Transpose's output now, no longer an initializer.
+            nodes.append(helper.make_node("Transpose", [rows_q], [w_q], name=f"{w_q}/from_rows", perm=[1, 0]))
         looked_up = {g.output[0]: g for g in lookups}
         for node in model.graph.node:
             if node.op_type == "DequantizeLinear" and node.input[0] in looked_up:
