@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,8 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, 
 
 def _rss() -> int:
     with open("/proc/self/statm", encoding="ascii") as f:
-        import os
-
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 

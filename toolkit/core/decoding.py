@@ -59,9 +59,8 @@ class StepBackend:
 
     def borrow_forks(self, n: int) -> list[StepBackend]:
         """`n` forks for one call's concurrent streams, kept from call to call with their reorder memory: the stream
-        threads are new at every call, so memory kept per thread was made again at each one (the opus-mt-shaped int8
-        beam-4 row, 2 streams: 1.04x with it kept). A fork is lent to one call at a time (return_forks gives it back);
-        calls at the same time get forks of their own."""
+        threads are new at every call, so memory kept per thread was made again at each one. A fork is lent to one
+        call at a time (return_forks gives it back); calls at the same time get forks of their own."""
         with _FORKS_LOCK:
             spare = self.__dict__.setdefault("_spare_forks", [])
             lent = [spare.pop() for _ in range(min(n, len(spare)))]

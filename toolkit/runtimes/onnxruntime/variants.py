@@ -281,10 +281,10 @@ def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, f
 
 @functools.lru_cache(maxsize=1)
 def builder_digest() -> str:
-    """A checksum of the code that builds variants (this module, the sessions that optimise, the attention
-    fusion and the graph rewrites beside it), so that a cached copy of a built variant is trusted only while that code is unchanged. CRC-32 and
-    the sizes, not sha256: it tells edits apart and guards against no adversary, and hashlib's OpenSSL took
-    2.5 ms of every `tk translate` start, where zlib is loaded already."""
+    """A checksum of the code that builds variants (this module, the sessions that optimise, the attention fusion
+    and the graph rewrites beside it), so that a cached copy of a built variant is trusted only while that code is
+    unchanged. CRC-32 and the sizes, not sha256: it tells edits apart and guards against no adversary, and hashlib's
+    OpenSSL took 2.5 ms of every `tk translate` start, where zlib is loaded already."""
     import zlib
 
     parts = []
