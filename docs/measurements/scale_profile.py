@@ -1,9 +1,17 @@
 """Where tk's decoding time goes on the `tk bench --scale` work model: ONNX Runtime's profiler over the decoder (op-type
 totals and the costliest nodes), and the decoding loop's backend calls timed in the same process (decoder runs,
 ranking, row selection, the loop's own Python). One batch of the bench's kind of sources (24 random tokens and the end
-token), exactly --tokens tokens per sentence.
+token), exactly --tokens tokens per sentence, decoded --warm times first and then once more: only that last decode is
+reported. A process's first decodes map fresh memory for every output and growing cache (27,000 page faults in the
+first fp32 greedy decode at batch 32, 2 in the third); a profile of a first decode charged that to whichever node writes
+the graph's output (the forbidden-token `Add`: 11% of the fp32 step, 3% once warm), which the bench's rounds, after a
+warm-up round, never pay.
 
-    python docs/measurements/scale_profile.py [--variant int8|fp32] [--beam 4] [--batch 16] [--model DIR]
+    python docs/measurements/scale_profile.py [--variant int8|optimized|fp32] [--beam 4] [--batch 16] [--warm 2]
+        [--model DIR]
+
+--variant: int8 (default), optimized (the float32 graphs tk runs on CPU: attention fused) or fp32 (as exported); a
+variant the directory does not store is built in memory as tk builds it.
 
 DIR: the tk directory of the work model (default $TK_CACHE_DIR/bench-scale/opus-mt/tk, made by `tk bench --scale
 opus-mt`). Shares, not absolute times, compare between machines.
@@ -28,9 +36,11 @@ def main() -> None:
     from toolkit.core.load_cache import default_directory
     from toolkit.runtimes.onnxruntime.backend import OrtBackend
     from toolkit.runtimes.onnxruntime.sessions import create_session
+    from toolkit.runtimes.onnxruntime.variants import graph_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", choices=["int8", "fp32"], default="int8")
+    parser.add_argument("--variant", choices=["int8", "optimized", "fp32"], default="int8")
+    parser.add_argument("--warm", type=int, default=2, help="decodes before the profiled one")
     parser.add_argument("--beam", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=32)
@@ -40,22 +50,23 @@ def main() -> None:
     model = args.model or default_directory() / "bench-scale" / "opus-mt" / "tk"
     m = manifest.load(model)
     specs = m.specs()
-    suffix = "" if args.variant == "fp32" else f".{args.variant}"
     prefix = os.path.join(tempfile.mkdtemp(prefix="tk-profile-"), "decoder")
 
     def profiled(options) -> None:
         options.enable_profiling = True
         options.profile_file_prefix = prefix
 
-    encoder = create_session(model / f"encoder{suffix}.onnx", threads=args.threads)
-    decoder = create_session(model / f"decoder{suffix}.onnx", threads=args.threads, configure=profiled)
+    encoder = create_session(graph_source(m, "encoder", args.variant)[0], threads=args.threads)
+    decoder = create_session(graph_source(m, "decoder", args.variant)[0], threads=args.threads, configure=profiled)
     backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"])
     spent: collections.Counter[str] = collections.Counter()
+    decoder_runs = [0]
     for name in ("encode", "_run_host", "step_top_k", "reorder_beams", "select"):  # timed on this object only
         method = getattr(backend, name)
 
         def timed(*a, _method=method, _name=name, **kw):
             start = time.perf_counter()
+            decoder_runs[0] += _name == "_run_host"
             try:
                 return _method(*a, **kw)
             finally:
@@ -66,19 +77,25 @@ def main() -> None:
     vocab = specs["decoder"].outputs[0].dims[-1]  # log_probs (batch, vocab)
     src = [[int(t) for t in rng.integers(2, vocab - 2, 24)] + [m.rules().end] for _ in range(args.batch)]
     opts = DecodeOptions(beam=args.beam, batch_size=args.batch, max_len=args.tokens, streams=1, rules=m.rules())
+    for _ in range(args.warm):
+        decode_ids(backend, src, opts)
+    runs_before = decoder_runs[0]
+    spent.clear()
     start = time.perf_counter()
     decode_ids(backend, src, opts)
     total = time.perf_counter() - start
     events = json.loads(Path(decoder.end_profiling()).read_text(encoding="utf-8"))
+    runs = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+    since = runs[runs_before]  # the first decoder run of the profiled decode
     by_op: collections.Counter[str] = collections.Counter()
     by_node: collections.Counter[str] = collections.Counter()
     for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= since:
             by_op[e["args"]["op_name"]] += e["dur"]
             by_node[e["name"][: -len("_kernel_time")]] += e["dur"]
     ops = sum(by_op.values())
     print(f"{args.variant}, beam {args.beam}, batch {args.batch}, {args.tokens} tokens: {total * 1000:.0f} ms in all "
-          f"(with the profiler on)")
+          f"(with the profiler on; the decode after {args.warm} others)")
     loop = total - spent["encode"] - spent["step_top_k"] - spent["reorder_beams"] - spent["select"]
     for name, seconds in [("encoder", spent["encode"]), ("decoder runs", spent["_run_host"]),
                           ("ranking", spent["step_top_k"] - spent["_run_host"]),
