@@ -75,8 +75,8 @@ def _generate(hf: Path, english: list[str], beam: int) -> tuple[list[list[int]],
     with torch.inference_mode():
         out = model.generate(**batch, num_beams=beam, do_sample=False)
     end = model.config.eos_token_id
-    tokens = [row[1: row.index(end, 1)] if end in row[1:] else [t for t in row[1:] if t != model.config.pad_token_id]
-              for row in out.tolist()]
+    # generate pads a row only after its end token: a row without one is all tokens
+    tokens = [row[1: row.index(end, 1)] if end in row[1:] else row[1:] for row in out.tolist()]
     return tokens, tokenizer.batch_decode(out, skip_special_tokens=True)
 
 

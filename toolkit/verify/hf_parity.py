@@ -35,11 +35,16 @@ def generate_tokens(model, src_ids: list[list[int]], m: Manifest, beam: int, out
                                 forced_eos_token_id=rules.end if rules.forced_end else None,
                                 # a multilingual model's target language, forced first as tk forces it
                                 **({"forced_bos_token_id": rules.forced_first} if rules.forced_first is not None else {}))
-    tokens = []
-    for row in out.tolist():
-        row = row[1:]
-        tokens.append(row[: row.index(rules.end)] if rules.end in row else [t for t in row if t != rules.pad])
-    return tokens
+    return [generated_tokens(row, rules.end) for row in out.tolist()]
+
+
+def generated_tokens(row: list[int], end: int) -> list[int]:
+    """One row of generate's output as the sentence's tokens: the decoder's start token dropped, cut before the first end
+    token. generate pads a row only after its end token, so a row without one is all tokens: a pad id inside it is a
+    token the model chose (T5's pad is its start token too), and dropping it made a tk translation that emitted it look
+    different from generate's."""
+    row = row[1:]
+    return row[: row.index(end)] if end in row else row
 
 
 def generate_parity(report: Report, m: Manifest, model, backends: dict, src_ids: list[list[int]], echo,

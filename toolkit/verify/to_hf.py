@@ -30,6 +30,7 @@ from toolkit.core.manifest import Manifest
 from toolkit.deploy import to_hf
 from toolkit.verify.checks import held_out_sentences, prefix_log_probs
 from toolkit.verify.compare import compare, tolerance, top1
+from toolkit.verify.hf_parity import generated_tokens
 from toolkit.verify.report import Report, Row
 
 # (batch, source length, target length): one token each, a padded batch, the longest source (every position of the
@@ -174,9 +175,7 @@ def _generate(report: Report, m: Manifest, model, tokenizer, backend, english: l
     with torch.inference_mode():
         for i in range(0, n, 64):
             batch = tokenizer(english[i : i + 64], return_tensors="pt", padding=True, truncation=True)
-            for row in model.generate(**batch).tolist():
-                row = row[1:]
-                hf_tokens.append(row[: row.index(rules.end)] if rules.end in row else [t for t in row if t != rules.pad])
+            hf_tokens += [generated_tokens(row, rules.end) for row in model.generate(**batch).tolist()]
     same = sum(a == b for a, b in zip(tk_tokens, hf_tokens))
     detail, ties, real = f"{same}/{n} identical to tk's greedy", 0, 0
     for i, (a, b) in enumerate(zip(tk_tokens, hf_tokens)):
