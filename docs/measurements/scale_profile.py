@@ -60,13 +60,13 @@ def main() -> None:
     decoder = create_session(graph_source(m, "decoder", args.variant)[0], threads=args.threads, configure=profiled)
     backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"])
     spent: collections.Counter[str] = collections.Counter()
-    decoder_runs = [0]
+    calls: collections.Counter[str] = collections.Counter()
     for name in ("encode", "_run_host", "step_top_k", "reorder_beams", "select"):  # timed on this object only
         method = getattr(backend, name)
 
         def timed(*a, _method=method, _name=name, **kw):
             start = time.perf_counter()
-            decoder_runs[0] += _name == "_run_host"
+            calls[_name] += 1
             try:
                 return _method(*a, **kw)
             finally:
@@ -79,7 +79,7 @@ def main() -> None:
     opts = DecodeOptions(beam=args.beam, batch_size=args.batch, max_len=args.tokens, streams=1, rules=m.rules())
     for _ in range(args.warm):
         decode_ids(backend, src, opts)
-    runs_before = decoder_runs[0]
+    runs_before = calls["_run_host"]  # decoder runs of the warm-up decodes
     spent.clear()
     start = time.perf_counter()
     decode_ids(backend, src, opts)
