@@ -251,3 +251,83 @@ def test_an_existing_directory_needs_force_and_force_replaces_only_a_marian_dire
     assert "as it is" in one_line_error(cli("export", SHIPPED, "--to-hf", target, "--fp16"), 2)
     assert "does not exist" in one_line_error(cli("verify", SHIPPED, "--to-hf", tmp_path / "nowhere"), 2)
     assert "drop --record" in one_line_error(cli("verify", SHIPPED, "--to-hf", target, "--record"), 2)
+
+
+# tokenizer.json edited after the export, each as a user (or a careless hand) might: verify must compare tokenizations
+# on text that exercises the normalizer, not only on plain corpus sentences (which tokenize alike with or without it).
+def _normalizer_removed(tokenizer: dict) -> None:
+    tokenizer["normalizer"] = None
+
+
+def _nfkc_as_nfc(tokenizer: dict) -> None:
+    steps = tokenizer["normalizer"]["normalizers"]
+    assert steps[0] == {"type": "NFKC"}
+    steps[0] = {"type": "NFC"}
+
+
+def _whitespace_runs_kept(tokenizer: dict) -> None:
+    steps = tokenizer["normalizer"]["normalizers"]
+    collapse = [s for s in steps if s["type"] == "Replace" and s["content"] == " "]
+    assert len(collapse) == 1
+    steps.remove(collapse[0])
+
+
+TAMPERS = {"normalizer removed": (_normalizer_removed, {"whitespace runs", "fullwidth letters", "decomposed accents"}),
+           "NFKC replaced by NFC": (_nfkc_as_nfc, {"fullwidth letters", "fullwidth digits", "ligatures"}),
+           "whitespace collapse dropped": (_whitespace_runs_kept, {"whitespace runs", "tabs and newlines", "no-break and other spaces"})}
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPERS))
+def test_verify_fails_when_the_tokenizer_json_normalizer_was_tampered_with(cli, hf_dir, tmp_path, tamper):
+    edit, must_fail = TAMPERS[tamper]
+    bad = tmp_path / "bad"
+    shutil.copytree(hf_dir, bad)
+    data = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
+    edit(data)
+    (bad / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    report = tmp_path / "report.json"
+    line = one_line_error(cli("verify", SHIPPED, "--to-hf", bad, "--sentences", 0, "--json", report), 1)
+    assert "tokenizer MarianMTModel/normalization ids (AutoTokenizer)" in line
+    rows = json.loads(report.read_text())["rows"]
+    failed = [r for r in rows if not r["ok"]]
+    assert must_fail <= {r["case"] for r in failed}
+    # one row per text that tokenizes differently, naming the text; the model, the configs and Marian's files still pass
+    assert all(r["output"] == "normalization ids (AutoTokenizer)" and "tk" in r["detail"] for r in failed)
+    assert all(r["ok"] for r in rows if r["check"] in ("static", "sweep") or "MarianTokenizer" in r["output"])
+
+
+def test_verify_fails_when_marian_vocabulary_was_tampered_with(cli, hf_dir, tmp_path):
+    """vocab.json maps SentencePiece's pieces to ids for MarianTokenizer (the slow tokenizer): two ids swapped there
+    change what a user of MarianTokenizer feeds the model, while AutoTokenizer (tokenizer.json) is still right."""
+    from toolkit.core.tokenizer import Tokenizer
+
+    tk = Tokenizer.load(SHIPPED / "tokenizer.model")
+    first, second = (tk.sp.id_to_piece(i) for i in tk.encode(["I am home."])[0][:2])
+    bad = tmp_path / "bad"
+    shutil.copytree(hf_dir, bad)
+    vocab = json.loads((bad / "vocab.json").read_text(encoding="utf-8"))
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (bad / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    report = tmp_path / "report.json"
+    line = one_line_error(cli("verify", SHIPPED, "--to-hf", bad, "--sentences", 0, "--json", report), 1)
+    assert "tokenizer MarianMTModel/normalization ids (MarianTokenizer" in line
+    rows = json.loads(report.read_text())["rows"]
+    assert "whitespace runs" in {r["case"] for r in rows if not r["ok"]}
+    assert all(r["ok"] for r in rows if "AutoTokenizer" in r["output"] or r["check"] != "tokenizer")
+
+
+def test_the_normalization_texts_tokenize_alike_in_the_written_directory(hf_dir):
+    """The untampered directory: AutoTokenizer and MarianTokenizer (on tk-normalized text) give tk's ids on every
+    normalization text, and those texts cover what tk's normalize folds."""
+    from toolkit.core import manifest
+    from toolkit.core.tokenizer import normalize
+    from toolkit.verify.report import Report
+    from toolkit.verify.to_hf import NORMALIZATION_TEXTS, normalization_rows
+
+    report = Report(str(SHIPPED), 0)
+    normalization_rows(report, manifest.load(SHIPPED), hf_dir)
+    assert report.rows and all(r.ok for r in report.rows), [r.detail for r in report.rows if not r.ok]
+    assert {r.output for r in report.rows} == {"normalization ids (AutoTokenizer)", "normalization ids (MarianTokenizer, tk-normalized text)"}
+    texts = [t for _, t in NORMALIZATION_TEXTS]
+    assert sum(normalize(t) != t for t in texts) >= 10 and "" in texts
+    assert {"\t", "\u00a0", "Ｉ", "１", "ﬁ", "\u0301", "🙂"} <= {c for t in texts for c in t}

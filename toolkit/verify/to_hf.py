@@ -9,7 +9,10 @@ kinds of evidence are compared with tk's fp32 graphs of DIR on ONNX Runtime (CPU
              length) shapes, padded batches among them, random tokens; each against the graphs' step-by-step
              log-probabilities, within fp32's tolerance (or --atol/--rtol);
   tokenizer  AutoTokenizer's ids are tk's on held-out sentences (no end token on the source), and its decoding of
-             tk's translations is tk's text;
+             tk's translations is tk's text; on NORMALIZATION_TEXTS (whitespace runs and kinds, NFKC's fullwidth
+             forms and ligatures, decomposed accents, emoji, empty text) AutoTokenizer's ids are tk's, one row per
+             text, and MarianTokenizer's (Marian's spm files, which skip tk's normalization) are tk's on the text
+             tk's normalize gives;
   generate   generate's greedy tokens (the directory's generation config) are tk's greedy tokens on the same
              sentences; a sentence may part only at a near-tie (the two tokens within twice the tolerance on the
              graphs), which the two engines' rounding may break either way.
@@ -18,6 +21,8 @@ kinds of evidence are compared with tk's fp32 graphs of DIR on ONNX Runtime (CPU
 from __future__ import annotations
 
 import json
+import unicodedata
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +59,9 @@ def verify_hf(model_dir: str | Path, hf_dir: str | Path, atol: float | None = No
     report = Report(str(model_dir), seed, runtime=f"transformers {transformers.__version__}")
     report.reference = f"tk's fp32 graphs of {model_dir} on ONNX Runtime (CPU)"
     report.reference_kind = "graphs"
-    report.reference_proves = (f"transformers' MarianMTModel and tokenizer from {hf_dir} compute what tk's exported graphs compute "
-                               "(log-probabilities, tokens and text); it says nothing of the weights' provenance")
+    report.reference_proves = (f"transformers' MarianMTModel and tokenizers from {hf_dir} compute what tk's exported graphs and "
+                               "tokenizer compute (log-probabilities, tokens, ids on text that exercises tk's normalization, and "
+                               "text); it says nothing of the weights' provenance")
     tol = tolerance("fp32", atol, rtol)
     other = _other_sizes(m, hf_dir)
     if other:  # another model's directory: nothing of it can be compared with these graphs (its ids index other tables)
@@ -79,6 +85,7 @@ def verify_hf(model_dir: str | Path, hf_dir: str | Path, atol: float | None = No
     backend = runtimes.load(m, "onnxruntime", "cpu", "fp32").backend
     echo(f"comparing {hf_dir} (transformers {transformers.__version__}) with {model_dir}'s fp32 graphs (ONNX Runtime, CPU)")
     _sweep(report, m, model, backend(), seed, tol)
+    normalization_rows(report, m, hf_dir, tokenizer)
     english, origin = held_out_sentences(sentences, data)
     if english:
         echo(f"tokenizing and translating {len(english)} sentences from the {origin}, greedy")
@@ -149,6 +156,82 @@ def _sweep(report: Report, m: Manifest, model, backend, seed: int, tol: tuple[fl
         if ref.shape == got.shape:
             row.top1 = top1(ref, got)
         report.rows.append(row)
+
+
+# Text on which tk's normalize (NFKC; runs of whitespace, as str.split sees it, to one space; stripped) changes what
+# the tokenizer sees. Corpus sentences tokenize alike with or without a normalizer, so only text like this shows a
+# tokenizer.json whose normalizer was dropped or changed. Each kind is named in the report; none holds the quotes,
+# dashes, brackets or colons sacremoses (when installed) would rewrite for MarianTokenizer.
+NORMALIZATION_TEXTS = (
+    ("whitespace runs", "I  am   home."),
+    ("leading and trailing spaces", "  Go home now.  "),
+    ("tabs and newlines", "Tom\tis\there.\r\n"),
+    ("no-break and other spaces", "Wait\u00a0 here,\u2009\u2009please \u3000now\u2028sir\u202f!"),  # NFKC alone leaves runs
+    ("fullwidth letters", "Ｉ ａｍ ｈｏｍｅ．"),
+    ("fullwidth digits", "Room １２３, floor ４."),
+    ("ligatures", "The ﬁrst ﬂight was ﬁne."),
+    ("superscripts and fractions", "Add ½ cup, x² times."),
+    ("composed accents", "Café crème à Noël."),
+    ("decomposed accents", unicodedata.normalize("NFD", "Café crème à Noël.")),
+    ("emoji", "I love it 🙂👍🏽!"),
+    ("empty", ""),
+    ("spaces only", "   "),
+    ("whitespace only", "\t\n\u00a0\u3000"),
+)
+NORMALIZATION_FAST = "normalization ids (AutoTokenizer)"
+NORMALIZATION_SLOW = "normalization ids (MarianTokenizer, tk-normalized text)"
+
+
+def normalization_rows(report: Report, m: Manifest, hf_dir: Path, tokenizer=None) -> None:
+    """tk's ids against the directory's tokenizers on NORMALIZATION_TEXTS, one row per text and tokenizer (a failing
+    row names the text and both id lists): AutoTokenizer (tokenizer.json) on the text as it is, and, where the
+    directory holds Marian's spm files, MarianTokenizer (add_special_tokens=False) on the text tk's normalize gives,
+    since MarianTokenizer has no NFKC or whitespace step of its own (docs/models.md says so to its users)."""
+    from toolkit.core.tokenizer import normalize
+    from toolkit.core.tokenizers import open_tokenizer
+
+    labels, texts = zip(*NORMALIZATION_TEXTS)
+    want = open_tokenizer(m).encode(list(texts))
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    _compare_ids(report, NORMALIZATION_FAST, "AutoTokenizer", labels, texts, want, lambda: tokenizer(list(texts))["input_ids"])
+    if not (hf_dir / "source.spm").is_file():
+        return
+    try:
+        from transformers import MarianTokenizer
+
+        with warnings.catch_warnings():  # "Recommended: pip install sacremoses": tk's ids are compared without it
+            warnings.simplefilter("ignore")
+            slow = MarianTokenizer.from_pretrained(hf_dir)
+    except Exception as e:  # noqa: BLE001 - spm files transformers cannot load are the verdict, not a crash
+        report.rows.append(Row("tokenizer", GRAPH, "fp32", PROVIDER, "-", NORMALIZATION_SLOW, ok=False,
+                               detail=f"MarianTokenizer.from_pretrained: {first_line(e)}"))
+        return
+    normalized = [normalize(t) for t in texts]
+    _compare_ids(report, NORMALIZATION_SLOW, "MarianTokenizer", labels, texts, want,
+                 lambda: slow(normalized, add_special_tokens=False)["input_ids"])
+
+
+def _compare_ids(report: Report, output: str, name: str, labels, texts, want: list[list[int]], encode) -> None:
+    """One row per text: `encode()`'s ids (all texts at once) against tk's `want`; a tokenizer that raises fails
+    every text with its message."""
+    error = ""
+    try:
+        got = encode()
+    except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode is the verdict, not a crash
+        got, error = [None] * len(texts), first_line(e)
+    for label, text, a, b in zip(labels, texts, want, got):
+        same = a == b
+        detail = "" if same else (f"{_shown(text)}: tk {len(a)} ids {a[:8]}, " +
+                                  (f"{name} failed: {error}" if b is None else f"{name} {len(b)} ids {b[:8]}"))
+        report.rows.append(Row("tokenizer", GRAPH, "fp32", PROVIDER, label, output, outside=float(not same), ok=same, detail=detail))
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """The text on one line: repr escapes tabs, newlines and no-break spaces; a long text is cut."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def _generate(report: Report, m: Manifest, model, tokenizer, backend, english: list[str], tol: tuple[float, float]) -> None:
