@@ -311,13 +311,28 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         except asyncio.TimeoutError:
             raise Refusal(504, f"not translated within {config.timeout_s:g}s; send fewer sentences or retry later") from None
 
+    # Cutting HTML and writing it back take time in proportion to the fragments' size: on a worker thread, so the event
+    # loop answers every other request (and /health) meanwhile, and one request's at a time, since threads cutting side by
+    # side would only take turns at the interpreter lock, slowing the decoding worker's share of it too.
+    markup_turn = asyncio.Semaphore(1)
+
+    async def markup_work(work: Callable):
+        async with markup_turn:
+            return await asyncio.to_thread(work)
+
     async def html(b: Batcher, fragments: list[str], key: OptionKey) -> list[str]:
         """HTML fragments with their text translated, markup in place: toolkit.deploy.markup, as tk translate --format html."""
-        plans = [markup.plan(f) for f in fragments]
-        texts = list(dict.fromkeys(t for p in plans for t in p.texts()))
+        def cut() -> tuple[list[markup.Plan], list[str]]:
+            plans = [markup.plan(f) for f in fragments]
+            return plans, list(dict.fromkeys(t for p in plans for t in p.texts()))
+
+        plans, texts = await markup_work(cut)
+        if len(texts) > b.policy.queue_size:  # one request's markup cannot fill the queue that every client shares
+            raise Refusal(400, f"the HTML in this request holds {len(texts)} texts to translate (blocks and their inline elements), more "
+                               f"than the whole queue holds ({b.policy.queue_size}, --queue-size); send fewer or smaller fragments")
         results = await decoded(b, texts, key, 400) if texts else []
         translated = {t: n[0].text for t, n in zip(texts, results)}
-        return [markup.render(p, translated) for p in plans]
+        return await markup_work(lambda: [markup.render(p, translated) for p in plans])
 
     @app.post(TRANSLATE, response_model=TranslateResponse, responses=errors, response_model_exclude_none=True)
     async def translate(req: TranslateRequest, request: Request):
