@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.bench.scale_model import SHAPES, Shape
+from toolkit.core.atomic import is_temporary, write_atomic
 from toolkit.core.errors import UsageError
 
 ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers",
@@ -108,37 +110,71 @@ def _run_step(name: str, cmd: list[str], out: Path, log: Path, echo: Callable[[s
 
 
 def _work_dir(work: Path, shape: Shape) -> dict:
-    """The work directory's record, creating the directory: refuses one this bench did not write, or one of another shape."""
+    """The work directory's record, creating the directory: refuses one this bench did not write, or one of another shape.
+    The record is written first, before any step: a run killed while it prepares leaves a directory the next run knows
+    as its own, and completes."""
     marker = work / MARKER
     if marker.is_file():
-        record = json.loads(marker.read_text(encoding="utf-8"))
-        if record.get("shape") != shape.name:
-            raise UsageError(f"{work} holds the {record.get('shape')} model of tk bench --scale; give another --work for {shape.name}")
-        return record
-    if work.exists() and (not work.is_dir() or any(work.iterdir())):
+        return _record(work, shape)
+    # A run killed while it wrote its first record left only that record's temporary file: the directory counts as empty
+    if work.exists() and (not work.is_dir() or any(not is_temporary(p.name) for p in work.iterdir())):
         raise UsageError(f"{work} exists and was not written by tk bench --scale; give a new or empty --work directory")
     work.mkdir(parents=True, exist_ok=True)
-    return {"shape": shape.name, "steps": {}}
+    record = {"shape": shape.name, "steps": {}}
+    _save(work, record)
+    return record
+
+
+def _record(work: Path, shape: Shape) -> dict:
+    try:
+        record = json.loads((work / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        record, problem = None, str(e)
+    else:
+        problem = "not the record of a run"
+    if not isinstance(record, dict) or not isinstance(record.get("steps"), dict):
+        raise UsageError(f"{work / MARKER} cannot be read ({problem}); remove {work} or give another --work directory")
+    if record.get("shape") != shape.name:
+        raise UsageError(f"{work} holds the {record.get('shape')} model of tk bench --scale; give another --work for {shape.name}")
+    return record
+
+
+def _save(work: Path, record: dict) -> None:
+    """Whole or not at all: a run killed while it writes the record leaves the previous one."""
+    write_atomic(work / MARKER, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None], int8: bool = True) -> dict[str, Step]:
     """The model in every form the engines read, each step once per work directory: returns every step's cost (a step
-    done in an earlier run keeps the figures measured then). `int8`, `ct2`: whether any engine reads those copies."""
+    done in an earlier run keeps the figures measured then). `int8`, `ct2`: whether any engine reads those copies.
+    A step not recorded as done (a run killed in it) is done again: what it writes from nothing is removed first."""
     record = _work_dir(work, shape)
     py, cli = sys.executable, "from toolkit.cli import main; main()"
     hf, tk = work / "hf", work / "tk"
-    steps = [("build (random weights, save_pretrained)", [py, "-m", "toolkit.bench.scale_model", shape.name, str(hf)], hf),
-             ("tk export hf:DIR", [py, "-c", cli, "export", f"hf:{hf}", "--out", str(tk)], tk)]
+    # (name, command, what it writes, whether it writes that from nothing)
+    steps = [("build (random weights, save_pretrained)", [py, "-m", "toolkit.bench.scale_model", shape.name, str(hf)], hf, True),
+             ("tk export hf:DIR", [py, "-c", cli, "export", f"hf:{hf}", "--out", str(tk)], tk, True)]
     if int8:
-        steps.append(("tk export --quantize int8 (size: the directory with both)", [py, "-c", cli, "export", str(tk), "--quantize", "int8"], tk))
+        # --force: a run killed after the variant was stored, before the step was recorded, left it in the directory
+        steps.append(("tk export --quantize int8 (size: the directory with both)",
+                      [py, "-c", cli, "export", str(tk), "--quantize", "int8", "--force"], tk, False))
     if ct2:
         convert = f"from ctranslate2.converters import TransformersConverter; TransformersConverter({str(hf)!r}).convert({str(work / 'ct2')!r})"
-        steps.append(("CTranslate2 TransformersConverter", [py, "-c", convert], work / "ct2"))
+        steps.append(("CTranslate2 TransformersConverter", [py, "-c", convert], work / "ct2", True))
     done = {name: Step(**step) for name, step in record["steps"].items()}  # an earlier run's steps are still reported
-    for name, cmd, out in steps:
+    for name, cmd, out, fresh in steps:
         if name not in record["steps"]:
+            if fresh:
+                _remove(out)  # what a run killed in this step left (the directory is this bench's: its record says so)
             record["steps"][name] = _run_step(name, cmd, out, work / "prepare.log", echo).__dict__
-            (work / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            _save(work, record)
         done[name] = Step(**record["steps"][name])
     return done
 
