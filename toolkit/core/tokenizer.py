@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import unicodedata
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,7 +35,43 @@ def normalize(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
-class Tokenizer:
+WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word ("▁maison")
+
+
+def piece_begins_word(piece: str) -> bool:
+    """Whether a SentencePiece-style piece begins a word: it starts with ▁, or with a character that is no letter or
+    digit (punctuation, a placeholder symbol), so a cut before it leaves the word before it whole. "" (an id without a
+    piece) begins none."""
+    return piece[:1] == WORD_START or (piece[:1] != "" and not piece[0].isalnum())
+
+
+class TextTokenizer(ABC):
+    """What translation asks of a model's tokenizer, whatever its kind (toolkit.core.tokenizers.open_tokenizer opens
+    each): text to ids, ids to text, and whether an output id begins a word, where a translation the loop guard stops
+    may end (toolkit.core.decoding.word_end). Every kind answers from its own pieces, so a kind that cannot answer
+    fails when it is made, not when the guard first cuts a translation."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abstractmethod
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]: ...
+
+    @abstractmethod
+    def decode(self, ids: list[list[int]]) -> list[str]: ...
+
+    @abstractmethod
+    def piece(self, token: int) -> str:
+        """Output id `token`'s piece as the tokenizer's vocabulary writes it (▁ where it begins a word); "" for an id it
+        has no piece for."""
+
+    def begins_word(self, token: int) -> bool:
+        """Whether output id `token` begins a word (piece_begins_word of its piece)."""
+        return piece_begins_word(self.piece(token))
+
+
+class Tokenizer(TextTokenizer):
     """Encodes text to ids and decodes ids back to detokenised, cased text."""
 
     def __init__(self, model_proto: bytes):
@@ -92,4 +129,7 @@ class Tokenizer:
         if len(ids) < FEW:
             return [self.sp.decode(seq) for seq in ids]
         return self.sp.decode(ids)
+
+    def piece(self, token: int) -> str:
+        return self.sp.id_to_piece(token) if 0 <= token < self.sp.get_piece_size() else ""
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import sentencepiece as spm
 
 from toolkit.core.declaration import Declaration, TokenizerDeclaration
-from toolkit.core.errors import UsageError, first_line
-from toolkit.core.tokenizer import Tokenizer
+from toolkit.core.errors import DataError, UsageError, first_line
+from toolkit.core.tokenizer import TextTokenizer, Tokenizer
 
 if TYPE_CHECKING:  # the annotations only: the manifest module is not needed to tokenize
     from toolkit.core.manifest import Manifest
@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # the annotations only: the manifest module is not needed to 
 MAX_VOCAB_BYTES = 64 << 20  # a vocab.json is about 1 MB at 58k pieces; anything far larger is not one
 
 
-def open_tokenizer(m) -> Tokenizer | MarianTokenizer | LanguageTokenizer:
-    """The tokenizer of the translation model in manifest `m` (a usage error for any other directory)."""
+def open_tokenizer(m) -> TextTokenizer:
+    """The tokenizer of the translation model in manifest `m` (a usage error for any other directory): one of the kinds
+    toolkit.core.declaration.TOKENIZERS names, each a TextTokenizer."""
     path = m.translation_tokenizer()
     declared = m.declared().tokenizer
     if declared.kind == "marian":
@@ -93,7 +94,7 @@ def _load_spm(path: Path) -> spm.SentencePieceProcessor:
         raise UsageError(f"tokenizer {path} is unreadable or corrupt ({first_line(e, 80)}); re-export the model directory") from None
 
 
-class MarianTokenizer:
+class MarianTokenizer(TextTokenizer):
     """MarianTokenizer's ids and text: SentencePiece pieces looked up in vocab.json (unknown pieces: <unk>), the end
     token appended to each source, a leading language code (`>>fr<<`) kept as one token; output ids back to pieces
     through the target vocabulary, special tokens dropped, and joined by a SentencePiece model (the source one when
@@ -143,6 +144,9 @@ class MarianTokenizer:
         if piece is None and 0 <= i < self.join_with.get_piece_size():
             piece = self.join_with.id_to_piece(i)
         return piece or ""
+
+    def piece(self, token: int) -> str:
+        return self.pieces.get(token, "")
 
 
 
@@ -217,7 +221,7 @@ def with_languages(m, tokenizer, source_lang: str | None, target_lang: str | Non
     return chosen, tokenizer.for_source(chosen.declared().tokenizer.source_lang)
 
 
-class LanguageTokenizer:
+class LanguageTokenizer(TextTokenizer):
     """A multilingual model's tokenizer: the source language's token before the text (or after its end token), the
     end token after it; output ids back to text with every special token (language codes included) dropped."""
 
@@ -269,45 +273,211 @@ class SpmVocabTokenizer(LanguageTokenizer):
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.spm.decode([self.pieces[i] for i in seq if i not in self.special and i in self.pieces]).strip() for seq in ids]
 
+    def piece(self, token: int) -> str:
+        return self.pieces.get(token, "")
+
+
+# ---- tokenizer.json: untrusted input run by the `tokenizers` library's Rust code -------------------------------------
+
+# The library runs a tokenizer.json's regular expressions (a normalizer's or decoder's Replace, a pre-tokenizer's Split)
+# with Oniguruma, a backtracking engine: a group repeated around an alternation or a repetition of its own, as
+# `(a|aa)+$`, tries every way to split a run of text between them. Each match attempt stops at Oniguruma's retry limit
+# (ten million steps, about 0.2 s), where the library panics; below it, one 3,000-character line took 9 s. So such a
+# pattern is refused when the file is read (at export and at every load: a model directory can change after export),
+# and a panic left at run time fails its one input in one line.
+BOUNDED_REPEATS = 8  # a group with alternatives repeated at most this often tries at most 2**8 splits: harmless
+_BOUNDS = re.compile(r"\{(\d*)(,?)(\d*)\}")
+
+
+def _escape_end(p: str, i: int) -> int:
+    r"""The index after the escape at p[i] (a backslash): `\p{L}`, `\x{41}`, `\k<name>` whole, else two characters."""
+    if i + 2 < len(p) and p[i + 1] in "pPxoukg" and p[i + 2] in "{<":
+        close = p.find("}" if p[i + 2] == "{" else ">", i + 3)
+        return len(p) if close < 0 else close + 1
+    return i + 2
+
+
+def _class_end(p: str, i: int) -> int:
+    """The index after the character class opening at p[i] ("["), nested classes ([a-z&&[^aeiou]]) included."""
+    depth = 0
+    while i < len(p):
+        if p[i] == "\\":
+            i = _escape_end(p, i)
+            continue
+        if p[i] == "[":
+            depth += 1
+            i += 1 + (p[i + 1:i + 2] == "^")
+            i += p[i:i + 1] == "]"  # a "]" first in a class is itself
+            continue
+        i += 1
+        if p[i - 1] == "]":
+            depth -= 1
+            if depth == 0:
+                return i
+    return i
+
+
+def _quantifier(p: str, i: int) -> tuple[int | None, int] | None:
+    """(most repeats, None for no bound; the index after it) of the quantifier at p[i], or None where there is none."""
+    if p[i] in "*+":
+        most, end = None, i + 1
+    elif p[i] == "?":
+        most, end = 1, i + 1
+    elif (bounds := _BOUNDS.match(p, i)) and (bounds.group(1) or bounds.group(3)):
+        least, comma, most_text = bounds.groups()
+        most, end = (int(most_text) if most_text else None if comma else int(least)), bounds.end()
+    else:
+        return None
+    return most, end + (p[end:end + 1] in ("?", "+"))  # lazy or possessive
+
+
+def nested_repetition(pattern: str) -> bool:
+    r"""Whether regular expression `pattern` repeats a group (without bound, or more than BOUNDED_REPEATS times) that
+    holds an alternation or a repetition: `(a|aa)+`, `(\w+)*`, `(?:x+y?)+`. The plain repetitions tokenizers ship
+    (` {2,}`, `\p{L}+`, `[^\s\p{L}\p{N}]+`, `\p{N}{1,3}`) and an unrepeated group of alternatives (`(?i:'s|'t)`) are not."""
+    frames = [False]  # per open group: whether it holds an alternation or a repetition so far
+    atom: bool | None = None  # what a quantifier here repeats: a group (whether it alternates or repeats), one item, nothing
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "(" and pattern.startswith("(?#", i):  # a comment
+            close = pattern.find(")", i)
+            i, atom = (len(pattern) if close < 0 else close + 1), None
+        elif c == "(":
+            frames.append(False)
+            i, atom = i + 1 + (pattern[i + 1:i + 2] == "?"), None  # (?:, (?=, (?<name>: the rest reads as plain characters
+        elif c == ")":
+            atom = frames.pop() if len(frames) > 1 else False
+            frames[-1] |= atom
+            i += 1
+        elif c == "|":
+            frames[-1], i, atom = True, i + 1, None
+        elif atom is not None and (found := _quantifier(pattern, i)):
+            most, i = found
+            if atom and (most is None or most > BOUNDED_REPEATS):
+                return True
+            frames[-1] |= most is None or most > 1
+            atom = None
+        else:
+            i = _escape_end(pattern, i) if c == "\\" else _class_end(pattern, i) if c == "[" else i + 1
+            atom = False
+    return False
+
+
+def _regexes(node: object, where: str):
+    """(where, pattern) of every regular expression in a tokenizer.json section: a `"pattern": {"Regex": ...}`."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "Regex" and isinstance(value, str):
+                yield where, value
+            else:
+                yield from _regexes(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for k, value in enumerate(node):
+            yield from _regexes(value, f"{where}[{k}]")
+
+
+def regex_problem(tok) -> str | None:
+    """What makes a loaded tokenizer.json's regular expressions unsafe to run on any text (nested_repetition), or None.
+    Read from its normalizer, pre-tokenizer and decoder: the sections that hold them."""
+    for section in ("normalizer", "pre_tokenizer", "decoder"):
+        part = getattr(tok, section)
+        if part is None:
+            continue
+        for where, pattern in _regexes(json.loads(part.__getstate__()), section):
+            if nested_repetition(pattern):
+                shown = json.dumps(pattern)[:80]
+                return (f"{where} is the regular expression {shown}, which repeats a group that alternates or repeats "
+                        "itself: the tokenizers library can take seconds on one line with it, or fail; write it without "
+                        "the nesting ((a|aa)+ is a+), or use the model's own tokenizer.json")
+    return None
+
+
+def rust_panic(e: BaseException) -> bool:
+    """Whether `e` is a panic of a Rust extension's code (pyo3's PanicException, which derives from BaseException so
+    that `except Exception` misses it)."""
+    return type(e).__name__ == "PanicException"
+
+
+def load_tokenizer_json(path: Path, fix: str):
+    """The `tokenizers` library's Tokenizer of an untrusted tokenizer.json, or one line (ending with `fix`) saying why
+    not: too large, not one the library loads, or a regular expression that can take it seconds on one line."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        if path.stat().st_size > MAX_VOCAB_BYTES:
+            raise UsageError(f"{path} is over {MAX_VOCAB_BYTES >> 20} MB, too large for a tokenizer.json; {fix}")
+        tok = RustTokenizer.from_str(path.read_text(encoding="utf-8"))
+    except UsageError:
+        raise
+    except BaseException as e:  # tokenizers raises its own Exception, or panics
+        if not isinstance(e, Exception) and not rust_panic(e):
+            raise
+        raise UsageError(f"{path} is not a tokenizer.json the tokenizers library loads ({first_line(e, 80)}); {fix}") from None
+    problem = regex_problem(tok)
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+    return tok
+
+
+def _tokenizers_call(run, path: Path, text: str):
+    """run(), a call into the tokenizers library on `text`, with a panic of its Rust code as one line naming the file
+    and the text: that one input fails (tk translate exits with it, tk serve answers it), never the process or the
+    server's decoding worker."""
+    try:
+        return run()
+    except BaseException as e:
+        if not rust_panic(e):
+            raise
+        raise DataError(f"tokenizer {path} failed on the text {text[:40]!r}{'...' if len(text) > 40 else ''} "
+                        f"({first_line(e, 100)}); fix its regular expressions, or re-export the model with the model's "
+                        "own tokenizer.json") from None
+
+
+def json_encode(tok, text: str, path: Path) -> list[int]:
+    """The ids of `text` by a tokenizer.json, none of its special tokens added (a panic: _tokenizers_call)."""
+    return _tokenizers_call(lambda: tok.encode(text, add_special_tokens=False).ids, path, text)
+
+
+def json_decode(tok, ids: list[int], path: Path) -> str:
+    """The text of `ids` by a tokenizer.json, special tokens dropped (a panic: _tokenizers_call)."""
+    return _tokenizers_call(lambda: tok.decode(ids, skip_special_tokens=True), path, " ".join(map(str, ids)))
+
 
 class JsonTokenizer(LanguageTokenizer):
     """A tokenizer.json (NLLB's), run by the `tokenizers` library with no special tokens of its own; the language code
     and end token placed as the model's tokenizer places them."""
 
-    def __init__(self, tok, declared: TokenizerDeclaration, rules):
+    def __init__(self, tok, declared: TokenizerDeclaration, rules, path: Path | None = None):
         special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}  # an AddedToken has no id of its own
         super().__init__(declared, rules.end, rules.pad, declared.unk, special)
-        self.tok = tok
+        self.tok, self.path = tok, path or Path(declared.source)
         self.pieces = {i: p for p, i in tok.get_vocab(with_added_tokens=True).items()}
 
     @classmethod
     def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> JsonTokenizer:
-        from tokenizers import Tokenizer as RustTokenizer
-
         path = directory / declared.source
-        try:
-            if path.stat().st_size > MAX_VOCAB_BYTES:
-                raise UsageError(f"{path} is over {MAX_VOCAB_BYTES >> 20} MB, too large for a tokenizer.json")
-            tok = RustTokenizer.from_str(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, Exception) as e:  # tokenizers raises its own Exception
-            if isinstance(e, UsageError):
-                raise
-            raise UsageError(f"tokenizer {path} is unreadable or not a tokenizer.json ({first_line(e, 80)}); re-export") from None
-        return cls(tok, declared, rules)
+        return cls(load_tokenizer_json(path, "re-export the model directory"), declared, rules, path)
 
     @property
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
     def _pieces_ids(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        return json_encode(self.tok, text, self.path)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        return [self.tok.decode([i for i in seq if i not in self.special], skip_special_tokens=True).strip() for seq in ids]
+        return [json_decode(self.tok, [i for i in seq if i not in self.special], self.path).strip() for seq in ids]
+
+    def piece(self, token: int) -> str:
+        return self.pieces.get(token, "")
 
 
 def _added(tok) -> list:
     return list(tok.get_added_tokens_decoder().values())
+
+
+FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's ids 0 to 3
 
 
 class FairseqSpmTokenizer(LanguageTokenizer):
@@ -334,6 +504,14 @@ class FairseqSpmTokenizer(LanguageTokenizer):
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.spm.decode([i - 1 for i in seq if i not in self.special and 1 <= i - 1 < self.size]).strip() for seq in ids]
+
+    def piece(self, token: int) -> str:
+        """fairseq's first four ids are its special tokens; from 4 on, a piece's id is the SentencePiece model's plus one
+        (the model's own <s> and </s>, ids 1 and 2, would be 2 and 3, which fairseq's take); the language codes and
+        <mask> after the pieces have none."""
+        if 0 <= token < len(FAIRSEQ_SPECIALS):
+            return FAIRSEQ_SPECIALS[token]
+        return self.spm.id_to_piece(token - 1) if len(FAIRSEQ_SPECIALS) <= token <= self.size else ""
 
 
 # ---- T5: no language codes, a task prefix on the source ("translate English to French: ") --------------------------
@@ -363,13 +541,15 @@ def t5_pair(m, source_lang: str | None, target_lang: str | None):
     return chosen
 
 
-class T5SourceTokenizer:
+class T5SourceTokenizer(TextTokenizer):
     """T5Tokenizer's ids and text without transformers: the chosen pair's task prefix before the text, SentencePiece's
     (spiece.model, whose ids are the model's) or the tokenizers library's (tokenizer.json) pieces, </s> after; output
     ids back to text with <pad>, </s>, <unk> and the <extra_id_N> sentinels dropped, as skip_special_tokens does."""
 
-    def __init__(self, declared: TokenizerDeclaration, rules, sp: spm.SentencePieceProcessor | None = None, tok=None):
+    def __init__(self, declared: TokenizerDeclaration, rules, sp: spm.SentencePieceProcessor | None = None, tok=None,
+                 path: Path | None = None):
         self.declared, self.spm, self.tok = declared, sp, tok  # not `sp`: tk's SentencePiece tokenizer's
+        self.path = path or Path(declared.source)
         self.end, self.pad, self.unk = rules.end, rules.pad, declared.unk
         self.prefix = self._prefix(declared)
         self.extra = declared.extra_ids
@@ -390,7 +570,8 @@ class T5SourceTokenizer:
     @classmethod
     def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> T5SourceTokenizer:
         if declared.source.endswith(".json"):
-            return cls(declared, rules, tok=JsonTokenizer.load(directory, declared, rules).tok)
+            path = directory / declared.source
+            return cls(declared, rules, tok=load_tokenizer_json(path, "re-export the model directory"), path=path)
         return cls(declared, rules, sp=_load_spm(directory / declared.source))
 
     def for_pair(self, declared: TokenizerDeclaration) -> T5SourceTokenizer:
@@ -407,7 +588,7 @@ class T5SourceTokenizer:
             return []  # an empty line stays empty
         text = self.prefix + text
         if self.tok is not None:
-            return self.tok.encode(text, add_special_tokens=False).ids + [self.end]
+            return json_encode(self.tok, text, self.path) + [self.end]
         ids, start = [], 0
         for found in SENTINEL.finditer(text):  # each sentinel one id, the text between encoded apart, as T5Tokenizer
             n = int(found.group(1))
@@ -421,9 +602,12 @@ class T5SourceTokenizer:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         if self.tok is not None:
-            return [self.tok.decode([i for i in seq if i not in self.special], skip_special_tokens=True).strip() for seq in ids]
+            return [json_decode(self.tok, [i for i in seq if i not in self.special], self.path).strip() for seq in ids]
         # ids past the SentencePiece model are the sentinels T5Tokenizer adds after it
         return [self.spm.decode([i for i in seq if i not in self.special and 0 <= i < self.size]).strip() for seq in ids]
+
+    def piece(self, token: int) -> str:
+        return self.pieces.get(token, "")
 
 
 def declaration_stating(declaration: dict, source: str, target: str, where: str) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.core.errors import UsageError, first_line
+from toolkit.core.tokenizer import TextTokenizer
 
 SPECIALS = ("<unk>", "<pad>", "<bos>", "<eos>")
 SPLITS = ("whitespace", "punctuation")
@@ -97,7 +98,7 @@ class WordVocab:
             raise UsageError(f"{path}: {e}; re-export the model directory") from None
 
 
-class WordTokenizer:
+class WordTokenizer(TextTokenizer):
     """Text <-> ids through a WordVocab (a source one and a target one where the model keeps two): unknown words to
     `<unk>`, the source's `<eos>` after each source when the model was trained so (`source_end`); output ids back to
     the target's words, special tokens dropped, no space before punctuation."""
@@ -107,8 +108,6 @@ class WordTokenizer:
         self.target = target or vocab
         self.unk, self.end = vocab.special("unk"), vocab.special("eos")
         self.specials = {self.target.special(s) for s in ("unk", "pad", "bos", "eos")}
-        # Every word begins a word (translate's word-boundary cut reads pieces as SentencePiece marks them).
-        self.pieces = {i: "\u2581" + t for i, t in enumerate(self.target.tokens)}
 
     @classmethod
     def load(cls, path: Path, source_end: bool = False, target: Path | None = None) -> WordTokenizer:
@@ -135,3 +134,10 @@ class WordTokenizer:
                 text = re.sub(rf" ([{re.escape(target.punctuation)}])", r"\1", text)
             out.append(text)
         return out
+
+    def piece(self, token: int) -> str:
+        return self.target.tokens[token] if 0 <= token < len(self.target.tokens) else ""
+
+    def begins_word(self, token: int) -> bool:
+        """Every word of the list is one: a cut before any leaves the words before it whole."""
+        return 0 <= token < len(self.target.tokens)

@@ -271,7 +271,7 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
             warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
             if truncated is not None and lineno not in truncated:
                 truncated.append(lineno)
-    begins = _begins_word(t.tokenizer)
+    begins = t.tokenizer.begins_word  # every kind of tokenizer answers it from its own pieces (TextTokenizer)
     results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, begins)) if h.rest else h for h in nbest]
                for nbest in decode_ids(backend, ids, opts, done)]
     # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
@@ -332,17 +332,6 @@ def _regroup(flat: list, lines: list[list]) -> list[list]:
     """A flat list of one item per model input, back into one list per line."""
     items = iter(flat)
     return [[next(items) for _ in segs] for segs in lines]
-
-
-def _begins_word(tokenizer: Tokenizer | MarianTokenizer) -> Callable[[int], bool]:
-    """Whether a token id's piece begins a word: a SentencePiece piece that starts with ▁, or with a character that is
-    no letter or digit (punctuation, a placeholder symbol): a cut before it leaves the word before it whole."""
-    if isinstance(tokenizer, MarianTokenizer) or not hasattr(tokenizer, "sp"):  # id -> piece tables of their own
-        piece = lambda i: tokenizer.pieces.get(i, "")  # noqa: E731
-    else:
-        size = tokenizer.sp.get_piece_size()
-        piece = lambda i: tokenizer.sp.id_to_piece(i) if 0 <= i < size else ""  # noqa: E731
-    return lambda i: (lambda p: p[:1] == "▁" or (p[:1] != "" and not p[0].isalnum()))(piece(i))
 
 
 def repair_note(report: list[placeholders.Repair]) -> str:

@@ -195,19 +195,10 @@ def _default(tok_config: dict, key: str, codes: dict[str, int], fallback: int | 
 def _tokenizer(directory: Path, tok_config: dict, settings: M2M100Settings, forced: int | None) -> tuple[TokenizerDeclaration, str]:
     """The tokenizer files (tokenizer.json where the model ships one, else sentencepiece.bpe.model + vocab.json), checked."""
     if inside(directory, "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+        from toolkit.core.tokenizers import load_tokenizer_json
 
         path = directory / "tokenizer.json"
-        try:
-            from toolkit.core.tokenizers import MAX_VOCAB_BYTES
-
-            if path.stat().st_size > MAX_VOCAB_BYTES:
-                raise UsageError(f"{path} is over {MAX_VOCAB_BYTES >> 20} MB, too large for a tokenizer.json")
-            tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
-        except UsageError:
-            raise
-        except Exception as e:  # tokenizers raises its own exception type on a malformed file
-            raise UsageError(f"{path} is not a tokenizer.json the tokenizers library loads ({str(e)[:80]})") from None
+        tok = load_tokenizer_json(path, "save the model's tokenizer again (tokenizer.save_pretrained(DIR))")
         vocab = tok.get_vocab(with_added_tokens=True)
         top = max(vocab.values(), default=0)
         if top >= settings.vocab_size:

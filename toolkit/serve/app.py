@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException
 from toolkit.core import textprep
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_LEN_A, MAX_LEN_B
 from toolkit.core.errors import UsageError, first_line
+from toolkit.core.tokenizers import rust_panic
 from toolkit.deploy import markup
 from toolkit.deploy.translate import Translation, TranslationModel
 from toolkit.serve import languages
@@ -571,12 +572,13 @@ class RequestLog:
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         status = 500
+        started = False
         scope.setdefault("state", {})
 
         async def send_status(message):
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
         path = scope["path"]
@@ -591,6 +593,13 @@ class RequestLog:
             await reply(send_status, e.status, printable(str(e)), receive if e.unread else None)
         except ClientGone:
             status = 499  # nginx's "client closed request": nobody reads an answer
+        except BaseException as e:
+            # A Rust extension's panic (pyo3's PanicException) derives from BaseException: the app's `except Exception`
+            # handlers miss it, and uvicorn would answer a plain-text 500. This request gets the JSON error instead.
+            if not rust_panic(e) or started:
+                raise
+            log.error("internal error on %s %s", scope["method"], printable(path), exc_info=e)
+            await reply(send_status, 500, "internal error; the server log has the details")
         finally:
             ms = 1000 * (time.perf_counter() - start)
             n = scope["state"].get("sentences")
