@@ -77,6 +77,13 @@ def os_error_exit_code(e: OSError) -> int:
     return 2 if errno.errorcode.get(e.errno or 0, "") in _PATH_ERRORS else 1
 
 
+def os_failure(message: str, e: OSError) -> ToolkitError:
+    """A one-line error for OS error `e`, met doing what `message` says, with the exit code the CLI gives that OS error
+    itself (os_error_exit_code): a UsageError (2) where the path given is at fault, a ToolkitError (1) where the machine
+    is (a full disk), so that every command exits alike on it."""
+    return UsageError(message) if os_error_exit_code(e) == 2 else ToolkitError(message)
+
+
 def path_problem(path: object, what: str) -> str | None:
     """Why `path` cannot be used by ONNX, ONNX Runtime or a manifest, or None: a name with bytes that are not UTF-8
     (Python keeps them as lone surrogates, which those libraries cannot take)."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Iterator
@@ -233,9 +235,20 @@ class Manifest:
             raise UsageError(f"{self.directory} has no tokenizer (exported with --random-init); export a trained checkpoint")
         return path
 
+    def check_kinds(self) -> None:
+        """No file the manifest lists is a FIFO, a device or a directory, asked of stat alone before anything opens one:
+        reading a FIFO blocks for ever, and /dev/zero never ends."""
+        for rel in self.files():
+            path = self.directory / rel
+            kind = not_a_file(path)
+            if kind is not None:
+                raise UsageError(f"{path} is {kind}, not a regular file{_link_note(path)}; {NAME} lists it as one of the model's "
+                                 "files: put the exported file back or re-export the model directory")
+
     def check_files(self, cached: bool = False) -> None:
-        """Every file the manifest lists exists and has the recorded sha256.
+        """Every file the manifest lists is a regular file, exists and has the recorded sha256.
         cached: a file unchanged since it was last hashed is not hashed again (toolkit.core.load_cache)."""
+        self.check_kinds()
         paths = {}
         for rel, digest in self.files().items():
             path = self.directory / rel
@@ -365,6 +378,25 @@ def split_verification(record: dict) -> dict[str, dict]:
     return out
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What `path` is where it exists and is not a regular file ("a FIFO", "a character device", "a directory"), links
+    followed as reading it would follow them; None for a regular file or nothing there. Asked with stat alone: opening
+    a FIFO to find out would block."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), None)
+
+
+def _link_note(path: Path) -> str:
+    return f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+
+
 def load(directory: str | Path) -> Manifest:
     directory = Path(directory)
     try:
@@ -374,8 +406,16 @@ def load(directory: str | Path) -> Manifest:
                          "to a UTF-8 path") from None
     path = directory / NAME
     if not directory.is_dir():
+        if directory.exists():  # a file where the directory belongs: its manifest.json, say
+            kind = not_a_file(directory) or "a file"
+            fix = f"give its directory {directory.parent}" if directory.name == NAME else "give the directory `tk export` wrote"
+            raise UsageError(f"{directory} is {kind}, not a model directory; {fix}")
         raise UsageError(f"model directory {directory} does not exist; export one with `tk export`")
     if not path.is_file():
+        kind = not_a_file(path)
+        if kind is not None:  # never read: a FIFO would block, /dev/zero never ends
+            raise UsageError(f"{path} is {kind}, not a regular file{_link_note(path)}; a model directory's {NAME} is the file "
+                             "`tk export` wrote: put it back or re-export the model directory")
         raise UsageError(f"{directory} has no {NAME}; it is not an exported tk model (run `tk export` to make one)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -20,7 +20,7 @@ from toolkit.core import placeholders, textprep
 from toolkit.core.atomic import AtomicWriter, check_output_path
 from toolkit.core.batching import DecodeOptions, decode_ids, fitting_streams
 from toolkit.core.decoding import word_end
-from toolkit.core.errors import DataError, ToolkitError, UsageError, describe_os_error, first_line
+from toolkit.core.errors import DataError, ToolkitError, UsageError, describe_os_error, first_line, os_failure
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
 from toolkit.core.tokenizers import MarianTokenizer, open_tokenizer, with_languages
@@ -445,7 +445,7 @@ class AtomicOutput:
                 self.writer = AtomicWriter(target, text=True).open()
                 self.file = self.writer.file
         except OSError as e:
-            raise UsageError(f"cannot write -o {path}: {describe_os_error(e)}") from None
+            raise os_failure(f"cannot write -o {path}: {describe_os_error(e)}", e) from None
 
     @staticmethod
     def check(path: Path | None) -> None:
@@ -458,7 +458,7 @@ class AtomicOutput:
             self.file.write(line + "\n")
         except OSError as e:
             self.abort()
-            raise DataError(f"cannot write -o {self.path}: {describe_os_error(e)}; the old file is unchanged") from None
+            raise self._failed(e) from None
 
     def commit(self) -> None:
         try:
@@ -468,7 +468,12 @@ class AtomicOutput:
                 self.file.close()
         except OSError as e:
             self.abort()
-            raise DataError(f"cannot write -o {self.path}: {describe_os_error(e)}; the old file is unchanged") from None
+            raise self._failed(e) from None
+
+    def _failed(self, e: OSError) -> ToolkitError:
+        # A full disk exits 1 as in every command (errors.os_failure); only a replaced file had an old version to keep.
+        kept = "; the old file is unchanged" if self.writer else ""
+        return os_failure(f"cannot write -o {self.path}: {describe_os_error(e)}{kept}", e)
 
     def abort(self) -> None:
         if self.writer:

@@ -12,6 +12,7 @@ ill-typed generation fields.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,8 @@ PREFIX = "hf:"
 JSON_TYPES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
 MAX_JSON_BYTES = 16 << 20
 FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# The ranges of the settings' float fields that have one (a probability); every float field must be finite.
+FLOAT_RANGES = {"dropout": (0.0, 1.0)}
 
 
 def directory_of(source: str | Path) -> Path:
@@ -32,7 +35,7 @@ def directory_of(source: str | Path) -> Path:
     directory = Path(text[len(PREFIX):] if text.startswith(PREFIX) else text)
     if not directory.is_dir():
         raise UsageError(f"{directory} is not a directory; `tk export hf:DIR` takes a directory written by save_pretrained "
-                         "(a Hub id needs the network: download it first with huggingface-cli download)")
+                         "(a Hub id needs the network: download it first with `hf download ID --local-dir DIR`)")
     return directory
 
 
@@ -238,11 +241,23 @@ def config_values(cls: type, config: dict, gen: dict, where: Path, skip: tuple[s
             value = value[0] if len(value) == 1 else value
         kind = type(getattr(defaults, f.name))
         if kind is float and type(value) is int:
-            value = float(value)
+            value = float(value) if abs(value) < 2**1024 else math.inf  # a whole number past a float's range
         if type(value) is not kind:
             raise UsageError(f"{where}/config.json: {f.name} must be {JSON_TYPES[kind]}, got {value!r:.40}")
+        if kind is float:
+            _check_float(f.name, value, where)
         values[f.name] = value
     return values
+
+
+def _check_float(name: str, value: float, where: Path) -> None:
+    """A float field is finite (Python's json reads NaN, Infinity and 1e400 from config.json; torch fails on them
+    later, or exports a model that translates to nothing) and within its range where it has one."""
+    if not math.isfinite(value):
+        raise UsageError(f"{where}/config.json: {name} must be a finite number, got {value!r}")
+    low, high = FLOAT_RANGES.get(name, (-math.inf, math.inf))
+    if not low <= value <= high:
+        raise UsageError(f"{where}/config.json: {name} must be a number from {low:g} to {high:g}, got {value!r:.40}")
 
 
 def check_sizes(settings: object, where: str, activations: tuple[str, ...], target_vocab: int, vocab_name: str) -> None:

@@ -9,6 +9,7 @@ import asyncio
 import html as html_module
 import json
 import logging
+import math
 import re
 import time
 import urllib.parse
@@ -20,6 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
@@ -223,6 +225,57 @@ class Refusal(Exception):
         self.headers = headers
 
 
+class BodyProblem(ValueError):
+    """A body Python's json would read but a request must not be: a number JSON does not have, or nesting past what
+    the parser reads."""
+
+
+def _not_a_number(name: str) -> float:
+    raise BodyProblem(f"{name} is not a JSON number: JSON numbers are finite (no NaN or Infinity)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: float() gives inf, which int() of a route's field then overflows on
+        raise BodyProblem(f"{text[:40]} is past the largest finite number tk serve reads (a 64-bit float's)")
+    return value
+
+
+def parse_json(raw: bytes | str) -> object:
+    """A request body's JSON, refusing what JSON does not have though Python's json reads it (NaN, Infinity, a number
+    past a float's range) and nesting past the parser's recursion limit (no request nests over two levels): each a
+    BodyProblem (a ValueError) naming it."""
+    try:
+        return json.loads(raw, parse_constant=_not_a_number, parse_float=_finite)
+    except RecursionError:
+        raise BodyProblem("the body nests deeper than tk serve reads (a request nests two levels at most)") from None
+
+
+class StrictJSONRequest(Request):
+    """A request whose JSON body is read by parse_json (FastAPI reads a route's model with json.loads as it is)."""
+
+    async def json(self) -> object:
+        if not hasattr(self, "_json"):
+            try:
+                self._json = parse_json(await self.body())
+            except BodyProblem as e:
+                # FastAPI answers a JSONDecodeError as malformed JSON, through the app's handler: a 400 naming e.msg.
+                raise json.JSONDecodeError(str(e), "", 0) from None
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """A route that reads its JSON body with parse_json."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict
+
+
 # Over 60 lines: FastAPI routes are closures over this app's batchers, limits and metrics, declared inside the factory.
 def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], config: ServeConfig | None = None) -> FastAPI:
     """The server's ASGI app. `models`: one ModelSpec per served model, or one load function (use translate.open_model)
@@ -249,6 +302,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
     app = FastAPI(title="tk serve", version="1", lifespan=lifespan,
                   description=f"Translation ({pairs}) with the exported ONNX graphs, batched across requests; LibreTranslate's "
                               "API at /translate and /languages.")
+    app.router.route_class = StrictJSONRoute  # the routes declared below read JSON bodies with parse_json
     app.state.batcher = batcher
     app.state.routes = routes
     app.state.metrics = metrics
@@ -490,7 +544,7 @@ async def request_fields(request: Request) -> dict:
         raise Refusal(400, f"the body is {printable(kind)}; send JSON (Content-Type: application/json) or a form "
                            "(application/x-www-form-urlencoded)")
     try:
-        body = json.loads(raw)
+        body = parse_json(raw)
     except (UnicodeDecodeError, ValueError) as e:
         raise Refusal(400, f"malformed JSON: {first_line(e)}; send a JSON object like "
                            '{"q": "I\'m home.", "source": "en", "target": "fr"}') from None

@@ -8,6 +8,7 @@ with --source-lang/--target-lang (or later: tk export DIR --source-lang en --tar
 
 from __future__ import annotations
 
+import os
 import re
 
 from toolkit.core.errors import UsageError
@@ -53,6 +54,17 @@ def split_argument(argument: str) -> tuple[str, Pair | None]:
     if colon and directory and PAIR.fullmatch(suffix):
         return directory, parse_pair(suffix, argument)
     return argument, None
+
+
+def malformed_pair(argument: str) -> str | None:
+    """Why a `tk serve` argument that split_argument took whole is a mistyped DIR:SOURCE-TARGET (DIR:en, DIR:en-fr-de,
+    DIR:), or None: it has a colon and is no path that exists (a directory whose name has a colon is taken whole)."""
+    directory, colon, suffix = argument.rpartition(":")
+    if not colon or os.path.exists(argument):
+        return None
+    missing = "" if directory and os.path.isdir(directory) else f"; and neither {directory or repr('')} nor {argument} exists"
+    return (f"{argument}: malformed pair {suffix!r}, expected DIR:SRC-TGT with two language codes, e.g. {directory or 'DIR'}:en-fr"
+            + missing)
 
 
 def stated_pair(tokenizer: object) -> Pair | None:

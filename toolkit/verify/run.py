@@ -115,7 +115,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
            rtol: float | None = None, seed: int = 0, sentences: int | None = None, echo=print,
            checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = runtimes.DEFAULT_RUNTIME,
            data: str | Path | None = None, localize: bool | None = None, localize_against=None, max_len: int | None = None,
-           full: bool = False, languages: dict | None = None) -> Report:
+           full: bool = False, languages: dict | None = None, strict: bool = False) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
     in the provider column ("openvino-cpu"); the default runtime's stay "cpu"/"cuda". `data`: the corpus whose
     held-out split is decoded (default: toolkit.core.data.find's search). `localize`: find the first divergent
@@ -125,7 +125,8 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     `sentences`: held-out sentences decoded (None: 16, or SCALE_SENTENCES for a large model unless `full`).
     `full`: also what the default leaves out at scale (see `at_scale`). `languages`: a multilingual model's source_lang
     and target_lang as tk translate takes them (None: its default pair): the sentences carry that source code and both
-    tk and transformers' generate force that target first."""
+    tk and transformers' generate force that target first. `strict`: transformers' generate failing on an imported model
+    is a failed check (otherwise a warning in the report, toolkit.verify.hf_parity)."""
     spec = runtimes.get(runtime)
     languages = {k: v for k, v in (languages or {}).items() if v is not None}
     if spec.verify and languages:
@@ -144,6 +145,9 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     declared = m.declared().tokenizer
     if declared.languages is not None:
         report.languages = {"source": declared.source_lang, "target": declared.target_lang}
+    # A FIFO or a device in a file's place stops the run before anything opens it (a FIFO blocks for ever, /dev/zero
+    # never ends); a missing or modified file is a failed check, with the rest still checked.
+    m.check_kinds()
     try:
         m.check_files()
     except UsageError as e:
@@ -177,7 +181,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
             report.rows += static_check(graph_source(m, name, v)[0], spec, v)
     with stage("sweep (random inputs, every graph and session against PyTorch)", progress):
         _sweep(report, m, entry, model, cfg, sessions, seed, atol, rtol)
-    src_ids = _decodes(report, m, model, cfg, sessions, backends, sentences, data, atol, rtol, echo, out_len, beams, progress)
+    src_ids = _decodes(report, m, model, cfg, sessions, backends, sentences, data, atol, rtol, echo, out_len, beams, progress, strict)
     if attention:
         from toolkit.verify.attention import verify_attention
 
@@ -289,7 +293,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
 
 
 def _decodes(report: Report, m: Manifest, model, cfg, sessions: dict, backends: dict, sentences: int, data, atol: float | None,
-             rtol: float | None, echo, out_len: int, beams: tuple[int, ...] | None, progress=None) -> list[list[int]]:
+             rtol: float | None, echo, out_len: int, beams: tuple[int, ...] | None, progress=None, strict: bool = False) -> list[list[int]]:
     """The decode stages, each decode at most `out_len` tokens: every step against PyTorch, then (a model imported from
     Hugging Face) transformers' generate at `beams`. Returns the sentences' ids. `progress`: where stage lines go."""
     progress = progress or echo
@@ -301,7 +305,7 @@ def _decodes(report: Report, m: Manifest, model, cfg, sessions: dict, backends: 
         from toolkit.verify.hf_parity import generate_parity
 
         with stage("transformers' generate against tk's decoding", progress):
-            generate_parity(report, m, model, backends, src_ids, echo, out_len, beams)
+            generate_parity(report, m, model, backends, src_ids, echo, out_len, beams, strict)
     return src_ids
 
 

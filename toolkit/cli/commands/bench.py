@@ -130,7 +130,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
         click.echo(b.ct2_table(results))
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
-        json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        write_json(json_path, json.dumps(rows, indent=2) + "\n")
 
 
 def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, variants, provider, json_path: Path | None) -> None:
@@ -151,7 +151,7 @@ def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, vari
     click.echo(load_table(results))
     if json_path:
         rows = [{**r.__dict__, "throughput": r.throughput} for r in results]
-        json_path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        write_json(json_path, json.dumps(rows, indent=2) + "\n")
 
 
 def _ct2_rows(runtimes: tuple[str, ...], ct2: bool | None) -> tuple[tuple[str, ...], bool | None]:
@@ -201,8 +201,15 @@ def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, 
     if json_path:
         import dataclasses
 
-        json_path.write_text(json.dumps([{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}}
-                                         for r in rows], indent=2) + "\n", encoding="utf-8")
+        write_json(json_path, json.dumps([{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}}
+                                          for r in rows], indent=2) + "\n")
+
+
+def write_json(path: Path, text: str) -> None:
+    """--json: written whole or not at all (the previous file kept on a full disk); a FIFO or device written through."""
+    from toolkit.core.atomic import write_atomic
+
+    write_atomic(path, text.encode("utf-8"), user_path=True)
 
 
 def parse_engines(text: str | None) -> list[str]:
@@ -243,6 +250,6 @@ def _scale(shape: str, engines_text: str | None, tokens: int, work_dir: Path | N
     click.echo("\ntokens/s (each row's median over the rounds):\n")
     click.echo(scale_bench.table(runs, scale_bench.ROWS, tokens))
     if json_path:
-        json_path.write_text(json.dumps({"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
-                                         "engines": [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in runs]},
-                                        indent=2) + "\n", encoding="utf-8")
+        write_json(json_path, json.dumps({"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
+                                          "engines": [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in runs]},
+                                         indent=2) + "\n")

@@ -142,6 +142,9 @@ def plan_models(arguments: tuple[str, ...]) -> list[Planned]:
     planned = []
     for argument in arguments:
         directory, pair = languages.split_argument(argument)
+        problem = languages.malformed_pair(argument) if pair is None else None
+        if problem:
+            raise UsageError(problem)
         m = manifest_mod.load(directory)
         declared = m.declared().tokenizer
         codes, fills = None, False
