@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -30,7 +32,9 @@ from toolkit.core.errors import UsageError
 # then one streaming run whose output file is committed or removed in the same frame.
 @click.command()
 @click.argument("text", nargs=-1)
-@click.option("-i", "--input", "input_path", type=click.Path(path_type=Path), help="Read sentences from FILE, one per line ('-': standard input).")
+@click.option("-i", "--input", "input_path", type=click.Path(path_type=Path),
+              help="Read sentences from FILE, one per line ('-': standard input); a .docx, .srt or .html FILE is translated whole, "
+                   "its structure kept.")
 @click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), help="Write translations to FILE ('-': standard output).")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), envvar="TK_MODEL", default=DEFAULT_MODEL,
               show_default="exported/transformer", help="Exported model directory (or $TK_MODEL).")
@@ -92,6 +96,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
         raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
     AtomicOutput.check(output_path)
+    # A .docx, .srt or .html file is translated whole, its structure kept: checked and cut before the model loads.
+    document = _document(input_path, output_path, n_best, reference)
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
     if backend == "torch" and runtime == DEFAULT_RUNTIME:  # with another runtime open_model refuses the pair, torch unloaded
@@ -113,6 +119,9 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     opts = DecodeOptions.for_model(t.manifest.max_len, t.provider, n_best=n_best, streams=streams, rules=t.manifest.rules(),
                                    max_output=t.manifest.max_output_len, **decoding)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
+    if document is not None:
+        _translate_document(t, document, output_path, opts, strict, text_opts, say)
+        return
     total = None
     if text:
         lines = iter(enumerate(text, 1))
@@ -171,6 +180,52 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         + (f"; {plural(len(stats.failed), 'line')} that tk failed on, each named above" if stats.failed else ""))
     if reference:
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
+
+
+def _document(input_path: Path | None, output_path: Path | None, n_best: int, reference: Path | None):
+    """The input file checked and cut into a files.Document where it is one translated whole (a .docx; a .srt or .html
+    unless --format says how to read its lines), else None: lines, as any other file."""
+    if input_path is None:
+        return None
+    from toolkit.deploy import files
+
+    kind = files.KINDS.get(input_path.suffix.lower())
+    explicit = click.get_current_context().get_parameter_source("text_format") != click.core.ParameterSource.DEFAULT
+    if kind == "docx" and explicit:
+        raise UsageError(f"--format reads lines; {input_path} is a Word document, translated whole: drop --format")
+    if kind not in ("docx", "srt", "html") or explicit:
+        return None
+    if n_best > 1 or reference:
+        raise UsageError(f"--n-best and --reference work on lines; {input_path} is translated whole as a .{kind} file: drop them")
+    if kind == "docx" and output_path is None:
+        raise UsageError(f"the translation of {input_path} is a .docx file, not text for a terminal: give -o FILE.docx")
+    if output_path is not None:
+        files.check_destination(input_path, output_path)
+    return files.read_file(input_path, kind)
+
+
+def _translate_document(t, document, output_path: Path | None, opts, strict: bool, text_opts, say) -> None:
+    """Translates a files.Document's texts in one length-sorted batch (warnings name each text's place in the file) and
+    writes the file to output_path, or to standard output."""
+    from toolkit.deploy.translate import Stats, translate_batch
+
+    stats, start = Stats(), time.perf_counter()
+
+    def warn(message: str) -> None:  # translate_batch numbers its texts as lines from 1: name their places instead
+        say(re.sub(r"^warning: line (\d+)", lambda m: f"warning: {document.name} {document.places[int(m.group(1)) - 1]}", message))
+
+    results = translate_batch(t, document.texts, opts, None, warn, strict, 1, stats.truncated, text_opts, stats.guarded,
+                              stats.repaired, stats.failed) if document.texts else []
+    translations = [n[0].text for n in results]
+    if output_path is not None:
+        document.save(output_path, translations)
+    else:
+        sys.stdout.flush()  # what was written as text goes out first
+        sys.stdout.buffer.write(document.render(translations))
+        sys.stdout.buffer.flush()
+    seconds = time.perf_counter() - start
+    say(f"{document.name}: {plural(len(document.texts), 'text')}, {plural(sum(n[0].sentences for n in results), 'sentence')} "
+        f"in {seconds:.2f}s on {t.where}" + (f"; {plural(len(stats.truncated), 'text')} truncated" if stats.truncated else ""))
 
 
 def _undecodable(text: str) -> bool:
