@@ -56,9 +56,7 @@ def test_libretranslate_s_client_gets_the_api_s_text_from_the_right_model(french
         with pytest.raises(urllib.error.HTTPError) as refused:
             lt.translate("Hi.", "en", "es")
         assert refused.value.code == 400 and "served pairs: en-fr, en-de" in json.loads(refused.value.read())["error"]
-        with pytest.raises(urllib.error.HTTPError) as detect:
-            lt.detect("Hi.")
-        assert detect.value.code == 501 and "detection" in json.loads(detect.value.read())["error"]
+        assert lt.detect("Hi.") == [{"confidence": 100.0, "language": "en"}]  # English is the one source served
 
 
 def test_libretranslate_json_lists_alternatives_html_and_errors(french, german):
@@ -81,7 +79,7 @@ def test_libretranslate_json_lists_alternatives_html_and_errors(french, german):
         cases = [
             ({"source": "en", "target": "fr"}, "missing q"),
             ({"q": "Hi.", "target": "fr"}, "missing source"),
-            ({"q": "Hi.", "source": "auto", "target": "fr"}, "detection"),
+            ({"q": "Hi.", "source": "auto", "target": "es"}, "es is not a target served here"),
             ({"q": "Hi.", "source": "en", "target": "fr", "format": "markdown"}, "markdown format"),
             ({"q": "Hi.", "source": "en", "target": "fr", "alternatives": "many"}, "alternatives"),
             ({"q": ["Hi.", 3], "source": "en", "target": "fr"}, "list of strings"),

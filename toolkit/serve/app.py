@@ -30,10 +30,14 @@ from toolkit.core import textprep
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_LEN_A, MAX_LEN_B
 from toolkit.core.errors import UsageError, first_line
 from toolkit.core.tokenizers import rust_panic
-from toolkit.deploy import markup
+from toolkit.deploy import files, markup
 from toolkit.deploy.translate import Translation, TranslationModel
 from toolkit.serve import languages
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
+from toolkit.serve.detect import LanguageDetector
+from toolkit.serve.file_routes import FileRoutesConfig, add_file_routes
+from toolkit.serve.keys import ApiKeys, KeyLimits, request_key
+from toolkit.serve.keys import Refused as KeyRefused
 from toolkit.serve.languages import Pair
 from toolkit.serve.metrics import Metrics
 
@@ -63,6 +67,7 @@ class ServeConfig:
     header_timeout_s: float = 10.0  # a request's line and headers must arrive within this (server.BoundedH11Protocol)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides LOOPBACK_HOSTS; "*" serves any
     default_pair: Pair | None = None  # what a request naming no pair gets (tk serve --source-lang/--target-lang); None: the first
+    api_keys: Mapping[bytes, KeyLimits] | None = None  # tk serve --api-keys: every translation route needs a key; None: open
 
     @property
     def max_body_bytes(self) -> int:
@@ -89,7 +94,8 @@ class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str | list[str] = Field(description="One sentence (or text), or a list of them", examples=["I'm home."])
-    source: str | None = Field(None, description="Source language code [default: the first served pair's]", examples=["en"])
+    source: str | None = Field(None, description="Source language code, or \"auto\" to detect it [default: the first served pair's]",
+                               examples=["en"])
     target: str | None = Field(None, description="Target language code [default: the first served pair's]", examples=["fr"])
     beam: int = Field(1, ge=1, le=MAX_BEAM, description="Beam size; 1 is greedy search")
     n_best: int = Field(1, ge=1, le=MAX_BEAM, description="Hypotheses returned per sentence, at most beam")
@@ -101,6 +107,7 @@ class TranslateRequest(BaseModel):
                                                 "long; null: no length guard (tk translate's --max-len-a)")
     max_len_b: int = Field(GUARDED["max_len_b"], ge=MAX_LEN_B[0], le=MAX_LEN_B[1], description="See max_len_a")
     loop_guard: bool = Field(GUARDED["loop_guard"], description="Stop a hypothesis that starts repeating itself (tk translate's --loop-guard)")
+    api_key: str | None = Field(None, description="The client's API key where the server has --api-keys (or Authorization: Bearer)")
 
     @model_validator(mode="after")
     def _n_best_within_beam(self):
@@ -118,6 +125,7 @@ class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="The best translation of each input sentence, in input order")
     scores: list[float] = Field(description="Length-normalised log-probability of each best translation")
     n_best: list[list[Hypothesis]] | None = Field(None, description="With n_best > 1: every hypothesis of each sentence, best first")
+    detected_language: dict | None = Field(None, description='With source "auto": {"language", "confidence"} (percent), as LibreTranslate')
     latency_ms: float
 
 
@@ -172,6 +180,7 @@ class Routes:
         if default is not None and default not in self.by_pair:
             raise UsageError(f"{languages.shown(default)} is not served here; served pairs: {self.served()}")
         self.default = default or (models[0].pairs[0] if models[0].pairs[0] in self.by_pair else first)
+        self.detectors: dict[str | None, LanguageDetector] = {}
 
     @property
     def healthy(self) -> bool:
@@ -198,14 +207,32 @@ class Routes:
         if source is None and target is None:
             source, target = self.default
         if source == "auto":
-            raise UsageError(f"source \"auto\" asks for language detection, which tk serve does not have; give the source language "
-                             f"code: {', '.join(sorted({s for s, _ in self.by_pair}))}")
+            raise UsageError("source \"auto\" is detected from the text: call detect_source first")
         if not source or not target:
             raise UsageError("give both source and target language codes")
         pair = (source, target)
         if pair not in self.by_pair:
             raise UsageError(f"{printable(str(source))}-{printable(str(target))} is not served here; served pairs: {self.served()}")
         return self.by_pair[pair], self.codes[pair]
+
+    def detector(self, target: str | None = None) -> LanguageDetector:
+        """Detection among the served sources (those translated into `target`, where given), made once per target."""
+        if target not in self.detectors:
+            self.detectors[target] = LanguageDetector(dict.fromkeys(s for s, t in self.by_pair if target is None or t == target))
+        return self.detectors[target]
+
+    def detect_source(self, texts: Sequence[str], target: str | None) -> tuple[str, float]:
+        """The served source language of `texts` (detected on their first 2,000 characters, as one text: LibreTranslate
+        gives one language to a request) that translates into `target`, with its confidence in percent."""
+        if not target:
+            raise UsageError("give the target language code with source \"auto\"")
+        found = self.detector(target).detect("\n".join(texts)[:2000], top=1)
+        if not found:
+            if not any(t == target for _, t in self.by_pair):
+                raise UsageError(f"{printable(str(target))} is not a target served here; served pairs: {self.served()}")
+            raise UsageError(f"none of the languages translated into {printable(str(target))} here can be detected; give the source "
+                             "language code")
+        return found[0]
 
     def languages(self) -> list[dict]:
         """LibreTranslate's /languages: every language of a served pair, with the targets served from it."""
@@ -309,6 +336,27 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
     errors = {400: {"model": ErrorBody}, 408: {"model": ErrorBody}, 413: {"model": ErrorBody}, 421: {"model": ErrorBody},
               422: {"model": ErrorBody}, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
     description = printable(config.description or "; ".join(m.description for m in specs if m.description))
+    keys = ApiKeys(dict(config.api_keys)) if config.api_keys is not None else None
+
+    def admit(key: str | None, q: object) -> None:
+        """tk serve --api-keys: the request's key is valid and within its limits, else a Refusal (403; 429 with Retry-After;
+        400 over its characters per request). LibreTranslate's order: the key before the request's own checks."""
+        if keys is None:
+            return
+        chars = len(q) if isinstance(q, str) else sum(len(t) for t in q if isinstance(t, str)) if isinstance(q, list) else 0
+        try:
+            keys.admit(key, chars)
+        except KeyRefused as e:
+            raise Refusal(e.status, str(e), {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None) from None
+
+    def detected_source(texts: Sequence[str], target: object) -> tuple[str, dict]:
+        """source "auto": the served source language of texts that translates into target, and LibreTranslate's
+        detectedLanguage for it; a 400 Refusal where none can be detected."""
+        try:
+            source, confidence = routes.detect_source(texts, target if isinstance(target, str) else None)
+        except UsageError as e:
+            raise Refusal(400, str(e)) from None
+        return source, {"confidence": confidence, "language": source}
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -398,8 +446,10 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         request.state.sentences = len(texts)
         if not texts:
             return error(422, "text: give at least one sentence")
+        admit(req.api_key or request_key({}, request.headers), texts)
+        source, detected = detected_source(texts, req.target) if req.source == "auto" else (req.source, None)
         try:
-            b, codes = routes.find(req.source, req.target)
+            b, codes = routes.find(source, req.target)
         except UsageError as e:
             return error(400, str(e))
         check_texts(texts, 413)
@@ -411,7 +461,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         return TranslateResponse(
             translations=[n[0].text for n in results], scores=[round(n[0].score, 4) for n in results],
             n_best=[[Hypothesis(text=h.text, score=round(h.score, 4)) for h in n] for n in results] if req.n_best > 1 else None,
-            latency_ms=round(1000 * latency, 1))
+            detected_language=detected, latency_ms=round(1000 * latency, 1))
 
     @app.post(DROP_IN, responses={400: {"model": ErrorBody}, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
     async def drop_in(request: Request):
@@ -433,6 +483,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
             raise Refusal(400, "texts must be a list of strings, with src_lang and tgt_lang: "
                                '{"texts": ["I\'m home."], "src_lang": "en", "tgt_lang": "fr"}')
         request.state.sentences = len(texts)
+        admit(request_key(body, request.headers), texts)
         b, codes = pick(body.get("src_lang"), body.get("tgt_lang"), "src_lang", "tgt_lang")
         check_texts(texts, 400, "text")
         results = await decoded(b, texts, OptionKey(1, 1, None, None, languages=codes), 400) if texts else []
@@ -441,6 +492,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
 
     async def libretranslate_call(body: dict, request: Request) -> dict:
         q = body.get("q")
+        admit(request_key(body, request.headers), q)
         if q is None or q == "" or q == []:
             raise Refusal(400, "Invalid request: missing q parameter")
         for name in ("source", "target"):
@@ -460,7 +512,8 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
             raise Refusal(400, "Invalid request: alternatives parameter is not a number") from None
         if alternatives > MAX_BEAM - 1:
             raise Refusal(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM - 1}")
-        b, codes = pick(body.get("source"), body.get("target"), "source", "target")
+        source, detected = detected_source(texts, body.get("target")) if body.get("source") == "auto" else (body.get("source"), None)
+        b, codes = pick(source, body.get("target"), "source", "target")
         check_texts(texts, 400, "text")
         # LibreTranslate asks its beam search for alternatives + 1 hypotheses: tk translate --beam N --n-best N, N = that.
         n = alternatives + 1
@@ -475,6 +528,8 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         answer: dict = {"translatedText": out if isinstance(q, list) else out[0]}
         if alternatives > 0:
             answer["alternatives"] = others if isinstance(q, list) else others[0]
+        if detected is not None:
+            answer["detectedLanguage"] = [detected] * len(texts) if isinstance(q, list) else detected
         return answer
 
     def pick(source: object, target: object, source_name: str, target_name: str) -> tuple[Batcher, Pair | None]:
@@ -490,18 +545,26 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         """LibreTranslate's language list: each language of a served pair, with the targets served from it."""
         return routes.languages()
 
-    @app.post("/detect", status_code=501, responses={501: {"model": ErrorBody}})
-    async def detect():
-        """LibreTranslate's language detection, which tk serve does not have (501)."""
-        codes = ", ".join(sorted({s for s, _ in routes.by_pair}))
-        return error(501, f"language detection is not available in tk serve; give the source language yourself (served: {codes})")
+    @app.post("/detect", responses={400: {"model": ErrorBody}, 403: {"model": ErrorBody}, 429: {"model": ErrorBody}})
+    async def detect(request: Request):
+        """LibreTranslate's language detection (JSON or form q): the served source languages the text is most likely in,
+        best first, as [{"language", "confidence"}] (percent), detected offline among the served languages only."""
+        body = await request_fields(request)
+        q = body.get("q")
+        admit(request_key(body, request.headers), q)
+        if isinstance(q, list) and all(isinstance(t, str) for t in q):
+            q = "\n".join(q)
+        if not isinstance(q, str) or not q:
+            raise Refusal(400, "Invalid request: missing q parameter")
+        check_texts([q], 400, "text")
+        return [{"confidence": c, "language": code} for code, c in routes.detector().detect(q)]
 
     @app.get("/frontend/settings")
     async def frontend_settings():
         """LibreTranslate's settings for its web page and clients, as far as they apply to tk serve."""
         source, target = routes.default
-        return {"charLimit": config.max_chars, "frontendTimeout": int(1000 * config.timeout_s), "apiKeys": False, "keyRequired": False,
-                "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+        return {"charLimit": config.max_chars, "frontendTimeout": int(1000 * config.timeout_s), "apiKeys": keys is not None,
+                "keyRequired": keys is not None, "suggestions": False, "filesTranslation": True, "supportedFilesFormat": list(files.SUPPORTED),
                 "language": {"source": {"code": source, "name": languages.name(source)},
                              "target": {"code": target, "name": languages.name(target)}}}
 
@@ -526,20 +589,46 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
     async def page():
         return HTMLResponse(PAGE.read_text(encoding="utf-8").replace("{{MODEL}}", html_module.escape(description or "tk")))
 
+    async def file_texts(texts: list[str], source: str, target: str, api_key: str | None) -> list[str]:
+        """A file's texts for /translate_file, in the request limits' batches; the key counted once for the file."""
+        admit(api_key, texts)
+        if source == "auto":
+            source, _ = detected_source(texts, target)
+        b, codes = pick(source, target, "source", "target")
+        out: list[str] = []
+        for at in range(0, len(texts), config.max_sentences):
+            out += [n[0].text for n in await decoded(b, texts[at:at + config.max_sentences], OptionKey(1, 1, None, None, languages=codes), 400)]
+        return out
+
+    add_file_routes(app, file_texts, FileRoutesConfig())
     return RequestLog(app, config, metrics)
 
 
+def form_fields(text: str, where: str) -> dict:
+    """Form or query fields as LibreTranslate reads them: each field's first value, but every value of a repeated `q`
+    (a list of texts, as libretranslate-aio sends one)."""
+    try:
+        fields = urllib.parse.parse_qs(text, keep_blank_values=True, strict_parsing=False, max_num_fields=1000)
+    except ValueError as e:
+        raise Refusal(400, f"the {where} cannot be read ({first_line(e)}); send UTF-8 form fields or JSON") from None
+    return {k: v if k == "q" and len(v) > 1 else v[0] for k, v in fields.items()}
+
+
 async def request_fields(request: Request) -> dict:
-    """A LibreTranslate-style body's fields: a JSON object, or a form (application/x-www-form-urlencoded, as
-    LibreTranslate's own clients send; its first value of each field)."""
+    """A LibreTranslate-style request's fields: a JSON object, or a form (application/x-www-form-urlencoded, as
+    LibreTranslate's own clients send), over the query string's values (deep-translator sends its fields there, with no
+    body), as LibreTranslate reads them alike."""
+    query = form_fields(request.url.query, "query string") if request.url.query else {}
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     raw = await request.body()
     if kind == "application/x-www-form-urlencoded":
         try:
-            fields = urllib.parse.parse_qs(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=1000)
-        except (UnicodeDecodeError, ValueError) as e:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
             raise Refusal(400, f"the form body cannot be read ({first_line(e)}); send UTF-8 form fields or JSON") from None
-        return {k: v[0] for k, v in fields.items()}
+        return {**query, **form_fields(text, "form body")}
+    if not raw.strip() and kind in ("", "application/json", "text/plain"):
+        return query  # fields in the query string alone
     if kind not in ("application/json", "") and not kind.endswith("+json"):
         raise Refusal(400, f"the body is {printable(kind)}; send JSON (Content-Type: application/json) or a form "
                            "(application/x-www-form-urlencoded)")
@@ -550,7 +639,7 @@ async def request_fields(request: Request) -> dict:
                            '{"q": "I\'m home.", "source": "en", "target": "fr"}') from None
     if not isinstance(body, dict):
         raise Refusal(400, "the body must be a JSON object, like {\"q\": \"I'm home.\", \"source\": \"en\", \"target\": \"fr\"}")
-    return body
+    return {**query, **body}
 
 
 class Refused(Exception):

@@ -61,13 +61,18 @@ HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
               help="Also answer requests whose Host header names NAME (repeatable; '*' for any). By default only localhost, "
                    "127.0.0.1, [::1] and the --host address are answered (421 otherwise), against DNS rebinding.")
 @LANGUAGES
+@click.option("--api-keys", "api_keys", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Answer translation and detection requests only with a key of FILE (one per line, optionally followed by its "
+                   "requests per minute and characters per request), sent as api_key or Authorization: Bearer: 403 without one, "
+                   "429 with Retry-After over its rate.")
 def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
-          queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, header_timeout_s, allow_hosts, languages):
+          queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, header_timeout_s, allow_hosts, languages,
+          api_keys=None):
     """Serve translations over HTTP: POST /v1/translate, LibreTranslate's API (POST /translate, GET /languages),
     a web page at /, /health, /ready, /metrics.
 
     Sentences of concurrent requests are decoded together, one worker per model. Needs the serve
-    extra: pip install -e '.[serve]'.
+    extra: pip install 'tk-onnx-deploy[serve]'.
 
     Each DIR is a model directory, given its language pair after a colon (DIR:en-de); a model tk
     trained translates en-fr without one, and a multilingual one (M2M100, NLLB) every pair of its
@@ -80,9 +85,10 @@ def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms,
     try:
         from toolkit.serve.app import ServeConfig
         from toolkit.serve.batcher import BatchPolicy
+        from toolkit.serve.keys import read_keys
         from toolkit.serve.server import serve as run
     except ImportError as e:
-        raise UsageError(f"tk serve needs {e.name}; install the serve extra: pip install -e '.[serve]'") from None
+        raise UsageError(f"tk serve needs {e.name}; install the serve extra: pip install 'tk-onnx-deploy[serve]'") from None
 
     for name in allow_hosts:
         if not name.strip() or any(c.isspace() or c in "/?#@" for c in name.strip()):
@@ -96,7 +102,8 @@ def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms,
                          queue_size=queue_size, batching=not no_batching)
     config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s,
                          description="; ".join(s.description for s in specs), body_timeout_s=body_timeout_s,
-                         header_timeout_s=header_timeout_s, allowed_hosts=tuple(allow_hosts), default_pair=default)
+                         header_timeout_s=header_timeout_s, allowed_hosts=tuple(allow_hosts), default_pair=default,
+                         api_keys=read_keys(api_keys) if api_keys else None)
     run(specs, host, port, config)
 
 
