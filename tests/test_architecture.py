@@ -332,10 +332,10 @@ def test_an_architecture_is_one_entry_plus_its_builder(tmp_path):
 
 def test_the_tests_mirror_the_package():
     """Each test lives in the folder of the toolkit package it tests (tests/serve/ for toolkit/serve/, ...); only the
-    checks of the whole tree (layout, packaging, README, the test command itself) sit at the top of tests/."""
+    checks of the whole tree (layout, packaging, README, the docs' words, the test command itself) sit at the top of tests/."""
     tests = REPO / "tests"
     folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
     packages = {p.name for p in TOOLKIT.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert folders and folders <= packages, folders - packages
-    assert sorted(p.name for p in tests.glob("test_*.py")) == ["test_architecture.py", "test_packaging.py", "test_readme.py",
-                                                              "test_suite_limits.py"]
+    assert sorted(p.name for p in tests.glob("test_*.py")) == ["test_architecture.py", "test_docs_language.py", "test_packaging.py",
+                                                              "test_readme.py", "test_suite_limits.py"]

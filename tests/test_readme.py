@@ -2,7 +2,9 @@
 files (no runs/, no cache, no leftovers) with ../shared beside it. A README example that stops working fails here.
 
 Every ```bash and ```python block is executed, in the README's order, in one copy, as a user reading top to bottom
-would, and none may change a tracked file or leave an untracked one that .gitignore does not cover. The two
+would, and none may change a tracked file or leave an untracked one that .gitignore does not cover. Where the README
+shows what a block prints (a line ending "prints:" right before a ```text block: "The first command prints:", "The
+last command prints:", or the whole block's output), the block must print exactly that. The two
 fresh-machine commands are run without their install steps (they need the package index, and what they install is
 what this suite runs in) and without the test command itself; what is left of them (`tk translate "I'm home."`)
 runs like any other example.
@@ -13,11 +15,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+import tomllib
 
 # Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
 pytestmark = pytest.mark.slow
@@ -88,7 +94,44 @@ def examples() -> list[tuple[str, str]]:
     return [(lang, code) for lang, code in found if code]
 
 
+class Shown(NamedTuple):
+    """What the README shows a block printing: `which` is "first" (its first command's output, the first lines of
+    stdout), "last" (its last command's, the last lines) or "all" (all of stdout)."""
+
+    which: str
+    lines: list[str]
+
+
+# A ```text block right after a line that ends "prints:" shows the output of the runnable block before it.
+BLOCK_OR_OUTPUT = re.compile(r"^(?:(?P<lead>[^\n]*prints:)\n\n?)?```(?P<lang>bash|python|text)\n(?P<body>.*?)^```", re.S | re.M)
+
+
+def shown_outputs(text: str) -> dict[str, Shown]:
+    """Runnable code (as `examples()` gives it) -> what the README shows it printing."""
+    shown, last = {}, None
+    for m in BLOCK_OR_OUTPUT.finditer(text):
+        body = m.group("body").strip()
+        if m.group("lang") != "text":
+            last = runnable(body) if m.group("lang") == "bash" else body
+        elif m.group("lead"):
+            assert last, f"{m.group('lead')!r} follows no runnable block"
+            which = "first" if "first command" in m.group("lead") else "last" if "last command" in m.group("lead") else "all"
+            shown[last] = Shown(which, body.splitlines())
+    return shown
+
+
+def printed_as_shown(stdout: str, shown: Shown) -> str | None:
+    """None if `stdout` holds what the README shows, else what differs."""
+    lines = [line.rstrip() for line in stdout.splitlines()]
+    n = len(shown.lines)
+    got = lines[:n] if shown.which == "first" else lines[-n:] if shown.which == "last" else lines
+    if got == [line.rstrip() for line in shown.lines]:
+        return None
+    return f"the README shows the {shown.which} output as:\n" + "\n".join(shown.lines) + "\nbut the block printed:\n" + "\n".join(lines)
+
+
 EXAMPLES = examples()
+SHOWN = shown_outputs(README.read_text(encoding="utf-8"))
 
 
 @pytest.mark.slow
@@ -102,6 +145,9 @@ def test_readme_example_runs_on_a_fresh_clone_and_leaves_it_clean(example, fresh
     proc = subprocess.run(argv, cwd=fresh_clone, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if code in SHOWN:
+        differs = printed_as_shown(proc.stdout, SHOWN[code])
+        assert differs is None, differs
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=fresh_clone, capture_output=True, text=True,
                             check=True).stdout
     assert status == "", f"the example changed the clone (README commands must leave git status clean):\n{status}"
@@ -115,3 +161,55 @@ def test_the_readme_is_short_and_runs_every_command_block():
     assert kinds <= {"bash", "python", "text"}, kinds
     for block in re.findall(r"^```text\n(.*?)^```", text, re.S | re.M):
         assert not re.match(r"\s*(tk|python|pip|curl) ", block), f"a command in a text block is never run:\n{block}"
+
+
+def test_every_output_the_readme_shows_belongs_to_a_block_that_runs():
+    """The translations and the corpus's first lines are checked against what the README shows; a "prints:" block
+    whose code no longer runs (or was renamed) would silently stop being checked."""
+    runs = {code for _, code in EXAMPLES}
+    assert set(SHOWN) <= runs
+    shown_for = {code.splitlines()[0]: s for code, s in SHOWN.items()}
+    assert shown_for['tk translate "I\'m home." "Where is the station?"'].lines == ["Je suis chez moi.", "Où est la gare ?"]
+    corpus = next(s for code, s in SHOWN.items() if "tk translate-corpus" in code)
+    assert corpus.which == "last" and len(corpus.lines) == 3
+
+
+def test_a_corpus_of_language_codes_is_caught_by_the_shown_output():
+    """The corpus example once cut the language code (`cut -f1`) instead of the English: every line translated `eng`,
+    which exits 0 and so passed a check of exit codes alone."""
+    corpus = next(s for code, s in SHOWN.items() if "tk translate-corpus" in code)
+    assert printed_as_shown("engage\n" * 3, corpus) is not None
+    assert printed_as_shown("\n".join(corpus.lines) + "\n", corpus) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_serve_example_stops_waiting_as_soon_as_the_server_exits_and_shows_why(tmp_path):
+    """A server that cannot start (here a `tk` that fails at once, as without the serve extra) used to be waited for
+    120 s before the example went on."""
+    serve = next(code for lang, code in EXAMPLES if lang == "bash" and "tk serve" in code)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "tk"
+    fake.write_text("#!/bin/sh\necho \"error: tk serve needs fastapi; install the serve extra\" >&2\nexit 2\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    start = time.monotonic()
+    proc = subprocess.run(["bash", "-eo", "pipefail", "-c", serve.replace("8765", str(_free_port()))], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert time.monotonic() - start < 20, "the example waited for a server that had exited"
+    assert proc.returncode != 0 and "tk serve needs fastapi" in proc.stderr, proc.stderr
+
+
+def test_the_code_has_the_license_the_readme_and_the_package_metadata_name():
+    """A user (or a company's license check) finds the code's terms in LICENSE and in the wheel's metadata; the
+    Tatoeba data keeps its own attribution beside them."""
+    license_text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert license_text.startswith("MIT License\n") and "Permission is hereby granted, free of charge" in license_text
+    assert tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["license"] == "MIT"
+    section = " ".join(README.read_text(encoding="utf-8").split("## Data and license\n", 1)[1].split("\n## ", 1)[0].split())
+    assert "MIT license ([LICENSE](LICENSE))" in section and "CC BY 2.0 FR" in section and "tatoeba.org" in section

@@ -1,4 +1,4 @@
-"""Makes docs/names-test.tsv, issue 41's test set of names a model has never seen.
+"""Makes docs/names-test.tsv, a test set of names a model has never seen: does the model copy them verbatim?
 
     python tools/names_test_set.py [--data fra-eng.zip] [--out docs/names-test.tsv]
 
@@ -124,7 +124,7 @@ def build(pairs: list[tuple[str, str]], words: set[str] | None = None) -> list[t
 
 def render(rows, corpus_sha256: str) -> str:
     head = [
-        "# Issue 41's test set of unseen names: name<TAB>stock name it replaced<TAB>English<TAB>French.",
+        "# A test set of unseen names (is a name copied verbatim?): name<TAB>stock name it replaced<TAB>English<TAB>French.",
         f"# Made by `python tools/names_test_set.py` from fra-eng.zip (fra.txt sha256 {corpus_sha256[:16]}...): real first",
         "# names reserved by toolkit.core.noise.is_held_out_name and absent from the corpus, each in one held-out test-split",
         "# pair in place of its stock name. Evaluation only: `tk evaluate DIR --names docs/names-test.tsv`.",

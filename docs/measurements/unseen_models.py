@@ -1,4 +1,4 @@
-"""Issue 48's held-out check: small models of each imported architecture that no test uses (another seed, other
+"""A held-out check of the imports: small models of each imported architecture that no test uses (another seed, other
 training sentences, more steps than the tests' fixtures), each through `tk export hf:DIR --out OUT` and `tk verify OUT
 --checkpoint hf:DIR`, then `Translator(OUT).translate(texts, beam=b, raw=True, loop_guard=False, max_len_a=None)` against
 transformers' `generate` on 200 held-out Tatoeba sentences, greedy and beam 4: the share of identical outputs among

@@ -1,4 +1,4 @@
-"""Issue 41 without a GPU: the student recipe (a deep encoder over a shallow decoder, within 10M parameters and the
+"""The student recipe without a GPU (a deep encoder over a shallow decoder, within 10M parameters and the
 exported/ budget), the copy pairs that teach names, the name test set kept apart from training, and a CPU dry run of
 the whole recipe at toy size: the loss falls, an interrupted run resumes from its checkpoint, and the result exports
 and passes `tk verify` on ONNX Runtime and on CTranslate2 (whose converter must build 2 encoder layers and 1 decoder layer)."""
@@ -40,7 +40,7 @@ def _script(name: str, folder: str = "docs"):
     return module
 
 
-lease = _script("lease", "tools")
+student_gpu = _script("student_gpu", "tools")
 
 
 def tk(*args):
@@ -64,24 +64,24 @@ def test_the_student_is_a_deep_encoder_over_a_shallow_decoder_within_10m_paramet
     assert recipe["epochs"] > 30  # longer than the shipped recipe's 30
     model = Transformer(cfg)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == lease.parameters(dataclasses.asdict(cfg)) == 7_320_576
+    assert counted == student_gpu.parameters(dataclasses.asdict(cfg)) == 7_320_576
     assert counted <= 10_000_000
     assert [n for n, p in model.named_parameters() if p.shape[0] == cfg.vocab_size] == ["embedding.weight"]  # tied: one table
     # The formula holds for the shipped model too (its weights.bin: every parameter and the positional table).
     shipped = manifest.load(SHIPPED)
-    assert lease.weights_bytes(shipped.config) == (SHIPPED / "weights.bin").stat().st_size
+    assert student_gpu.weights_bytes(shipped.config) == (SHIPPED / "weights.bin").stat().st_size
     # exported/ with the student in place of the shipped Transformer: its weights, and graphs and node maps that grow
     # with the layers they hold (the encoder's with 6 of 3, the decoder's with 2 of 3), stay within the budget.
     files = {p.name: p.stat().st_size for p in SHIPPED.iterdir()}
     graphs = 2 * (files["encoder.onnx"] + files["encoder.nodes.json"]) + (files["decoder.onnx"] + files["decoder.nodes.json"])
-    student_dir = lease.weights_bytes(dataclasses.asdict(cfg)) + graphs + sum(
+    student_dir = student_gpu.weights_bytes(dataclasses.asdict(cfg)) + graphs + sum(
         size for name, size in files.items() if not name.startswith(("encoder.", "decoder.", "weights.bin")))
-    projected = lease.tree_bytes(REPO / "exported") - lease.tree_bytes(SHIPPED) + student_dir
+    projected = student_gpu.tree_bytes(REPO / "exported") - student_gpu.tree_bytes(SHIPPED) + student_dir
     assert projected + 256 * 2**10 <= SIZE_BUDGET, f"{projected / 2**20:.2f} MiB"
     # The same sizes with a 1,024-wide FFN (8.4M parameters, within 10M) would not fit: the budget is what binds.
     wider = {**dataclasses.asdict(cfg), "ffn_num_hiddens": 1024}
-    assert lease.parameters(wider) <= 10_000_000
-    assert projected - lease.weights_bytes(dataclasses.asdict(cfg)) + lease.weights_bytes(wider) > SIZE_BUDGET
+    assert student_gpu.parameters(wider) <= 10_000_000
+    assert projected - student_gpu.weights_bytes(dataclasses.asdict(cfg)) + student_gpu.weights_bytes(wider) > SIZE_BUDGET
 
 
 @pytest.mark.timeout(30)
@@ -363,7 +363,7 @@ def test_dry_run_scores_the_unseen_names_through_tk_evaluate(dry_export):
     assert manifest.load(dry_export).metrics["names"]["total"] == scores["total"]
 
 
-# ---- the lease tool (tools/lease.py) ------------------------------------------------------------------------------------------
+# ---- the GPU runbook (tools/student_gpu.py) -------------------------------------------------------------------------------------
 
 def _manifest(challenge4, split4, challenge1, split1, names_share=0.95, cuda=True, config=None):
     ev = {"tatoeba_challenge_beam4": {"bleu": challenge4}, "test_split_beam4": {"bleu_multi_ref": split4},
@@ -374,13 +374,13 @@ def _manifest(challenge4, split4, challenge1, split1, names_share=0.95, cuda=Tru
 
 
 @pytest.mark.timeout(30)
-def test_the_ship_rule_holds_every_condition_of_the_issue():
+def test_the_ship_rule_and_the_recipe_goals_hold_every_condition():
     shipped = _manifest(43.66, 56.27, 42.81, 55.28)
     fast = ({"file, greedy (fp32)": 2.0, "file, beam 4 (fp32)": 6.0}, {"file, greedy (fp32)": 1.8, "file, beam 4 (fp32)": 5.0})
     good = _manifest(45.3, 56.9, 44.0, 55.9)
 
     def verdict(student, bench=fast, size=39 * 2**20):
-        return {what: ok for _, what, ok, _ in lease.conditions(student, shipped, bench, size)}
+        return {what: ok for _, what, ok, _ in student_gpu.conditions(student, shipped, bench, size)}
 
     assert all(verdict(good).values())
     assert not all(verdict(_manifest(44.9, 56.9, 44.0, 55.9)).values())  # beats the shipped model, but under 45.0
@@ -402,32 +402,32 @@ def test_pack_and_unpack_carry_files_in_parts_with_their_digests(tmp_path, monke
     payload = random.Random(0).randbytes(50_000)
     Path("runs/x/weights.bin").write_bytes(payload)
     Path("runs/x/manifest.json").write_text("{}")
-    index = lease.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out", "m", part_bytes=16_384)
+    index = student_gpu.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out", "m", part_bytes=16_384)
     assert len(index["parts"]) >= 4 and all((tmp_path / "out" / p["file"]).stat().st_size <= 16_384 for p in index["parts"])
-    assert sorted(lease.unpack(tmp_path / "out", tmp_path / "back", "m")) == ["runs/x/manifest.json", "runs/x/weights.bin"]
+    assert sorted(student_gpu.unpack(tmp_path / "out", tmp_path / "back", "m")) == ["runs/x/manifest.json", "runs/x/weights.bin"]
     assert (tmp_path / "back" / "runs/x/weights.bin").read_bytes() == payload
     # Parts written by two calls fit together; a damaged part is refused.
-    again = lease.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out2", "m", part_bytes=16_384,
+    again = student_gpu.pack([Path("runs/x/weights.bin"), Path("runs/x/manifest.json")], tmp_path / "out2", "m", part_bytes=16_384,
                          parts=(0, 1), work=tmp_path / "work")
-    lease.pack([], tmp_path / "out2", "m", part_bytes=16_384, parts=(2, 99), work=tmp_path / "work")
+    student_gpu.pack([], tmp_path / "out2", "m", part_bytes=16_384, parts=(2, 99), work=tmp_path / "work")
     assert again["sha256"] == index["sha256"]
-    assert lease.unpack(tmp_path / "out2", tmp_path / "back2", "m")
+    assert student_gpu.unpack(tmp_path / "out2", tmp_path / "back2", "m")
     broken = tmp_path / "out" / index["parts"][1]["file"]
     broken.write_bytes(b"x" + broken.read_bytes()[1:])
     with pytest.raises(SystemExit, match="not the part that was packed"):
-        lease.unpack(tmp_path / "out", tmp_path / "back3", "m")
+        student_gpu.unpack(tmp_path / "out", tmp_path / "back3", "m")
 
 
 @pytest.mark.timeout(60)
 def test_the_runbook_starts_resumes_and_finishes_the_run_it_finds(dry_run, monkeypatch, tmp_path):
-    """`lease.py train` starts the recipe with the shipped tokenizer and the Challenge set excluded, adds --resume once
+    """`student_gpu.py train` starts the recipe with the shipped tokenizer and the Challenge set excluded, adds --resume once
     a checkpoint is there, stops asking once the run is done; its slim checkpoint holds the final weights alone."""
     commands = []
-    monkeypatch.setattr(lease, "tk", lambda *args, check=True: commands.append([str(a) for a in args]) or 0)
+    monkeypatch.setattr(student_gpu, "tk", lambda *args, check=True: commands.append([str(a) for a in args]) or 0)
     args = type("Args", (), {"device": "cuda", "minutes": 8.0, "epochs": None})()
-    monkeypatch.setattr(lease, "RUN", tmp_path / "fresh")
+    monkeypatch.setattr(student_gpu, "RUN", tmp_path / "fresh")
     with pytest.raises(SystemExit, match="no checkpoint"):
-        lease.stage_train(args)  # a fresh run (the stub trains nothing, so no checkpoint follows)
+        student_gpu.stage_train(args)  # a fresh run (the stub trains nothing, so no checkpoint follows)
     first = commands[-1]
     assert first[:4] == ["train", "transformer", "--preset", "student"] and "--resume" not in first
     assert first[first.index("--tokenizer") + 1].endswith("exported/transformer/tokenizer.model")
@@ -435,16 +435,16 @@ def test_the_runbook_starts_resumes_and_finishes_the_run_it_finds(dry_run, monke
     unfinished = tmp_path / "unfinished"  # the dry run's checkpoint as it was mid-run: the next call resumes it
     unfinished.mkdir()
     torch.save({**torch.load(dry_run["out"] / "checkpoint.pt", weights_only=True), "metrics": {}}, unfinished / "checkpoint.pt")
-    monkeypatch.setattr(lease, "RUN", unfinished)
-    lease.stage_train(args)
+    monkeypatch.setattr(student_gpu, "RUN", unfinished)
+    student_gpu.stage_train(args)
     at = first.index("--out") + 1
     assert commands[-1] == [*first[:at], str(unfinished), *first[at + 1:], "--resume"]
-    monkeypatch.setattr(lease, "RUN", dry_run["out"])
+    monkeypatch.setattr(student_gpu, "RUN", dry_run["out"])
     commands.clear()
-    lease.stage_train(args)  # the dry run is finished: nothing to do
-    assert commands == [] and lease.progress()["finished"]
+    student_gpu.stage_train(args)  # the dry run is finished: nothing to do
+    assert commands == [] and student_gpu.progress()["finished"]
     slim = tmp_path / "slim.pt"
-    ckpt = lease.write_slim(dry_run["out"] / "checkpoint.pt", slim)
+    ckpt = student_gpu.write_slim(dry_run["out"] / "checkpoint.pt", slim)
     small = checkpoint.load(slim)
     assert "optimizer" not in small and "train_state_dict" not in small and slim.stat().st_size < (dry_run["out"] / "checkpoint.pt").stat().st_size
     assert all(torch.equal(small["state_dict"][k], v) for k, v in ckpt["state_dict"].items())

@@ -1,4 +1,5 @@
-"""Copy data (issue 41): training pairs that teach the model to copy names and rare capitalised words verbatim.
+"""Copy data (the student recipe's copy pairs): training pairs that teach the model to copy names and rare capitalised
+words verbatim.
 
 The Tatoeba pairs name few people and places (Tom, Mary, Boston), so a model learns those as words and guesses at the
 pieces of a name it has never seen (`Alexander` -> `Alexleand`). Each epoch, a share of the training pairs that hold a

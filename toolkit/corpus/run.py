@@ -181,9 +181,26 @@ def translate_corpus(job: CorpusJob, say: Callable[[str], None] = lambda m: None
     return result
 
 
+def worker_count(requested: int, pending: list[shards.Shard], shard_lines: int, resuming: bool) -> tuple[int, str | None]:
+    """The actors to start, at most one per pending shard (a shard is one actor's work), and, when that is fewer than
+    --workers asked for, the one line that says so and, on a fresh run, the shard size that gives every worker one."""
+    workers = min(requested, len(pending))
+    if workers == requested:
+        return workers, None
+    shards_left = f"{len(pending)} shard{'s' if len(pending) != 1 else ''}"
+    runs = f"{workers} worker{' runs' if workers == 1 else 's run'}"
+    if resuming:
+        return workers, f"note: --workers {requested}, but {shards_left} {'is' if len(pending) == 1 else 'are'} left to translate, so {runs}"
+    lines = sum(s.lines for s in pending)
+    fix = f"; --shard-lines {-(-lines // requested):,} into a new OUTPUT_DIR gives each worker a shard" if lines >= requested else ""
+    return workers, f"note: --workers {requested}, but the input is {shards_left} (--shard-lines {shard_lines:,}), so {runs}{fix}"
+
+
 def _run_pool(job: CorpusJob, p: shards.Plan, pending: list[shards.Shard], progress: Progress, say: Callable[[str], None]) -> None:
+    workers, note = worker_count(job.workers, pending, job.shard_lines, resuming=len(pending) < len(p.shards))
+    if note:  # said before Ray's start, which takes seconds
+        say(note)
     ray = connect(job.address)
-    workers = min(job.workers, len(pending))
     threads = job.threads or threads_per_actor(ray, workers, job.provider)
     resources = {"num_gpus": 1, "num_cpus": 1} if job.provider == "cuda" else {"num_cpus": threads}
     say(f"{workers} worker(s) x {threads} thread(s) on {job.provider}, Ray {ray.__version__}")

@@ -1,6 +1,6 @@
 """Pictures of attention and training: labelled heatmaps, the kernel regression fit, loss curves.
 
-matplotlib is an optional extra (`pip install -e '.[plot]'`), imported only here, with the
+matplotlib is an optional extra (`pip install 'tk-onnx-deploy[plot]'`), imported only here, with the
 non-interactive Agg backend so a figure renders on a machine without a display. Torch-free:
 the weights come from the exported graphs (toolkit.deploy.attention_graphs).
 """
@@ -22,7 +22,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("drawing needs matplotlib; install it with pip install -e '.[plot]'") from None
+        raise UsageError("drawing needs matplotlib; install the plot extra: pip install 'tk-onnx-deploy[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

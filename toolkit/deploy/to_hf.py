@@ -30,6 +30,7 @@ tokenizers (the hf extra).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -47,7 +48,8 @@ from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
 
-INSTALL_HINT = "pip install -e '.[hf]' (safetensors and tokenizers)"
+# Writing needs safetensors (the hf extra) and tokenizers (a base dependency, missing only from a broken install).
+NEEDED = {"safetensors": "safetensors.numpy", "tokenizers": "tokenizers"}
 SPECIALS = {PAD: "<pad>", UNK: "<unk>", BOS: "<s>", EOS: "</s>"}
 LEADING = 1 << 20  # tokenizer.json's decoder strips up to this many leading spaces: all of them
 
@@ -294,11 +296,20 @@ def hf_entries(out: Path) -> set[str] | None:
 def _requirements(m: Manifest) -> None:
     """validate: the directory maps exactly, and the hf extra's safetensors and tokenizers are installed."""
     mappable(m)
-    try:
-        import safetensors.numpy  # noqa: F401
-        import tokenizers  # noqa: F401
-    except ImportError:
-        raise UsageError(f"--to-hf needs safetensors and tokenizers: {INSTALL_HINT}") from None
+    if missing := missing_packages():
+        raise UsageError(f"--to-hf needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed; "
+                         f"install the hf extra: pip install 'tk-onnx-deploy[hf]' (or pip install {' '.join(missing)})")
+
+
+def missing_packages() -> list[str]:
+    """The packages --to-hf writes with that do not import, by their pip names: the error names only those."""
+    missing = []
+    for package, module in NEEDED.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    return missing
 
 
 def _write(m: Manifest, tmp: Path, echo: Callable[[str], None], permute: bool = True) -> None:

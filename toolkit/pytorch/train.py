@@ -38,9 +38,10 @@ PRESETS = {
     "base": dict(vocab_size=6000, num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_layers=3,
                  embed_size=256, epochs=12, max_tokens=6000, lr=1e-3, warmup=1500, eval_sentences=500,
                  noise=True, average_last=1),
-    # Issue 41's student, for one GPU lease (docs/models.md#the-student-recipe-issue-41): a deep encoder over a shallow
-    # decoder (6 + 2; Kasai et al. 2021, Bergamot's tiny students), tied embeddings, label smoothing, the robustness
-    # noise, copy pairs that teach names (toolkit.core.copydata), longer training and the mean of the last 6 epochs.
+    # The student, the shipped Transformer's recipe, trained in minutes on a rented GPU (docs/models.md#the-student-recipe):
+    # a deep encoder over a shallow decoder (6 + 2; Kasai et al. 2021, Bergamot's tiny students), tied embeddings, label
+    # smoothing, the robustness noise, copy pairs that teach names (toolkit.core.copydata), longer training and the mean
+    # of the last 6 epochs.
     # 7.32M parameters: the exported/ size budget (40 MiB) caps an fp32 Transformer beside the GRU at about 7.5M.
     "student": dict(vocab_size=6000, num_hiddens=256, ffn_num_hiddens=768, num_heads=4, num_layers=6, decoder_layers=2,
                     epochs=32, max_tokens=6000, lr=1e-3, warmup=2000, eval_sentences=500, noise=True, average_last=6,
@@ -58,7 +59,7 @@ MODEL_PRESETS = {
 # Training settings `--set` accepts besides the model's config fields, with their types.
 SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int,
             "average_last": int, "patience": int, "label_smoothing": float, "copy_rate": float,
-            # Fast training on a GPU (all off unless set; tools/lease.py sets them for the student's lease):
+            # Fast training on a GPU (all off unless set; tools/student_gpu.py sets them to train the student in minutes):
             # batch_tokens: larger training batches, the recipe's rate and warm-up scaled to them (batch_recipe);
             # compile: torch.compile the forward pass and loss; data_workers: processes making the next epochs;
             # finish_minutes: end the run, averaged and evaluated, within this many minutes (fewer epochs if need be).
@@ -278,7 +279,7 @@ class EpochTensors:
         return tensors, int(self.tgt_len[rows].sum()), int(self.src_len[rows].sum())
 
 
-# ---- epochs prepared ahead (tools/lease.py prepare): tokenized where the CPU time is free, carried to the GPU ----------
+# ---- epochs prepared ahead (tools/student_gpu.py prepare): tokenized where CPU time is free, sent to the GPU machine ---
 
 PREPARED = "epochs"  # the folder under --out
 
@@ -330,7 +331,7 @@ class PreparedEpochs:
         index = json.loads((folder / "index.json").read_text()) if (folder / "index.json").is_file() else {"key": key, "epochs": {}}
         if index.get("key") != key:
             raise UsageError(f"{folder} holds epochs prepared for other data, tokenizer, noise or seed than this run's; "
-                             f"prepare them again for this command (tools/lease.py prepare) or remove {folder}")
+                             f"prepare them again for this command (tools/student_gpu.py prepare) or remove {folder}")
         self.files = {int(e): digest for e, digest in index.get("epochs", {}).items()}
         self._last: tuple[int, list] | None = None  # the run asks for an epoch twice (the progress bar, then the loop)
         source.prefetch(next(e for e in itertools.count(start) if e not in self.files))  # the first epoch no file holds
@@ -478,7 +479,7 @@ COMPILE_PAD = 8  # sentence lengths padded to a multiple of this under compile: 
 class TrainStep:
     """One step's forward pass, smoothed loss and backward (the loss scaled per target token); with compile the
     forward and loss run torch.compile'd. A compile that fails (an unsupported operation, a missing compiler) is said
-    once and the run goes on eager, rather than losing a lease's minutes to a traceback."""
+    once and the run goes on eager, rather than losing a rented GPU's minutes to a traceback."""
 
     def __init__(self, model: nn.Module, smoothing: float, use_bf16: bool, device: torch.device, compile_: bool, echo,
                  backend: str = "inductor"):

@@ -68,6 +68,9 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     import time
 
     is_model_dir = not random_init and (Path(source) / "manifest.json").is_file()
+    if not random_init and not is_model_dir and is_hf_directory(source):
+        raise UsageError(f"{source} is a Hugging Face model directory (it has config.json), not a tk checkpoint; "
+                         f"export it with the hf: prefix: tk export hf:{source} --out {out or 'DIR'}")
     given = {name: writers[_dest(name)] for name in registry.TABLE}
     asked = {name: None if value is True else value for name, value in given.items() if value}
     if asked:  # the directory, as it is, written for another runtime
@@ -126,6 +129,13 @@ def _add_to(directory: Path, opts, keep_fp32: str | None, bleu_within: float, la
     if opts.fp16 or opts.optimize or opts.attention:
         add_variants(directory, opts, echo=echo, attention=declared)
     return guarded_int8.add(directory, bleu_within, opts.force, opts.command, echo=echo)
+
+
+def is_hf_directory(source: str) -> bool:
+    """SOURCE names a directory that save_pretrained wrote (config.json, no tk checkpoint) without the `hf:` prefix
+    that `tk export` reads one by: told so at once instead of "checkpoint DIR/checkpoint.pt does not exist"."""
+    path = Path(source)
+    return not source.startswith("hf:") and (path / "config.json").is_file() and not (path / "checkpoint.pt").exists()
 
 
 def _pair(source_lang: str | None, target_lang: str | None) -> tuple[str, str] | None:

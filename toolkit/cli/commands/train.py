@@ -24,7 +24,7 @@ from toolkit.cli.commands.options import (
               help="A public test set (eng<TAB>fra<TAB>English<TAB>French) whose English sentences are kept out of training.")
 @click.option("--preset", type=click.Choice(["tiny", "base", "student"]), default="base", show_default=True,
               help="Size preset: tiny (a few hundred pairs, about a minute), base (the shipped models) or student "
-                   "(transformer only: 6 + 2 layers, copy pairs, for one GPU lease; docs/models.md).")
+                   "(transformer only: 6 + 2 layers, copy pairs, the shipped Transformer's recipe; docs/models.md).")
 @click.option("--pre-ln", is_flag=True, help="Transformer with pre-LN blocks and a final LayerNorm.")
 @click.option("--epochs", type=POSITIVE, help="Passes over the training pairs [preset].")
 @click.option("--lr", type=FiniteFloat(min=0.0, min_open=True), help="Peak learning rate [preset].")

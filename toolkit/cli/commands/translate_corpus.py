@@ -47,14 +47,14 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     INPUTS are text files (one sentence per line), directories or globs of them, or Parquet files
     (with --column). OUTPUT_DIR gets one file per shard, corpus.json (the shards' ranges, digests and
     status) and translations.txt (every line, in input order). Rerunning the same command skips the
-    shards already done. Needs the ray extra: pip install -e '.[ray]'.
+    shards already done. Needs the ray extra: pip install 'tk-onnx-deploy[ray]'.
 
     Example: tk translate-corpus exported/transformer corpus/*.txt out --workers 2
     """
     try:
         import ray.data  # noqa: F401  (only to tell a missing extra apart from any later problem)
     except ImportError as e:
-        raise UsageError(f"tk translate-corpus needs {e.name}; install the ray extra: pip install -e '.[ray]'") from None
+        raise UsageError(f"tk translate-corpus needs {e.name}; install the ray extra: pip install 'tk-onnx-deploy[ray]'") from None
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.decode_options import DecodeOptions, max_len_problem
     from toolkit.corpus.run import CorpusJob

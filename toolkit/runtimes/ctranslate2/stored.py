@@ -13,15 +13,18 @@ from pathlib import Path
 
 from toolkit.convert import IntoModelDirectory, Writer, convert
 from toolkit.core import manifest
-from toolkit.runtimes.ctranslate2.engine import RUNTIME, version
+from toolkit.core.errors import UsageError
+from toolkit.runtimes.ctranslate2.engine import INSTALL_HINT, RUNTIME, available, version
 from toolkit.runtimes.ctranslate2.spec import convert as convert_weights
 
 PREFIX = f"{RUNTIME}."
 
 
 def _check(m: manifest.Manifest) -> None:
-    """validate: ctranslate2 installed (said before any work) and every file of the directory as recorded."""
-    version()
+    """validate: ctranslate2 installed (said before any work, in terms of the flag given) and every file of the directory
+    as recorded."""
+    if not available():
+        raise UsageError(f"--ctranslate2 needs the ctranslate2 package; {INSTALL_HINT}")
     m.check_files()
 
 

@@ -17,7 +17,7 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_FIX = ("ONNX Runtime could not load its CUDA provider and fell back to CPU; install the CUDA 13 and cuDNN 9 "
             "runtime libraries (or call onnxruntime.preload_dlls() with a CUDA build of torch installed), "
             "or use --provider cpu")
-CUDA_INSTALL = "pip install -e '.[cuda]' (onnxruntime-gpu with its CUDA and cuDNN pip packages)"
+CUDA_INSTALL = "pip install 'tk-onnx-deploy[cuda]' (onnxruntime-gpu with its CUDA and cuDNN pip packages)"
 
 _preloaded = False
 

@@ -1,7 +1,7 @@
-# One call: the two textbook adapters (docs/examples) trained 40 steps, exported, verified on CUDA (fp32 and fp16)
+# One run: the two textbook adapters (docs/examples) trained 40 steps, exported, verified on CUDA (fp32 and fp16)
 # against the user's function, translated on CUDA and on the CPU (same text?), alone and batched.
 set -u
-T0=$(date +%s); mkdir -p $OUT; exec > >(tee $OUT/lease.log) 2>&1
+T0=$(date +%s); mkdir -p $OUT; exec > >(tee $OUT/run.log) 2>&1
 PROVIDER=${PROVIDER:-cuda}
 [ -e toolkit/models ] || ln -s ../models toolkit/models
 if [ "${KIT:-1}" = 1 ] && [ -d .gpukit/p00 ]; then mkdir -p /tmp/site && cat .gpukit/p00/part* .gpukit/p01/part* .gpukit/p02/part* | xz -d | tar -x -C /tmp/site; fi

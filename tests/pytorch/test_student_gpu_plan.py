@@ -1,6 +1,7 @@
-"""Issue 51: the student's GPU lease in two device calls within the budget (tools/lease.py), and the training options
-that make it fast (toolkit/pytorch/train.py): larger batches with the rate scaled, batches built on the device, a
-torch.compile'd step, epochs tokenized ahead, a time box that ends the run in time. All on the CPU at toy size."""
+"""The student trained on a rented GPU in two timed steps within the rental's minutes (tools/student_gpu.py), and the
+training options that make it fast (toolkit/pytorch/train.py): larger batches with the rate scaled, batches built on
+the device, a torch.compile'd step, epochs tokenized ahead, a time box that ends the run in time. All on the CPU at
+toy size."""
 
 from __future__ import annotations
 
@@ -44,49 +45,49 @@ REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "exported" / "transformer" / "tokenizer.model"
 
 
-def _lease():
-    spec = importlib.util.spec_from_file_location("lease", REPO / "tools" / "lease.py")
+def _student_gpu():
+    spec = importlib.util.spec_from_file_location("student_gpu", REPO / "tools" / "student_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-lease = _lease()
+student_gpu = _student_gpu()
 
 
-# ---- the plan fits the device budget by construction -----------------------------------------------------------
+# ---- the plan fits the rental by construction -------------------------------------------------------------------
 
 @pytest.mark.timeout(30)
-def test_the_two_calls_fit_the_budget_with_the_start_and_the_wait():
-    plan = lease.schedule()
-    calls = (lease.CALL1, lease.CALL2)
+def test_the_two_steps_fit_the_rental_with_the_start_and_the_wait():
+    plan = student_gpu.schedule()
+    calls = (student_gpu.CALL1, student_gpu.CALL2)
     assert len(calls) == len(plan["calls"]) == 2
-    assert all(c.minutes <= lease.CALL_MAX_MIN and c.timeout_s <= 600 for c in calls)
-    total = lease.START_MIN + sum(c.minutes for c in calls) + lease.WARM_GAP_MIN
-    assert plan["total_min"] == pytest.approx(total) and total <= lease.LEASE_MAX_MIN <= 12 and plan["fits"]
-    assert lease.START_MIN >= 2 and lease.WARM_GAP_MIN >= 0.5  # a start of minutes, the warm machine's 30 s
+    assert all(c.minutes <= student_gpu.CALL_MAX_MIN and c.timeout_s <= 600 for c in calls)
+    total = student_gpu.START_MIN + sum(c.minutes for c in calls) + student_gpu.WARM_GAP_MIN
+    assert plan["total_min"] == pytest.approx(total) and total <= student_gpu.PLAN_MAX_MIN <= 12 and plan["fits"]
+    assert student_gpu.START_MIN >= 2 and student_gpu.WARM_GAP_MIN >= 0.5  # a start of minutes, the warm machine's 30 s
     # After call 1 a fresh machine could still start (the rule: none with under 4 minutes left).
-    assert plan["left_after_call1_min"] >= lease.NO_START_BELOW_MIN
+    assert plan["left_after_call1_min"] >= student_gpu.NO_START_BELOW_MIN
     # Training's time box sits inside call 1 with the work around it, and the call's timeout covers the sum.
-    assert lease.CALL1.step("train") < lease.CALL1.minutes and lease.CALL1.timeout_s >= 60 * lease.CALL1.minutes
+    assert student_gpu.CALL1.step("train") < student_gpu.CALL1.minutes and student_gpu.CALL1.timeout_s >= 60 * student_gpu.CALL1.minutes
     # A plan of three calls, or a longer one, is refused.
-    assert not lease.schedule((lease.CALL1, lease.CALL1, lease.CALL2))["fits"]
+    assert not student_gpu.schedule((student_gpu.CALL1, student_gpu.CALL1, student_gpu.CALL2))["fits"]
 
 
 @pytest.mark.timeout(30)
 def test_the_run_calls_are_short_commands_and_call2_carries_nothing():
-    calls = lease.run_calls()
-    assert [c["timeout_s"] for c in calls] == [lease.CALL1.timeout_s, lease.CALL2.timeout_s]
+    calls = student_gpu.run_calls()
+    assert [c["timeout_s"] for c in calls] == [student_gpu.CALL1.timeout_s, student_gpu.CALL2.timeout_s]
     assert all(len(c["command"]) < 2000 and "$OUT" in c["command"] and "pipefail" in c["command"] for c in calls)
-    assert "tools/lease.py call1" in calls[0]["command"] and "tools/lease.py call2" in calls[1]["command"]
-    assert str(lease.DATA) in calls[0]["carry"] and len(calls[0]["carry"]) <= 8
+    assert "tools/student_gpu.py call1" in calls[0]["command"] and "tools/student_gpu.py call2" in calls[1]["command"]
+    assert str(student_gpu.DATA) in calls[0]["carry"] and len(calls[0]["carry"]) <= 8
     assert calls[1]["carry"] == []  # a carried runs/ path would replace the run call 1 left on the machine
-    args = lease.train_args(lease.CALL1.step("train"))
-    assert args[args.index("--max-minutes") + 1] == str(lease.CALL1.step("train"))
-    assert f"finish_minutes={lease.CALL1.step('train')}" in args and "batch_tokens=24000" in args and "compile=false" in args
-    fits, line = lease.carry_fits(40 * 2**20, 20 * 2**20)
+    args = student_gpu.train_args(student_gpu.CALL1.step("train"))
+    assert args[args.index("--max-minutes") + 1] == str(student_gpu.CALL1.step("train"))
+    assert f"finish_minutes={student_gpu.CALL1.step('train')}" in args and "batch_tokens=24000" in args and "compile=false" in args
+    fits, line = student_gpu.carry_fits(40 * 2**20, 20 * 2**20)
     assert fits and "60.0 MiB" in line
-    assert not lease.carry_fits(40 * 2**20, 25 * 2**20)[0]
+    assert not student_gpu.carry_fits(40 * 2**20, 25 * 2**20)[0]
 
 
 # ---- larger batches, the same run per token -------------------------------------------------------------------
@@ -229,7 +230,7 @@ def test_the_time_box_ends_the_run_at_the_epochs_that_fit_and_undoes_a_slow_firs
     assert time_boxed_epochs(32, {"epoch": 5}, [10.0, 500.0], 400.0, 300.0, said.append) == 5  # over already: end now
 
 
-# ---- a toy lease on the CPU: call 1 stops, its packed state resumes elsewhere ---------------------------------------
+# ---- a toy run on the CPU: call 1 stops, its packed state resumes elsewhere -----------------------------------------
 
 TOY = ("--set", "vocab_size=500", "--set", "num_hiddens=32", "--set", "ffn_num_hiddens=64", "--set", "num_layers=2",
        "--set", "decoder_layers=1", "--set", "max_tokens=400", "--set", "warmup=20", "--set", "lr=0.003",
@@ -242,31 +243,31 @@ def toy_data(tmp_path, corpus_zip, challenge_test):
     lines = zipfile.ZipFile(corpus_zip).read(data.MEMBER).decode("utf-8").splitlines()
     folder = tmp_path / "data"
     folder.mkdir()
-    with zipfile.ZipFile(folder / lease.CORPUS, "w") as z:
+    with zipfile.ZipFile(folder / student_gpu.CORPUS, "w") as z:
         z.writestr(data.MEMBER, "\n".join(lines[::80]) + "\n")
-    (folder / lease.CHALLENGE).write_bytes(Path(challenge_test).read_bytes())
+    (folder / student_gpu.CHALLENGE).write_bytes(Path(challenge_test).read_bytes())
     return folder
 
 
 @pytest.mark.timeout(240)
-def test_a_toy_lease_call1_interrupted_packs_a_state_that_call2_elsewhere_finishes(tmp_path, toy_data, monkeypatch):
-    """Call 1 trains (in process, on the CPU, the lease's settings at toy size) and is interrupted; what it packs is
-    unpacked into another tree (the next session) and trained to the end there."""
+def test_a_toy_run_call1_interrupted_packs_a_state_that_call2_elsewhere_finishes(tmp_path, toy_data, monkeypatch):
+    """Call 1 trains (in process, on the CPU, the GPU settings at toy size) and is interrupted; what it packs is
+    unpacked into another tree (another machine) and trained to the end there."""
     def in_process(*args, check=True):
         result = CliRunner().invoke(main, [str(a) for a in args])
         if check and result.exit_code:
             raise AssertionError(result.output)
         return result.exit_code
 
-    first, second = tmp_path / "lease-a", tmp_path / "lease-b"
+    first, second = tmp_path / "machine-a", tmp_path / "machine-b"
     for tree in (first, second):
         tree.mkdir()
-    monkeypatch.setattr(lease, "tk", in_process)
-    monkeypatch.setattr(lease, "DATA", toy_data)
-    monkeypatch.setattr(lease, "TOKENIZER", TOKENIZER)
-    monkeypatch.setattr(lease, "LEASE_SETTINGS", {**lease.LEASE_SETTINGS, "compile": "false", "data_workers": 2, "batch_tokens": 800})
-    monkeypatch.setattr(lease, "RUN", Path("run"))
-    monkeypatch.setattr(lease, "REPO", first)  # the lent machine's tree
+    monkeypatch.setattr(student_gpu, "tk", in_process)
+    monkeypatch.setattr(student_gpu, "DATA", toy_data)
+    monkeypatch.setattr(student_gpu, "TOKENIZER", TOKENIZER)
+    monkeypatch.setattr(student_gpu, "GPU_SETTINGS", {**student_gpu.GPU_SETTINGS, "compile": "false", "data_workers": 2, "batch_tokens": 800})
+    monkeypatch.setattr(student_gpu, "RUN", Path("run"))
+    monkeypatch.setattr(student_gpu, "REPO", first)  # the GPU machine's tree
     monkeypatch.chdir(first)
     original, calls = train_module.label_smoothed_nll, {"n": 0}
 
@@ -278,26 +279,26 @@ def test_a_toy_lease_call1_interrupted_packs_a_state_that_call2_elsewhere_finish
 
     monkeypatch.setattr(train_module, "label_smoothed_nll", interrupting)
     args = type("Args", (), {"minutes": 5.0, "device": "cpu", "extra": TOY})()
-    state = lease.stage_train(args)
+    state = student_gpu.stage_train(args)
     assert not state["finished"] and state["step"] == 6
     stopped = checkpoint.load(first / "run" / "checkpoint.pt")
     assert stopped["train"]["recipe"]["batch_tokens"] == 800 and stopped["train"]["recipe"]["scaled"]["warmup"] == 10
-    index = lease.pack_run(first / "out", finished=False)
-    assert index["name"] == "student51-resume" and len(index["parts"]) <= 4
+    index = student_gpu.pack_run(first / "out", finished=False)
+    assert index["name"] == "student-resume" and len(index["parts"]) <= 4
     monkeypatch.setattr(train_module, "label_smoothed_nll", original)
 
-    # The next session: another tree, the packed files unpacked into it, training resumed to the end.
-    monkeypatch.setattr(lease, "REPO", second)
+    # Another machine: another tree, the packed files unpacked into it, training resumed to the end.
+    monkeypatch.setattr(student_gpu, "REPO", second)
     monkeypatch.chdir(second)
-    lease.stage_unpack(type("Args", (), {"dir": str(first / "out")})())
+    student_gpu.stage_unpack(type("Args", (), {"dir": str(first / "out")})())
     resumed = checkpoint.load(second / "run" / "checkpoint.pt")
     assert resumed["progress"]["step"] == 6 and resumed["optimizer"]["state"][0]["exp_avg"].dtype == torch.bfloat16
-    state = lease.stage_train(args)
+    state = student_gpu.stage_train(args)
     assert state["finished"] and state["epoch"] == 4 and state["step"] > 6
     final = checkpoint.load(second / "run" / "checkpoint.pt")
     assert len(final["train"]["resumed_with"]) == 1 and final["metrics"]["valid_loss"] > 0
-    index = lease.pack_run(second / "out", finished=True)
-    assert index["name"] == "student51-slim"
+    index = student_gpu.pack_run(second / "out", finished=True)
+    assert index["name"] == "student-slim"
 
 
 # ---- the decision ----------------------------------------------------------------------------------------------------
@@ -311,21 +312,21 @@ def _manifest(challenge4: float, names: int, cuda: bool | None) -> dict:
             "config": cfg}
 
 
-def test_a_student_that_beats_the_shipped_model_ships_while_the_issue_targets_stay_open():
-    """The ship rule and the issue's targets are separate: better on every score, as fast and in budget ships; 45.0
-    BLEU and CUDA verify are what close the issue. Fails if a missed target blocks the ship or counts as met."""
+def test_a_student_that_beats_the_shipped_model_ships_while_a_recipe_goal_is_missed():
+    """The ship rule and the recipe's goals are separate: better on every score, as fast and in budget ships; 45.0
+    BLEU and CUDA verify are goals. Fails if a missed goal blocks the ship or counts as met."""
     shipped = {"metrics": {"evaluation": {"tatoeba_challenge_beam4": {"bleu": 43.66}, "test_split_beam4": {"bleu_multi_ref": 56.27},
                                           "tatoeba_challenge_greedy": {"bleu": 42.81}, "test_split_greedy": {"bleu_multi_ref": 55.28}}}}
     bench = ({"file (fp32)": 2.0}, {"file (fp32)": 1.5})
-    results = lease.conditions(_manifest(44.33, 74, None), shipped, bench, 39 * 2**20)
-    ship = [ok for kind, _, ok, _ in results if kind == lease.SHIP]
-    targets = {what: ok for kind, what, ok, _ in results if kind == lease.TARGET}
+    results = student_gpu.conditions(_manifest(44.33, 74, None), shipped, bench, 39 * 2**20)
+    ship = [ok for kind, _, ok, _ in results if kind == student_gpu.SHIP]
+    targets = {what: ok for kind, what, ok, _ in results if kind == student_gpu.TARGET}
     assert ship and all(ship)
     assert targets["Tatoeba Challenge BLEU, beam 4, at least 45.0"] is False
     assert targets["tk verify passes (onnxruntime/cuda)"] is False
     assert targets["unseen names copied verbatim: at least 90%"] is True
     # Slower on one row, or lower on the Challenge set: no ship.
-    slower = lease.conditions(_manifest(44.33, 74, None), shipped, ({"file (fp32)": 1.0}, {"file (fp32)": 1.5}), 39 * 2**20)
-    assert not all(ok for kind, _, ok, _ in slower if kind == lease.SHIP)
-    worse = lease.conditions(_manifest(43.0, 74, None), shipped, bench, 39 * 2**20)
-    assert not all(ok for kind, _, ok, _ in worse if kind == lease.SHIP)
+    slower = student_gpu.conditions(_manifest(44.33, 74, None), shipped, ({"file (fp32)": 1.0}, {"file (fp32)": 1.5}), 39 * 2**20)
+    assert not all(ok for kind, _, ok, _ in slower if kind == student_gpu.SHIP)
+    worse = student_gpu.conditions(_manifest(43.0, 74, None), shipped, bench, 39 * 2**20)
+    assert not all(ok for kind, _, ok, _ in worse if kind == student_gpu.SHIP)

@@ -1,29 +1,34 @@
-"""The student's GPU lease (issues 41 and 51): two device calls within one 15-minute budget, the decision on the CPU.
+"""The student recipe on a rented GPU in two timed steps, resumable, and the decision to ship it, on the CPU.
 
-    python3 tools/lease.py STAGE [options]
+    python3 tools/student_gpu.py STAGE [options]
 
-Before the lease, here (CPU, no device time):
-  prepare [--epochs K]    the corpus and the Challenge set into runs/lease-data, the first K epochs' examples tokenized
-                          into runs/student51/epochs (the run reads them instead of making them), and the carry checked
-                          against what a device call takes
-  plan                    the schedule (machine start + each call's minutes, checked against the budget) and the two
-                          `run` calls: command, carry, timeout_s
+A GPU rented by the minute, with a time limit per command and a limit on what goes to and comes back from the machine
+(the limits below: 15 minutes in all, 10 a command, 64 MiB sent, 8 files of 16 MiB back), trains the student
+(`tk train transformer --preset student`, docs/models.md#the-student-recipe) in about 5 minutes where the CPU needs
+days. Set the limits to your provider's; every step can be rerun, and an interrupted run resumes on any machine.
 
-On the lent GPU, one line per device call, back to back (a warm machine goes back 30 s after a call returns):
+Before renting, here (CPU, no GPU time):
+  prepare [--epochs K]    the corpus and the Challenge set into runs/student-data, the first K epochs' examples tokenized
+                          into runs/student/epochs (the run reads them instead of making them), and what is sent
+                          checked against what one command takes
+  plan                    the schedule (machine start + each step's minutes, checked against the rental) and the two
+                          commands to run on the GPU machine: command line, paths to send, time limit
+
+On the GPU machine, one command per step, back to back (a machine left idle is handed back after 30 s):
   call1                   check the machine, then train for at most FINISH minutes (resumable, checkpointed each epoch;
                           `finish_minutes` ends the run averaged and evaluated in time, fewer epochs if it must), and
-                          pack under $OUT what the next session needs: the finished run's slim checkpoint (2 parts), or
-                          if training did not finish, a compact resume state (4 parts)
-  call2                   train on if call 1 did not finish, then the slim checkpoint, `tk export`, `tk verify` on CPU
+                          pack under $OUT (the folder that comes back) what a later step needs: the finished run's slim
+                          checkpoint (2 parts), or if training did not finish, a compact resume state (4 parts)
+  call2                   train on if step 1 did not finish, then the slim checkpoint, `tk export`, `tk verify` on CPU
                           and `--provider cuda` (recorded), and the export packed under $OUT
 
-After the lease, here (CPU): unpack, export (when only call 1 came back), evaluate, bench, decide, ship;
+Back here (CPU): unpack, export (when only step 1's files came back), evaluate, bench, decide, ship;
 train [--device cpu] resumes a compact resume state anywhere.
 
-The ship rule (issue 51): the student beats the shipped Transformer on the Tatoeba Challenge set and on the held-out
-split (beam 4; greedy not lower), decodes on CPU at least as fast (every `tk bench --text` row of tk's fp32 API),
-passes `tk verify` on CPU and keeps exported/ within its 40 MiB budget. The issue's targets, printed beside it: at
-least 45.0 BLEU on the Challenge set (beam 4), at most 10M parameters, 9 in 10 unseen names copied verbatim, and
+The ship rule: the student replaces the shipped Transformer only if it beats it on the Tatoeba Challenge set and on
+the held-out split (beam 4; greedy not lower), decodes on CPU at least as fast (every `tk bench --text` row of tk's
+fp32 API), passes `tk verify` on CPU and keeps exported/ within its 40 MiB budget. The recipe's goals, printed beside
+it: at least 45.0 BLEU on the Challenge set (beam 4), at most 10M parameters, 9 in 10 unseen names copied verbatim, and
 `tk verify --provider cuda` passing.
 """
 
@@ -46,8 +51,8 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-RUN = Path("runs/student51")
-DATA = Path("runs/lease-data")  # carried to the lent machine
+RUN = Path("runs/student")
+DATA = Path("runs/student-data")  # sent to the GPU machine with step 1
 SHIPPED = Path("exported/transformer")
 TOKENIZER = SHIPPED / "tokenizer.model"  # the shipped 6,000-piece vocabulary, shared with the GRU
 NAMES = Path("docs/names-test.tsv")
@@ -69,28 +74,30 @@ MIN_CHALLENGE_BLEU = 45.0
 MIN_NAMES_SHARE = 0.9
 BENCH_LINES = 2000
 
-# ---- the plan: what the device tool allows, and each call's minutes --------------------------------------------------
+# ---- the plan: the rented GPU's limits, and each step's minutes -------------------------------------------------------
 
-BUDGET_MIN = 15.0  # device time per task: starts, calls, idle waits, give-back
-LEASE_MAX_MIN = 12.0  # this plan's ceiling, start included, leaving 3 minutes of the budget unspent
-CALL_MAX_MIN = 10.0  # one command's limit
-NO_START_BELOW_MIN = 4.0  # no machine starts with less left
-START_MIN = 3.0  # a fresh machine: "a minute or more" to start, then the ~45 MiB working tree and carry copied in
-WARM_GAP_MIN = 0.5  # between the calls the machine waits at most 30 s; call 2 must follow at once
-CARRY_LIMIT = 64 * 2**20  # the working tree and carried paths, per call
-RETURN_LIMIT = (8, 16 * 2**20, 64 * 2**20)  # files back from $OUT: count, each, together
+BUDGET_MIN = 15.0  # the rental's GPU time in all: the machine's start, the commands, the idle waits
+PLAN_MAX_MIN = 12.0  # this plan's ceiling, start included, leaving 3 minutes of the rental unspent
+CALL_MAX_MIN = 10.0  # the longest one command may run on the machine
+NO_START_BELOW_MIN = 4.0  # no machine is started with less time than this left
+START_MIN = 3.0  # a fresh machine: a minute or more to start, then the ~45 MiB working tree and the data copied in
+WARM_GAP_MIN = 0.5  # a machine left idle is handed back after 30 s: step 2 must follow step 1 at once
+CARRY_LIMIT = 64 * 2**20  # what one command takes with it: the working tree and the paths sent
+RETURN_LIMIT = (8, 16 * 2**20, 64 * 2**20)  # what comes back from $OUT: files, bytes each, bytes together
 
 # Batches of 24,000 padded tokens (4x the recipe's 6,000; 159 steps an epoch instead of 582, counted on this data) at
 # the recipe's rate scaled by the square-root rule (peak 2e-3, warm-up 500 steps: toolkit.pytorch.train.batch_recipe),
 # bf16 autocast (the recipe's on CUDA), eager (see below), six processes making the epochs
 # that were not prepared here.
-# Eager, not compiled: on the first lease (2026-11-26, H100) compiling cost 190 of the 256 s of training (a recompile
+# Eager, not compiled: on the first try (2026-11-26, H100) compiling cost 190 of the 256 s of training (a recompile
 # per padded length pair, ~30 s each) and the run ended after 13 of 32 epochs; eager trained all 32 in 247 s
-# (~7.5 s an epoch). LEASE_COMPILE=true brings the compiled step back.
-LEASE_SETTINGS = {"batch_tokens": 24000, "compile": os.environ.get("LEASE_COMPILE", "false"), "data_workers": 6}
+# (~7.5 s an epoch). STUDENT_COMPILE=true brings the compiled step back.
+GPU_SETTINGS = {"batch_tokens": 24000, "compile": os.environ.get("STUDENT_COMPILE", "false"), "data_workers": 6}
 
 
 class Call(NamedTuple):
+    """One step: a command run on the GPU machine, its parts timed."""
+
     name: str
     steps: tuple[tuple[str, float], ...]  # (what, minutes), in order
 
@@ -126,29 +133,29 @@ CALL2 = Call("call2", (
 
 
 def schedule(calls: tuple[Call, ...] = (CALL1, CALL2)) -> dict:
-    """The lease's minutes by construction: one machine start, the calls back to back on the warm machine."""
+    """The rental's minutes by construction: one machine start, the steps back to back on the same machine."""
     total = START_MIN + sum(c.minutes for c in calls) + WARM_GAP_MIN * (len(calls) - 1)
     after_first = START_MIN + calls[0].minutes + WARM_GAP_MIN
     return {"start_min": START_MIN, "calls": {c.name: {"minutes": c.minutes, "timeout_s": c.timeout_s} for c in calls},
-            "gap_min": WARM_GAP_MIN, "total_min": round(total, 2), "budget_min": BUDGET_MIN, "ceiling_min": LEASE_MAX_MIN,
+            "gap_min": WARM_GAP_MIN, "total_min": round(total, 2), "budget_min": BUDGET_MIN, "ceiling_min": PLAN_MAX_MIN,
             "left_after_call1_min": round(BUDGET_MIN - after_first, 2),
-            "fits": total <= LEASE_MAX_MIN and all(c.minutes <= CALL_MAX_MIN for c in calls)}
+            "fits": total <= PLAN_MAX_MIN and all(c.minutes <= CALL_MAX_MIN for c in calls)}
 
 
 def train_args(minutes: float, device: str = "cuda", extra: tuple[str, ...] = ()) -> list[str]:
-    """`tk train` for the lease: the student recipe, the lease's settings, a time box of `minutes` (finish_minutes ends
+    """`tk train` on the GPU: the student recipe, the fast settings above, a time box of `minutes` (finish_minutes ends
     the run in time; --max-minutes stops it with a checkpoint should the box be overrun)."""
-    sets = [x for k, v in {**LEASE_SETTINGS, "finish_minutes": minutes}.items() for x in ("--set", f"{k}={v}")]
+    sets = [x for k, v in {**GPU_SETTINGS, "finish_minutes": minutes}.items() for x in ("--set", f"{k}={v}")]
     return ["train", "transformer", "--preset", "student", "--out", str(RUN), "--data", str(DATA / CORPUS),
             "--exclude", str(DATA / CHALLENGE), "--tokenizer", str(TOKENIZER), "--device", device,
             "--max-minutes", str(minutes), *sets, *extra]
 
 
 def run_calls() -> list[dict]:
-    """The two `run` tool calls: command (under 2,000 characters), carry, timeout_s. Call 2 carries nothing: a carried
-    runs/ path would replace the run that call 1 left on the warm machine."""
+    """The two commands to run on the GPU machine: the command line, the paths to send with it (carry), its time limit
+    (timeout_s). Step 2 sends nothing: a runs/ path sent again would replace the run that step 1 left on the machine."""
     def command(stage: str) -> str:
-        return f"set -o pipefail; export PYTHONUNBUFFERED=1; python3 tools/lease.py {stage} 2>&1 | tee $OUT/{stage}.log"
+        return f"set -o pipefail; export PYTHONUNBUFFERED=1; python3 tools/student_gpu.py {stage} 2>&1 | tee $OUT/{stage}.log"
 
     resume = [str(RUN / "checkpoint.pt")] if (REPO / RUN / "checkpoint.pt").is_file() else []  # a state unpacked to go on
     return [{"command": command("call1"), "carry": [str(DATA), str(RUN / "epochs"), *resume], "timeout_s": CALL1.timeout_s},
@@ -183,7 +190,7 @@ def exported_bytes_with(model_dir: Path) -> int:
 
 
 def working_tree_bytes() -> int:
-    """What every device call sends before its carry: tracked files and untracked files git does not ignore."""
+    """What every command sends before the paths it carries: tracked files and untracked files git does not ignore."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True).stdout.split(b"\0")
     return sum((REPO / os.fsdecode(p)).stat().st_size for p in listed if p and (REPO / os.fsdecode(p)).is_file())
@@ -192,13 +199,13 @@ def working_tree_bytes() -> int:
 def carry_fits(tree: int, carried: int) -> tuple[bool, str]:
     total = tree + carried
     return total <= CARRY_LIMIT, (f"working tree {tree / 2**20:.1f} MiB + carry {carried / 2**20:.1f} MiB = "
-                                  f"{total / 2**20:.1f} MiB of the {CARRY_LIMIT // 2**20} MiB a call takes")
+                                  f"{total / 2**20:.1f} MiB of the {CARRY_LIMIT // 2**20} MiB a command takes")
 
 
-# ---- before the lease (CPU) ------------------------------------------------------------------------------------------
+# ---- before renting (CPU) --------------------------------------------------------------------------------------------
 
 def shared_data(name: str) -> Path | None:
-    """runs/lease-data/NAME, else ../shared/data/NAME beside the clone."""
+    """runs/student-data/NAME, else ../shared/data/NAME beside the clone."""
     return next((p for p in (REPO / DATA / name, REPO.parent / "shared" / "data" / name) if p.is_file()), None)
 
 
@@ -211,9 +218,9 @@ def stage_prepare(args) -> None:
         source = REPO.parent / "shared" / "data" / name
         if not (REPO / DATA / name).is_file():
             if not source.is_file():
-                sys.exit(f"lease prepare: no {name} in {DATA} or ../shared/data; copy it into {DATA}")
+                sys.exit(f"student_gpu prepare: no {name} in {DATA} or ../shared/data; copy it into {DATA}")
             shutil.copyfile(source, REPO / DATA / name)
-    sets = {**LEASE_SETTINGS, "finish_minutes": CALL1.step("train"), "data_workers": 2}  # two cores here
+    sets = {**GPU_SETTINGS, "finish_minutes": CALL1.step("train"), "data_workers": 2}  # two cores here
     opts = TrainOptions(model="transformer", out=REPO / RUN, data=str(REPO / DATA / CORPUS), exclude=str(REPO / DATA / CHALLENGE),
                         preset="student", tokenizer=str(REPO / TOKENIZER), overrides={k: str(v) for k, v in sets.items()})
     started = time.time()
@@ -223,20 +230,20 @@ def stage_prepare(args) -> None:
     ok, line = carry_fits(working_tree_bytes(), carried)
     print(f"{len(paths)} epochs prepared in {time.time() - started:.0f} s ({sum(p.stat().st_size for p in paths) / 2**20:.1f} MiB); {line}")
     if not ok:
-        sys.exit(f"lease prepare: the carry does not fit; prepare fewer epochs (--epochs {max(args.epochs - 2, 1)})")
+        sys.exit(f"student_gpu prepare: what step 1 sends does not fit; prepare fewer epochs (--epochs {max(args.epochs - 2, 1)})")
 
 
 def stage_plan(_args) -> None:
     plan = schedule()
     for call in (CALL1, CALL2):
         print(f"{call.name}: {call.minutes} min (timeout_s {call.timeout_s}): " + ", ".join(f"{w} {m}" for w, m in call.steps))
-    print(f"lease: start {plan['start_min']} + call1 {plan['calls']['call1']['minutes']} + wait {plan['gap_min']} + call2 "
+    print(f"plan: start {plan['start_min']} + call1 {plan['calls']['call1']['minutes']} + wait {plan['gap_min']} + call2 "
           f"{plan['calls']['call2']['minutes']} = {plan['total_min']} min of {plan['budget_min']} (ceiling {plan['ceiling_min']}); "
           f"{plan['left_after_call1_min']} min left after call 1")
     for i, call in enumerate(run_calls(), 1):
         print(f"run {i}: " + json.dumps(call))
     if not plan["fits"]:
-        sys.exit("lease plan: over budget")
+        sys.exit("student_gpu plan: over the rental's minutes")
 
 
 # ---- on the GPU ------------------------------------------------------------------------------------------------------
@@ -245,14 +252,14 @@ def tk(*args, check: bool = True) -> int:
     print("$ tk " + " ".join(map(str, args)), flush=True)
     done = subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], cwd=REPO)
     if check and done.returncode:
-        sys.exit(f"lease: `tk {args[0]}` failed (exit {done.returncode})")
+        sys.exit(f"student_gpu: `tk {args[0]}` failed (exit {done.returncode})")
     return done.returncode
 
 
 def link_models() -> str | None:
-    """toolkit.models importable, or the reason it is not. Not installed (the lent machine: nothing can be fetched
-    there, and nothing needs to be), a link does what an install's mapping of models/ does. Each call makes it: the
-    working tree copied in for a later call drops the link an earlier call made (the first lease's call 2 failed so)."""
+    """toolkit.models importable, or the reason it is not. Where tk is not installed (a GPU machine without network:
+    nothing can be fetched there, and nothing needs to be), a link does what an install's mapping of models/ does. Each
+    step makes it: a working tree copied in afresh for a later step lacks the link an earlier step made."""
     try:
         import toolkit.models.transformer  # noqa: F401
         return None
@@ -270,7 +277,7 @@ def link_models() -> str | None:
 
 
 def stage_env(_args=None) -> None:
-    """What the machine has; stops the call before any training if something the lease needs is missing."""
+    """What the machine has; stops the step before any training if something it needs is missing."""
     problems = []
     try:
         import torch
@@ -301,12 +308,12 @@ def stage_env(_args=None) -> None:
         problems.append(problem)
     for name in (CORPUS, CHALLENGE):
         if not (REPO / DATA / name).is_file():
-            problems.append(f"no {DATA / name} (run `tools/lease.py prepare` here and carry {DATA})")
+            problems.append(f"no {DATA / name} (run `tools/student_gpu.py prepare` here and send {DATA})")
     prepared = sorted((REPO / RUN / "epochs").glob("epoch-*.npz.xz"))
-    print(f"{len(prepared)} prepared epochs in {RUN / 'epochs'}; the rest are made by {LEASE_SETTINGS['data_workers']} processes")
+    print(f"{len(prepared)} prepared epochs in {RUN / 'epochs'}; the rest are made by {GPU_SETTINGS['data_workers']} processes")
     if problems:
-        sys.exit("lease env: " + "; ".join(problems))
-    print("lease env: ready")
+        sys.exit("student_gpu env: " + "; ".join(problems))
+    print("student_gpu env: ready")
 
 
 def progress(run: Path | None = None) -> dict | None:
@@ -331,7 +338,7 @@ def stage_train(args) -> dict | None:
     code = tk(*train_args(args.minutes, args.device, tuple(getattr(args, "extra", ()))), *(["--resume"] if state else []), check=False)
     state = progress()
     if state is None:
-        sys.exit(f"lease train: no checkpoint in {RUN} after `tk train` (exit {code})")
+        sys.exit(f"student_gpu train: no checkpoint in {RUN} after `tk train` (exit {code})")
     if state["finished"]:
         cut = f", ended at epoch {state['cut']['to']} of {state['cut']['from']} to finish in time" if state["cut"] else ""
         print(f"training: done ({state['epoch']} epochs, {state['elapsed_s']} s of training{cut})")
@@ -352,7 +359,7 @@ def write_slim(source: Path, out: Path) -> dict:
 
 
 def write_resume_state(source: Path, out: Path) -> None:
-    """An unfinished run's checkpoint small enough to come back through one call (64 MiB): the weights in float32, Adam's
+    """An unfinished run's checkpoint small enough to come back from one command (64 MiB): the weights in float32, Adam's
     moments in bfloat16 (its state_dict load casts them back to float32; a relative error of 2^-8 in each moment),
     the progress and RNG. The kept epoch weights stay behind: a resumed run averages the epochs it trains from here."""
     import torch
@@ -370,18 +377,18 @@ def pack_run(out: Path, finished: bool) -> dict:
     """The slim checkpoint (finished), else the compact resume state, in parts under `out`."""
     if finished:
         write_slim(REPO / RUN / "checkpoint.pt", REPO / slim_path())
-        files, name = [slim_path(), RUN / "history.json"], "student51-slim"
+        files, name = [slim_path(), RUN / "history.json"], "student-slim"
     else:
         resume = RUN / "resume" / "checkpoint.pt"
         (REPO / resume).parent.mkdir(parents=True, exist_ok=True)
         write_resume_state(REPO / RUN / "checkpoint.pt", REPO / resume)
-        files, name = [resume, RUN / "history.json"], "student51-resume"
+        files, name = [resume, RUN / "history.json"], "student-resume"
     return pack_files([f for f in files if (REPO / f).is_file()], out, name)
 
 
 def stage_call1(args) -> None:
     stage_env()
-    minutes = float(os.environ.get("LEASE_TRAIN_MIN", CALL1.step("train")))  # a shorter or longer box for a lease's leftover
+    minutes = float(os.environ.get("STUDENT_TRAIN_MIN", CALL1.step("train")))  # a shorter or longer box for a rental's leftover
     state = stage_train(argparse.Namespace(minutes=minutes, device="cuda"))
     index = pack_run(Path(args.out), state["finished"])
     print(f"call1: {index['name']} packed ({index['bytes'] / 2**20:.1f} MiB, {len(index['parts'])} parts); "
@@ -391,19 +398,20 @@ def stage_call1(args) -> None:
 def stage_call2(args) -> None:
     problem = link_models()
     if problem:
-        sys.exit(f"lease call2: {problem}")
+        sys.exit(f"student_gpu call2: {problem}")
     state = progress()
     if state is None:
-        sys.exit(f"lease call2: no run in {RUN}: this machine is not call 1's (it went back); finish on the CPU from call 1's "
-                 "files instead: `tools/lease.py unpack DIR` then `tools/lease.py export`")
+        sys.exit(f"student_gpu call2: no run in {RUN}: this machine is not step 1's (it was handed back); finish on the CPU "
+                 "from step 1's files instead: `tools/student_gpu.py unpack DIR` then `tools/student_gpu.py export`")
     if not state["finished"]:
         stage_env()
         state = stage_train(argparse.Namespace(minutes=CALL2.step("train"), device="cuda"))
         if not state["finished"]:
             index = pack_run(Path(args.out), finished=False)
-            sys.exit(f"lease call2: training is not done; {index['name']} packed under $OUT for the next lease")
+            sys.exit(f"student_gpu call2: training is not done; {index['name']} packed under $OUT: unpack it and resume "
+                     "(train --device cpu here, or call1 on a GPU)")
     finish()
-    index = pack_files([p.relative_to(REPO) for p in (REPO / export_dir()).rglob("*") if p.is_file()], Path(args.out), "student51-export")
+    index = pack_files([p.relative_to(REPO) for p in (REPO / export_dir()).rglob("*") if p.is_file()], Path(args.out), "student-export")
     print(f"call2: {index['name']} packed ({index['bytes'] / 2**20:.1f} MiB, {len(index['parts'])} parts)")
 
 
@@ -414,12 +422,12 @@ def finish() -> None:
     tk("export", slim_path(), "--out", export_dir(), "--force")
     tk("verify", export_dir(), "--data", DATA / CORPUS, "--record")
     if tk("verify", export_dir(), "--data", DATA / CORPUS, "--provider", "cuda", "--record", check=False):
-        print("lease: `tk verify --provider cuda` did not pass or could not run (see above); decide will say so")
+        print("student_gpu: `tk verify --provider cuda` did not pass or could not run (see above); decide will say so")
     print(f"export: {export_dir()}, {tree_bytes(REPO / export_dir()):,} bytes; exported/ with it: {exported_bytes_with(REPO / export_dir()):,} "
           f"(budget {SIZE_BUDGET:,})")
 
 
-# ---- moving files through the device tool ----------------------------------------------------------------------------
+# ---- moving files to and from the GPU machine: parts small enough to come back, each with its sha256 ---------------
 
 def _tar(paths: list[Path], tar_path: Path) -> None:
     """A tar of `paths` whose bytes depend on their content only (names, sizes, data)."""
@@ -467,7 +475,7 @@ def pack_files(files: list[Path], out: Path, name: str) -> dict:
         os.chdir(cwd)
     count, _, together = RETURN_LIMIT
     if len(index["parts"]) + 2 > count or index["bytes"] > together - 2**20:
-        print(f"lease: warning: {name} is {index['bytes'] / 2**20:.1f} MiB in {len(index['parts'])} parts, more than one call returns")
+        print(f"student_gpu: warning: {name} is {index['bytes'] / 2**20:.1f} MiB in {len(index['parts'])} parts, more than one command returns")
     return index
 
 
@@ -478,10 +486,10 @@ def unpack(directory: Path, dest: Path, name: str) -> list[str]:
     for part in index["parts"]:
         chunk = (directory / part["file"]).read_bytes()
         if hashlib.sha256(chunk).hexdigest() != part["sha256"]:
-            raise SystemExit(f"lease unpack: {part['file']} is not the part that was packed (sha256 differs)")
+            raise SystemExit(f"student_gpu unpack: {part['file']} is not the part that was packed (sha256 differs)")
         whole += chunk
     if hashlib.sha256(whole).hexdigest() != index["sha256"]:
-        raise SystemExit(f"lease unpack: the joined {name} differs from what was packed")
+        raise SystemExit(f"student_gpu unpack: the joined {name} differs from what was packed")
     tar_path = dest / f".{name}.tar"
     dest.mkdir(parents=True, exist_ok=True)
     tar_path.write_bytes(bytes(whole))
@@ -495,10 +503,10 @@ def unpack(directory: Path, dest: Path, name: str) -> list[str]:
 
 
 def stage_unpack(args) -> None:
-    """Call 1's or call 2's files into the run; a resume state becomes the run's checkpoint (the one there, if any,
+    """Step 1's or step 2's files into the run; a resume state becomes the run's checkpoint (the one there, if any,
     is kept beside it)."""
     directory = Path(args.dir)
-    for index in sorted(directory.glob("student51-*.json")):
+    for index in sorted(directory.glob("student-*.json")):
         names = unpack(directory, REPO, index.stem)
         print(f"{index.stem}: {len(names)} files under {RUN}")
     resume = REPO / RUN / "resume" / "checkpoint.pt"
@@ -507,15 +515,15 @@ def stage_unpack(args) -> None:
         if current.is_file():
             os.replace(current, current.with_name(f"checkpoint-before-{time.strftime('%Y%m%d-%H%M%S')}.pt"))
         os.replace(resume, current)
-        print(f"the resume state is {current}: `tools/lease.py train --device cpu` (or a lease's call1) continues it")
+        print(f"the resume state is {current}: `tools/student_gpu.py train --device cpu` (or call1 on a GPU) continues it")
 
 
-# ---- after the lease (CPU) -------------------------------------------------------------------------------------------
+# ---- back from the GPU (CPU) -----------------------------------------------------------------------------------------
 
 def stage_export(_args) -> None:
-    """What call 2 would have done, on the CPU, from call 1's slim checkpoint (all but `--provider cuda`)."""
+    """What step 2 would have done, on the CPU, from step 1's slim checkpoint (all but `--provider cuda`)."""
     if not (REPO / slim_path()).is_file():
-        sys.exit(f"lease export: no {slim_path()}; unpack call 1's files first")
+        sys.exit(f"student_gpu export: no {slim_path()}; unpack step 1's files first")
     tk("export", slim_path(), "--out", export_dir(), "--force")
     tk("verify", export_dir(), "--data", shared_data(CORPUS) or DATA / CORPUS, "--record")
 
@@ -523,7 +531,7 @@ def stage_export(_args) -> None:
 def challenge() -> Path:
     path = shared_data(CHALLENGE)
     if path is None:
-        sys.exit(f"lease: no {CHALLENGE} in {DATA} or ../shared/data")
+        sys.exit(f"student_gpu: no {CHALLENGE} in {DATA} or ../shared/data")
     return path
 
 
@@ -556,18 +564,17 @@ def bench_seconds(label: str) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
-SHIP, TARGET = "ship rule", "issue target"
+SHIP, TARGET = "ship rule", "recipe goal"
 
 
 def conditions(student: dict, shipped: dict, bench: tuple[dict, dict] | None, exported_bytes: int) -> list[tuple[str, str, bool, str]]:
     """(kind, condition, met, the figures) for each condition; `student`/`shipped`: manifest.json contents; `bench`:
     (shipped, student) seconds per bench row; `exported_bytes`: exported/ with the student in it.
 
-    Two kinds, as issue 51 separates them. SHIP, the decision rule: the student replaces the shipped model only if it
-    beats it on the Challenge set and the held-out split (beam 4; greedy not lower), decodes on CPU at least as fast,
-    passes `tk verify` on CPU and keeps exported/ in its budget: a user is then better off. TARGET, what closes the
-    issue: 45.0 BLEU, at most 10M parameters, 9 in 10 names, `tk verify --provider cuda`; a student can ship and the
-    issue stay open."""
+    Two kinds. SHIP, the decision rule: the student replaces the shipped model only if it beats it on the Challenge set
+    and the held-out split (beam 4; greedy not lower), decodes on CPU at least as fast, passes `tk verify` on CPU and
+    keeps exported/ in its budget: a user is then better off. TARGET, the recipe's goals: 45.0 BLEU, at most 10M
+    parameters, 9 in 10 names, `tk verify --provider cuda`; a student can ship while a goal is still missed."""
     out = []
     ev_s, ev_0 = student.get("metrics", {}).get("evaluation", {}), shipped.get("metrics", {}).get("evaluation", {})
 
@@ -616,7 +623,7 @@ def stage_decide(_args) -> bool:
     ship = all(ok for kind, _, ok, _ in results if kind == SHIP)
     done = all(ok for _, _, ok, _ in results)
     print("decision: " + ("SHIP the student as exported/transformer" if ship else "do not ship; the shipped model stays")
-          + ("; every issue target met" if done else "; issue targets not all met (see FAIL [issue target])"))
+          + ("; every recipe goal met" if done else "; recipe goals not all met (see FAIL [recipe goal])"))
     return ship
 
 
@@ -642,7 +649,7 @@ def main() -> None:
     sub.add_parser("env")
     for name in ("call1", "call2"):
         p = sub.add_parser(name)
-        p.add_argument("--out", default=os.environ.get("OUT", "runs/student51-out"), help="where the packed files go [$OUT]")
+        p.add_argument("--out", default=os.environ.get("OUT", "runs/student-out"), help="where the packed files go [$OUT]")
     p = sub.add_parser("train")
     p.add_argument("--minutes", type=float, default=CALL1.step("train"))
     p.add_argument("--device", default="cuda")
