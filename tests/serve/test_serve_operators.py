@@ -129,3 +129,20 @@ def test_a_subtitle_file_goes_through_the_served_model_with_a_key(english_french
         got = client.get(url[url.index("/download_file"):]).text
         assert got == srt.replace("I'm home.", FRENCH[0]).replace("Where is the station?", FRENCH[1])
         assert client.get("/frontend/settings").json()["supportedFilesFormat"] == [".txt", ".html", ".htm", ".docx", ".srt"]
+
+
+NPM_CLIENT = REPO / "tests" / "serve" / "npm"
+
+
+def test_the_npm_libretranslate_client_with_its_default_source_auto_and_its_key_gets_the_translation(english_french, gru):
+    import json
+    import os
+    import subprocess
+
+    assert (NPM_CLIENT / "node_modules" / "libretranslate").is_dir(), "run: npm ci --prefix tests/serve/npm"
+    with two_sources(english_french, gru, api_keys=parse_keys(KEYS)) as client:
+        wait_ready(client)
+        run = subprocess.run(["node", str(NPM_CLIENT / "translate.mjs"), str(client.base_url), "-", "fr", *TEXTS[:2]],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "API_KEY": "batch-key-22"})
+        assert run.returncode == 0, run.stderr
+        assert [json.loads(line) for line in run.stdout.splitlines()] == english_french[1].translate(TEXTS[:2])

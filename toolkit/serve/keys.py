@@ -128,11 +128,12 @@ class ApiKeys:
 
 
 def request_key(fields: dict, headers) -> str | None:
-    """A request's API key: `api_key` in its JSON, form or query fields (LibreTranslate's clients), else an
-    `Authorization: Bearer KEY` header."""
-    key = fields.get("api_key")
-    if isinstance(key, str) and key:
-        return key
+    """A request's API key: `api_key` in its JSON, form or query fields (LibreTranslate's clients; the npm client names it
+    `apiKey`), else an `Authorization: Bearer KEY` header."""
+    for name in ("api_key", "apiKey"):
+        key = fields.get(name)
+        if isinstance(key, str) and key:
+            return key
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
