@@ -211,7 +211,7 @@ def test_the_cuda_problem_is_named(monkeypatch):
     from toolkit.runtimes.onnxruntime import cuda
 
     monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    assert "build without the CUDA provider" in runtime.cuda_problem() and ".[cuda]" in runtime.cuda_problem()
+    assert "build without the CUDA provider" in runtime.cuda_problem() and "tk-onnx-deploy[cuda]" in runtime.cuda_problem()
     monkeypatch.undo()
     monkeypatch.setattr(cuda, "no_nvidia_device", lambda: True)
     assert runtime.cuda_problem() == "no NVIDIA GPU or driver is visible (/dev/nvidiactl is missing)"
