@@ -91,7 +91,7 @@ def test_serve_calls_a_mistyped_pair_of_a_missing_directory_malformed_and_says_b
 
 
 def test_a_directory_whose_name_has_a_colon_still_serves(tmp_path):
-    from toolkit.cli.commands.serve import plan_models
+    from toolkit.serve.plan import plan_models
 
     model = _model_copy(tmp_path, "tk:model")
     (whole,) = plan_models((str(model),))

@@ -238,7 +238,7 @@ def test_sigterm_during_a_run_exits_130_with_one_line(ray_address, tmp_path):
 
 @pytest.mark.timeout(240)
 def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
-    """kill -9 skips every clean-up of the driver's own; the watcher (toolkit/corpus/reaper.py) ends what it started."""
+    """kill -9 skips every clean-up of the driver's own; the watcher (toolkit/core/reaper.py) ends what it started."""
     import subprocess
     import sys
     import time

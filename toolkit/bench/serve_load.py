@@ -2,12 +2,15 @@
 
 Each mode gets its own server process (same model, same options but --no-batching), warmed up,
 then `clients` clients each send single sentences back to back until the list is used up.
+`python -m toolkit.bench.serve_load --ray DIR` compares `tk serve` with `tk serve --ray` (1 and 2 replicas) the same way.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import math
 import re
 import signal
 import subprocess
@@ -47,8 +50,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_server(model_dir: Path, args: list[str]) -> tuple[subprocess.Popen, str]:
+    # stdout unread: tk serve writes nothing there, and with --ray, Ray's notices go there, not into the table.
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(model_dir), "--port", "0", *args],
-                            stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
         if found:
@@ -99,7 +103,10 @@ def batch_totals(url: str) -> tuple[float, float]:
     return samples["tk_batch_sentences_sum"], samples["tk_batch_sentences_count"]
 
 
-def measure(model_dir: Path, sentences: list[str], clients: int, beam: int, batching: bool, server_args: list[str]) -> LoadResult:
+def measure(model_dir: Path, sentences: list[str], clients: int, beam: int, batching: bool, server_args: list[str],
+            mode: str | None = None) -> LoadResult:
+    """One server's row; mode: its name in the table [default: by batching]. "mean batch" is NaN where the server's
+    /metrics counts no decodes (tk serve --ray's ingress: its replicas decode)."""
     args = [*server_args, "--queue-size", str(max(1024, 2 * clients))] + ([] if batching else ["--no-batching"])
     proc, url = start_server(model_dir, args)
     try:
@@ -114,9 +121,9 @@ def measure(model_dir: Path, sentences: list[str], clients: int, beam: int, batc
         done, decodes = batch_totals(url)
         latencies, errors, seconds = asyncio.run(drive(url, sentences, clients, beam))
         done_after, decodes_after = batch_totals(url)
-        return LoadResult("dynamic batching" if batching else "batching off", clients, len(sentences), errors, seconds,
+        return LoadResult(mode or ("dynamic batching" if batching else "batching off"), clients, len(sentences), errors, seconds,
                           1000 * percentile(latencies, 50), 1000 * percentile(latencies, 95), 1000 * percentile(latencies, 99),
-                          (done_after - done) / max(decodes_after - decodes, 1))
+                          (done_after - done) / (decodes_after - decodes) if decodes_after > decodes else math.nan)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -131,12 +138,57 @@ def bench_serve(model_dir: Path, sentences: list[str], clients: int = 32, beam: 
     return results
 
 
+def bench_serve_ray(model_dir: Path, sentences: list[str], clients: int = 32, beam: int = 1, server_args: list[str] | None = None,
+                    replicas: tuple[int, ...] = (1, 2), echo: Callable[[str], None] = lambda m: None) -> list[LoadResult]:
+    """tk serve on its own, then tk serve --ray (a local Ray) with each number of replicas: the same load on each."""
+    modes = [("tk serve", [])] + [(f"--ray, {n} replica{'s' * (n > 1)}", ["--ray", "--replicas", str(n)]) for n in replicas]
+    results = []
+    for mode, args in modes:
+        echo(f"{mode}: {clients} clients, {len(sentences)} sentences ...")
+        results.append(measure(model_dir, sentences, clients, beam, True, [*(server_args or []), *args], mode))
+    return results
+
+
 def table(results: list[LoadResult]) -> str:
-    head = f"{'server':<18} {'clients':>7} {'sentences':>9} {'errors':>6} {'sent/s':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'mean batch':>10}"
+    width = max(18, *(len(r.mode) for r in results))
+    head = (f"{'server':<{width}} {'clients':>7} {'sentences':>9} {'errors':>6} {'sent/s':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+            f"{'mean batch':>10}")
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(f"{r.mode:<18} {r.clients:>7} {r.sentences:>9} {r.errors:>6} {r.throughput:>8.1f} {r.p50_ms:>7.1f} "
-                     f"{r.p95_ms:>7.1f} {r.p99_ms:>7.1f} {r.mean_batch:>10.1f}")
-    if len(results) == 2 and results[1].throughput:
+        batch = f"{r.mean_batch:>10.1f}" if not math.isnan(r.mean_batch) else f"{'-':>10}"
+        lines.append(f"{r.mode:<{width}} {r.clients:>7} {r.sentences:>9} {r.errors:>6} {r.throughput:>8.1f} {r.p50_ms:>7.1f} "
+                     f"{r.p95_ms:>7.1f} {r.p99_ms:>7.1f} {batch}")
+    if [r.mode for r in results] == ["dynamic batching", "batching off"] and results[1].throughput:
         lines.append(f"throughput with dynamic batching: {results[0].throughput / results[1].throughput:.2f}x batching off")
+    elif len(results) > 1 and results[0].throughput:
+        lines += [f"throughput of {r.mode}: {r.throughput / results[0].throughput:.2f}x {results[0].mode}" for r in results[1:]]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m toolkit.bench.serve_load --ray DIR: tk serve against tk serve --ray with 1 and 2 replicas, on the test
+    split's sentences as tk bench --serve sends them."""
+    import os
+    import platform
+
+    from toolkit.core.data import describe, load_corpus, references
+
+    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.serve_load", description=main.__doc__)
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--ray", action="store_true", required=True, help="compare with tk serve --ray (the only comparison here)")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--sentences", type=int, default=1024)
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--data", help="fra-eng.zip or fra.txt [default: as tk bench]")
+    args = parser.parse_args(argv)
+    corpus = load_corpus(args.data, download=False)
+    print(describe(corpus), file=sys.stderr)
+    english, _ = references(corpus.splits["test"])
+    results = bench_serve_ray(args.model_dir, english[: args.sentences], args.clients, 1, [], tuple(args.replicas),
+                              echo=lambda m: print(m, file=sys.stderr))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

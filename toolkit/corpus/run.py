@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.core import signals
+from toolkit.core import reaper, signals
 from toolkit.core.atomic import write_atomic
 from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.errors import ToolkitError, UsageError
-from toolkit.corpus import reaper, shards
+from toolkit.corpus import shards
 from toolkit.corpus.merge import merge
 from toolkit.corpus.progress import Progress
 from toolkit.corpus.worker import CRASH_ENV, ShardTranslator

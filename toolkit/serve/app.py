@@ -159,11 +159,13 @@ class Routes:
     """The served models and the pair each request goes to: one batcher (and decoding worker) per model; a multilingual
     model's batcher serves every pair it translates, each request carrying the pair in the model's codes."""
 
-    def __init__(self, models: Sequence[ModelSpec], policy: BatchPolicy, metrics: Metrics, default: Pair | None = None):
+    def __init__(self, models: Sequence[ModelSpec], policy: BatchPolicy, metrics: Metrics, default: Pair | None = None,
+                 batchers: Sequence[Batcher] | None = None):
         if not models:
             raise UsageError("tk serve needs at least one model directory")
         textprep.split_sentences("Hello. Goodbye.")  # a missing sentence splitter is refused at start, not per request
-        self.batchers = [Batcher(m.load, policy, metrics) for m in models]
+        # batchers: one per model, in order, in place of local ones (tk serve --ray's, which send to the model's replicas)
+        self.batchers = list(batchers) if batchers is not None else [Batcher(m.load, policy, metrics) for m in models]
         self.models = list(models)
         self.by_pair: dict[Pair, Batcher] = {}
         self.codes: dict[Pair, Pair | None] = {}  # a pair -> the model's codes for it (None: a model of one pair)
@@ -304,13 +306,16 @@ class StrictJSONRoute(APIRoute):
 
 
 # Over 60 lines: FastAPI routes are closures over this app's batchers, limits and metrics, declared inside the factory.
-def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], config: ServeConfig | None = None) -> FastAPI:
+def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], config: ServeConfig | None = None,
+               batchers: Sequence[Batcher] | None = None) -> FastAPI:
     """The server's ASGI app. `models`: one ModelSpec per served model, or one load function (use translate.open_model)
-    for a single English-French model; each model is loaded on its own decoding worker, all at the same time."""
+    for a single English-French model; each model is loaded on its own decoding worker, all at the same time.
+    batchers: one per model in place of the local ones, anything with Batcher's translate, start, close, healthy,
+    not_ready_reason, depth and policy (tk serve --ray's RemoteBatcher)."""
     config = config or ServeConfig()
     metrics = Metrics()
     specs = [ModelSpec(models, description=config.description)] if callable(models) else list(models)
-    routes = Routes(specs, config.policy, metrics, config.default_pair)
+    routes = Routes(specs, config.policy, metrics, config.default_pair, batchers)
     batcher = routes.batchers[0]
     # Server-wide gauges over every model: the queue holds all their sentences; ready once every model is.
     metrics.queue_depth.set_function(lambda: sum(b.depth for b in routes.batchers))

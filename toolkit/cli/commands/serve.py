@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -65,9 +64,17 @@ HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
               help="Answer translation and detection requests only with a key of FILE (one per line, optionally followed by its "
                    "requests per minute and characters per request), sent as api_key or Authorization: Bearer: 403 without one, "
                    "429 with Retry-After over its rate.")
+@click.option("--ray", "on_ray", is_flag=True,
+              help="Serve on Ray Serve, beyond one machine: each model a deployment of --replicas replicas, each batching across "
+                   "requests with --threads CPUs [default: 1], on a local Ray or the cluster at --ray-address; HTTP on its head node "
+                   "at --host:--port; SIGHUP redeploys the models (a rolling update). Needs the serve and ray extras.")
+@click.option("--ray-address", metavar="ADDR", help="With --ray: join the Ray cluster at ADDR (HEAD:PORT, auto, or ray://HEAD:10001) "
+                                                    "instead of starting a local Ray; every DIR must be at the same path on its nodes.")
+@click.option("--replicas", metavar="N|MIN:MAX",
+              help="With --ray: replicas per model, N, or autoscaled between MIN and MAX on the requests waiting on them [default: 1].")
 def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
           queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, header_timeout_s, allow_hosts, languages,
-          api_keys=None):
+          api_keys=None, on_ray=False, ray_address=None, replicas=None):
     """Serve translations over HTTP: POST /v1/translate, LibreTranslate's API (POST /translate, GET /languages),
     a web page at /, /health, /ready, /metrics.
 
@@ -97,14 +104,32 @@ def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms,
         from toolkit.core.shipped import default_model
 
         models = (str(default_model()),)
-    specs, default = served_models(models, provider, variant, threads, runtime, languages, no_batching)
+    on_ray = ray_plan(on_ray, ray_address, replicas, models, provider, variant, threads, runtime, languages, no_batching)
+    specs, default = on_ray.specs() if on_ray else served_models(models, provider, variant, threads, runtime, languages, no_batching)
     policy = BatchPolicy(max_tokens=max_batch_tokens, max_sentences=max_batch_sentences, max_delay_s=max_delay_ms / 1000,
                          queue_size=queue_size, batching=not no_batching)
     config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s,
                          description="; ".join(s.description for s in specs), body_timeout_s=body_timeout_s,
                          header_timeout_s=header_timeout_s, allowed_hosts=tuple(allow_hosts), default_pair=default,
                          api_keys=read_keys(api_keys) if api_keys else None)
-    run(specs, host, port, config)
+    if on_ray:
+        on_ray.serve(specs, host, port, config)
+    else:
+        run(specs, host, port, config)
+
+
+def ray_plan(on_ray: bool, address: str | None, replicas: str | None, models: tuple[str, ...], provider, variant, threads, runtime,
+             languages: dict, no_batching: bool):
+    """tk serve --ray's plan (toolkit.serve.ray_server.RayPlan), its options checked before anything starts; None without --ray."""
+    if not on_ray:
+        if address is not None or replicas is not None:
+            raise UsageError(f"{'--ray-address' if address is not None else '--replicas'} is an option of tk serve --ray; add --ray")
+        return None
+    try:
+        from toolkit.serve.ray_server import RayPlan
+    except ImportError as e:
+        raise UsageError(f"tk serve --ray needs {e.name} (Ray Serve); install the ray extra: pip install 'tk-onnx-deploy[serve,ray]'") from None
+    return RayPlan.from_options(models, provider, variant, threads, runtime, languages, no_batching, address, replicas)
 
 
 def served_models(arguments: tuple[str, ...], provider: str | None, variant: str | None, threads: int | None, runtime: str,
@@ -112,6 +137,7 @@ def served_models(arguments: tuple[str, ...], provider: str | None, variant: str
     """The ModelSpecs tk serve runs for its model arguments, and the pair a request naming none gets (None: the first
     model's); every pair and code checked before any model loads."""
     from toolkit.serve.app import ModelSpec
+    from toolkit.serve.plan import default_pair, plan_models
 
     planned = plan_models(arguments)
     default = default_pair(planned, **languages)  # an unknown code is one line, before any model loads
@@ -121,103 +147,7 @@ def served_models(arguments: tuple[str, ...], provider: str | None, variant: str
     return specs, default
 
 
-@dataclass(frozen=True)
-class Planned:
-    """One DIR[:SOURCE-TARGET] of tk serve: the pairs it serves (clients' codes), and for a multilingual model the
-    model's codes of each (fills: every pair of its languages, after the pairs other models state)."""
-
-    argument: str
-    directory: str
-    pairs: tuple[tuple[str, str], ...]
-    declared: object  # its TokenizerDeclaration
-    codes: dict | None = None
-    fills: bool = False
-
-    def shown(self) -> str:
-        if self.fills:
-            return f"any two of {len({c for pair in self.pairs for c in pair})} languages"
-        return "/".join(map("-".join, self.pairs))
-
-
-def plan_models(arguments: tuple[str, ...]) -> list[Planned]:
-    """What each model argument serves, read from its manifest before any model loads; two models stating one pair
-    are a one-line error (a multilingual model's every-pair yields to a stated pair instead)."""
-    from toolkit.core import manifest as manifest_mod
-    from toolkit.serve import languages
-
-    wanted: dict[tuple[str, str], str] = {}
-    planned = []
-    for argument in arguments:
-        directory, pair = languages.split_argument(argument)
-        problem = languages.malformed_pair(argument) if pair is None else None
-        if problem:
-            raise UsageError(problem)
-        m = manifest_mod.load(directory)
-        declared = m.declared().tokenizer
-        codes, fills = None, False
-        if declared.languages is not None:  # multilingual: its own codes for each pair asked for
-            every = languages.every_pair(declared)
-            if pair is None:
-                codes, fills = every, True
-            elif pair in every:
-                codes = {pair: every[pair]}
-            else:
-                raise UsageError(f"{argument}: this model does not translate {languages.shown(pair)}; its codes: "
-                                 f"{', '.join(sorted({c for p in every for c in p}))}")
-            pairs = tuple(codes)
-        else:
-            pairs = (pair or languages.stated_pair(declared) or languages.default_pair(m.declared().origin, directory),)
-        for p in pairs if not fills else ():
-            if p in wanted:
-                raise UsageError(f"{argument} and {wanted[p]} both translate {languages.shown(p)}; serve one model per language pair")
-            wanted[p] = argument
-        planned.append(Planned(argument, directory, pairs, declared, codes, fills))
-    return planned
-
-
-def default_pair(planned: list[Planned], source_lang: str | None, target_lang: str | None) -> tuple[str, str] | None:
-    """--source-lang/--target-lang as the served pair a request naming none gets (None: the first model's first pair).
-    A code is the clients' (en) or a model's own (eng_Latn, __en__); one no model knows is one line listing the codes."""
-    from toolkit.serve import languages
-
-    if source_lang is None and target_lang is None:
-        return None
-    first = planned[0].pairs[0]
-    pair = tuple(_served_code(planned, code, side) if code is not None else fallback
-                 for code, side, fallback in ((source_lang, "source", first[0]), (target_lang, "target", first[1])))
-    served = {p for plan in planned for p in plan.pairs}
-    if pair not in served:
-        raise UsageError(f"--source-lang/--target-lang: {languages.shown(pair)} is not a served pair; "
-                         f"served: {', '.join(sorted({c for p in served for c in p}))} as source and target")
-    return pair
-
-
-def _served_code(planned: list[Planned], code: str, side: str) -> str:
-    """The clients' code of what was typed: a multilingual model's code through its own chooser (language_id), a
-    one-pair model's as stated."""
-    from toolkit.core.tokenizers import language_id
-    from toolkit.serve import languages
-
-    problem = None
-    for plan in planned:
-        if plan.codes is None:
-            if code in {p[0 if side == "source" else 1] for p in plan.pairs}:
-                return code
-            continue
-        try:
-            own = language_id(plan.declared, code, side)
-        except UsageError as e:
-            problem = problem or e
-            continue
-        back = {model: client for client, model in languages.served_codes(plan.declared).items()}
-        return back[own]
-    if problem is not None and len(planned) == 1:
-        raise problem  # the one model's codes, in its own words
-    known = sorted({p[0 if side == "source" else 1] for plan in planned for p in plan.pairs})
-    raise UsageError(f"unknown {side} language {code!r}; the served codes: {', '.join(known)}")
-
-
-def open_models(planned: list[Planned], provider, variant, threads, runtime) -> list:
+def open_models(planned: list, provider, variant, threads, runtime) -> list:
     """(plan, loaded model) for each planned model, opened at the same time (ONNX Runtime builds sessions outside the
     GIL), so one slow load holds no other back; the first that fails is the one-line error."""
     from concurrent.futures import ThreadPoolExecutor
