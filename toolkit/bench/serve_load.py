@@ -2,12 +2,11 @@
 
 Each mode gets its own server process (same model, same options but --no-batching), warmed up,
 then `clients` clients each send single sentences back to back until the list is used up.
-`python -m toolkit.bench.serve_load --ray DIR` compares `tk serve` with `tk serve --ray` (1 and 2 replicas) the same way.
+`tk bench --serve --ray` compares `tk serve` with `tk serve --ray` (1 and 2 replicas) the same way.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math
@@ -163,32 +162,3 @@ def table(results: list[LoadResult]) -> str:
     elif len(results) > 1 and results[0].throughput:
         lines += [f"throughput of {r.mode}: {r.throughput / results[0].throughput:.2f}x {results[0].mode}" for r in results[1:]]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """python -m toolkit.bench.serve_load --ray DIR: tk serve against tk serve --ray with 1 and 2 replicas, on the test
-    split's sentences as tk bench --serve sends them."""
-    import os
-    import platform
-
-    from toolkit.core.data import describe, load_corpus, references
-
-    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.serve_load", description=main.__doc__)
-    parser.add_argument("model_dir", type=Path)
-    parser.add_argument("--ray", action="store_true", required=True, help="compare with tk serve --ray (the only comparison here)")
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--sentences", type=int, default=1024)
-    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--data", help="fra-eng.zip or fra.txt [default: as tk bench]")
-    args = parser.parse_args(argv)
-    corpus = load_corpus(args.data, download=False)
-    print(describe(corpus), file=sys.stderr)
-    english, _ = references(corpus.splits["test"])
-    results = bench_serve_ray(args.model_dir, english[: args.sentences], args.clients, 1, [], tuple(args.replicas),
-                              echo=lambda m: print(m, file=sys.stderr))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
-    print(table(results))
-
-
-if __name__ == "__main__":
-    main()

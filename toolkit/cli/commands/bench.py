@@ -59,6 +59,8 @@ SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with
                    "the hf extra, so it usually lives in an environment of its own.")
 @click.option("--serve", is_flag=True, help="Load-test `tk serve` instead: --clients concurrent clients on loopback, dynamic batching vs off.")
 @click.option("--clients", type=click.IntRange(min=1), default=32, show_default=True, help="With --serve: concurrent clients.")
+@click.option("--ray", "on_ray", is_flag=True, help="With --serve: tk serve against tk serve --ray (a local Ray) with 1 and 2 replicas, "
+                                                    "the same load on each, instead of batching against no batching.")
 @DATA_OPTION
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: with --streams, measured first].")
 @click.option("--streams", type=STREAMS, help="tk's concurrent decoding streams [default: the fastest (threads, streams) pair, measured first].")
@@ -78,7 +80,7 @@ SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with
 @click.option("--work", "work_dir", type=click.Path(path_type=Path, file_okay=False),
               help="With --scale: where the model and each engine's copy are kept between runs [default: the user cache, tk/bench-scale/SHAPE].")
 def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, text_path, reference, lines,
-          requests, peers, peer_python, serve, clients, data_path, threads, streams, provider, ct2, ct2_threads, scale, engines_text,
+          requests, peers, peer_python, serve, clients, on_ray, data_path, threads, streams, provider, ct2, ct2_threads, scale, engines_text,
           tokens, work_dir):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
@@ -88,6 +90,7 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     \b
     Example: tk bench --model exported/transformer --sentences 64
              tk bench --serve --clients 32 --sentences 2048
+             tk bench --serve --ray --clients 32 --sentences 1024
              tk bench --text tatoeba-test-eng-fra.txt --lines 2000
     """
     import json
@@ -108,8 +111,10 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
         raise UsageError("--peer and --peer-python time the Hugging Face peers in the user-level comparison; add --text FILE")
     if serve and set(runtimes) - {DEFAULT_RUNTIME}:
         raise UsageError(f"--serve load-tests `tk serve` on {DEFAULT_RUNTIME}; drop --runtime {sorted(set(runtimes) - {DEFAULT_RUNTIME})[0]}")
+    if on_ray and not serve:
+        raise UsageError("--ray is an option of tk bench --serve; add --serve")
     if serve:
-        return _serve(model_dir, data_path, sentences, clients, beams, variants, provider, json_path)
+        return _serve(model_dir, data_path, sentences, clients, beams, variants, provider, json_path, on_ray)
 
     from toolkit.bench import backends as b
 
@@ -133,12 +138,14 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
         write_json(json_path, json.dumps(rows, indent=2) + "\n")
 
 
-def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, variants, provider, json_path: Path | None) -> None:
-    """--serve: `tk serve` under concurrent single-sentence requests, with dynamic batching and with batching off."""
+def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, variants, provider, json_path: Path | None,
+           on_ray: bool = False) -> None:
+    """--serve: `tk serve` under concurrent single-sentence requests, with dynamic batching and with batching off (with
+    --ray: tk serve against tk serve --ray with 1 and 2 replicas)."""
     import json
     import platform
 
-    from toolkit.bench.serve_load import bench_serve
+    from toolkit.bench.serve_load import bench_serve, bench_serve_ray
     from toolkit.bench.serve_load import table as load_table
     from toolkit.core.data import describe, load_corpus, references
 
@@ -146,7 +153,8 @@ def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, vari
     click.echo(describe(corpus), err=True)
     english, _ = references(corpus.splits["test"])
     args = [a for v in variants[:1] for a in ("--variant", v)] + (["--provider", provider] if provider else [])
-    results = bench_serve(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
+    run = bench_serve_ray if on_ray else bench_serve
+    results = run(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
     click.echo(load_table(results))
     if json_path:
