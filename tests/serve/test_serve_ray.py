@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -342,11 +343,12 @@ class Server:
 
 
 @contextmanager
-def tk_serve(cluster: Cluster, model: Path, replicas: str):
+def tk_serve(cluster: Cluster, model: Path, replicas: str, *options: str):
     """tk serve --ray on the cluster, until SIGTERM, which must stop it cleanly (exit 0)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(model), "--ray", "--ray-address", cluster.address,
-                             "--replicas", replicas, "--port", str(port)], env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--replicas", replicas, "--port", str(port), *options], env=cluster.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
                             text=True, cwd=REPO)
     log: list[str] = []
     try:
@@ -529,3 +531,44 @@ def test_a_local_ray_ends_with_a_tk_serve_killed_outright():
         for p in [*tree, psutil.Process(proc.pid)] if proc.poll() is None else tree:
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_libretranslate_clients_keys_detection_and_files_work_on_ray_as_on_tk_serve(cluster, tmp_path):
+    """The operators' features go through the same app on Ray: each LibreTranslate client people use (its key
+    included) gets tk translate's text; a request without a key 403, one over its rate 429; source "auto" and /detect;
+    a subtitle file goes up and comes back translated."""
+    from deep_translator import LibreTranslator
+    from libretranslate_aio import LibreTranslate
+    from libretranslatepy import LibreTranslateAPI
+
+    from toolkit.deploy.api import Translator
+
+    texts = ["I'm home.", "Where is the station?"]
+    want = Translator(MODEL, provider="cpu", variant="fp32").translate(texts)
+    keys = tmp_path / "keys.txt"
+    keys.write_text("client-key-1\nslow-key-22 2\n", encoding="utf-8")
+    with tk_serve(cluster, MODEL, "1", "--api-keys", str(keys)) as server:
+        url = server.url
+        assert [LibreTranslateAPI(url, api_key="client-key-1").translate(t, "en", "fr") for t in texts] == want
+        assert [LibreTranslator(source="en", target="fr", api_key="client-key-1", custom_url=f"{url}/").translate(t) for t in texts] == want
+        with LibreTranslate(url, api_key="client-key-1") as aio:
+            assert aio.translate(texts, source="en", target="fr").translated_text == want
+        npm = REPO / "tests" / "serve" / "npm"
+        run = subprocess.run(["node", str(npm / "translate.mjs"), url, "-", "fr", *texts], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "API_KEY": "client-key-1"})
+        assert run.returncode == 0 and [json.loads(line) for line in run.stdout.splitlines()] == want, run.stderr
+        assert httpx.post(f"{url}/translate", json={"q": texts[0], "source": "en", "target": "fr"}, timeout=60).status_code == 403
+        slow = [httpx.post(f"{url}/translate", json={"q": texts[0], "source": "en", "target": "fr", "api_key": "slow-key-22"}, timeout=60)
+                for _ in range(3)]
+        assert [r.status_code for r in slow] == [200, 200, 429] and "Retry-After" in slow[2].headers
+        auto = httpx.post(f"{url}/translate", json={"q": texts[1], "source": "auto", "target": "fr", "api_key": "client-key-1"}, timeout=60)
+        assert (auto.json()["translatedText"], auto.json()["detectedLanguage"]["language"]) == (want[1], "en")
+        assert httpx.post(f"{url}/detect", data={"q": texts[0], "api_key": "client-key-1"}, timeout=60).json()[0]["language"] == "en"
+        srt = "1\n00:00:01,000 --> 00:00:02,000\nI'm home.\n\n"
+        r = httpx.post(f"{url}/translate_file", data={"source": "en", "target": "fr", "api_key": "client-key-1"},
+                       files={"file": ("a.srt", srt.encode())}, timeout=60)
+        assert r.status_code == 200, r.text
+        path = r.json()["translatedFileUrl"].split("/download_file", 1)[1]
+        assert httpx.get(f"{url}/download_file{path}", timeout=60).text == srt.replace("I'm home.", want[0])
