@@ -327,3 +327,125 @@ def test_ctranslate2_converts_verifies_and_translates_an_imported_t5(cli, t5, mt
     layer = "decoder.block.0.layer.1.EncDecAttention"
     check_ctranslate2(cli, hf, out, english, want, tmp_path, (f"{layer}.k.weight", f"{layer}.v.weight"),
                       **({"source_lang": "en", "target_lang": "fr"} if which == "t5" else {}))
+
+
+# Directories whose output layer the two transformers lines compute differently. transformers 5 writes
+# tie_word_embeddings true for every T5 and mT5 (it always ties lm_head to the embedding) and says whether the decoder
+# output is rescaled by d_model**-0.5 before lm_head in scale_decoder_outputs: false for a T5 configured untied
+# (T5Config(tie_word_embeddings=False), as T5 v1.1 and Flan-T5 are), and an mT5 is never rescaled. transformers 4
+# rescales a T5 or an mT5 whenever tie_word_embeddings is true. The rescaling is a temperature on the logits: both lines
+# give the same greedy tokens and other beam-search scores.
+READ_APART = {"t5 saved unscaled": {"tie_word_embeddings": True, "scale_decoder_outputs": False},
+              "mt5 saved tied": {"tie_word_embeddings": True, "model_type": "mt5", "architectures": ["MT5ForConditionalGeneration"]}}
+
+
+def _read_apart(t5_hf: Path, directory: Path, fields: dict) -> Path:
+    """A copy of the `t5` fixture's directory with the config.json fields `fields` (scale_decoder_outputs dropped where
+    they do not give it: an mT5's config has none)."""
+    shutil.copytree(t5_hf, directory)
+    config = json.loads((directory / "config.json").read_text())
+    config.pop("scale_decoder_outputs", None)
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+    return directory
+
+
+def _generate_rescaled(hf: Path, texts: list[str], beam: int, factor: float) -> list[str]:
+    """generate on `hf` as loaded by this transformers, with the decoder output times `factor` before lm_head: the output
+    layer as the other transformers line computes it."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    model = AutoModelForSeq2SeqLM.from_pretrained(hf).eval()
+    model.lm_head.register_forward_pre_hook(lambda module, args: (args[0] * factor,))
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(**batch, num_beams=beam, do_sample=False)
+    return tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+@pytest.mark.transformers_lines
+@pytest.mark.parametrize("kind", sorted(READ_APART))
+def test_beam_search_is_the_installed_transformers_generate_where_the_lines_compute_the_output_layer_apart(cli, t5, pairs, kind, tmp_path):
+    """Exported and translated under this transformers line, beam 4 gives this line's generate; the other line's output
+    layer (rescaled where this one is not, or the reverse) gives other beams on these sentences, so following it fails."""
+    import transformers
+
+    from toolkit import Translator
+
+    hf = _read_apart(t5[0], tmp_path / "hf", READ_APART[kind])
+    out = tmp_path / "tk"
+    result = cli("export", f"hf:{hf}", "--out", out)
+    assert result.exit_code == 0, result.output
+    english = _held_out(pairs)
+    texts = [PREFIX + e for e in english]
+    want, ids = _generate(hf, texts, 4)
+    got = Translator(out).translate(english, beam=4, raw=True, loop_guard=False, max_len_a=None, source_lang="en", target_lang="fr")
+    same, compared = _agreement(got, want, ids)
+    assert compared >= 20 and same >= 0.90 * compared, (transformers.__version__, same, compared)
+    d_model = json.loads((hf / "config.json").read_text())["d_model"]
+    this_line_rescales = int(transformers.__version__.split(".")[0]) < 5
+    other_line = _generate_rescaled(hf, texts, 4, d_model ** (0.5 if this_line_rescales else -0.5))
+    wrong, _ = _agreement(other_line, want, ids)
+    assert wrong < 0.90 * compared, (wrong, compared)  # the other line's rule would fail the assertion above
+    report = tmp_path / "report.json"
+    result = cli("verify", out, "--checkpoint", f"hf:{hf}", "--sentences", 16, "--json", report)
+    assert result.exit_code == 0, result.output
+    rows = [r for r in json.loads(report.read_text())["rows"] if r["check"] == "generate"]
+    assert {r["output"] for r in rows} == {"greedy tokens", "beam 4 tokens"} and all(r["ok"] for r in rows)
+
+
+def _deeper_decoder(t5_hf: Path, directory: Path) -> Path:
+    """The `t5` fixture's tokenizer beside a random T5 of one encoder layer and two decoder layers, as T5-efficient's DL
+    variants give the decoder more layers than the encoder. transformers' generate sizes its cache by the encoder's
+    count and fails on it (IndexError in cache_utils, on both lines); its forward runs."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    shutil.copytree(t5_hf, directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "num_layers": 1, "num_decoder_layers": 2}))
+    torch.manual_seed(0)
+    T5ForConditionalGeneration(T5Config.from_pretrained(directory)).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.transformers_lines
+def test_verify_of_a_t5_whose_generate_cannot_run_says_so_in_one_line_and_fails_only_when_strict(cli, t5, tmp_path):
+    """generate failing inside transformers is no fault of the graphs: verify names the failure and what it checked in
+    its place (every graph against PyTorch's forward, tk's greedy and beam tokens over the graphs against tk's decode
+    over PyTorch), exits 0 when those pass, and 1 with --strict."""
+    hf = _deeper_decoder(t5[0], tmp_path / "hf")
+    out = tmp_path / "tk"
+    result = cli("export", f"hf:{hf}", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = tmp_path / "report.json"
+    result = cli("verify", out, "--checkpoint", f"hf:{hf}", "--sentences", 6, "--json", report)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    said = [line for line in result.output.splitlines() if "generate" in line and line.startswith("warning:")]
+    assert len(said) == 1, result.output
+    assert "generate cannot run on this model (greedy and beam 4: IndexError: " in said[0], said[0]
+    assert "raised inside transformers" in said[0] and "in its place" in said[0] and "--strict" in said[0], said[0]
+    data = json.loads(report.read_text())
+    assert data["passed"] and data["warnings"] == [said[0].removeprefix("warning: ")]
+    assert not [r for r in data["rows"] if r["check"] == "generate"]
+    beams = [r for r in data["rows"] if r["check"] == "translation" and r["output"] == "beam 4 tokens"]
+    assert beams and all(r["ok"] and r["detail"].startswith("6/6 identical") for r in beams), beams
+    error = one_line_error(cli("verify", out, "--checkpoint", f"hf:{hf}", "--sentences", 6, "--strict"), 1)
+    assert "generate" in error and "IndexError" in error, error
+
+
+@pytest.mark.transformers_lines
+def test_verify_under_the_other_transformers_line_says_the_lines_differ_not_that_the_model_does(cli, t5, tmp_path, monkeypatch):
+    """A model exported under one line and verified under the other, from a directory the lines read apart: one line
+    naming the field and what to do, not "another model" (the weights and the directory are the same)."""
+    from toolkit.pytorch import hf_t5
+
+    hf = _read_apart(t5[0], tmp_path / "hf", READ_APART["t5 saved unscaled"])
+    out = tmp_path / "tk"
+    result = cli("export", f"hf:{hf}", "--out", out)
+    assert result.exit_code == 0, result.output
+    other = 9 - hf_t5.transformers_line()  # 4 <-> 5
+    monkeypatch.setattr(hf_t5, "transformers_line", lambda: other)
+    error = one_line_error(cli("verify", out, "--checkpoint", f"hf:{hf}", "--sentences", 2), 2)
+    assert "builds" in error and "scale_decoder_outputs" in error and "4.x and 5.x read this config.json apart" in error, error
+    assert "re-export it under this transformers, or verify under the line it was exported with" in error, error

@@ -14,10 +14,17 @@ tk's other imports do not, and where it happens here:
 - attention scores are not divided by sqrt(d_kv) (T5 folds it into its initialisation) and d_kv is its own size,
   not d_model / num_heads: tk's cache tensors are (batch, heads, positions, d_kv), declared here (`graphs`);
 - the feed-forward is relu (T5 v1.0) or gated (`feed_forward_proj: gated-gelu`, Flan-T5, T5 v1.1, mT5);
-- the output layer: T5ForConditionalGeneration rescales the decoder output by d_model**-0.5 before it when its
-  config says so (`scale_decoder_outputs`, from `tie_word_embeddings` of older configs), MT5ForConditionalGeneration
-  never does (transformers 5's rule, which tk follows to the token); lm_head is the shared embedding unless the
-  weights hold an lm_head of their own that differs (T5 v1.1, mT5), as transformers decides at load.
+- the output layer, the one computation the two transformers lines tk supports do differently, so it follows the
+  line installed at export (`output_layer`; the choice is baked into the decoder graph and kept in the manifest's
+  config as scale_decoder_outputs and tie_word_embeddings, so every runtime decodes as that line's generate).
+  transformers 5: T5ForConditionalGeneration rescales the decoder output by d_model**-0.5 before lm_head when its config
+  says so (`scale_decoder_outputs`, from `tie_word_embeddings` of older configs), MT5ForConditionalGeneration never
+  does; lm_head is the shared embedding unless the weights hold an lm_head of their own that differs (T5 v1.1, mT5).
+  transformers 4: both classes rescale and tie lm_head to the embedding exactly when `tie_word_embeddings` is true
+  (T5Config's default true, MT5Config's false), whatever lm_head the weights hold. The lines part on every directory
+  transformers 5 writes for an mT5 or an untied T5 (it always writes tie_word_embeddings true): the rescaling is a
+  temperature on the logits, so greedy tokens agree and beam search does not. Their beam searches themselves are
+  the same code (`_beam_search`; 5.x only takes the vocabulary size from the logits instead of the config).
 
 Decoding follows generate: start at decoder_start_token_id (the pad id, 0), end at </s> (1), no forced first token.
 T5 has no language codes; what it translates is chosen by a task prefix on the source text ("translate English to
@@ -94,12 +101,16 @@ class T5Settings:
     # tk's own fields, or fields tk derives, not read from config.json as they are
     OWN = ("max_len", "suppress_tokens", "encoder_layers", "decoder_layers", "tie_word_embeddings", "model_type",
            "scale_decoder_outputs")
+    # fields the installed transformers line decides (`output_layer`): 4.x and 5.x read one config.json apart
+    LINE_DEPENDENT = ("scale_decoder_outputs", "tie_word_embeddings")
 
     def hf_config(self):
         from transformers import MT5Config, T5Config
 
         cls = MT5Config if self.model_type == "mt5" else T5Config
+        # tie_word_embeddings given: transformers 4 rescales and ties by it (the class defaults differ); 5 always ties
         config = cls(vocab_size=self.vocab_size, d_model=self.d_model, d_kv=self.d_kv, d_ff=self.d_ff,
+                     tie_word_embeddings=self.tie_word_embeddings,
                      num_layers=self.encoder_layers, num_decoder_layers=self.decoder_layers, num_heads=self.num_heads,
                      relative_attention_num_buckets=self.relative_attention_num_buckets,
                      relative_attention_max_distance=self.relative_attention_max_distance,
@@ -243,22 +254,42 @@ def _config_field(name: str, config: dict):
     return None
 
 
+def transformers_line() -> int:
+    """The major version of the installed transformers (4 or 5): the line whose output layer tk follows."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def output_layer(config: dict, model_type: str, where: Path, line: int) -> tuple[bool, bool | None]:
+    """(rescaled, tied) as transformers of major version `line` builds the output layer of this config.json: whether the
+    decoder output is multiplied by d_model**-0.5 before lm_head, and whether lm_head is the shared embedding (None: as
+    the weights say, in read)."""
+    for name in ("scale_decoder_outputs", "tie_word_embeddings"):
+        if name in config and type(config[name]) is not bool:
+            raise UsageError(f"{where}/config.json: {name} must be true or false, got {config[name]!r:.40}")
+    if line < 5:  # one flag for both, defaulting as T5Config (true) and MT5Config (false) do
+        tied = config.get("tie_word_embeddings", model_type == "t5")
+        return tied, tied
+    # T5 scales unless its config says not to (scale_decoder_outputs, or tie_word_embeddings false in a config written
+    # before that field); MT5ForConditionalGeneration has no scaling at all.
+    scale = config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True) is not False)
+    return scale and model_type == "t5", None
+
+
 def settings_from(config: dict, generation: dict, where: Path) -> tuple[T5Settings, DecodingRules]:
-    """tk's settings and the decoding rules from the two configs (the weights decide tie_word_embeddings, in read)."""
+    """tk's settings and the decoding rules from the two configs, the output layer as the installed transformers
+    builds it (under transformers 5 the weights decide tie_word_embeddings, in read)."""
     gen = generation_fields(config, generation)
     skip = tuple(n for n in T5Settings.OWN if n not in ("encoder_layers", "decoder_layers"))
     values = hf_files.config_values(T5Settings, config, gen, where, skip, _config_field)
     model_type = config.get("model_type")
-    # transformers 5: T5 scales unless its config says not to (scale_decoder_outputs, or tie_word_embeddings false in
-    # a config written before that field); MT5ForConditionalGeneration has no scaling at all.
-    scale = config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True) is not False)
-    if type(scale) is not bool:
-        raise UsageError(f"{where}/config.json: scale_decoder_outputs must be true or false, got {scale!r:.40}")
+    scale, tied = output_layer(config, model_type, where, transformers_line())
     positions = config.get("n_positions", 512)
     positions = positions if type(positions) is int and positions >= 2 else 512
     origin = lambda key: f"{where}/{'generation_config.json' if key in generation else 'config.json'}"  # noqa: E731
     suppress = forbidden(gen, origin)
-    settings = T5Settings(**values, model_type=model_type, scale_decoder_outputs=scale and model_type == "t5",
+    settings = T5Settings(**values, model_type=model_type, scale_decoder_outputs=scale, tie_word_embeddings=tied is not False,
                           max_len=min(positions, 1024), suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
     _check(settings, f"{where}/config.json")
     return settings, hf_files.end_rules(settings, config, gen, origin, where)
@@ -286,17 +317,10 @@ def _tokenizer(directory: Path, settings: T5Settings, prefixes: dict[str, str], 
     """tokenizer.json where the directory has one (transformers 5 saves only that), else spiece.model; checked."""
     extra = 0
     if inside(directory, "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        from toolkit.core.tokenizers import MAX_VOCAB_BYTES
+        from toolkit.core.tokenizers import load_tokenizer_json
 
         path = directory / "tokenizer.json"
-        if path.stat().st_size > MAX_VOCAB_BYTES:
-            raise UsageError(f"{path} is over {MAX_VOCAB_BYTES >> 20} MB, too large for a tokenizer.json")
-        try:
-            tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
-        except Exception as e:  # tokenizers raises its own exception type on a malformed file
-            raise UsageError(f"{path} is not a tokenizer.json the tokenizers library loads ({str(e)[:80]})") from None
+        tok = load_tokenizer_json(path, "save the model's tokenizer again (tokenizer.save_pretrained(DIR))")
         vocab = tok.get_vocab(with_added_tokens=True)
         source, note = "tokenizer.json", "T5Tokenizer (tokenizer.json, the tokenizers library)"
     elif inside(directory, "spiece.model").is_file():
@@ -343,11 +367,17 @@ def read(source: str | Path) -> HfSource:
     if "shared.weight" not in state and "encoder.embed_tokens.weight" in state:  # saved under a tied name instead
         state["shared.weight"], origin["shared.weight"] = state["encoder.embed_tokens.weight"], origin["encoder.embed_tokens.weight"]
     own = meta_shapes(lambda: _hf_model(settings))
-    optional = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
+    decided_by_config = transformers_line() < 5
+    # lm_head may be left out where it is the embedding (transformers 4: when the config ties it, 5: always)
+    optional = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"} | (
+        {"lm_head.weight"} if settings.tie_word_embeddings or not decided_by_config else set())
     check_weights(own, optional, state, origin, directory, model_class)
-    # transformers ties lm_head to the embedding unless the weights hold both and they differ (T5 v1.1, mT5)
-    head = state.get("lm_head.weight")
-    settings = replace(settings, tie_word_embeddings=head is None or torch.equal(head.float(), state["shared.weight"].float()))
+    if decided_by_config:
+        if settings.tie_word_embeddings:  # transformers 4 keeps the embedding and drops an lm_head the weights hold
+            state.pop("lm_head.weight", None)
+    else:  # transformers 5 ties lm_head to the embedding unless the weights hold both and they differ (T5 v1.1, mT5)
+        head = state.get("lm_head.weight")
+        settings = replace(settings, tie_word_embeddings=head is None or torch.equal(head.float(), state["shared.weight"].float()))
     model = build(settings)
     model.hf.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     model.eval()

@@ -103,6 +103,13 @@ def _hf_reference(m: Manifest, entry, cfg, record: CheckpointRecord, echo, given
                              f"{architectures.get(m.model).hf_class}; give the Hugging Face directory it was exported from")
         hf = hf_import.read(where)
         differ = next((k for k, v in dataclasses.asdict(hf.settings).items() if m.config.get(k) != v), None)
+        if differ is not None and differ in getattr(hf.settings, "LINE_DEPENDENT", ()):
+            import transformers
+
+            raise UsageError(f"transformers {transformers.__version__} builds {where} with {differ} {getattr(hf.settings, differ)!r}, "
+                             f"but {m.directory} was exported under a transformers line that builds it with "
+                             f"{m.config.get(differ)!r} (4.x and 5.x read this config.json apart); re-export it under this "
+                             "transformers, or verify under the line it was exported with")
         if differ is not None:
             raise UsageError(f"{where} is another model than {m.directory} ({differ} {getattr(hf.settings, differ)!r}, exported "
                              f"{m.config.get(differ)!r}); give the Hugging Face directory the model was exported from")

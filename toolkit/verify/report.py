@@ -64,6 +64,9 @@ class Report:
     # "variant/provider" -> the largest log-probability error at each decode step, against PyTorch
     step_errors: dict[str, list[float]] = field(default_factory=dict)
     languages: dict | None = None  # a multilingual model's pair verified, in its own codes ({"source": "en", "target": "de"})
+    # What could not be checked, through no fault of the graphs, each said in one line (transformers' generate failing
+    # on the model, say): the verdict stands on the rows; the command prints these as warnings.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[Row]:
@@ -76,4 +79,5 @@ class Report:
                 "graph_weights_sha256": self.weights_sha256 or None,
                 "skipped_providers": self.skipped, "environment": self.environment,
                 "failures": [asdict(r) for r in self.failures], "rows": [asdict(r) for r in self.rows],
-                "localization": self.localization, "int8_layers": self.int8_layers, "languages": self.languages}
+                "localization": self.localization, "int8_layers": self.int8_layers, "languages": self.languages,
+                "warnings": self.warnings}
