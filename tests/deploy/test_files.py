@@ -15,6 +15,7 @@ import pytest
 
 from toolkit.core.errors import DataError, UsageError
 from toolkit.deploy import files
+from toolkit.deploy.files import reading
 
 docx = pytest.importorskip("docx", reason="the files extra is not installed: pip install -e '.[files]'")
 srt = pytest.importorskip("srt", reason="the files extra is not installed: pip install -e '.[files]'")
@@ -316,7 +317,7 @@ def test_a_file_over_its_size_limit_is_refused_unread(cli, tmp_path, monkeypatch
     big = tmp_path / "big.srt"
     with open(big, "wb") as f:
         f.truncate(10 * 2**20)
-    monkeypatch.setattr(files, "_read_srt", lambda *a: pytest.fail("the file was read"))
+    monkeypatch.setitem(reading._READERS, "srt", lambda *a: pytest.fail("the file was read"))
     refused(cli, big, tmp_path, "10,485,760 bytes", "5,242,880-byte limit")
 
 
