@@ -113,7 +113,7 @@ def test_libretranslate_aio_sends_a_list_as_repeated_form_fields_and_gets_every_
             assert lt.detect(FRENCH[0])[0].language == "fr"
         # Weblate's LibreTranslate backend: one form per text, the key as a form field
         r = client.post("/translate", data={"q": TEXTS[1], "source": "en", "target": "fr", "api_key": "", "format": "text"})
-        assert r.json() == {"translatedText": english_french[1].translate(TEXTS[1:2])[0]}
+        assert {k: v for k, v in r.json().items() if k != "confidence"} == {"translatedText": english_french[1].translate(TEXTS[1:2])[0]}
 
 
 def test_a_subtitle_file_goes_through_the_served_model_with_a_key(english_french, gru):

@@ -146,6 +146,9 @@ class Manifest:
     attention: dict | None = None  # graph -> declared attention outputs
     # The model's decoding rules and tokenizer (toolkit.core.declaration); None: tk's own (every manifest before it).
     declaration: dict | None = None
+    # How far to trust each translation (toolkit.core.confidence): the map `tk evaluate --calibrate` fitted on held-out
+    # sentences; None: the uncalibrated default.
+    confidence: dict | None = None
     opset: int | None = None
     versions: dict | None = None
     export_command: str | None = None
@@ -530,6 +533,12 @@ def schema_problem(data: dict) -> str | None:
     problem = _declaration_problem(data.get("declaration"))
     if problem:
         return problem
+    if data.get("confidence") is not None:
+        from toolkit.core.confidence import calibration_problem
+
+        problem = calibration_problem(data["confidence"])
+        if problem:
+            return f"confidence {problem}"
     for key in ("checkpoint", "training", "metrics", "versions", "verify"):
         if key in data and data[key] is not None and not isinstance(data[key], dict):
             return f"'{key}' must be an object"

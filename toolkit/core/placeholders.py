@@ -19,6 +19,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 MAX_PLACEHOLDERS = 10  # symbols the tokenizer holds as pieces
 # The most one model input is given. The shipped model copies ⦅0⦆ and ⦅1⦆, but given a third it writes
@@ -136,18 +137,51 @@ def protect(text: str, keep: Iterable[str] = ()) -> tuple[str, list[str]]:
     return _replace(text, find_spans(text, keep))
 
 
-def protect_line(text: str, keep: Iterable[str] = ()) -> tuple[str, list[str]]:
+class Glossary(Protocol):
+    """What protecting a line asks of a glossary (toolkit.core.glossary.Glossary, which imports this module)."""
+
+    def find(self, text: str, spans: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int, str, str]]: ...
+
+
+def protect_line(text: str, keep: Iterable[str] = (), glossary: Glossary | None = None) -> tuple[str, list[str]]:
     """The deploy form of protect: every span, runs merged, numbered ⦅0⦆, ⦅1⦆, ... however many there are
-    (textprep renumbers each model input from ⦅0⦆ and gives none more than PER_INPUT)."""
+    (textprep renumbers each model input from ⦅0⦆ and gives none more than PER_INPUT). With a glossary, each
+    occurrence of one of its terms is a span too, put back as the term's target (toolkit.core.glossary); a line holding
+    none of its terms gives what it gives without it."""
+    protected, kept, _ = protect_terms(text, keep, glossary)
+    return protected, kept
+
+
+def protect_terms(text: str, keep: Iterable[str] = (), glossary: Glossary | None = None) -> tuple[str, list[str], list[str | None]]:
+    """protect_line, and for each span the source term it stands for where it is a glossary term's occurrence (None
+    for a number, URL, e-mail address or kept term)."""
     spans = all_spans(text, keep)
-    return _replace(text, merge_runs(text, spans) if len(spans) > 1 else spans)
+    terms = glossary.find(text, spans) if glossary else []
+    if not terms:
+        protected, kept = _replace(text, merge_runs(text, spans) if len(spans) > 1 else spans)
+        return protected, kept, [None] * len(kept)
+    # A span inside a term is the term's ("Windows 10"); a term is never merged into a run of numbers, and one that a
+    # run took in is left to the run: each term's target is put back for that term alone.
+    spans = [s for s in spans if not any(start <= s[0] and s[1] <= end for start, end, *_ in terms)]
+    runs = merge_runs(text, spans) if len(spans) > 1 else spans
+    terms = [t for t in terms if not any(s < t[1] and t[0] < e for s, e in runs)]
+    # The model is shown a term as the glossary writes it, capitalised where the text's occurrence is ("HOUSE" -> "House").
+    chosen = sorted([(s, e, text[s:e], None) for s, e in runs]
+                    + [(s, e, target, _cased_as(text[s:e], source)) for s, e, target, source in terms])
+    protected, kept = _replace(text, [(s, e, put) for s, e, put, _ in chosen])
+    return protected, kept, [source for *_, source in chosen]
 
 
-def _replace(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str]]:
+def _cased_as(occurrence: str, term: str) -> str:
+    return term[:1].upper() + term[1:] if occurrence[:1].isupper() else term
+
+
+def _replace(text: str, spans: list[tuple[int, int]] | list[tuple[int, int, str]]) -> tuple[str, list[str]]:
+    """Each span (start, end), or (start, end, what is put back for it), replaced by its symbol."""
     out, last, kept = [], 0, []
-    for i, (start, end) in enumerate(spans):
+    for i, (start, end, *put) in enumerate(spans):
         out += [text[last:start], f"⦅{i}⦆"]
-        kept.append(text[start:end])
+        kept.append(put[0] if put else text[start:end])
         last = end
     out.append(text[last:])
     return "".join(out), kept

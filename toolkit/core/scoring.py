@@ -18,3 +18,11 @@ def bleu_chrf(hypotheses: list[str], references: list[list[str]]) -> dict:
     chrf = chrf_metric.corpus_score(hypotheses, streams)
     return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "signature": str(bleu_metric.get_signature()),
             "sentences": len(hypotheses), "max_references": width}
+
+
+def sentence_chrf(hypotheses: list[str], references: list[list[str]]) -> list[float]:
+    """chrF of each hypothesis against its own references (sacrebleu's sentence score: the best-matching reference's)."""
+    import sacrebleu
+
+    metric = sacrebleu.CHRF()
+    return [metric.sentence_score(h, r).score for h, r in zip(hypotheses, references)]

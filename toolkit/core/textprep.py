@@ -9,7 +9,8 @@ capitals)
 and protected spans replaced by placeholder symbols, at most placeholders.PER_INPUT per model
 input (a sentence with more is translated in pieces). After decoding, each sentence gets its
 spans back (each exactly once: placeholders.restore) and its capitals, and the sentences are
-joined on one line.
+joined on one line. A glossary's terms (toolkit.core.glossary) are spans whose targets are put back; a
+sentence holding some also keeps its form with the terms as written (Segment.forced), for constrained decoding.
 Torch-free.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from toolkit.core import placeholders
 from toolkit.core.errors import UsageError
+from toolkit.core.glossary import Glossary
 
 # C0/C1 controls other than tab (NUL-only lines would otherwise be "translated" into invented text).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
@@ -42,6 +44,7 @@ class TextOptions:
     keep: tuple[str, ...] = ()  # user terms copied verbatim, like URLs and numbers
     split: bool = True  # translate each sentence of a line on its own
     enabled: bool = True  # False: the line goes to the tokenizer as it is (no splitting, caps or placeholders)
+    glossary: Glossary | None = None  # source terms put in as their target terms (toolkit.core.glossary)
 
 
 @dataclass
@@ -51,6 +54,10 @@ class Segment:
     text: str  # model input: placeholders in, capitals folded
     spans: list[str] = field(default_factory=list)
     case: str = ""  # "upper" or "title" when the sentence was folded to lowercase for the model
+    targets: list[str] = field(default_factory=list)  # glossary target terms to force into its translation, one per occurrence
+    # With glossary terms: this input with the terms as written and their targets in `targets`, translated with those
+    # forced in (toolkit.core.constrained); this one, whose placeholders put the targets back, is the fallback.
+    forced: Segment | None = None
 
 
 def clean(line: str, keep: tuple[str, ...] = ()) -> str:
@@ -121,10 +128,13 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in segment("en", text) if s.strip()] or ([text] if text else [])
 
 
-def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bool = True, protect: bool = True) -> list[Segment]:
+def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bool = True, protect: bool = True,
+            glossary: Glossary | None = None) -> list[Segment]:
     """The model inputs of one input line, in order ([] for an empty line): one per sentence, or several
     for a sentence with more than placeholders.PER_INPUT spans. protect False (a model not trained on tk's
-    placeholders and case folding): the cleaned sentences as they are."""
+    placeholders and case folding): the cleaned sentences as they are. glossary: its terms' occurrences are spans
+    whose target terms are put back (placeholders.protect_terms), and a sentence holding some also has its form with
+    the terms as written (Segment.forced), which the decoder translates with their targets forced in where it can."""
     keep = tuple(keep)
     text = clean(line, keep)
     if not text:
@@ -134,15 +144,38 @@ def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bo
     if not protect:
         return [Segment(s) for s in (split_sentences(text) if split else [text])]
     # Spans are protected before splitting: a period inside an address is no sentence end.
-    protected, spans = placeholders.protect_line(text, keep)
+    protected, spans, sources = placeholders.protect_terms(text, keep, glossary)
     out = []
     for sentence in split_sentences(protected) if split else [protected]:
         case = "upper" if is_all_caps(sentence) else "title" if is_title_case(sentence) else ""
         for k, piece in enumerate(_pieces(sentence) if "⦅" in sentence else [sentence]):
-            piece, local = _renumber(piece, spans)
+            local_piece, local = _renumber(piece, spans)
             # A later piece is mid-sentence: it keeps capitals, but gets no capital first letter.
-            out.append(Segment(piece.lower() if case else piece, local, case if k == 0 or case == "upper" else ""))
+            segment = Segment(local_piece.lower() if case else local_piece, local, case if k == 0 or case == "upper" else "")
+            # A shouted line's translation is put in capitals, its targets with it: only their placeholders keep them as written.
+            if any(sources) and case != "upper":
+                segment.forced = _with_terms(piece, spans, sources, bool(case), segment.case)
+            out.append(segment)
     return out
+
+
+def _with_terms(piece: str, spans: list[str], sources: list[str | None], fold: bool, case: str) -> Segment | None:
+    """A model input (numbered as the line's spans) with its glossary terms' placeholders back to the source terms and the
+    targets they stand for in `targets`, for decoding with those forced in; None if it holds no term."""
+    targets: list[str] = []
+
+    def put(m) -> str:
+        i = int(m.group(1))
+        if sources[i] is None:
+            return m.group()
+        targets.append(spans[i])
+        return sources[i]
+
+    text = placeholders.SYMBOL_RE.sub(put, piece)
+    if not targets:
+        return None
+    text, local = _renumber(text, spans)
+    return Segment(text.lower() if fold else text, local, case, targets)
 
 
 def _pieces(sentence: str) -> list[str]:

@@ -19,6 +19,8 @@ from toolkit import runtimes
 from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem, shown
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
+from toolkit.core.glossary import Glossary
+from toolkit.core.glossary import from_mapping as glossary_from
 from toolkit.core.manifest import Manifest
 from toolkit.core.shipped import default_model
 from toolkit.core.textprep import TextOptions
@@ -132,20 +134,25 @@ class Translator:
 
     def translate_batch(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, keep: Sequence[str] = (),
                         split: bool = True, raw: bool = False, strict: bool = False, source_lang: str | None = None,
-                        target_lang: str | None = None, **options) -> list[list[Translation]]:
-        """The n-best translations (text, score, token counts) of each text, in input order.
+                        target_lang: str | None = None, glossary: Mapping[str, str] | Glossary | None = None,
+                        **options) -> list[list[Translation]]:
+        """The n-best translations (text, score, token counts, confidence) of each text, in input order. A translation's
+        `confidence` (0 to 1; toolkit.core.confidence) says how far to trust it: low marks a line a person should check.
 
         `options` are decode_options' (alpha, max_len, batch_size, max_tokens, max_len_a, max_len_b, loop_guard, streams);
         keep/split/raw/strict mean what `tk translate --keep/--no-split/--raw/--strict` mean (keep: a list of terms,
         or one term as a str). A bad value of any of them is a UsageError naming it, the value and what is accepted.
+        glossary: source term -> target term ({"house": "demeure"}), or toolkit.core.glossary.load("terms.tsv"), as
+        `tk translate --glossary`: each occurrence of a source term comes out as its target term, exactly once.
         """
         texts = _texts(texts)
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
-            known = ", ".join(("beam", "n_best", "keep", "split", "raw", "strict", "source_lang", "target_lang", *OPTIONS))
+            known = ", ".join(("beam", "n_best", "keep", "split", "raw", "strict", "source_lang", "target_lang", "glossary", *OPTIONS))
             raise UsageError(f"translate has no option {shown(unknown[0])}; its options: {known}")
         for name, flag in (("split", split), ("raw", raw), ("strict", strict)):
             _check_flag(name, flag)
+        terms = glossary_from(glossary)
         # A multilingual model's languages (None: its own defaults): the source code on each sentence, the target forced first.
         loaded = self.loaded.for_languages(source_lang, target_lang)
         m = loaded.manifest
@@ -154,14 +161,14 @@ class Translator:
         said: list[str] = []
         failed: list[int] = []  # texts tk failed on (1-based): each got a fallback's or an empty translation
         out = translate_batch(loaded, texts, opts, self._backend, strict=strict,
-                              text=TextOptions(keep=_keep(keep), split=split, enabled=not raw), repaired=repaired,
+                              text=TextOptions(keep=_keep(keep), split=split, enabled=not raw, glossary=terms), repaired=repaired,
                               warn=said.append, failed=failed)
         for n, note in failure_notes(said, failed):  # one text cannot fail the others: it is named, they are translated
             warnings.warn(f"texts[{n - 1}]: {note}", TextFailedWarning, stacklevel=3)
         if repaired:
             # Visible, as tk translate's warning is: a number or kept term had to be put back by the fallback.
             positions = ", ".join(str(i - 1) for i in repaired[:5]) + (" ..." if len(repaired) > 5 else "")
-            warnings.warn(f"the model did not copy every protected span (number, URL, e-mail, kept term) exactly once in "
+            warnings.warn(f"the model did not copy every protected span (number, URL, e-mail, kept or glossary term) exactly once in "
                           f"texts[{positions}]; each was put back once by the fallback", SpanRepairWarning, stacklevel=3)
         return out
 

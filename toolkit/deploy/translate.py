@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from toolkit.core import confidence as conf
 from toolkit.core import manifest as manifest_mod
 from toolkit.core import placeholders, textprep
 from toolkit.core.atomic import AtomicWriter, check_output_path
-from toolkit.core.batching import DecodeOptions, decode_ids, fitting_streams
-from toolkit.core.decoding import word_end
+from toolkit.core.batching import BEAM_ROWS, DecodeOptions, decode_ids, fitting_streams
+from toolkit.core.decode_options import MAX_BEAM
+from toolkit.core.decoding import Hypothesis, length_limits, word_end
 from toolkit.core.errors import DataError, ToolkitError, UsageError, describe_os_error, first_line, os_failure
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
@@ -104,6 +106,7 @@ class Stats:
     guarded: list[int] = field(default_factory=list)  # line numbers whose output a length or loop guard ended
     repaired: list[int] = field(default_factory=list)  # line numbers whose protected spans the model did not copy exactly once
     failed: list[int] = field(default_factory=list)  # line numbers whose processing raised: a fallback's output, or an empty line
+    low_confidence: list[int] = field(default_factory=list)  # line numbers whose confidence is below translate_lines' min_confidence
     seconds: float = 0.0
 
 
@@ -138,6 +141,10 @@ class Translation:
     source_tokens: int  # after truncation to the model's maximum; 0 for an empty line
     sentences: int = 0  # sentences decoded for it (a line may hold several; an empty one none)
     stopped: str = ""  # "length" or "loop" when a guard ended one of its sentences (decoding.Hypothesis.stopped)
+    # How far to trust it, in [0, 1] (toolkit.core.confidence): the estimated probability that it scores a sentence chrF of
+    # 50 or more against a human reference; a line's is its weakest sentence's. Low: a line a translator should check.
+    confidence: float = 1.0
+    signals: conf.Signals | None = field(default=None, repr=False, compare=False)  # what the confidence was computed from
 
 
 def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, backend: object | None = None,
@@ -165,8 +172,10 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     when a batch holds some of a text's sentences), so a bar over a long call moves while it decodes.
     """
     backend = backend or t.backend()
+    failing: set[int] = set()  # the texts tk failed on: their translations get no confidence (conf.FAILED)
 
     def fail(i: int, e: Exception, outcome: str = "its output is an empty line") -> None:
+        failing.add(i)
         lineno = first_lineno + i
         warn(f"warning: line {lineno}: {type(e).__name__} in tk ({first_line(e, 120)}); {outcome}")
         if failed is not None and lineno not in failed:
@@ -175,30 +184,34 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
     segments = segment_lines(t.manifest, texts, text, fail)
     notes: list[str] = []  # the decode's warnings, said once it succeeded (not again for a retry line by line)
 
-    def decode(lines: list[int]) -> list[list[list[Translation]]]:
+    def decode(lines: list[int]) -> list[list[tuple[textprep.Segment, list[Translation]]]]:
         said: list[str] = []
         sentences = sum(len(segments[i]) for i in lines)
         done = (lambda n: progress(n * len(lines) / sentences)) if progress and sentences else None
-        flat = decode_sentences(t, [seg.text for i in lines for seg in segments[i]], opts, backend, said.append, strict,
-                                [first_lineno + i for i in lines for _ in segments[i]], truncated, guarded, done)
+        flat = decode_segments(t, [seg for i in lines for seg in segments[i]], opts, backend, said.append, strict,
+                               [first_lineno + i for i in lines for _ in segments[i]], truncated, guarded, done)
         notes.extend(said)
         return _regroup(flat, [segments[i] for i in lines])
 
     decoded = _isolated(decode, [i for i, segs in enumerate(segments) if segs], fail)
     for note in notes:
         warn(note)
-    return _joined(segments, decoded, opts.n_best, fail, warn, first_lineno, repaired)
+    out = _joined(segments, decoded, opts.n_best, fail, warn, first_lineno, repaired)
+    for i in failing:
+        out[i] = [dataclasses.replace(h, confidence=conf.FAILED) for h in out[i]]
+    return out
 
 
 def _joined(segments: list[list[textprep.Segment]], decoded: dict, n_best: int, fail: Callable[[int, Exception], None],
             warn: Callable[[str], None], first_lineno: int, repaired: list[int] | None) -> list[list[Translation]]:
-    """Each line's translations joined back from its sentences' (translate_batch's last step): a line whose spans cannot
-    be put back fails alone (`fail`), and a line whose spans were repaired is warned about and listed in `repaired`."""
+    """Each line's translations joined back from its sentences' (translate_batch's last step; `decoded`: per line, each
+    sentence's segment as decoded and its n-best): a line whose spans cannot be put back fails alone (`fail`), and a
+    line whose spans were repaired is warned about and listed in `repaired`."""
     out = []
-    for i, segs in enumerate(segments):
+    for i in range(len(segments)):
         report: list[placeholders.Repair] = []
         try:
-            out.append(join_line(list(zip(segs, decoded.get(i, []))), n_best, report))
+            out.append(join_line(decoded.get(i, []), n_best, report))
         except ToolkitError:
             raise
         except Exception as e:  # noqa: BLE001 - one line's spans cannot fail the others
@@ -222,10 +235,14 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
     protect = m.declared().placeholders
     if text.keep and not protect:
         raise UsageError(f"--keep protects terms with tk's placeholders, which this {m.model} model was not trained to copy")
+    if text.glossary and not (protect and text.enabled):
+        # Never a glossary dropped in silence: its terms go in as placeholders, or the translation is refused.
+        raise UsageError(f"--glossary puts terms in with tk's placeholders, which this {m.model} model was not trained to copy"
+                         if not protect else "--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
     out = []
     for i, x in enumerate(texts):
         try:
-            out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect))
+            out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect, text.glossary))
             continue
         except ToolkitError:
             raise
@@ -235,7 +252,8 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
             error = e
         try:
             out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect=False))
-            fail(i, error, "translated as plain text, without protecting its numbers, URLs, e-mail addresses and kept terms")
+            fail(i, error, "translated as plain text, without protecting its numbers, URLs, e-mail addresses and kept terms"
+                           + (" or putting in its glossary terms" if text.glossary else ""))
         except ToolkitError:
             raise
         except Exception:  # noqa: BLE001 - the plain form fails too: the line is left empty
@@ -251,8 +269,9 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
     """The n-best of each model input (a Segment's text), in order, decoded in one length-sorted batch by the model's
     own rules; `done(n)` hears of each decoded batch's n inputs (batching.decode_ids). lines: each input's line number,
     for the warnings (truncated to the model's maximum, refused with strict; ended by a guard) and the `truncated` and
-    `guarded` lists. A hypothesis the loop guard stopped ends on a
-    whole word (decoding.word_end)."""
+    `guarded` lists. A sentence whose best hypothesis a guard cut is decoded again with a wider beam (retried), and
+    keeps the cut only where that runs away too. A hypothesis the loop guard stopped ends on a whole word
+    (decoding.word_end). Each translation carries its confidence (toolkit.core.confidence, by the model's calibration)."""
     backend = backend or t.backend()
     limit = t.manifest.max_len
     lines = lines if lines is not None else [1] * len(texts)
@@ -273,19 +292,154 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
                 truncated.append(lineno)
     begins = t.tokenizer.begins_word  # every kind of tokenizer answers it from its own pieces (TextTokenizer)
     results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, begins)) if h.rest else h for h in nbest]
-               for nbest in decode_ids(backend, ids, opts, done)]
+               for nbest in retried(backend, ids, decode_ids(backend, ids, opts, done), opts)]
     # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
     texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
+    calibration = conf.for_manifest(t.manifest)
     out = []
-    for lineno, seq, nbest in zip(lines, ids, results):
+    for lineno, source, seq, nbest in zip(lines, texts, ids, results):
         source_tokens = min(len(seq), opts.max_src_len)  # as decode_ids cut it
         if nbest[0].stopped and seq:
             warn(f"warning: line {lineno}: {guard_note(nbest[0], source_tokens, opts, limit)}")
             if guarded is not None and lineno not in guarded:
                 guarded.append(lineno)
-        out.append([Translation(next(texts_out), rules.normalized(h.score, len(h.tokens), alpha, not h.stopped), len(h.tokens),
-                                source_tokens, int(bool(seq)), h.stopped) for h in nbest])
+        hyps = []
+        for h in nbest:
+            text, score = next(texts_out), rules.normalized(h.score, len(h.tokens), alpha, not h.stopped)
+            signals = conf.signals(source, text, score, h.stopped)
+            hyps.append(Translation(text, score, len(h.tokens), source_tokens, int(bool(seq)), h.stopped,
+                                    calibration.confidence(signals), signals))
+        out.append(hyps)
     return out
+
+
+RETRY_BEAM = 4  # the beam a sentence whose best hypothesis a guard cut is decoded again with (twice the beam asked for, if wider)
+
+
+def retried(backend: object, ids: list[list[int]], results: list[list[Hypothesis]], opts: DecodeOptions) -> list[list[Hypothesis]]:
+    """`results` (decode_ids' for `ids` with `opts`), where a guard cut a sentence's best hypothesis, decoded again with a
+    wider beam (RETRY_BEAM, or twice the beam asked for when that is already as wide) keeping every hypothesis it
+    finished: those that ended of their own accord first, best first, then the cut ones (so an n-best list leads with
+    the translation the 1-best gives).
+    A runaway is often one path's alone: greedy writes "Ils représentententent ..." for "They represent not only
+    themselves but this institution as well.", which the loop guard cuts to "Ils"; beam 4 ranks that cut first too, but
+    its next hypothesis ends ("Ils ne représent pas seulement par eux-mêmes que cette institution."). Only where every
+    hypothesis of the wider beam was cut too is the first cut kept (its confidence capped: conf.GUARDED_MAX). A
+    hypothesis that reached its length limit counts as cut, whatever token ends it: a model whose rule forces the end
+    token there (Hugging Face's forced_eos_token_id) ends every hypothesis at its limit."""
+    cut = [i for i, nbest in enumerate(results) if nbest[0].stopped and ids[i]]
+    if not cut or isinstance(backend, _Decoded):  # hypotheses found already (a glossary's, its targets forced in) are kept
+        return results
+    beam = RETRY_BEAM if opts.beam < RETRY_BEAM else min(2 * opts.beam, MAX_BEAM)
+    wider = dataclasses.replace(opts, beam=beam, n_best=beam, batch_size=max(1, min(opts.batch_size, BEAM_ROWS // beam)))
+    sources = [ids[i][: opts.max_src_len] if opts.max_src_len else ids[i] for i in cut]
+    limits = length_limits(sources, opts.max_len, opts.max_len_a, opts.max_len_b)
+    out = list(results)
+    for i, limit, nbest in zip(cut, limits, decode_ids(backend, sources, wider)):
+        ended = [h for h in nbest if not h.stopped and len(h.tokens) < limit]
+        if ended:
+            out[i] = (ended + [h for h in nbest if h.stopped or len(h.tokens) >= limit])[: opts.n_best]
+    return out
+
+
+FORCED_BEAM = 4  # the least beam a sentence holding glossary terms is decoded with, their targets forced in
+# How much lower (length-normalised log-probability) a translation with the targets forced in may score than the model's
+# own translation of the same sentence; below, the forcing wrecked the sentence and the placeholders do better. Chosen
+# on the valid split of the glossary term set (docs/glossary.md): every forced translation scoring 10 or more below was
+# a term tacked on or words broken ("Il vit dans la prochaine bourse bourde bourg ville."); sound ones scored up to 8.
+FORCED_MARGIN = 10.0
+
+
+def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeOptions, backend: object | None = None,
+                    warn: Callable[[str], None] = lambda s: None, strict: bool = False, lines: list[int] | None = None,
+                    truncated: list[int] | None = None, guarded: list[int] | None = None, done: Callable[[int], None] | None = None,
+                    decode: Callable[..., list[list[Translation]]] | None = None) -> list[tuple[textprep.Segment, list[Translation]]]:
+    """Each model input's n-best (`decode`'s, decode_sentences unless told, in order) with the segment it was decoded
+    from. A segment holding glossary terms (Segment.forced) is translated with the terms as written where tk's own loop
+    decodes it (not CTranslate2's) and the translation holds each target exactly as often as asked (_forced); else as
+    its placeholder form, whose placeholders put each target back exactly once. A segment without terms is decoded as
+    it is without a glossary."""
+    backend = backend or t.backend()
+    decode = decode or decode_sentences
+    lines = lines if lines is not None else [1] * len(segments)
+    forced = _forced(t, segments, opts, backend, decode, lines)
+    plain = [k for k in range(len(segments)) if k not in forced]
+    out: list = [None] * len(segments)
+    if plain:
+        decoded = decode(t, [segments[k].text for k in plain], opts, backend=backend, warn=warn, strict=strict,
+                         lines=[lines[k] for k in plain], truncated=truncated, guarded=guarded, done=done)
+        for k, nbest in zip(plain, decoded):
+            out[k] = (segments[k], nbest)
+    if done and forced:
+        done(len(forced))
+    for k, nbest in forced.items():
+        out[k] = (segments[k].forced, nbest)
+    return out
+
+
+class _Decoded:
+    """A backend that answers decode_ids with hypotheses already found (decode_all: a runtime with a loop of its own)."""
+
+    def __init__(self, hypotheses: list[Hypothesis]):
+        self.hypotheses = hypotheses
+
+    def decode_all(self, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
+        return [[h] for h in self.hypotheses]
+
+
+def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeOptions, backend: object, decode: Callable,
+            lines: list[int]) -> dict[int, list[Translation]]:
+    """By index, the translation of each segment with glossary terms, its terms as written (Segment.forced): the model's
+    own where that holds each target exactly as often as asked (glossary.holds); else the best with the targets forced
+    in (toolkit.core.constrained), unless it does not hold them either, only tacks them onto the model's own
+    (glossary.tacked_on), or scores FORCED_MARGIN below it. A segment left out is translated as its placeholder form;
+    so is a sentence longer than the model's maximum, which that form says was truncated."""
+    from toolkit.core import constrained, glossary
+
+    rules = t.manifest.rules()
+    if not constrained.can_constrain(backend, rules):
+        return {}
+    wanted = [k for k, seg in enumerate(segments) if seg.forced is not None]
+    ids = dict(zip(wanted, t.tokenizer.encode([segments[k].forced.text for k in wanted])))
+    wanted = [k for k in wanted if 0 < len(ids[k]) <= t.manifest.max_len]
+    if not wanted:
+        return {}
+    # The model's own translations (no warnings: the placeholder form, should it be used, gives its own).
+    own = dict(zip(wanted, decode(t, [segments[k].forced.text for k in wanted], opts, backend=backend, lines=[lines[k] for k in wanted])))
+    out, found = {}, {}
+    for k in wanted:
+        seg, mine = segments[k].forced, own[k][0]
+        mine_text = textprep.finish(seg, mine.text)
+        if not mine.stopped and glossary.holds(mine_text, seg.targets):
+            out[k] = own[k]
+            continue
+        h = _constrained(t, ids[k], seg.targets, opts, backend, rules)
+        if h is None:
+            continue
+        text = textprep.finish(seg, t.tokenizer.decode([h.tokens])[0])
+        score = rules.normalized(h.score, len(h.tokens), rules.alpha if opts.alpha is None else opts.alpha)
+        if glossary.holds(text, seg.targets) and not glossary.tacked_on(text, mine_text, seg.targets) and score > mine.score - FORCED_MARGIN:
+            found[k] = h
+    if found:
+        # Their hypotheses become translations as every other's do (scores, confidence), through the same decode.
+        held = sorted(found)
+        decoded = decode(t, [segments[k].forced.text for k in held], opts, backend=_Decoded([found[k] for k in held]),
+                         lines=[lines[k] for k in held])
+        out.update(zip(held, decoded))
+    return out
+
+
+def _constrained(t: TranslationModel, src: list[int], targets: list[str], opts: DecodeOptions, backend: object, rules) -> Hypothesis | None:
+    """The best translation of src holding each target, by toolkit.core.constrained at FORCED_BEAM or the beam asked for."""
+    from toolkit.core import constrained
+    from toolkit.core.decoding import length_limits
+
+    terms = [constrained.term_forms(t.tokenizer, target) for target in targets]
+    if not all(forms[0] for forms in terms):
+        return None
+    limit = int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0])
+    alpha = rules.alpha if opts.alpha is None else opts.alpha
+    return constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules)
 
 
 def failure_notes(messages: list[str], failed: list[int]) -> list[tuple[int, str]]:
@@ -337,7 +491,7 @@ def _regroup(flat: list, lines: list[list]) -> list[list]:
 def repair_note(report: list[placeholders.Repair]) -> str:
     """What restoring a line's protected spans had to put right, in one line."""
     shown = "; ".join(map(str, report[:3])) + (f"; {len(report) - 3} more" if len(report) > 3 else "")
-    return f"the model did not copy every protected span (number, URL, e-mail, --keep term) exactly once: {shown}"
+    return f"the model did not copy every protected span (number, URL, e-mail, --keep or glossary term) exactly once: {shown}"
 
 
 def guard_note(h, source_tokens: int, opts: DecodeOptions, model_max: int | None = None) -> str:
@@ -360,26 +514,43 @@ def guard_note(h, source_tokens: int, opts: DecodeOptions, model_max: int | None
 def join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int,
                report: list[placeholders.Repair] | None = None) -> list[Translation]:
     """A line's n-best: the k-th entry joins each sentence's k-th best (its last, if it has fewer);
-    its score is the mean of theirs. What restoring the best one's spans repaired goes to `report`."""
+    its score is the mean of theirs, its confidence the lowest of theirs (and at most conf.REPAIRED_MAX where its spans
+    had to be repaired). What restoring the best one's spans repaired goes to `report`."""
     if not parts:
         return [Translation("", 0.0, 0, 0)]
     out = []
     for k in range(max(1, min(n_best, max(len(h) for _, h in parts)))):
         picks = [(seg, hyps[min(k, len(hyps) - 1)]) for seg, hyps in parts]
-        out.append(Translation(textprep.join([textprep.finish(seg, h.text, report if k == 0 else None) for seg, h in picks]),
-                               sum(h.score for _, h in picks) / len(picks), sum(h.tokens for _, h in picks),
-                               sum(h.source_tokens for _, h in picks), sum(h.sentences for _, h in picks),
-                               next((h.stopped for _, h in picks if h.stopped), "")))
+        repairs: list[placeholders.Repair] = []
+        joined = Translation(textprep.join([textprep.finish(seg, h.text, repairs) for seg, h in picks]),
+                             sum(h.score for _, h in picks) / len(picks), sum(h.tokens for _, h in picks),
+                             sum(h.source_tokens for _, h in picks), sum(h.sentences for _, h in picks),
+                             next((h.stopped for _, h in picks if h.stopped), ""))
+        out.append(_trusted(joined, [h for _, h in picks], bool(repairs)))
+        if k == 0 and report is not None:
+            report.extend(repairs)
     return out
+
+
+def _trusted(line: Translation, sentences: list[Translation], repaired: bool) -> Translation:
+    """A joined line with its confidence: its weakest sentence's, capped where its protected spans were repaired."""
+    weakest = min(sentences, key=lambda h: h.confidence)
+    confidence, signals = weakest.confidence, weakest.signals
+    if repaired:
+        confidence = min(confidence, conf.REPAIRED_MAX)
+        signals = dataclasses.replace(signals, repaired=True) if signals is not None else None
+    return dataclasses.replace(line, confidence=confidence, signals=signals)
 
 
 def translate_lines(t: TranslationModel, lines: Iterable[tuple[int, str]], write: Callable[[str], None], opts: DecodeOptions,
                     strict: bool = False, warn: Callable[[str], None] = lambda s: None,
                     progress: Callable[[int], None] = lambda n: None, text: TextOptions = TextOptions(),
-                    chunk_lines: int = CHUNK_LINES) -> Stats:
+                    chunk_lines: int = CHUNK_LINES, confidence: bool = False, min_confidence: float | None = None) -> Stats:
     """Translates line by line in input order; one output line (or n-best block) per input line.
     `progress(n)` gets whole lines as their batches are decoded (a chunk of `chunk_lines` is decoded in many batches),
-    and never more than the lines read: a bar moves during a chunk and ends at the line count."""
+    and never more than the lines read: a bar moves during a chunk and ends at the line count. confidence: each line
+    carries its translation's confidence after a tab (an n-best line after ' ||| '); min_confidence: the numbers of the
+    lines whose best translation's confidence is below it go to `stats.low_confidence`."""
     stats = Stats()
     start = time.perf_counter()
     backend = t.backend()
@@ -392,9 +563,11 @@ def translate_lines(t: TranslationModel, lines: Iterable[tuple[int, str]], write
         for (lineno, _), nbest in zip(chunk, results):
             if opts.n_best > 1:
                 for h in nbest:
-                    write(f"{lineno - 1} ||| {one_line(h.text)} ||| {h.score:.4f}")
+                    write(f"{lineno - 1} ||| {one_line(h.text)} ||| {h.score:.4f}" + (f" ||| {h.confidence:.3f}" if confidence else ""))
             else:
-                write(one_line(nbest[0].text))
+                write(one_line(nbest[0].text) + (f"\t{nbest[0].confidence:.3f}" if confidence else ""))
+            if min_confidence is not None and nbest[0].confidence < min_confidence:
+                stats.low_confidence.append(lineno)
             stats.sentences += nbest[0].sentences
             stats.target_tokens += nbest[0].tokens
         stats.lines += len(chunk)

@@ -29,6 +29,8 @@ from starlette.exceptions import HTTPException
 from toolkit.core import textprep
 from toolkit.core.decode_options import ALPHA, GUARDED, MAX_LEN_A, MAX_LEN_B
 from toolkit.core.errors import UsageError, first_line
+from toolkit.core.glossary import Glossary
+from toolkit.core.glossary import from_mapping as glossary_from
 from toolkit.core.tokenizers import rust_panic
 from toolkit.deploy import files, markup
 from toolkit.deploy.translate import Translation, TranslationModel
@@ -108,6 +110,9 @@ class TranslateRequest(BaseModel):
     max_len_b: int = Field(GUARDED["max_len_b"], ge=MAX_LEN_B[0], le=MAX_LEN_B[1], description="See max_len_a")
     loop_guard: bool = Field(GUARDED["loop_guard"], description="Stop a hypothesis that starts repeating itself (tk translate's --loop-guard)")
     api_key: str | None = Field(None, description="The client's API key where the server has --api-keys (or Authorization: Bearer)")
+    glossary: dict[str, str] | None = Field(None, description="Source term -> target term: each occurrence of a source term (whatever "
+                                            "its case, as a whole word) comes out as its target term, exactly once (tk translate's --glossary)",
+                                            examples=[{"house": "demeure"}])
 
     @model_validator(mode="after")
     def _n_best_within_beam(self):
@@ -116,14 +121,20 @@ class TranslateRequest(BaseModel):
         return self
 
 
+CONFIDENCE = ("How far to trust each translation, 0 to 1: the estimated chance that it scores a sentence chrF of 50 or more "
+              "against a human translation (tk translate --confidence); low: a translation a person should check")
+
+
 class Hypothesis(BaseModel):
     text: str
     score: float
+    confidence: float = Field(description=CONFIDENCE)
 
 
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="The best translation of each input sentence, in input order")
     scores: list[float] = Field(description="Length-normalised log-probability of each best translation")
+    confidences: list[float] = Field(description=CONFIDENCE)
     n_best: list[list[Hypothesis]] | None = Field(None, description="With n_best > 1: every hypothesis of each sentence, best first")
     detected_language: dict | None = Field(None, description='With source "auto": {"language", "confidence"} (percent), as LibreTranslate')
     latency_ms: float
@@ -428,8 +439,9 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         async with markup_turn:
             return await asyncio.to_thread(work)
 
-    async def html(b: Batcher, fragments: list[str], key: OptionKey) -> list[str]:
-        """HTML fragments with their text translated, markup in place: toolkit.deploy.markup, as tk translate --format html."""
+    async def html(b: Batcher, fragments: list[str], key: OptionKey, confidences: list[float] | None = None) -> list[str]:
+        """HTML fragments with their text translated, markup in place: toolkit.deploy.markup, as tk translate --format html.
+        confidences: each fragment's confidence is appended to it (its least trusted text's; 1 for one with no text)."""
         def cut() -> tuple[list[markup.Plan], list[str]]:
             plans = [markup.plan(f) for f in fragments]
             return plans, list(dict.fromkeys(t for p in plans for t in p.texts()))
@@ -440,6 +452,9 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
                                f"than the whole queue holds ({b.policy.queue_size}, --queue-size); send fewer or smaller fragments")
         results = await decoded(b, texts, key, 400) if texts else []
         translated = {t: n[0].text for t, n in zip(texts, results)}
+        if confidences is not None:
+            trust = {t: n[0].confidence for t, n in zip(texts, results)}
+            confidences.extend(round(min((trust[t] for t in p.texts()), default=1.0), 4) for p in plans)
         return await markup_work(lambda: [markup.render(p, translated) for p in plans])
 
     @app.post(TRANSLATE, response_model=TranslateResponse, responses=errors, response_model_exclude_none=True)
@@ -458,14 +473,17 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         except UsageError as e:
             return error(400, str(e))
         check_texts(texts, 413)
-        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard, codes)
+        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard, codes,
+                        glossary=await request_glossary(req.glossary, 422))
         results = await decoded(b, texts, key)
         metrics.sentences.inc(len(texts))
         latency = time.perf_counter() - start
         metrics.latency.observe(latency)
         return TranslateResponse(
             translations=[n[0].text for n in results], scores=[round(n[0].score, 4) for n in results],
-            n_best=[[Hypothesis(text=h.text, score=round(h.score, 4)) for h in n] for n in results] if req.n_best > 1 else None,
+            confidences=[round(n[0].confidence, 4) for n in results],
+            n_best=[[Hypothesis(text=h.text, score=round(h.score, 4), confidence=round(h.confidence, 4)) for h in n] for n in results]
+            if req.n_best > 1 else None,
             detected_language=detected, latency_ms=round(1000 * latency, 1))
 
     @app.post(DROP_IN, responses={400: {"model": ErrorBody}, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
@@ -491,7 +509,8 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         admit(request_key(body, request.headers), texts)
         b, codes = pick(body.get("src_lang"), body.get("tgt_lang"), "src_lang", "tgt_lang")
         check_texts(texts, 400, "text")
-        results = await decoded(b, texts, OptionKey(1, 1, None, None, languages=codes), 400) if texts else []
+        key = OptionKey(1, 1, None, None, languages=codes, glossary=await request_glossary(body.get("glossary"), 400))
+        results = await decoded(b, texts, key, 400) if texts else []
         metrics.sentences.inc(len(texts))
         return {"translations": [n[0].text for n in results]}
 
@@ -522,20 +541,37 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         check_texts(texts, 400, "text")
         # LibreTranslate asks its beam search for alternatives + 1 hypotheses: tk translate --beam N --n-best N, N = that.
         n = alternatives + 1
-        key = OptionKey(n, n if fmt == "text" else 1, None, None, languages=codes)
+        key = OptionKey(n, n if fmt == "text" else 1, None, None, languages=codes, glossary=await request_glossary(body.get("glossary"), 400))
+        trust: list[float] = []  # tk's extension: each text's confidence (toolkit.core.confidence)
         if fmt == "html":  # LibreTranslate gives no alternatives for html either
-            out, others = await html(b, texts, key), [[] for _ in texts]
+            out, others = await html(b, texts, key, trust), [[] for _ in texts]
         else:
             results = await decoded(b, texts, key, 400)
             out = [r[0].text for r in results]
             others = [list(dict.fromkeys(h.text for h in r[1:] if h.text != r[0].text)) for r in results]
+            trust = [round(r[0].confidence, 4) for r in results]
         metrics.sentences.inc(len(texts))
-        answer: dict = {"translatedText": out if isinstance(q, list) else out[0]}
+        answer: dict = {"translatedText": out if isinstance(q, list) else out[0], "confidence": trust if isinstance(q, list) else trust[0]}
         if alternatives > 0:
             answer["alternatives"] = others if isinstance(q, list) else others[0]
         if detected is not None:
             answer["detectedLanguage"] = [detected] * len(texts) if isinstance(q, list) else detected
         return answer
+
+    async def request_glossary(value: object, status: int) -> Glossary | None:
+        """A request's glossary (a JSON object of source term -> target term; in a form, that object as a JSON string),
+        built off the event loop (thousands of terms take milliseconds), or a Refusal naming what is wrong with it."""
+        if value is None:
+            return None
+        try:
+            if isinstance(value, str):
+                value = parse_json(value)
+            return await asyncio.to_thread(glossary_from, value)
+        except ValueError as e:
+            raise Refusal(status, f"Invalid request: glossary is not JSON ({first_line(e)}); give a JSON object of source term -> "
+                                  'target term, e.g. {"house": "demeure"}') from None
+        except UsageError as e:
+            raise Refusal(status, f"Invalid request: {e}" if status == 400 else str(e)) from None
 
     def pick(source: object, target: object, source_name: str, target_name: str) -> tuple[Batcher, Pair | None]:
         if not isinstance(source, str) or not isinstance(target, str) or not source or not target:

@@ -22,8 +22,17 @@ from dataclasses import dataclass, field
 from toolkit.core import placeholders, textprep
 from toolkit.core.decode_options import GUARDED, DecodeOptions
 from toolkit.core.errors import ToolkitError, first_line
+from toolkit.core.glossary import Glossary
 from toolkit.core.textprep import TextOptions
-from toolkit.deploy.translate import Translation, TranslationModel, decode_sentences, join_line, repair_note, segment_lines
+from toolkit.deploy.translate import (
+    Translation,
+    TranslationModel,
+    decode_segments,
+    decode_sentences,
+    join_line,
+    repair_note,
+    segment_lines,
+)
 from toolkit.serve.metrics import Metrics
 
 log = logging.getLogger("tk.serve")
@@ -68,6 +77,10 @@ class OptionKey:
     # A multilingual model's pair in its own codes (None: the model's default): another pair is another tokenization
     # and another forced first token, so only sentences of one pair share a decode.
     languages: tuple[str, str] | None = None
+    # A request's glossary is applied to each of its texts as they are prepared (each sentence carries its own terms'
+    # targets and spans: decode_segments forces them into its translation alone), so sentences of requests with
+    # different glossaries share a decode and get the same translation as alone: it takes no part in which share one.
+    glossary: Glossary | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -83,6 +96,8 @@ class _Item:
     line: int = 1  # its text's place in the request (from 1), which the log's warnings name
     last: bool = True  # the last sentence of its text: the text leaves the queue's count when this one is taken
     queued_at: float = field(default_factory=time.monotonic)
+    # The sentence as prepared: its text's own spans, and its glossary terms' targets (decode_segments forces them in).
+    segment: textprep.Segment | None = None
 
 
 class Batcher:
@@ -161,7 +176,7 @@ class Batcher:
         """Each text's sentences as tk translate prepares a line, and each sentence's source tokens for the batch budget
         (cut to the model's maximum, as decoding cuts them)."""
         t = self.chosen(key) if key is not None else self.translator
-        segments = segment_lines(t.manifest, texts, TextOptions(), _fallback)
+        segments = segment_lines(t.manifest, texts, TextOptions(glossary=key.glossary if key is not None else None), _fallback)
         ids = t.tokenizer.encode([seg.text for segs in segments for seg in segs])
         return segments, [min(len(i), t.manifest.max_len) for i in ids]
 
@@ -179,7 +194,7 @@ class Batcher:
         segments, tokens = await asyncio.to_thread(self.prepare, texts, key)
         loop = asyncio.get_running_loop()
         counts = iter(tokens)
-        items = [_Item(seg.text, next(counts), key, loop.create_future(), loop, deadline, line, k == len(segs) - 1)
+        items = [_Item(seg.text, next(counts), key, loop.create_future(), loop, deadline, line, k == len(segs) - 1, segment=seg)
                  for line, segs in enumerate(segments, 1) for k, seg in enumerate(segs)]
         queued = sum(1 for i in items if i.last)
         with self._cond:
@@ -195,7 +210,8 @@ class Batcher:
         except BaseException:
             self.cancel(lane)
             raise
-        return [self._joined(line, [(seg, next(decoded)) for seg in segs], key.n_best) for line, segs in enumerate(segments, 1)]
+        # Each sentence comes back with the segment it was decoded from (decode_segments), whose spans its text restores.
+        return [self._joined(line, [next(decoded) for _ in segs], key.n_best) for line, segs in enumerate(segments, 1)]
 
     @staticmethod
     def _joined(line: int, parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int) -> list[Translation]:
@@ -336,8 +352,9 @@ class Batcher:
         m.batch_tokens.observe(self._padded(batch))
         start = time.perf_counter()
         try:
-            results = decode_sentences(self.chosen(batch[0].key), [i.text for i in batch], self.options(batch[0].key, len(batch)), backend=backend,
-                                       warn=log.warning, lines=[i.line for i in batch])
+            results = decode_segments(self.chosen(batch[0].key), [i.segment or textprep.Segment(i.text) for i in batch],
+                                      self.options(batch[0].key, len(batch)), backend=backend, warn=log.warning, lines=[i.line for i in batch],
+                                      decode=decode_sentences)
         except Exception as e:
             if len(batch) > 1:
                 # Which sentence failed is unknown: each is decoded alone, so the others' requests get their translations.
@@ -349,10 +366,10 @@ class Batcher:
             _answer(batch[0], None, e)
             return
         m.decode_seconds.observe(time.perf_counter() - start)
-        for i, nbest in zip(batch, results):
+        for i, (segment, nbest) in zip(batch, results):
             m.source_tokens.inc(nbest[0].source_tokens)
             m.target_tokens.inc(nbest[0].tokens if nbest[0].source_tokens else 0)
-            _answer(i, nbest, None)
+            _answer(i, (segment, nbest), None)
 
 
 def _fallback(i: int, e: Exception, outcome: str) -> None:

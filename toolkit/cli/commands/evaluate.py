@@ -25,6 +25,9 @@ from toolkit.core.variants import NAMES
 @click.option("--beam", "beams", type=BEAM, multiple=True, help="Beam sizes to score [default: 1 and 4].")
 @click.option("--limit", type=POSITIVE, help="Score only the first N sentences of each set.")
 @click.option("--record", is_flag=True, help="Store the scores in the directory's manifest.json.")
+@click.option("--calibrate", is_flag=True,
+              help="First fit the confidence map (tk translate --confidence) on the corpus's valid split, every --challenge "
+                   "sentence left out, at the first --beam (default 1), and store it in manifest.json; needs --challenge.")
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True,
               help="Which exported graphs to score (recorded per variant).")
@@ -37,8 +40,11 @@ from toolkit.core.variants import NAMES
               help="Instead: how many unseen names come out verbatim (k of n) on a name test set, e.g. docs/names-test.tsv "
                    "[beam: the first --beam, default 4].")
 @LANGUAGES
-def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, variant, robustness, seed, raw, names_path, languages):
-    """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set.
+def evaluate(model_dir, data_path, challenge, beams, limit, record, calibrate, threads, variant, robustness, seed, raw, names_path,
+             languages):
+    """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set, and how well
+    the translations' confidences pick out the bad ones (the mean sentence chrF of the 10% least confident against the
+    rest's, and Spearman's correlation of confidence with sentence chrF).
 
     Example: tk evaluate exported/transformer --challenge ../shared/data/tatoeba-test-eng-fra.txt
     """
@@ -49,6 +55,11 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, threads, var
     from toolkit.deploy.evaluate import evaluate_model, evaluate_robustness
 
     choose_languages(manifest_mod.load(model_dir), **languages)  # an unknown code: one line, before any model loads
+    if calibrate:
+        from toolkit.deploy.evaluate import calibrate_model
+
+        calibrate_model(model_dir, data_path, challenge, beams[0] if beams else 1, limit=limit, threads=threads, variant=variant,
+                        echo=lambda m: click.echo(m, err=True), languages=languages)
 
     if names_path:
         from toolkit.deploy.names import evaluate_names

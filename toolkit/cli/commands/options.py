@@ -99,6 +99,8 @@ DECODING = option_group(
 # How typed text becomes model input and back.
 TEXT = option_group(
     click.option("--keep", multiple=True, metavar="TERM", help="Copy TERM verbatim, like URLs, e-mail addresses and numbers (repeatable)."),
+    click.option("--glossary", type=click.Path(path_type=Path), metavar="FILE.tsv",
+                 help="Translate each source term of FILE (source term, TAB, target term per line) as its target term, exactly once."),
     click.option("--split/--no-split", default=True, show_default=True, help="Translate each sentence of a line separately."),
     click.option("--raw", is_flag=True, help="No input handling: no sentence splitting, capitals folding or placeholders."),
     click.option("--strict", is_flag=True, help="Refuse a line longer than the model's maximum instead of truncating it "

@@ -21,6 +21,7 @@ from toolkit.cli.commands.options import (
     STREAMS,
     TEXT,
     THREADS,
+    FiniteFloat,
     paused_gc,
     plural,
     runtime_option,
@@ -55,9 +56,15 @@ from toolkit.core.errors import UsageError
 @click.option("--format", "text_format", type=click.Choice(["text", "html"]), default="text", show_default=True,
               help="html: each line is an HTML fragment; its text is translated and its markup kept in place.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
+@click.option("--confidence", is_flag=True,
+              help="Print each translation's confidence after a tab (with --n-best, after ' ||| '): 0 to 1, the estimated chance "
+                   "that it scores chrF 50 or more against a human translation; low: a line to check. From the model "
+                   "directory's calibration (`tk evaluate DIR --calibrate`), else a fixed uncalibrated map; stderr says which.")
+@click.option("--min-confidence", type=FiniteFloat(0.0, 1.0), metavar="X",
+              help="Name on stderr, in one warning line, the lines whose confidence is below X (0 to 1); the output is unchanged.")
 @LANGUAGES
-def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, decoding, keep, split, raw,
-              strict, n_best, reference, threads, streams, text_format, quiet, languages):
+def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, decoding, keep, glossary,
+              split, raw, strict, n_best, reference, threads, streams, text_format, quiet, confidence, min_confidence, languages):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
     Sentences come from arguments, -i FILE, or standard input, one per line;
@@ -92,12 +99,17 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         raise UsageError("standard input is closed; give sentences as arguments or with -i FILE")
     # Every decoding option checked before the model loads (--n-best above --beam fails in a second); built for the model below.
     DecodeOptions.for_model(1, n_best=n_best, streams=streams, **decoding)
+    terms = _glossary(glossary, raw)
     if input_path and not input_path.is_file():
         what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
         raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
     AtomicOutput.check(output_path)
     # A .docx, .srt or .html file is translated whole, its structure kept: checked and cut before the model loads.
     document = _document(input_path, output_path, n_best, reference)
+    if (confidence or min_confidence is not None) and (document is not None or text_format == "html"):
+        what = "--confidence" if confidence else "--min-confidence"
+        raise UsageError(f"{what} rates lines of text; HTML and documents are translated in pieces: drop {what} or --format html"
+                         if document is None else f"{what} rates lines of text; {input_path} is translated whole as a document: drop {what}")
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
     if backend == "torch" and runtime == DEFAULT_RUNTIME:  # with another runtime open_model refuses the pair, torch unloaded
@@ -118,7 +130,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         raise UsageError(problem)
     opts = DecodeOptions.for_model(t.manifest.max_len, t.provider, n_best=n_best, streams=streams, rules=t.manifest.rules(),
                                    max_output=t.manifest.max_output_len, **decoding)
-    text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw)
+    text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw, glossary=terms)
     if document is not None:
         _translate_document(t, document, output_path, opts, strict, text_opts, say)
         return
@@ -139,7 +151,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
 
     def write(line: str) -> None:
         if reference:
-            collected.append(line)
+            collected.append(line.rpartition("\t")[0] if confidence else line)  # scored without the confidence column
         if out:
             out.write(line)
         else:
@@ -157,7 +169,13 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         warn = (lambda m: bar.write(m, file=sys.stderr)) if bar else say
         if text_format == "html":
             from toolkit.deploy.markup import translate_html_lines as translate_lines
-        stats = translate_lines(t, lines, write, opts, strict, warn=warn, progress=bar.update if bar else lambda n: None, text=text_opts)
+        rated = {"confidence": confidence, "min_confidence": min_confidence} if confidence or min_confidence is not None else {}
+        if rated:
+            from toolkit.core.confidence import for_manifest
+
+            warn(for_manifest(t.manifest).describe())
+        stats = translate_lines(t, lines, write, opts, strict, warn=warn, progress=bar.update if bar else lambda n: None, text=text_opts,
+                                **rated)
     except BaseException:
         if out:
             out.abort()
@@ -180,6 +198,20 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         + (f"; {plural(len(stats.failed), 'line')} that tk failed on, each named above" if stats.failed else ""))
     if reference:
         click.echo(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['signature']})", err=True)
+    if stats.low_confidence:  # asked for by name: said even with --quiet
+        click.echo(f"warning: {plural(len(stats.low_confidence), 'line')} with a confidence below {min_confidence:g}, to check: "
+                   f"{', '.join(map(str, stats.low_confidence))}", err=True)
+
+
+def _glossary(path: Path | None, raw: bool):
+    """The --glossary file, read and checked before the model loads (a bad line is one line naming it), or None."""
+    if path is None:
+        return None
+    if raw:
+        raise UsageError("--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
+    from toolkit.core import glossary
+
+    return glossary.load(path)
 
 
 def _document(input_path: Path | None, output_path: Path | None, n_best: int, reference: Path | None):

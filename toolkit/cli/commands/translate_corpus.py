@@ -41,7 +41,7 @@ from toolkit.core.variants import NAMES
 @click.option("--progress-seconds", type=FiniteFloat(0.1, 3600.0), default=10.0, show_default=True,
               help="Longest wait between two progress lines while shards run.")
 def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, shard_lines, column, provider, variant, runtime, decoding,
-                     keep, split, raw, strict, languages, quiet, progress_seconds):
+                     keep, glossary, split, raw, strict, languages, quiet, progress_seconds):
     """Translate a corpus on Ray Data: shards, one ordered output file, resumable.
 
     INPUTS are text files (one sentence per line), directories or globs of them, or Parquet files
@@ -77,7 +77,8 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
         raise UsageError(problem)
     # One stream per actor: the actors are the parallelism, each on its node's share of the cores.
     decode = DecodeOptions.for_model(m.max_len, provider, streams=1, rules=m.rules(), max_output=m.max_output_len, **decoding)
-    text = {"keep": tuple(keep), "split": split, "enabled": not raw}
+    terms = _glossary(glossary, raw, m)
+    text = {"keep": tuple(keep), "split": split, "enabled": not raw, "glossary": terms}
     # What changes a translation: a rerun into the same OUTPUT_DIR must agree on all of it.
     import dataclasses
     import hashlib
@@ -86,10 +87,25 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     model_sha256 = hashlib.sha256(json.dumps(m.files(), sort_keys=True).encode()).hexdigest()  # every file's digest
     settings = {"model": str(Path(model_dir).resolve()), "model_files_sha256": model_sha256, "variant": variant,
                 "runtime": runtime, **{k: v for k, v in dataclasses.asdict(decode).items() if k != "streams"}, "keep": list(keep),
-                "split": split, "raw": raw, "strict": strict, **({"languages": chosen} if chosen else {})}
+                "split": split, "raw": raw, "strict": strict, **({"languages": chosen} if chosen else {}),
+                **({"glossary_sha256": terms.digest} if terms else {})}
     job = CorpusJob(str(model_dir), list(inputs), output_dir, settings, decode, text, strict, provider, variant, runtime, workers,
                     threads, shard_lines, column, address, progress_seconds, chosen or None)
     result = run(job, say)
     rate = f", {result.lines_per_s:,.1f} lines/s" if result.resumed < result.shards else ""
     say(f"wrote {result.merged}: {result.lines:,} lines from {result.shards} shards ({result.resumed} done earlier) "
         f"in {result.seconds:.1f}s{rate}")
+
+
+def _glossary(path: Path | None, raw: bool, m):
+    """The --glossary file, read and checked before Ray starts (a bad line is one line naming it), or None. Its terms
+    travel to every actor, and their digest is in the run's settings: another glossary is another translation."""
+    if path is None:
+        return None
+    if raw:
+        raise UsageError("--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
+    if not m.declared().placeholders:
+        raise UsageError(f"--glossary puts terms in with tk's placeholders, which this {m.model} model was not trained to copy")
+    from toolkit.core import glossary
+
+    return glossary.load(path)

@@ -1,0 +1,208 @@
+"""Glossaries: a company's terms come out as the company writes them (toolkit.core.glossary).
+
+What a user relies on: each occurrence of a source term (whatever its case, as a whole word, several words, the longest
+of overlapping terms, never inside a URL or a number) gives its target term exactly once, spelled as given; a sentence
+without any term is translated byte for byte as without the glossary, alone or in a batch; a bad glossary file is one
+line naming its line. The model is the shipped Transformer, whose own word for "house" is "maison" and for "bicycle"
+"vélo": a glossary asking for "demeure" and "bicyclette" shows in the output only through the glossary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from helpers import one_line_error
+
+from toolkit.core import constrained, glossary, placeholders, textprep
+from toolkit.core.errors import DataError, UsageError
+from toolkit.deploy.api import Translator
+from toolkit.deploy.translate import segment_lines
+
+SHIPPED = Path(__file__).resolve().parents[2] / "exported" / "transformer"
+TERMS = {"house": "demeure", "bicycle": "bicyclette", "Main Street": "rue Principale"}
+WITH_TERMS = ["The house is big.", "HOUSE prices went up.", "This house is bigger than that house.",
+              "He is not too poor to buy a bicycle.", "The house at 42 Main Street is for sale."]
+WITHOUT_TERMS = ["Where is the station?", "I have 3 houses.", "Visit https://house.example.com today.", "I'm home.",
+                 "She doesn't like cold coffee."]
+
+
+@pytest.fixture(scope="module")
+def translator() -> Translator:
+    return Translator(SHIPPED, provider="cpu", threads=1)
+
+
+def occurrences(text: str) -> dict[str, int]:
+    """How often each target of TERMS must come out for `text`: its source term's whole-word occurrences, any case."""
+    found = glossary.from_mapping(TERMS).find(textprep.clean(text), placeholders.all_spans(textprep.clean(text)))
+    return {target: sum(f[2] == target for f in found) for target in TERMS.values()}
+
+
+# ---- finding terms ------------------------------------------------------------------------
+
+def found(terms: dict[str, str], text: str) -> list[tuple[str, str]]:
+    g = glossary.from_mapping(terms)
+    return [(text[s:e], target) for s, e, target, _ in g.find(text, placeholders.all_spans(text))]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The House, the HOUSE and the house.", [("House", "demeure"), ("HOUSE", "demeure"), ("house", "demeure")]),  # any case
+    ("Houses, a greenhouse, house-proud, my house's roof.", [("house", "demeure"), ("house", "demeure")]),  # whole words only
+    ("Turn left at main  street.", [("main  street", "rue Principale")]),  # several words, any spacing
+    ("Call 555 0199 or visit https://house.example.com/house.", []),  # a term inside a URL is the URL's
+])
+def test_terms_are_found_whatever_their_case_as_whole_words_and_never_inside_a_url(text, expected):
+    assert found({"house": "demeure", "Main Street": "rue Principale"}, text) == expected
+
+
+def test_of_overlapping_terms_the_longest_is_taken_and_a_number_inside_a_term_is_the_terms():
+    terms = {"New York": "NY", "York Times": "Le York Times", "New York Times": "le New York Times", "Windows 10": "Windows 10"}
+    assert found(terms, "I read the New York Times in New York.") == [("New York Times", "le New York Times"), ("New York", "NY")]
+    assert found(terms, "Windows 10 runs on 10 machines.") == [("Windows 10", "Windows 10")]
+    protected, spans = placeholders.protect_line("Windows 10 runs on 10 machines.", (), glossary.from_mapping(terms))
+    assert protected == "⦅0⦆ runs on ⦅1⦆ machines." and spans == ["Windows 10", "10"]
+
+
+def test_a_line_without_terms_is_prepared_exactly_as_without_the_glossary():
+    g = glossary.from_mapping(TERMS)
+    for line in WITHOUT_TERMS:
+        assert textprep.prepare(line, glossary=g) == textprep.prepare(line)
+
+
+def test_a_glossary_of_ten_thousand_terms_finds_each_term_and_loads_in_one_pass(tmp_path):
+    entries = {f"term{k} word{k}": f"cible{k}" for k in range(10_000)}
+    path = tmp_path / "big.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in entries.items()), encoding="utf-8")
+    g = glossary.load(path)
+    assert len(g) == 10_000
+    text = "Compare TERM7 word7 with term9999   word9999, not term7 word8."
+    assert [(text[s:e], t) for s, e, t, _ in g.find(text)] == [("TERM7 word7", "cible7"), ("term9999   word9999", "cible9999")]
+    # Matching walks the line's words over a trie, so a line costs the same whatever the glossary's size: measured by
+    # docs/measurements/glossary/measure.py (43 us a sentence with 10,000 terms), not timed here.
+
+
+# ---- bad glossaries -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, words", [
+    (b"house\tdemeure\nbicycle bicyclette\n", "line 2 has no TAB"),
+    (b"house\tdemeure\n\t\tx\n", "line 2 has 2 TABs"),
+    (b"house\tdemeure\ncar\t \n", "line 2: its target term is empty"),
+    (b"\tdemeure\n", "line 1: its source term is empty"),
+    (b"house\tdemeure\n\nHouse\tmaison\n", "line 3: its source term 'House' is the term 'house' of line 1"),
+    (b"house\tdemeure\ncaf\xe9\tcaf\xe9\n", "line 2 is not valid UTF-8"),
+    (b"\n\n", "has no terms"),
+])
+def test_a_bad_glossary_file_is_one_line_naming_its_line(cli, tmp_path, content, words):
+    path = tmp_path / "terms.tsv"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=words):
+        glossary.load(path)
+    error = one_line_error(cli("translate", "--model", SHIPPED, "--glossary", path, "Hello."), 2)
+    assert words in error and str(path) in error
+
+
+def test_a_glossary_file_too_large_is_refused_before_it_is_read(cli, tmp_path, monkeypatch):
+    path = tmp_path / "huge.tsv"
+    path.write_bytes(b"house\tdemeure\n" * 100)
+    monkeypatch.setattr(glossary, "MAX_FILE_BYTES", 1000)
+    assert "has 1,400 bytes, more than the 1,000 tk reads" in one_line_error(cli("translate", "--model", SHIPPED, "--glossary", path, "Hi."), 2)
+    assert "cannot read glossary" in one_line_error(cli("translate", "--model", SHIPPED, "--glossary", tmp_path / "no.tsv", "Hi."), 2)
+
+
+def test_a_duplicate_term_with_the_same_target_is_one_entry_and_a_case_variant_with_another_is_refused():
+    assert len(glossary.parse(b"house\tdemeure\nHouse\tdemeure\n", "t.tsv")) == 1
+    with pytest.raises(UsageError, match="terms match whatever their case"):
+        glossary.from_mapping({"house": "demeure", "HOUSE": "maison"})
+    with pytest.raises(UsageError, match="must be a dict"):
+        glossary.from_mapping(["house", "demeure"])
+
+
+def test_a_model_without_placeholders_or_raw_text_refuses_a_glossary_rather_than_drop_it():
+    g = glossary.from_mapping(TERMS)
+    imported = SimpleNamespace(model="opus-mt", declared=lambda: SimpleNamespace(placeholders=False))
+    with pytest.raises(UsageError, match="not trained to copy"):
+        segment_lines(imported, ["The house."], textprep.TextOptions(glossary=g))
+    tk_model = SimpleNamespace(model="transformer", declared=lambda: SimpleNamespace(placeholders=True))
+    with pytest.raises(UsageError, match="drop --raw"):
+        segment_lines(tk_model, ["The house."], textprep.TextOptions(glossary=g, enabled=False))
+
+
+# ---- translating with the shipped model ---------------------------------------------------
+
+def test_the_model_alone_never_writes_the_glossarys_targets(translator):
+    """What makes the tests below fail without a glossary: the shipped model's own words are others."""
+    own = " ".join(translator.translate(WITH_TERMS))
+    assert all(glossary.count(own, target) == 0 for target in TERMS.values())
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_each_term_comes_out_as_its_target_exactly_once_per_occurrence(translator, beam):
+    for text, out in zip(WITH_TERMS, translator.translate(WITH_TERMS, beam=beam, glossary=TERMS)):
+        for target, n in occurrences(text).items():
+            assert glossary.count(out, target) == n, (text, out)
+
+
+def test_placeholders_put_each_target_back_exactly_once_where_constrained_decoding_is_not_used(translator, monkeypatch):
+    """The runtimes without tk's own loop (CTranslate2), and every sentence whose constrained translation failed its
+    checks, get the targets through placeholders: the same guarantee."""
+    monkeypatch.setattr(constrained, "can_constrain", lambda backend, rules: False)
+    for text, out in zip(WITH_TERMS, translator.translate(WITH_TERMS, glossary=TERMS)):
+        for target, n in occurrences(text).items():
+            assert glossary.count(out, target) == n, (text, out)
+
+
+def test_the_words_around_a_term_agree_with_it(translator):
+    """Constrained decoding lets the model write the article for the target ("une bicyclette"); a placeholder in the
+    term's place left it the article of its own word ("un vélo" -> "un bicyclette")."""
+    assert translator.translate(["He is not too poor to buy a bicycle."])[0].endswith("un vélo.")
+    out = translator.translate(["He is not too poor to buy a bicycle."], glossary={"bicycle": "bicyclette"})[0]
+    assert out.endswith("une bicyclette.")
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_sentences_without_terms_are_byte_identical_with_and_without_the_glossary_alone_or_batched(translator, beam):
+    mixed = [x for pair in zip(WITHOUT_TERMS, WITH_TERMS) for x in pair]
+    with_glossary = translator.translate(mixed, beam=beam, glossary=TERMS)
+    without = translator.translate(WITHOUT_TERMS, beam=beam)
+    assert with_glossary[0::2] == without
+    assert [translator.translate([x], beam=beam, glossary=TERMS)[0] for x in mixed] == with_glossary
+
+
+def test_a_line_of_several_sentences_and_the_n_best_hold_each_target(translator):
+    line = "I sold the house. He bought a bicycle for the house."
+    out = translator.translate([line], glossary=TERMS)[0]
+    assert glossary.count(out, "demeure") == 2 and glossary.count(out, "bicyclette") == 1
+    for h in translator.translate_batch(["The house is big."], beam=4, n_best=2, glossary=TERMS)[0]:
+        assert glossary.count(h.text, "demeure") == 1
+
+
+def test_the_api_refuses_a_glossary_that_is_not_a_dict_of_terms(translator):
+    with pytest.raises(UsageError, match="glossary must be a dict"):
+        translator.translate(["Hi."], glossary="terms.tsv")
+    with pytest.raises(UsageError, match="its target term is empty"):
+        translator.translate(["Hi."], glossary={"house": ""})
+
+
+def test_tk_translate_glossary_file_gives_each_target_once(cli, tmp_path):
+    path = tmp_path / "terms.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in TERMS.items()), encoding="utf-8")
+    result = cli("translate", "--model", SHIPPED, "--provider", "cpu", "-q", "--glossary", path, *WITH_TERMS)
+    assert result.exit_code == 0, result.output
+    for text, out in zip(WITH_TERMS, result.output.splitlines()):
+        for target, n in occurrences(text).items():
+            assert glossary.count(out, target) == n, (text, out)
+    assert "drop --raw" in one_line_error(cli("translate", "--model", SHIPPED, "--raw", "--glossary", path, "Hi."), 2)
+
+
+def test_ctranslate2_gives_each_target_once_through_placeholders(tmp_path, cli):
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    model = tmp_path / "transformer"
+    shutil.copytree(SHIPPED, model)
+    assert cli("export", model, "--ctranslate2").exit_code == 0
+    ct2 = Translator(model, provider="cpu", runtime="ctranslate2", threads=1)
+    for text, out in zip(WITH_TERMS, ct2.translate(WITH_TERMS, glossary=TERMS)):
+        for target, n in occurrences(text).items():
+            assert glossary.count(out, target) == n, (text, out)

@@ -1,0 +1,168 @@
+"""Constrained decoding: a translation that holds given target terms, for glossaries (toolkit.core.glossary).
+
+Dynamic beam allocation (Post & Vilar 2018), one sentence at a time over a step backend (toolkit.core.decoding). Each
+hypothesis records which terms it has written and how far into the one it is writing. At each step its candidates
+are the model's `beam` best tokens, the next token of the term it is writing, and the first token of each term it has
+not written (or of the term's form glued to an elided word, after an apostrophe: "l'automobile"); the end token is
+allowed once every term is written, right after a term the next token must begin a word, so no suffix is glued to it
+("automobile" + "s"), and a hypothesis whose sentence has ended (".", "?") without its terms is dropped, so none is
+tacked on after the full stop. Candidates are ranked in banks by how many term tokens they hold and each bank gets its
+share of the beam (the rest goes to the best of any bank), so hypotheses that have written a term live on beside
+better-scored ones that have not yet.
+
+The model writes the words around the term as it would around its own choice ("sa chambre", "une bicyclette"), which
+a placeholder in its place does not let it do. What comes out is checked by the caller (toolkit.deploy.translate._forced):
+a translation that does not hold each term exactly as often as asked, or that only adds the terms to the model's own
+words, is not used. Torch-free.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from toolkit.core.declaration import DecodingRules
+from toolkit.core.decoding import Hypothesis, StepBackend, loop_cut, pad_batch
+
+
+@dataclass(frozen=True)
+class _Hyp:
+    tokens: tuple[int, ...]
+    score: float  # summed log-probability
+    met: tuple[bool, ...]  # per term: written
+    writing: tuple[int, int, int] | None  # (term, its form, tokens of it written so far) while one is being written
+    after_term: bool  # the last token ended a term: the next must begin a word
+    held: int = 0  # term tokens it holds (the terms written, and the part of the one being written): its bank
+
+
+def _advance(h: _Hyp, tok: int, score: float, terms: list[list[list[int]]], elided: bool) -> _Hyp:
+    """h with `tok` written; elided: h's last token ends in an apostrophe, where a term's glued form may begin."""
+    met, writing, held = list(h.met), None, h.held
+    if h.writing:
+        c, v, j = h.writing
+        if terms[c][v][j] == tok:
+            writing, held = (c, v, j + 1), held + 1
+        else:  # a term left unfinished counts for nothing; it may be started again, from here or later
+            held -= j
+    if writing is None:
+        writing = next(((c, v, 1) for c, forms in enumerate(terms) if not met[c]
+                        for v, form in enumerate(forms) if form[0] == tok and (v == 0 or elided)), None)
+        held += writing is not None
+    ended = writing is not None and writing[2] == len(terms[writing[0]][writing[1]])
+    if ended:
+        met[writing[0]] = True
+        writing = None
+    return _Hyp(h.tokens + (tok,), score, tuple(met), writing, ended, held)
+
+
+def term_forms(tokenizer, target: str) -> list[list[int]]:
+    """A target term's token ids as a word of its own ("▁auto mo b il e"), and as the tokenizer writes it glued to an
+    elided word ("l'automobile": "▁l ' au t o mo b il e"), where that differs: a French article before it is elided."""
+    alone = tokenizer.encode([target])[0]
+    prefix = tokenizer.encode(["l'"])[0]
+    glued = tokenizer.encode([f"l'{target}"])[0]
+    after = glued[len(prefix):]
+    return [alone, after] if glued[: len(prefix)] == prefix and after and after != alone else [alone]
+
+
+_SENTENCE_ENDS = {".", "?", "!", "…"}
+
+
+@functools.lru_cache(maxsize=8)
+def _piece_kinds(tokenizer, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per output id: whether it begins a word (or is punctuation), what may follow a term; whether it ends in an
+    apostrophe, where a term's glued form may begin; and whether it ends a sentence ("." "▁?"), after which no term
+    may begin."""
+    pieces = [tokenizer.piece(i) for i in range(vocab)]
+    return (np.array([tokenizer.begins_word(i) for i in range(vocab)], dtype=bool),
+            np.array([p.endswith(("'", "’")) for p in pieces], dtype=bool),
+            np.array([p.lstrip("\u2581") in _SENTENCE_ENDS for p in pieces], dtype=bool))
+
+
+def can_constrain(backend: object, rules: DecodingRules) -> bool:
+    """Whether this backend runs tk's own decoding loop step by step (CTranslate2 decodes whole sentences in its own),
+    with a model that begins from its start token alone (no forced language token)."""
+    return isinstance(backend, StepBackend) and rules.forced_first is None
+
+
+def _candidates(h: _Hyp, log_probs: np.ndarray, terms: list[list[list[int]]], beam: int, starts: np.ndarray, eos: int,
+                elided: bool) -> list[int]:
+    """A hypothesis's next tokens to weigh: the model's `beam` best that it may write, the next token of the term it is
+    writing, the first of each term it has not written (of its glued form too, after an apostrophe), and the end token
+    once every term is written."""
+    lp = log_probs
+    if h.after_term or not all(h.met):
+        lp = log_probs.copy()
+        if h.after_term:
+            lp[~starts] = -np.inf
+            lp[eos] = log_probs[eos]
+        if not all(h.met):
+            lp[eos] = -np.inf
+    wanted = set(np.argpartition(-lp, beam)[:beam].tolist())
+    if h.writing:
+        c, v, j = h.writing
+        wanted.add(terms[c][v][j])
+    wanted.update(form[0] for forms, m in zip(terms, h.met) if not m for v, form in enumerate(forms) if v == 0 or elided)
+    if all(h.met):
+        wanted.add(eos)
+    return [t for t in wanted if np.isfinite(lp[t])]
+
+
+def _allocate(going: list[tuple[int, _Hyp]], terms: list[list[list[int]]], beam: int) -> list[tuple[int, _Hyp]]:
+    """The `beam` hypotheses that live on: each bank's best (its share of the beam, most term tokens first), then the
+    best of the others; best first."""
+    banks: dict[int, list[tuple[int, _Hyp]]] = {}
+    for item in going:  # best first
+        banks.setdefault(item[1].held, []).append(item)
+    share = max(1, beam // (sum(len(forms[0]) for forms in terms) + 1))
+    chosen = [item for b in sorted(banks, reverse=True) for item in banks[b][:share]]
+    chosen = sorted(chosen, key=lambda item: -item[1].score)[:beam]
+    picked = {id(item) for item in chosen}
+    chosen += [item for item in going if id(item) not in picked][: beam - len(chosen)]
+    return sorted(chosen, key=lambda item: -item[1].score)
+
+
+def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: list[list[list[int]]], limit: int, beam: int,
+                       alpha: float, rules: DecodingRules) -> Hypothesis | None:
+    """The best translation of `src` (token ids) that holds each of `terms` (one per occurrence, each its forms' token
+    ids: term_forms), at most `limit` tokens long, by dynamic beam allocation with `beam` rows; None if none finished
+    (or the best loops)."""
+    state = backend.encode(*pad_batch([src], rules.pad))
+    eos = rules.end
+    hyps = [_Hyp((), 0.0, (False,) * len(terms), None, False)]
+    finished: list[tuple[float, _Hyp]] = []
+    token = np.array([rules.start], dtype=np.int64)
+    kinds = None
+    for _ in range(limit):
+        log_probs, state = backend.step(token, state)
+        starts, apostrophes, ends = kinds = kinds or _piece_kinds(tokenizer, log_probs.shape[1])
+        candidates = []
+        for r, h in enumerate(hyps):
+            if h.tokens and ends[h.tokens[-1]] and not all(h.met):
+                # Its sentence ended without its terms: what it could still write is a term tacked on ("... grandi. demeure.").
+                continue
+            elided = bool(h.tokens) and bool(apostrophes[h.tokens[-1]])
+            candidates += [(r, _advance(h, tok, h.score + float(log_probs[r, tok]), terms, elided))
+                           for tok in _candidates(h, log_probs[r], terms, beam, starts, eos, elided)]
+        candidates.sort(key=lambda item: -item[1].score)
+        # An end token finishes its hypothesis where it ranks within the beam, as in tk's beam search.
+        for _, h in candidates[:beam]:
+            if h.tokens[-1] == eos:
+                finished.append((rules.normalized(h.score, len(h.tokens) - 1, alpha), h))
+        if len(finished) >= beam:
+            break
+        live = _allocate([item for item in candidates if item[1].tokens[-1] != eos], terms, beam)
+        if not live:
+            break
+        state = backend.select(state, np.array([r for r, _ in live], dtype=np.int64))
+        hyps = [h for _, h in live]
+        token = np.array([h.tokens[-1] for h in hyps], dtype=np.int64)
+    if not finished:
+        return None
+    best = max(finished, key=lambda f: f[0])[1]
+    tokens = list(best.tokens[:-1])
+    if tokens and loop_cut(np.array([tokens]))[0] >= 0:
+        return None
+    return Hypothesis(tokens, best.score)
