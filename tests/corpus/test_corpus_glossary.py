@@ -25,6 +25,8 @@ LINES = ["The house is big.", "Where is the station?", "", "This house is bigger
 @pytest.fixture(scope="module")
 def ray_address():
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    if ray.is_initialized():  # a Ray another module's test left in this worker process: this module's own instead
+        ray.shutdown()
     ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     yield ctx.address_info["gcs_address"]
     ray.shutdown()

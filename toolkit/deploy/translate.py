@@ -326,7 +326,10 @@ def retried(backend: object, ids: list[list[int]], results: list[list[Hypothesis
     its next hypothesis ends ("Ils ne représent pas seulement par eux-mêmes que cette institution."). Only where every
     hypothesis of the wider beam was cut too is the first cut kept (its confidence capped: conf.GUARDED_MAX). A
     hypothesis that reached its length limit counts as cut, whatever token ends it: a model whose rule forces the end
-    token there (Hugging Face's forced_eos_token_id) ends every hypothesis at its limit."""
+    token there (Hugging Face's forced_eos_token_id) ends every hypothesis at its limit. With both guards off nothing
+    is decoded again: the user asked for the model's own decode."""
+    if not opts.loop_guard and opts.max_len_a is None:
+        return results  # the guards off: the decode asked for (generate's, for an import), runaways and all
     cut = [i for i, nbest in enumerate(results) if nbest[0].stopped and ids[i]]
     if not cut or isinstance(backend, _Decoded):  # hypotheses found already (a glossary's, its targets forced in) are kept
         return results
