@@ -374,6 +374,19 @@ def listed(value: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else tuple(value)
 
 
+def given(args: dict, fields: dict) -> dict:
+    """The arguments given, as the named fields of BatchPolicy or ServeConfig (whose defaults, tk serve's, stand for the
+    others); a value that is not a number is one line naming it."""
+    out = {}
+    for name, (field_name, convert) in fields.items():
+        if name in args:
+            try:
+                out[field_name] = convert(args[name])
+            except (TypeError, ValueError):
+                raise UsageError(f"{name} must be a number, got {args[name]!r:.40}") from None
+    return out
+
+
 def app_builder(args: dict):
     """The application from tk serve's arguments as a dict, for a RayService's serveConfigV2 (import_path
     toolkit.serve.ray_app:app_builder) or `serve run`: models (DIR[:SOURCE-TARGET] list, or one string of them separated
@@ -389,12 +402,12 @@ def app_builder(args: dict):
         raise UsageError("give models: a list of model directories (DIR or DIR:SOURCE-TARGET), at the same path on every node")
     from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
-    threads = int(args.get("threads") or 1)
-    policy = BatchPolicy(max_tokens=int(args.get("max_batch_tokens", 1024)), max_sentences=int(args.get("max_batch_sentences", 64)),
-                         max_delay_s=float(args.get("max_delay_ms", 10.0)) / 1000, queue_size=int(args.get("queue_size", 1024)))
+    threads = given(args, {"threads": ("threads", int)}).get("threads") or 1
+    policy = BatchPolicy(**given(args, {"max_batch_tokens": ("max_tokens", int), "max_batch_sentences": ("max_sentences", int),
+                                        "max_delay_ms": ("max_delay_s", lambda v: float(v) / 1000), "queue_size": ("queue_size", int)}))
     specs, default = plan_specs(listed(args["models"]), args.get("provider"), args.get("variant"), threads, args.get("runtime") or DEFAULT_RUNTIME,
                                 {"source_lang": args.get("source_lang"), "target_lang": args.get("target_lang")})
-    config = ServeConfig(policy=policy, max_sentences=int(args.get("max_sentences", 64)), max_chars=int(args.get("max_chars", 1000)),
-                         timeout_s=float(args.get("timeout_s", 30.0)), description="; ".join(s.description for s in specs),
-                         allowed_hosts=listed(args.get("allow_hosts", ())), default_pair=default)
+    config = ServeConfig(policy=policy, description="; ".join(s.description for s in specs), allowed_hosts=listed(args.get("allow_hosts", ())),
+                         default_pair=default, **given(args, {"max_sentences": ("max_sentences", int), "max_chars": ("max_chars", int),
+                                                              "timeout_s": ("timeout_s", float)}))
     return build_application(specs, config, Replicas.parse(str(args.get("replicas", "1"))), threads)
