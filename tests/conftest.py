@@ -183,3 +183,37 @@ def cuda_falls_back(monkeypatch):
 
     monkeypatch.setattr(runtime.ort, "InferenceSession", cpu_only)
     monkeypatch.setattr(sessions, "_cuda_probe", None)
+
+
+@pytest.fixture(scope="module")
+def french():
+    """The shipped Transformer (English to French), opened as the server and as the Python API open it."""
+    from toolkit.deploy.api import Translator
+    from toolkit.deploy.translate import open_model
+
+    directory = REPO / "exported" / "transformer"
+    return open_model(directory, "cpu"), Translator(directory, provider="cpu", variant="fp32")
+
+
+@pytest.fixture(scope="module")
+def german():
+    """The shipped GRU model, which the serve tests state as another pair (it translates into French too, differently)."""
+    from toolkit.deploy.api import Translator
+    from toolkit.deploy.translate import open_model
+
+    directory = REPO / "exported" / "seq2seq"
+    return open_model(directory, "cpu"), Translator(directory, provider="cpu", variant="fp32")
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """Ray starts in seconds, not milliseconds: one local instance for a module, and its address for subprocesses."""
+    import logging
+
+    ray = pytest.importorskip("ray", reason="the ray extra: pip install 'tk-onnx-deploy[ray]'")
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    if ray.is_initialized():  # a Ray another module's test left in this worker process: this module's own instead
+        ray.shutdown()
+    ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    yield ctx.address_info["gcs_address"]
+    ray.shutdown()

@@ -4,7 +4,6 @@ actor, a bad line, refusals. One Ray instance (2 CPUs) serves every test of this
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 import pytest
@@ -17,17 +16,6 @@ pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 pq = pytest.importorskip("pyarrow.parquet")
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    """Ray starts in seconds, not milliseconds: one local instance for the module, and its address for subprocesses."""
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    if ray.is_initialized():  # a Ray another module's test left in this worker process: this module's own instead
-        ray.shutdown()
-    ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    yield ctx.address_info["gcs_address"]
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ shipped Transformer writes "maison" for "house" on its own. On a local Ray insta
 from __future__ import annotations
 
 import json
-import logging
-import os
 
 import pytest
 from conftest import REPO
@@ -20,16 +18,6 @@ ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'"
 
 SHIPPED = REPO / "exported" / "transformer"
 LINES = ["The house is big.", "Where is the station?", "", "This house is bigger than that house.", "I'm home."]
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    if ray.is_initialized():  # a Ray another module's test left in this worker process: this module's own instead
-        ray.shutdown()
-    ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    yield ctx.address_info["gcs_address"]
-    ray.shutdown()
 
 
 def test_a_corpus_with_a_glossary_gives_tk_translates_lines_and_records_the_glossary(cli, ray_address, tmp_path):

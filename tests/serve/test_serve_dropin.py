@@ -19,23 +19,9 @@ from deploy.test_markup import skeleton  # noqa: E402
 from libretranslatepy import LibreTranslateAPI  # noqa: E402
 from test_serve import CHROMIUM, LONG_WAIT, REPO, config, metric, running, until, wait_ready  # noqa: E402
 
-from toolkit.deploy.api import Translator  # noqa: E402
-from toolkit.deploy.translate import open_model  # noqa: E402
 from toolkit.serve.app import ModelSpec  # noqa: E402
 
 TEXTS = ["I'm home.", "Where is the station?", "Tell me. I gave up.", "The cat is sleeping on the sofa."]
-
-
-@pytest.fixture(scope="module")
-def french():
-    directory = REPO / "exported" / "transformer"
-    return open_model(directory, "cpu"), Translator(directory, provider="cpu", variant="fp32")
-
-
-@pytest.fixture(scope="module")
-def german():
-    directory = REPO / "exported" / "seq2seq"
-    return open_model(directory, "cpu"), Translator(directory, provider="cpu", variant="fp32")
 
 
 def two_models(french, german, **limits):

@@ -10,17 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 httpx = pytest.importorskip("httpx", reason="the serve extra is not installed: pip install -e '.[serve]'")
-from test_serve import REPO, config, running, wait_ready  # noqa: E402
+from test_serve import config, running, wait_ready  # noqa: E402
 
 from toolkit.deploy import markup  # noqa: E402
-from toolkit.deploy.api import Translator  # noqa: E402
-from toolkit.deploy.translate import open_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def french():
-    directory = REPO / "exported" / "transformer"
-    return open_model(directory, "cpu"), Translator(directory, provider="cpu", variant="fp32")
 
 
 def html(client: httpx.Client, q: str | list[str], **options) -> httpx.Response:

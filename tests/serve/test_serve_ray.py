@@ -342,6 +342,18 @@ class Server:
         return states
 
 
+def serving(proc: subprocess.Popen, port: int, log: list[str]) -> None:
+    """Reads tk serve --ray's output into log until it says it serves on port (an AssertionError with its output if it
+    ends first), then goes on reading it in the background."""
+    for line in proc.stdout:
+        log.append(line)
+        if "serving" in line and f":{port}" in line:
+            break
+    else:
+        raise AssertionError(f"tk serve --ray did not start (exit {proc.wait()}):\n{''.join(log)[-3000:]}")
+    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+
+
 @contextmanager
 def tk_serve(cluster: Cluster, model: Path, replicas: str, *options: str):
     """tk serve --ray on the cluster, until SIGTERM, which must stop it cleanly (exit 0)."""
@@ -352,13 +364,7 @@ def tk_serve(cluster: Cluster, model: Path, replicas: str, *options: str):
                             text=True, cwd=REPO)
     log: list[str] = []
     try:
-        for line in proc.stdout:
-            log.append(line)
-            if "serving" in line and f":{port}" in line:
-                break
-        else:
-            raise AssertionError(f"tk serve --ray did not start (exit {proc.wait()}):\n{''.join(log)[-3000:]}")
-        threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+        serving(proc, port, log)
         server = Server(proc, f"http://127.0.0.1:{port}", log)
         wait_for(lambda: httpx.get(f"{server.url}/ready", timeout=10).status_code == 200, 60, "the server never became ready")
         yield server
@@ -512,14 +518,7 @@ def test_a_local_ray_ends_with_a_tk_serve_killed_outright():
                             env={**os.environ, **RAY_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     tree: list[psutil.Process] = []
     try:
-        log = []
-        for line in proc.stdout:
-            log.append(line)
-            if "serving" in line and f":{port}" in line:
-                break
-        else:
-            raise AssertionError(f"tk serve --ray did not start (exit {proc.wait()}):\n{''.join(log)[-3000:]}")
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        serving(proc, port, [])
         r = httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"text": "I'm home."}, timeout=60)
         assert r.status_code == 200 and r.headers[REPLICA_HEADER].startswith("model-0-transformer:"), r.text
         tree = descendants([proc])
