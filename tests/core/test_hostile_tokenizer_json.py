@@ -24,10 +24,10 @@ from helpers import Scripted, one_line_error
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.declaration import Declaration, DecodingRules, TokenizerDeclaration
+from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import DataError, UsageError
 from toolkit.core.tokenizers import JsonTokenizer, load_tokenizer_json, nested_repetition, open_tokenizer
-from toolkit.deploy.api import decode_options
 from toolkit.deploy.translate import TranslationModel, translate_batch
 
 CATASTROPHIC = "(a|aa)+$"
@@ -162,7 +162,7 @@ def test_export_refuses_a_hugging_face_directory_whose_tokenizer_json_has_a_cata
 def test_a_regex_that_exhausts_the_engine_on_one_text_is_one_line_for_that_text(tmp_path, section):
     write_tokenizer_json(tmp_path / "tokenizer.json", section, EXHAUSTING)
     t = translation_model(tmp_path)  # accepted when read: no group is repeated
-    opts = decode_options(t.manifest)
+    opts = DecodeOptions.for_manifest(t.manifest)
 
     assert translate_batch(t, ["hello world"], opts)[0][0].text == "hello"
     with pytest.raises(DataError) as e:

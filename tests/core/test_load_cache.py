@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from toolkit.core import load_cache, manifest
+from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.errors import UsageError
-from toolkit.deploy.api import decode_options
 from toolkit.deploy.translate import open_model, translate_batch
 from toolkit.runtimes.onnxruntime import create_session, graph_cache
 
@@ -90,7 +90,7 @@ def translations(t) -> list[tuple[str, float]]:
     """Greedy and beam translations with their scores: every decoder output they depend on."""
     out = []
     for beam in (1, 4):
-        opts = decode_options(t.manifest, beam=beam)
+        opts = DecodeOptions.for_manifest(t.manifest, beam=beam)
         out += [(h[0].text, h[0].score) for h in translate_batch(t, SENTENCES, opts)]
     return out
 

@@ -52,7 +52,7 @@ def test_the_cli_declares_decode_options_own_bounds_and_guards():
     from toolkit.core import batching
 
     assert (options.BEAM.max, options.STREAMS.max, options.THREADS.max) == (MAX_BEAM, MAX_STREAMS, MAX_THREADS)
-    assert options.GUARDED is GUARDED is batching.GUARDED and batching.DecodeOptions is DecodeOptions
+    assert GUARDED is batching.GUARDED and batching.DecodeOptions is DecodeOptions
 
 
 def test_the_cli_option_group_hands_the_command_one_dict_of_for_model_arguments():

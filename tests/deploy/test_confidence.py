@@ -18,9 +18,10 @@ from helpers import Scripted, one_line_error
 from toolkit.core import confidence as conf
 from toolkit.core import data
 from toolkit.core import manifest as manifest_mod
+from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.decoding import StepBackend
 from toolkit.core.tokenizers import open_tokenizer
-from toolkit.deploy.api import Translator, decode_options
+from toolkit.deploy.api import Translator
 from toolkit.deploy.translate import TranslationModel, translate_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,8 +121,8 @@ def test_a_translation_the_loop_guard_cuts_at_every_beam_gets_a_low_confidence(s
     ending = scripted(shipped, Scripted(ids(tokenizer, FRENCH), tokenizer.vocab_size))
 
     guarded: list[int] = []
-    [[cut]] = translate_batch(looping, [SOURCE], decode_options(m), guarded=guarded)
-    [[whole]] = translate_batch(ending, [SOURCE], decode_options(m))
+    [[cut]] = translate_batch(looping, [SOURCE], DecodeOptions.for_manifest(m), guarded=guarded)
+    [[whole]] = translate_batch(ending, [SOURCE], DecodeOptions.for_manifest(m))
 
     assert cut.stopped == "loop" and guarded == [1]  # the retry at beam 4 loops too: the guard's cut is kept
     assert conf.for_manifest(m).probability(cut.signals) > 0.5  # the model is sure of its loop ...
@@ -131,7 +132,7 @@ def test_a_translation_the_loop_guard_cuts_at_every_beam_gets_a_low_confidence(s
 def test_an_untranslated_copy_of_the_source_gets_a_low_confidence(shipped):
     m, tokenizer = shipped
     backend = PerSource(ids(tokenizer, FRENCH), ids(tokenizer, SOURCE)[0], tokenizer.vocab_size, m.rules().end)
-    copy, translated = translate_batch(scripted(shipped, backend), [SOURCE, "A cat sleeps on the mat."], decode_options(m))
+    copy, translated = translate_batch(scripted(shipped, backend), [SOURCE, "A cat sleeps on the mat."], DecodeOptions.for_manifest(m))
 
     assert copy[0].text == SOURCE and translated[0].text == FRENCH
     assert copy[0].signals.untranslated and copy[0].signals.copied == 1.0
@@ -144,7 +145,7 @@ def test_a_line_whose_protected_spans_were_repaired_gets_a_low_confidence(shippe
     backend = PerSource(ids(tokenizer, "La salle est ouverte."), -1, tokenizer.vocab_size, m.rules().end)
     repaired: list[int] = []
 
-    [[best]] = translate_batch(scripted(shipped, backend), ["Room 12 is open."], decode_options(m), repaired=repaired)
+    [[best]] = translate_batch(scripted(shipped, backend), ["Room 12 is open."], DecodeOptions.for_manifest(m), repaired=repaired)
 
     assert "12" in best.text and repaired == [1]  # put back by the fallback
     assert best.signals.repaired and best.confidence <= conf.REPAIRED_MAX < conf.for_manifest(m).probability(best.signals)
@@ -166,7 +167,7 @@ def test_a_sentence_that_runs_away_greedily_is_retried_at_beam_4_and_comes_out_w
     said: list[str] = []
     guarded: list[int] = []
 
-    [[best]] = translate_batch(scripted(shipped, backend), [SOURCE], decode_options(m), warn=said.append, guarded=guarded)
+    [[best]] = translate_batch(scripted(shipped, backend), [SOURCE], DecodeOptions.for_manifest(m), warn=said.append, guarded=guarded)
 
     assert best.text == FRENCH and best.stopped == ""
     assert guarded == [] and not any("guard" in s for s in said)

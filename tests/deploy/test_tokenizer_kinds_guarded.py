@@ -21,10 +21,10 @@ from helpers import Scripted
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.declaration import TOKENIZERS, Declaration, DecodingRules, TokenizerDeclaration
+from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.digests import file_sha256
 from toolkit.core.tokenizer import TextTokenizer
 from toolkit.core.tokenizers import open_tokenizer
-from toolkit.deploy.api import decode_options
 from toolkit.deploy.translate import TranslationModel, translate_batch
 
 SOURCE = "The cat sleeps on the mat and the dog runs in the garden with the children."
@@ -178,7 +178,7 @@ def test_a_translation_the_loop_guard_cuts_ends_on_a_whole_word(case, model_of):
     vocab = 1 + max([*script, rules.start, rules.end, rules.pad, tokenizer.vocab_size])
     t = TranslationModel(m, tokenizer, lambda: Scripted(script, vocab), "cpu", 0.0)
 
-    [[best]] = translate_batch(t, [SOURCE], decode_options(m))  # tk translate's defaults: the loop guard on
+    [[best]] = translate_batch(t, [SOURCE], DecodeOptions.for_manifest(m))  # tk translate's defaults: the loop guard on
 
     whole = tokenizer.decode([word])[0]
     assert best.stopped == "loop", best

@@ -104,7 +104,7 @@ def test_translations_are_token_identical_to_generate(marian, pairs, beam):
     generate, greedy and beam 4 (the generation config's rules: length penalty, early stopping, max_length)."""
     from toolkit import Translator
     from toolkit.core.batching import decode_ids
-    from toolkit.deploy.api import decode_options
+    from toolkit.core.decode_options import DecodeOptions
 
     hf, out = marian
     english = _held_out(pairs)
@@ -113,7 +113,7 @@ def test_translations_are_token_identical_to_generate(marian, pairs, beam):
     texts = translator.translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None)
     assert sum(a != b for a, b in zip(texts, want_text)) <= NEAR_TIES
     m = translator.manifest
-    opts = decode_options(m, beam=beam, loop_guard=False, max_len_a=None)
+    opts = DecodeOptions.for_manifest(m, beam=beam, loop_guard=False, max_len_a=None)
     src = translator.loaded.tokenizer.encode(english)
     got = [h[0].tokens for h in decode_ids(translator.loaded.backend(), src, opts)]
     _assert_identical_but_for_near_ties(hf, m, src, want_tokens, got, beam)

@@ -97,7 +97,7 @@ def test_the_tokenizer_gives_transformers_ids_and_text(tc_big, pairs):
 def test_translations_are_token_identical_to_generate(tc_big, pairs, beam):
     from toolkit import Translator
     from toolkit.core.batching import decode_ids
-    from toolkit.deploy.api import decode_options
+    from toolkit.core.decode_options import DecodeOptions
 
     hf, out = tc_big
     english = _english(pairs)
@@ -105,7 +105,8 @@ def test_translations_are_token_identical_to_generate(tc_big, pairs, beam):
     translator = Translator(out)
     m = translator.manifest
     src = translator.loaded.tokenizer.encode(english)
-    got = [h[0].tokens for h in decode_ids(translator.loaded.backend(), src, decode_options(m, beam=beam, loop_guard=False, max_len_a=None))]
+    opts = DecodeOptions.for_manifest(m, beam=beam, loop_guard=False, max_len_a=None)
+    got = [h[0].tokens for h in decode_ids(translator.loaded.backend(), src, opts)]
     _assert_identical_but_for_near_ties(hf, m, src, want_tokens, got, beam)
     texts = translator.translate(english, beam=beam, raw=True, loop_guard=False, max_len_a=None)
     assert sum(a != b for a, b in zip(texts, want_text)) <= 2

@@ -214,7 +214,7 @@ def test_a_text_of_many_sentences_holds_a_later_request_for_one_batch_at_most(mo
     batcher = Batcher(lambda: model, policy, Metrics())
     batcher.start()
     assert batcher.ready.wait(120)
-    key = OptionKey(1, 1, None, model.manifest.max_output_len)
+    key = OptionKey.of(max_len=model.manifest.max_output_len)
 
     async def settle(check) -> None:
         for _ in range(6000):

@@ -246,7 +246,7 @@ async def settle(check) -> None:
 
 
 def key(model, beam: int = 1) -> OptionKey:
-    return OptionKey(beam, 1, 0.6, model.manifest.max_len)
+    return OptionKey.of(beam=beam, alpha=0.6, max_len=model.manifest.max_len)
 
 
 def test_a_big_request_takes_turns_with_later_requests_instead_of_holding_them(model, monkeypatch):

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from toolkit.core.errors import UsageError
 
-GUARDED = {"max_len_a": 2.0, "max_len_b": 10, "loop_guard": True}  # what tk translate uses unless told otherwise
-
 # Bounds of the options. Beam is capped where a larger one only burns memory and time (beam 5000 took a minute
 # and 3 GB for one sentence); streams beyond the cores only wait. Threads are not a decoding option, but the API
 # and the CLI check a session's intra-op threads against the same bound.
@@ -26,6 +24,60 @@ MAX_THREADS = 256
 ALPHA = (0.0, 10.0)
 MAX_LEN_A = (0.0, 100.0)
 MAX_LEN_B = (0, 1000)
+SERVE_MAX_BEAM = 16  # tk serve's cap on beam and n_best: a server shares its cores among requests
+MAX_CLI_BATCH = 4096  # a batch beyond 4096 sentences gains nothing on one machine; DecodeOptions leaves it open for tk serve's policy
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A decoding option as users give it, declared once: the CLI's click option (toolkit.cli.commands.options), tk
+    serve's request field (toolkit.serve.app) and the API's keyword (toolkit.deploy.api) are made from it, and
+    DecodeOptions.for_model fills in its default where a user leaves it out, whichever way in."""
+
+    name: str  # the API's keyword and the request's field; the CLI's --name, dashed
+    kind: type  # int, float or bool
+    default: object  # what a user who leaves it out gets; None: the model's own, or chosen for the beam, provider and cores
+    low: float | None = None
+    high: float | None = None  # None: no upper bound
+    help: str = ""
+    # Where users give it: "cli" (tk translate and translate-corpus), "translate" (tk translate alone), "serve" (tk serve's
+    # /v1/translate body), "api" (Translator.translate's keywords).
+    takes: tuple[str, ...] = ("cli", "serve", "api")
+    none: str = ""  # what None means, where a user may give None (the API and the request body)
+    caps: tuple[tuple[str, int], ...] = ()  # a surface's tighter upper bound, (surface, high)
+    field_help: str = ""  # the request field's description, where the CLI's help does not fit it
+
+    def high_on(self, surface: str) -> float | None:
+        return dict(self.caps).get(surface, self.high)
+
+
+# The user-facing decoding options and their one default regime: guards on (what tk translate, tk serve and the API use
+# unless told otherwise). DecodeOptions' own defaults are the bare loop's, for measurements of the model itself.
+OPTIONS = (
+    Declared("beam", int, 1, 1, MAX_BEAM, "Beam size; 1 is greedy search.", caps=(("serve", SERVE_MAX_BEAM),)),
+    Declared("n_best", int, 1, 1, MAX_BEAM, "Print N hypotheses per line as 'index ||| text ||| score'.", ("translate", "serve", "api"),
+             caps=(("serve", SERVE_MAX_BEAM),), field_help="Hypotheses returned per sentence, at most beam"),
+    Declared("alpha", float, None, *ALPHA, "Length penalty exponent for beam search [default: the model's own: 0.6 for tk's models, "
+             "the generation config's length_penalty for an imported one].", none="for the model's own"),
+    Declared("max_len", int, None, 1, None, "Longest translation in subword tokens [default: the model's maximum]."),
+    Declared("batch_size", int, None, 1, None, "Sentences per batch [default: 64; on CPU with --beam, about 128 / beam].", ("cli", "api"),
+             caps=(("cli", MAX_CLI_BATCH),)),
+    Declared("max_tokens", int, None, 1, None, "Or a budget of padded source tokens per batch.", ("cli", "api")),
+    Declared("max_len_a", float, 2.0, *MAX_LEN_A, "Guard: an output is at most A * source tokens + B long (with --max-len-b).",
+             none="for no length guard", field_help="Length guard: a sentence's translation is at most max_len_a x its source tokens + "
+             "max_len_b long; null: no length guard (tk translate's --max-len-a)"),
+    Declared("max_len_b", int, 10, *MAX_LEN_B, "See --max-len-a.", field_help="See max_len_a"),
+    Declared("loop_guard", bool, True, help="Stop a hypothesis whose last token repeats 4 times, or last 2-4 tokens 3 times."),
+    Declared("streams", int, None, 1, MAX_STREAMS, "Batches decoded at the same time (CTranslate2's inter_threads); cut to the cores "
+             "/ --threads [default: one per core, up to 4].", ("translate", "api")),
+)
+DECLARED = {o.name: o for o in OPTIONS}
+GUARDED = {name: DECLARED[name].default for name in ("max_len_a", "max_len_b", "loop_guard")}
+
+
+def declared(surface: str) -> tuple[Declared, ...]:
+    """The options users give on `surface` ("cli", "translate", "serve" or "api"), in declaration order."""
+    return tuple(o for o in OPTIONS if surface in o.takes)
 
 
 # The checks run at every call of the API (a single request); the exact-type test first skips the ABC's slower one.
@@ -99,37 +151,37 @@ class DecodeOptions:
         """
         return (count_problem("beam", self.beam, 1, MAX_BEAM)
                 or count_problem("n_best", self.n_best, 1, self.beam, high_is="the beam size")
-                or _number_problem("alpha", self.alpha, ALPHA, "for the model's own")
+                or _number_problem("alpha", self.alpha, ALPHA, DECLARED["alpha"].none)
                 or count_problem("max_len", self.max_len, 1, fix="leave it out for the model's maximum")
                 or count_problem("batch_size", self.batch_size, 1, fix="leave it out for the default")
                 or (None if self.max_tokens is None else count_problem("max_tokens", self.max_tokens, 1, fix="leave it out for no budget"))
                 or (None if self.max_src_len is None else count_problem("max_src_len", self.max_src_len, 1))
-                or _number_problem("max_len_a", self.max_len_a, MAX_LEN_A, "for no length guard")
+                or _number_problem("max_len_a", self.max_len_a, MAX_LEN_A, DECLARED["max_len_a"].none)
                 or count_problem("max_len_b", self.max_len_b, *MAX_LEN_B)
                 or (None if isinstance(self.loop_guard, bool) else f"loop_guard must be True or False (got {shown(self.loop_guard)})")
                 or count_problem("streams", self.streams, 1, MAX_STREAMS, "leave it out for the default"))
 
     @classmethod
-    def for_model(cls, max_positions: int, provider: str = "cpu", *, beam: int = 1, alpha: float | None = None, n_best: int = 1,
-                  max_len: int | None = None, batch_size: int | None = None, max_tokens: int | None = None,
-                  max_len_a: float | None = GUARDED["max_len_a"], max_len_b: int = GUARDED["max_len_b"],
-                  loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None, rules: object | None = None,
-                  max_output: int | None = None) -> DecodeOptions:
-        """The options as a user gives them (tk translate, translate-corpus, the API) for a model of `max_positions`
-        positions: guards on unless told; max_len None: the model's maximum, and any larger one is cut to it; sources
-        are cut to it; batch_size None: chosen for the beam and provider (default_batch_size); streams None: one per
-        core (default_streams). rules: the model's decoding rules; max_output: its default output limit (None: its positions)."""
+    def for_model(cls, max_positions: int, provider: str = "cpu", *, rules: object | None = None, max_output: int | None = None,
+                  **given: object) -> DecodeOptions:
+        """The options as a user gives them (`given`: the declared OPTIONS, by name; one left out is its declared default:
+        guards on, max_len the model's maximum, and any larger one cut to it, batch_size chosen for the beam and provider
+        (default_batch_size), streams one per core (default_streams)) for a model of `max_positions` positions, whose
+        sources are cut to it. rules: the model's decoding rules; max_output: its default output limit (None: its positions)."""
+        unknown = sorted(set(given) - set(DECLARED))
+        if unknown:
+            raise TypeError(f"for_model() got an unexpected keyword argument {unknown[0]!r}")
+        v = {o.name: given.get(o.name, o.default) for o in OPTIONS}
         default_len = max_positions if max_output is None else max_output
-        opts = cls(beam=beam, alpha=alpha, n_best=n_best, max_len=default_len if max_len is None else max_len,
-                   batch_size=1 if batch_size is None else batch_size, max_tokens=max_tokens, max_src_len=max_positions,
-                   max_len_a=max_len_a, max_len_b=max_len_b, loop_guard=loop_guard, streams=1 if streams is None else streams,
-                   rules=rules)
+        opts = cls(**{**v, "max_len": default_len if v["max_len"] is None else v["max_len"],
+                      "batch_size": 1 if v["batch_size"] is None else v["batch_size"], "streams": 1 if v["streams"] is None else v["streams"]},
+                   max_src_len=max_positions, rules=rules)
         # Every given value is checked by now; what is filled in below is valid by construction, and this runs at
         # every call of the API (a single request), so it is set in place instead of checked again.
         opts.max_len = min(opts.max_len, max_positions)
-        if batch_size is None:
-            opts.batch_size = default_batch_size(beam, provider)
-        if streams is None:
+        if v["batch_size"] is None:
+            opts.batch_size = default_batch_size(opts.beam, provider)
+        if v["streams"] is None:
             opts.streams = default_streams()
         return opts
 

@@ -16,7 +16,7 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from toolkit import runtimes
-from toolkit.core.decode_options import GUARDED, MAX_THREADS, DecodeOptions, count_problem, shown
+from toolkit.core.decode_options import MAX_THREADS, DecodeOptions, count_problem, declared, shown
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.glossary import Glossary
@@ -27,22 +27,10 @@ from toolkit.core.textprep import TextOptions
 from toolkit.deploy import markup
 from toolkit.deploy.translate import Translation, failure_notes, open_model, translate_batch
 
-
-def decode_options(m: Manifest, beam: int = 1, alpha: float | None = None, n_best: int = 1, max_len: int | None = None,
-                   batch_size: int | None = None, max_tokens: int | None = None, max_len_a: float | None = GUARDED["max_len_a"],
-                   max_len_b: int = GUARDED["max_len_b"], loop_guard: bool = GUARDED["loop_guard"], streams: int | None = None,
-                   provider: str = "cpu") -> DecodeOptions:
-    """Decoding options as `tk translate` takes them, for the model of manifest `m` (DecodeOptions.for_model, which
-    checks every value): max_len is capped at the model's maximum, guards on by default, batch_size and streams None:
-    the defaults for the beam, the provider and the cores; alpha None and max_len None: the model's own."""
-    return DecodeOptions.for_model(m.max_len, provider, beam=beam, alpha=alpha, n_best=n_best, max_len=max_len,
-                                   batch_size=batch_size, max_tokens=max_tokens, max_len_a=max_len_a, max_len_b=max_len_b,
-                                   loop_guard=loop_guard, streams=streams, rules=m.rules(), max_output=m.max_output_len)
-
-
 _SURROGATE = re.compile("[\ud800-\udfff]")
 FORMATS = ("text", "html")  # what a text is: plain text, or an HTML fragment whose markup is kept (toolkit.deploy.markup)
-OPTIONS = ("alpha", "max_len", "batch_size", "max_tokens", "max_len_a", "max_len_b", "loop_guard", "streams")  # decode_options'
+# The keywords of translate and translate_batch beyond beam and n_best: the declared decoding options the API takes.
+OPTIONS = tuple(o.name for o in declared("api") if o.name not in ("beam", "n_best"))
 
 
 def _check_model_arguments(provider: object, variant: object, threads: object, allow_cpu_fallback: object) -> None:
@@ -139,7 +127,8 @@ class Translator:
         """The n-best translations (text, score, token counts, confidence) of each text, in input order. A translation's
         `confidence` (0 to 1; toolkit.core.confidence) says how far to trust it: low marks a line a person should check.
 
-        `options` are decode_options' (alpha, max_len, batch_size, max_tokens, max_len_a, max_len_b, loop_guard, streams);
+        `options` are the other declared decoding options (OPTIONS: alpha, max_len, batch_size, max_tokens, max_len_a,
+        max_len_b, loop_guard, streams; toolkit.core.decode_options), each default as `tk translate`'s;
         keep/split/raw/strict mean what `tk translate --keep/--no-split/--raw/--strict` mean (keep: a list of terms,
         or one term as a str). A bad value of any of them is a UsageError naming it, the value and what is accepted.
         glossary: source term -> target term ({"house": "demeure"}), or toolkit.core.glossary.load("terms.tsv"), as
@@ -156,7 +145,7 @@ class Translator:
         # A multilingual model's languages (None: its own defaults): the source code on each sentence, the target forced first.
         loaded = self.loaded.for_languages(source_lang, target_lang)
         m = loaded.manifest
-        opts = decode_options(m, beam=beam, n_best=n_best, provider=self.provider, **options)
+        opts = DecodeOptions.for_manifest(m, self.provider, beam=beam, n_best=n_best, **options)
         repaired: list[int] = []
         said: list[str] = []
         failed: list[int] = []  # texts tk failed on (1-based): each got a fallback's or an empty translation

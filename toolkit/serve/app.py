@@ -23,11 +23,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from starlette.exceptions import HTTPException
 
 from toolkit.core import textprep
-from toolkit.core.decode_options import ALPHA, GUARDED, MAX_LEN_A, MAX_LEN_B
+from toolkit.core.decode_options import SERVE_MAX_BEAM, declared
 from toolkit.core.errors import UsageError, first_line
 from toolkit.core.glossary import Glossary
 from toolkit.core.glossary import from_mapping as glossary_from
@@ -45,7 +45,6 @@ from toolkit.serve.metrics import Metrics
 
 log = logging.getLogger("tk.serve")
 PAGE = Path(__file__).with_name("page.html")
-MAX_BEAM = 16
 TRANSLATE = "/v1/translate"
 DROP_IN = "/translate"  # LibreTranslate's route, and the corpus-pipeline contract (NeMo Curator) on the same path
 # Requests whose bodies the middleware reads within the limits, and those counted as translation requests.
@@ -92,33 +91,43 @@ class ModelSpec:
     fills: bool = False
 
 
-class TranslateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def decoding_fields() -> dict:
+    """The request fields of the declared decoding options tk serve takes (toolkit.core.decode_options.OPTIONS, "serve"):
+    each its declared type, default, range (tk serve's cap where it has one) and help."""
+    out = {}
+    for o in declared("serve"):
+        kind = o.kind | None if o.default is None or o.none else o.kind
+        bounds = {} if o.kind is bool else {"ge": o.low, **({"le": o.high_on("serve")} if o.high_on("serve") is not None else {})}
+        out[o.name] = (kind, Field(o.default, **bounds, description=o.field_help or o.help.removesuffix(".")))
+    return out
 
-    text: str | list[str] = Field(description="One sentence (or text), or a list of them", examples=["I'm home."])
-    source: str | None = Field(None, description="Source language code, or \"auto\" to detect it [default: the first served pair's]",
-                               examples=["en"])
-    target: str | None = Field(None, description="Target language code [default: the first served pair's]", examples=["fr"])
-    beam: int = Field(1, ge=1, le=MAX_BEAM, description="Beam size; 1 is greedy search")
-    n_best: int = Field(1, ge=1, le=MAX_BEAM, description="Hypotheses returned per sentence, at most beam")
-    # The decoding options and their ranges are tk translate's (toolkit.core.decode_options), guards on by default.
-    alpha: float | None = Field(None, ge=ALPHA[0], le=ALPHA[1], description="Length penalty exponent for beam search [default: the model's own]")
-    max_len: int | None = Field(None, ge=1, description="Longest translation in subword tokens [default: the model's maximum]")
-    max_len_a: float | None = Field(GUARDED["max_len_a"], ge=MAX_LEN_A[0], le=MAX_LEN_A[1],
-                                    description="Length guard: a sentence's translation is at most max_len_a x its source tokens + max_len_b "
-                                                "long; null: no length guard (tk translate's --max-len-a)")
-    max_len_b: int = Field(GUARDED["max_len_b"], ge=MAX_LEN_B[0], le=MAX_LEN_B[1], description="See max_len_a")
-    loop_guard: bool = Field(GUARDED["loop_guard"], description="Stop a hypothesis that starts repeating itself (tk translate's --loop-guard)")
-    api_key: str | None = Field(None, description="The client's API key where the server has --api-keys (or Authorization: Bearer)")
-    glossary: dict[str, str] | None = Field(None, description="Source term -> target term: each occurrence of a source term (whatever "
-                                            "its case, as a whole word) comes out as its target term, exactly once (tk translate's --glossary)",
-                                            examples=[{"house": "demeure"}])
+
+class RequestChecks(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="after")
     def _n_best_within_beam(self):
         if self.n_best > self.beam:
             raise ValueError(f"n_best ({self.n_best}) must not exceed beam ({self.beam})")
         return self
+
+    def decoding(self) -> dict:
+        """The request's decoding options, by declared name."""
+        return {o.name: getattr(self, o.name) for o in declared("serve")}
+
+
+TranslateRequest = create_model(
+    "TranslateRequest", __base__=RequestChecks,
+    text=(str | list[str], Field(description="One sentence (or text), or a list of them", examples=["I'm home."])),
+    source=(str | None, Field(None, description="Source language code, or \"auto\" to detect it [default: the first served pair's]",
+                              examples=["en"])),
+    target=(str | None, Field(None, description="Target language code [default: the first served pair's]", examples=["fr"])),
+    **decoding_fields(),
+    api_key=(str | None, Field(None, description="The client's API key where the server has --api-keys (or Authorization: Bearer)")),
+    glossary=(dict[str, str] | None, Field(None, description="Source term -> target term: each occurrence of a source term (whatever "
+                                           "its case, as a whole word) comes out as its target term, exactly once (tk translate's --glossary)",
+                                           examples=[{"house": "demeure"}])),
+)
 
 
 CONFIDENCE = ("How far to trust each translation, 0 to 1: the estimated chance that it scores a sentence chrF of 50 or more "
@@ -473,8 +482,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         except UsageError as e:
             return error(400, str(e))
         check_texts(texts, 413)
-        key = OptionKey(req.beam, req.n_best, req.alpha, req.max_len, req.max_len_a, req.max_len_b, req.loop_guard, codes,
-                        glossary=await request_glossary(req.glossary, 422))
+        key = OptionKey.of(codes, await request_glossary(req.glossary, 422), **req.decoding())
         results = await decoded(b, texts, key)
         metrics.sentences.inc(len(texts))
         latency = time.perf_counter() - start
@@ -509,7 +517,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         admit(request_key(body, request.headers), texts)
         b, codes = pick(body.get("src_lang"), body.get("tgt_lang"), "src_lang", "tgt_lang")
         check_texts(texts, 400, "text")
-        key = OptionKey(1, 1, None, None, languages=codes, glossary=await request_glossary(body.get("glossary"), 400))
+        key = OptionKey.of(codes, await request_glossary(body.get("glossary"), 400))
         results = await decoded(b, texts, key, 400) if texts else []
         metrics.sentences.inc(len(texts))
         return {"translations": [n[0].text for n in results]}
@@ -534,14 +542,14 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
             alternatives = max(0, int(alternatives))
         except (TypeError, ValueError):
             raise Refusal(400, "Invalid request: alternatives parameter is not a number") from None
-        if alternatives > MAX_BEAM - 1:
-            raise Refusal(400, f"Invalid request: alternatives parameter must be <= {MAX_BEAM - 1}")
+        if alternatives > SERVE_MAX_BEAM - 1:
+            raise Refusal(400, f"Invalid request: alternatives parameter must be <= {SERVE_MAX_BEAM - 1}")
         source, detected = detected_source(texts, body.get("target")) if body.get("source") == "auto" else (body.get("source"), None)
         b, codes = pick(source, body.get("target"), "source", "target")
         check_texts(texts, 400, "text")
         # LibreTranslate asks its beam search for alternatives + 1 hypotheses: tk translate --beam N --n-best N, N = that.
         n = alternatives + 1
-        key = OptionKey(n, n if fmt == "text" else 1, None, None, languages=codes, glossary=await request_glossary(body.get("glossary"), 400))
+        key = OptionKey.of(codes, await request_glossary(body.get("glossary"), 400), beam=n, n_best=n if fmt == "text" else 1)
         trust: list[float] = []  # tk's extension: each text's confidence (toolkit.core.confidence)
         if fmt == "html":  # LibreTranslate gives no alternatives for html either
             out, others = await html(b, texts, key, trust), [[] for _ in texts]
@@ -638,7 +646,7 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
         b, codes = pick(source, target, "source", "target")
         out: list[str] = []
         for at in range(0, len(texts), config.max_sentences):
-            out += [n[0].text for n in await decoded(b, texts[at:at + config.max_sentences], OptionKey(1, 1, None, None, languages=codes), 400)]
+            out += [n[0].text for n in await decoded(b, texts[at:at + config.max_sentences], OptionKey.of(codes), 400)]
         return out
 
     add_file_routes(app, file_texts, FileRoutesConfig())

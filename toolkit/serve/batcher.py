@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from toolkit.core import placeholders, textprep
-from toolkit.core.decode_options import GUARDED, DecodeOptions
+from toolkit.core.decode_options import DECLARED, DecodeOptions, declared
 from toolkit.core.errors import ToolkitError, first_line
 from toolkit.core.glossary import Glossary
 from toolkit.core.textprep import TextOptions
@@ -63,17 +63,11 @@ class BatchPolicy:
 
 @dataclass(frozen=True)
 class OptionKey:
-    """Decoding options as a request gives them (None: the model's own), guards on unless told, as in `tk translate`;
-    DecodeOptions.for_manifest, the one builder, turns them into what decodes. Only sentences with equal options can
-    share a decode."""
+    """A request's decoding options as it gives them (the declared options tk serve takes, toolkit.core.decode_options;
+    one left out is its declared default: guards on, as in `tk translate`), its pair and its glossary. Batcher.options,
+    through the one builder, turns them into what decodes, once per request. Only sentences with equal keys share a decode."""
 
-    beam: int
-    n_best: int
-    alpha: float | None
-    max_len: int | None
-    max_len_a: float | None = GUARDED["max_len_a"]
-    max_len_b: int = GUARDED["max_len_b"]
-    loop_guard: bool = GUARDED["loop_guard"]
+    given: tuple[tuple[str, object], ...]  # (name, value) of every declared "serve" option, in declaration order
     # A multilingual model's pair in its own codes (None: the model's default): another pair is another tokenization
     # and another forced first token, so only sentences of one pair share a decode.
     languages: tuple[str, str] | None = None
@@ -81,6 +75,27 @@ class OptionKey:
     # targets and spans: decode_segments forces them into its translation alone), so sentences of requests with
     # different glossaries share a decode and get the same translation as alone: it takes no part in which share one.
     glossary: Glossary | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, languages: tuple[str, str] | None = None, glossary: Glossary | None = None, **given: object) -> OptionKey:
+        """The key of a request giving `given` (declared names); the others take their declared defaults."""
+        names = [o.name for o in declared("serve")]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise TypeError(f"OptionKey.of() got an unexpected keyword argument {unknown[0]!r}")
+        return cls(tuple((n, given.get(n, DECLARED[n].default)) for n in names), languages, glossary)
+
+    @property
+    def decoding(self) -> dict[str, object]:
+        return dict(self.given)
+
+    @property
+    def beam(self) -> int:
+        return self.decoding["beam"]
+
+    @property
+    def n_best(self) -> int:
+        return self.decoding["n_best"]
 
 
 @dataclass
@@ -90,6 +105,7 @@ class _Item:
     text: str
     tokens: int  # source length, for the batch's token budget
     key: OptionKey
+    opts: DecodeOptions  # what its request decodes with, built once for the request (Batcher.options)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     deadline: float = math.inf  # time.monotonic() past which nobody waits for it
@@ -153,14 +169,13 @@ class Batcher:
     def not_ready_reason(self) -> str:
         return self.failed or ("shutting down" if self._closing or self.ready.is_set() else "the model is still loading")
 
-    def options(self, key: OptionKey, n: int = 1) -> DecodeOptions:
-        """What a batch of n sentences decodes with: the request's options through the one builder of user-facing
-        options (so the same text as `tk translate` and the API), in one batch within the work budget, one stream
+    def options(self, key: OptionKey) -> DecodeOptions:
+        """What a request decodes with, built once for it: its options through the one builder of user-facing options (so
+        the same text as `tk translate` and the API), batches within the policy's sentence and work budgets, one stream
         (the server's concurrency is its batches). A bad value is a UsageError naming it."""
         t = self.chosen(key)
-        return DecodeOptions.for_manifest(t.manifest, t.provider, beam=key.beam, alpha=key.alpha, n_best=key.n_best, max_len=key.max_len,
-                                          max_len_a=key.max_len_a, max_len_b=key.max_len_b, loop_guard=key.loop_guard,
-                                          batch_size=max(n, 1), max_tokens=self.policy.max_tokens, streams=1)
+        return DecodeOptions.for_manifest(t.manifest, t.provider, **key.decoding, batch_size=self.policy.max_sentences,
+                                          max_tokens=self.policy.max_tokens, streams=1)
 
     def chosen(self, key: OptionKey) -> TranslationModel:
         """The model translating the key's pair (TranslationModel.for_languages, as tk translate --source-lang chooses
@@ -189,12 +204,12 @@ class Batcher:
                            f"--queue-size); send at most {self.policy.queue_size} per request")
         if not self.healthy:
             raise NotReady(self.not_ready_reason())
-        self.options(key)  # checked before any work
+        opts = self.options(key)  # checked before any work
         # Off the event loop: splitting and tokenising 64 texts of 1,000 characters takes tens of milliseconds.
         segments, tokens = await asyncio.to_thread(self.prepare, texts, key)
         loop = asyncio.get_running_loop()
         counts = iter(tokens)
-        items = [_Item(seg.text, next(counts), key, loop.create_future(), loop, deadline, line, k == len(segs) - 1, segment=seg)
+        items = [_Item(seg.text, next(counts), key, opts, loop.create_future(), loop, deadline, line, k == len(segs) - 1, segment=seg)
                  for line, segs in enumerate(segments, 1) for k, seg in enumerate(segs)]
         queued = sum(1 for i in items if i.last)
         with self._cond:
@@ -248,7 +263,7 @@ class Batcher:
             self.translator = self.load()
             backend = self.translator.backend()
             start = time.perf_counter()
-            decode_sentences(self.translator, [WARMUP_TEXT], self.options(OptionKey(1, 1, None, None)), backend=backend)
+            decode_sentences(self.translator, [WARMUP_TEXT], self.options(OptionKey.of()), backend=backend)
             log.info("ready: %s on %s, warm-up translation in %.0f ms", self.translator.manifest.model, self.translator.provider,
                      1000 * (time.perf_counter() - start))
         except Exception as e:  # a failed load leaves the server alive and not ready, saying why
@@ -353,7 +368,7 @@ class Batcher:
         start = time.perf_counter()
         try:
             results = decode_segments(self.chosen(batch[0].key), [i.segment or textprep.Segment(i.text) for i in batch],
-                                      self.options(batch[0].key, len(batch)), backend=backend, warn=log.warning, lines=[i.line for i in batch],
+                                      batch[0].opts, backend=backend, warn=log.warning, lines=[i.line for i in batch],
                                       decode=decode_sentences)
         except Exception as e:
             if len(batch) > 1:

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from toolkit.core.atomic import check_output_path
-from toolkit.core.decode_options import ALPHA, GUARDED, MAX_BEAM, MAX_LEN_A, MAX_LEN_B, MAX_STREAMS, MAX_THREADS
+from toolkit.core.decode_options import DECLARED, MAX_BEAM, MAX_CLI_BATCH, MAX_STREAMS, MAX_THREADS, Declared, declared
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.shipped import default_model
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
@@ -34,12 +34,12 @@ class FiniteFloat(click.FloatRange):
 
 
 # Declared ranges of the numeric options, so that click names a bad value and its option before anything runs.
-# Those of decoding are DecodeOptions' own bounds (toolkit.core.decode_options), which check every way in again.
-# A batch beyond 4096 sentences gains nothing on one machine; DecodeOptions leaves it open for `tk serve`'s policy.
+# Those of decoding are the declared options' (toolkit.core.decode_options.OPTIONS), which DecodeOptions checks every way
+# in again.
 POSITIVE = click.IntRange(min=1)
 SEED = click.IntRange(0, 2**32 - 1)
 BEAM = click.IntRange(1, MAX_BEAM)
-BATCH = click.IntRange(1, 4096)
+BATCH = click.IntRange(1, MAX_CLI_BATCH)
 THREADS = click.IntRange(1, MAX_THREADS)
 STREAMS = click.IntRange(1, MAX_STREAMS)
 # One search for the corpus in every command (toolkit.core.data.find); each command names the file it used.
@@ -79,23 +79,27 @@ def option_group(*options, into: str | None = None):
     return decorate
 
 
-# How a translation is searched for and where it stops: the same options for tk translate and tk translate-corpus, handed
-# to the command as one dict `decoding` of DecodeOptions.for_model's arguments, which checks them and builds the options.
-DECODING = option_group(
-    click.option("--batch-size", type=BATCH, help="Sentences per batch [default: 64; on CPU with --beam, about 128 / beam]."),
-    click.option("--max-tokens", type=POSITIVE, help="Or a budget of padded source tokens per batch."),
-    click.option("--beam", type=BEAM, default=1, show_default=True, help="Beam size; 1 is greedy search."),
-    click.option("--alpha", type=FiniteFloat(*ALPHA),
-                 help="Length penalty exponent for beam search [default: the model's own: 0.6 for tk's models, "
-                      "the generation config's length_penalty for an imported one]."),
-    click.option("--max-len", type=POSITIVE, help="Longest translation in subword tokens [default: the model's maximum]."),
-    click.option("--max-len-a", type=FiniteFloat(*MAX_LEN_A), default=GUARDED["max_len_a"], show_default=True,
-                 help="Guard: an output is at most A * source tokens + B long (with --max-len-b)."),
-    click.option("--max-len-b", type=click.IntRange(*MAX_LEN_B), default=GUARDED["max_len_b"], show_default=True, help="See --max-len-a."),
-    click.option("--loop-guard/--no-loop-guard", default=GUARDED["loop_guard"], show_default=True,
-                 help="Stop a hypothesis whose last token repeats 4 times, or last 2-4 tokens 3 times."),
-    into="decoding",
-)
+def decode_option(o: Declared, surface: str = "cli"):
+    """The click option of a declared decoding option (toolkit.core.decode_options.OPTIONS): --name, its type and range,
+    default and help as declared."""
+    flag = "--" + o.name.replace("_", "-")
+    show = o.default is not None
+    if o.kind is bool:
+        return click.option(f"{flag}/--no-{flag[2:]}", default=o.default, show_default=show, help=o.help)
+    high = o.high_on(surface)
+    kind = click.IntRange(o.low, high) if o.kind is int else FiniteFloat(o.low, high)
+    return click.option(flag, type=kind, default=o.default, show_default=show, help=o.help)
+
+
+def one_option(name: str):
+    """A declared decoding option that one command takes on its own (tk translate's --n-best and --streams)."""
+    return decode_option(DECLARED[name], "translate")
+
+
+# How a translation is searched for and where it stops: the declared options of the "cli" surface, the same for tk translate
+# and tk translate-corpus, handed to the command as one dict `decoding` of DecodeOptions.for_model's arguments, which checks
+# them and builds the options.
+DECODING = option_group(*(decode_option(o) for o in declared("cli")), into="decoding")
 # How typed text becomes model input and back.
 TEXT = option_group(
     click.option("--keep", multiple=True, metavar="TERM", help="Copy TERM verbatim, like URLs, e-mail addresses and numbers (repeatable)."),

@@ -11,17 +11,16 @@ from pathlib import Path
 import click
 
 from toolkit.cli.commands.options import (
-    BEAM,
     DECODING,
     DEFAULT_FAST_VARIANT,
     DEFAULT_MODEL,
     DEFAULT_RUNTIME,
     LANGUAGES,
     PROVIDER,
-    STREAMS,
     TEXT,
     THREADS,
     FiniteFloat,
+    one_option,
     paused_gc,
     plural,
     runtime_option,
@@ -47,12 +46,11 @@ from toolkit.core.errors import UsageError
 @runtime_option()
 @DECODING
 @TEXT
-@click.option("--n-best", type=BEAM, default=1, show_default=True, help="Print N hypotheses per line as 'index ||| text ||| score'.")
+@one_option("n_best")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Score the output against this file (one reference per line) with sacrebleu.")
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads per session [default: the cores / the default streams].")
-@click.option("--streams", type=STREAMS,
-              help="Batches decoded at the same time (CTranslate2's inter_threads); cut to the cores / --threads [default: one per core, up to 4].")
+@one_option("streams")
 @click.option("--format", "text_format", type=click.Choice(["text", "html"]), default="text", show_default=True,
               help="html: each line is an HTML fragment; its text is translated and its markup kept in place.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
