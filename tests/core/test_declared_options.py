@@ -29,7 +29,7 @@ def cli_options(command) -> dict:
 
 def serve_options() -> dict:
     pytest.importorskip("fastapi")
-    from toolkit.serve.app import TranslateRequest
+    from toolkit.serve.schema import TranslateRequest
 
     out = {}
     for name, f in TranslateRequest.model_fields.items():

@@ -22,9 +22,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from test_serve import LONG_WAIT, config, metric, running, start_cli_server, until, wait_ready  # noqa: E402
 
 from toolkit.deploy.translate import decode_sentences, open_model  # noqa: E402
-from toolkit.serve.app import DRAIN_BYTES, ServeConfig, create_app  # noqa: E402
+from toolkit.serve.app import ServeConfig, create_app  # noqa: E402
 from toolkit.serve.batcher import Batcher, BatchPolicy, OptionKey  # noqa: E402
 from toolkit.serve.metrics import Metrics  # noqa: E402
+from toolkit.serve.middleware import DRAIN_BYTES  # noqa: E402
 from toolkit.serve.server import bound_config  # noqa: E402
 
 LOOPBACK = "http://127.0.0.1"

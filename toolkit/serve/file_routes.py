@@ -6,9 +6,9 @@ structure kept (toolkit.deploy.files: .txt, .html/.htm, .docx, .srt) and answers
 once. A client never names a path here: uploads and translations live in a temporary directory the server owns, under
 random names (an unguessable token), and the name in a download URL only looks the token up. A translation is deleted
 once downloaded or after FileRoutesConfig.ttl_s, and the files held together never pass max_stored_bytes (503 beyond).
-The request body is read within its own size and time limits before the form is parsed (the server's middleware leaves
-this route's body to it), and the file is checked by files.read_file (size, zip bomb, DTD, outside links) before any
-translation. Every error answers `{"error": "one line"}`.
+The request body is read within its own size and time limits before the form is parsed, by the reader the middleware
+reads the translation routes' bodies with (the middleware leaves this route's body to it), and the file is checked by
+files.read_file (size, zip bomb, DTD, outside links) before any translation. Every error answers `{"error": "one line"}`.
 
 `add_file_routes(app, translate_texts, config)` registers both routes on a FastAPI app; translate_texts is the app's own
 translation: `await translate_texts(texts, source, target, api_key)` gives the texts' translations in order, raising
@@ -37,6 +37,7 @@ from starlette.formparsers import MultiPartException
 
 from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.deploy import files
+from toolkit.serve.middleware import BodyLimits, Refused, read_body
 
 log = logging.getLogger("tk.serve")
 TRANSLATE_FILE = "/translate_file"
@@ -59,6 +60,11 @@ class FileRoutesConfig:
     def max_body_bytes(self) -> int:
         """The largest multipart body: the largest file, its part's headers and the other fields."""
         return max(self.limits.docx_bytes, self.limits.text_bytes) + _FORM_FIELDS * _FIELD_BYTES
+
+    @property
+    def body(self) -> BodyLimits:
+        """The upload's limits, for the one body reader (toolkit.serve.middleware.read_body)."""
+        return BodyLimits(self.max_body_bytes, self.body_timeout_s, fix="send a smaller file", late="the file", grouped=True)
 
 
 class FileRefusal(Exception):
@@ -140,36 +146,15 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def _body(request: Request, config: FileRoutesConfig) -> bytes:
-    """The request's whole body, refused past max_body_bytes (by its Content-Length first) or past body_timeout_s."""
-    limit = config.max_body_bytes
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise FileRefusal(413, f"request body of {int(length):,} bytes, limit {limit:,}; send a smaller file")
-    chunks: list[bytes] = []
-    size = 0
-
-    async def read() -> None:
-        nonlocal size
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise FileRefusal(413, f"request body over {limit:,} bytes, the limit; send a smaller file")
-            chunks.append(chunk)
-
-    try:
-        await asyncio.wait_for(read(), config.body_timeout_s)
-    except asyncio.TimeoutError:
-        raise FileRefusal(408, f"the file did not arrive within {config.body_timeout_s:g}s; send it whole at once") from None
-    return b"".join(chunks)
-
-
 async def _form(request: Request, config: FileRoutesConfig) -> tuple[str, bytes, str, str, str | None]:
     """(file name, file bytes, source, target, api_key) from the multipart form, read within the limits."""
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
         raise FileRefusal(400, "Invalid request: missing file parameter; send the file in a multipart/form-data form with the fields "
                                "file, source and target")
-    body = await _body(request, config)
+    try:
+        body = await read_body(request.scope, request.receive, config.body)
+    except Refused as e:
+        raise FileRefusal(e.status, str(e)) from None
     sent = False
 
     async def replay() -> dict:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 
 from toolkit.core import signals
 from toolkit.core.errors import ToolkitError, UsageError, first_line
-from toolkit.serve.app import ModelSpec, ServeConfig, printable
+from toolkit.serve.app import ModelSpec, ServeConfig
+from toolkit.serve.middleware import printable
 from toolkit.serve.ray_app import APP_NAME, SERVE_LOGGING, Replicas, plan_specs
 from toolkit.serve.server import bind, bound_config, setup_logging
 

@@ -17,7 +17,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from toolkit.core.errors import UsageError
 from toolkit.deploy.translate import TranslationModel
-from toolkit.serve.app import LOOPBACK_HOSTS, ModelSpec, ServeConfig, create_app, host_name, printable
+from toolkit.serve.app import ModelSpec, ServeConfig, create_app
+from toolkit.serve.middleware import LOOPBACK_HOSTS, host_name, printable
 
 log = logging.getLogger("tk.serve")
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
