@@ -38,6 +38,7 @@ from toolkit.serve.keys import Refused as KeyRefused
 from toolkit.serve.languages import Pair
 from toolkit.serve.metrics import Metrics
 from toolkit.serve.middleware import SURROGATES, BodyLimits, RequestLog, printable
+from toolkit.serve.options import default
 from toolkit.serve.schema import ErrorBody, Hypothesis, TranslateRequest, TranslateResponse
 
 log = logging.getLogger("tk.serve")
@@ -52,13 +53,14 @@ COUNTED = (TRANSLATE, DROP_IN)
 @dataclass(frozen=True)
 class ServeConfig:
     policy: BatchPolicy = field(default_factory=BatchPolicy)
-    max_sentences: int = 64  # per request
-    max_chars: int = 1000  # per sentence
-    timeout_s: float = 30.0  # per request, queue wait included
+    # The limits' defaults are tk serve's (toolkit.serve.options, where the options are declared).
+    max_sentences: int = default("config.max_sentences")  # per request
+    max_chars: int = default("config.max_chars")  # per sentence
+    timeout_s: float = default("config.timeout_s")  # per request, queue wait included
     retry_after_s: int = 1  # told to clients refused for a full queue
     description: str = ""  # model, variant and provider, for the page and the log
-    body_timeout_s: float = 10.0  # the whole request body must arrive within this (408 beyond)
-    header_timeout_s: float = 10.0  # a request's line and headers must arrive within this (server.BoundedH11Protocol)
+    body_timeout_s: float = default("config.body_timeout_s")  # the whole request body must arrive within this (408 beyond)
+    header_timeout_s: float = default("config.header_timeout_s")  # a request's line and headers must arrive within this (server.BoundedH11Protocol)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides LOOPBACK_HOSTS; "*" serves any
     default_pair: Pair | None = None  # what a request naming no pair gets (tk serve --source-lang/--target-lang); None: the first
     api_keys: Mapping[bytes, KeyLimits] | None = None  # tk serve --api-keys: every translation route needs a key; None: open

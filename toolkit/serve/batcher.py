@@ -34,6 +34,7 @@ from toolkit.deploy.translate import (
     segment_lines,
 )
 from toolkit.serve.metrics import Metrics
+from toolkit.serve.options import default
 
 log = logging.getLogger("tk.serve")
 
@@ -54,10 +55,11 @@ class NotReady(Exception):
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    max_tokens: int = 1024  # padded source tokens x beam per decode (longest sentence x sentences x beam)
-    max_sentences: int = 64  # sentences per decode
-    max_delay_s: float = 0.010  # how long the oldest sentence may wait for company
-    queue_size: int = 1024  # texts (a request's "sentences") waiting, over all requests
+    # The defaults are tk serve's (toolkit.serve.options, where the options are declared).
+    max_tokens: int = default("policy.max_tokens")  # padded source tokens x beam per decode (longest sentence x sentences x beam)
+    max_sentences: int = default("policy.max_sentences")  # sentences per decode
+    max_delay_s: float = default("policy.max_delay_s")  # how long the oldest sentence may wait for company
+    queue_size: int = default("policy.queue_size")  # texts (a request's "sentences") waiting, over all requests
     batching: bool = True  # off: one sentence per decode (the baseline the load test compares with)
 
 

@@ -32,6 +32,7 @@ from toolkit.deploy.translate import Translation, TranslationModel
 from toolkit.serve.app import ModelSpec, ServeConfig, create_app
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
 from toolkit.serve.metrics import Metrics
+from toolkit.serve.options import LIMITS, fields, ray_arguments
 
 log = logging.getLogger("tk.serve")
 
@@ -374,40 +375,44 @@ def listed(value: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else tuple(value)
 
 
-def given(args: dict, fields: dict) -> dict:
-    """The arguments given, as the named fields of BatchPolicy or ServeConfig (whose defaults, tk serve's, stand for the
-    others); a value that is not a number is one line naming it."""
+def limits_given(args: dict) -> dict:
+    """The declared limits of tk serve in `args` (toolkit.serve.options.LIMITS), each as its type and within its range
+    (as `tk serve` takes them); one that is not is one line naming it."""
     out = {}
-    for name, (field_name, convert) in fields.items():
-        if name in args:
-            try:
-                out[field_name] = convert(args[name])
-            except (TypeError, ValueError):
-                raise UsageError(f"{name} must be a number, got {args[name]!r:.40}") from None
+    for o in LIMITS:
+        if o.name not in args:
+            continue
+        try:
+            value = o.kind(args[o.name])
+        except (TypeError, ValueError):
+            raise UsageError(f"{o.name} must be a number, got {args[o.name]!r:.40}") from None
+        if not (o.low < value if o.low_open else o.low <= value) or value > o.high or value != value:
+            raise UsageError(f"{o.name} must be from {o.low:g} to {o.high:g}{' (not 0)' if o.low_open else ''}, got {args[o.name]!r:.40}")
+        out[o.name] = value
     return out
 
 
 def app_builder(args: dict):
     """The application from tk serve's arguments as a dict, for a RayService's serveConfigV2 (import_path
     toolkit.serve.ray_app:app_builder) or `serve run`: models (DIR[:SOURCE-TARGET] list, or one string of them separated
-    by commas), replicas ("N" or "MIN:MAX"), and
-    optionally threads, provider, variant, runtime, source_lang, target_lang, max_delay_ms, max_batch_tokens,
-    max_batch_sentences, queue_size, max_sentences, max_chars, timeout_s, allow_hosts."""
-    known = {"models", "replicas", "threads", "provider", "variant", "runtime", "source_lang", "target_lang", "max_delay_ms",
-             "max_batch_tokens", "max_batch_sentences", "queue_size", "max_sentences", "max_chars", "timeout_s", "allow_hosts"}
-    unknown = sorted(set(args) - known)
+    by commas), replicas ("N" or "MIN:MAX"), and optionally the others of toolkit.serve.options.ray_arguments (threads,
+    provider, variant, runtime, source_lang, target_lang, allow_hosts and the batching and request limits, by tk serve's
+    option names). What it leaves out takes tk serve's defaults."""
+    known = ray_arguments()
+    unknown = sorted(set(args) - set(known))
     if unknown:
         raise UsageError(f"unknown argument(s) {', '.join(unknown)} for toolkit.serve.ray_app:app_builder; known: {', '.join(sorted(known))}")
     if not args.get("models"):
         raise UsageError("give models: a list of model directories (DIR or DIR:SOURCE-TARGET), at the same path on every node")
     from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
-    threads = given(args, {"threads": ("threads", int)}).get("threads") or 1
-    policy = BatchPolicy(**given(args, {"max_batch_tokens": ("max_tokens", int), "max_batch_sentences": ("max_sentences", int),
-                                        "max_delay_ms": ("max_delay_s", lambda v: float(v) / 1000), "queue_size": ("queue_size", int)}))
+    try:
+        threads = int(args.get("threads") or 1)
+    except (TypeError, ValueError):
+        raise UsageError(f"threads must be a number, got {args['threads']!r:.40}") from None
+    limits = limits_given(args)
     specs, default = plan_specs(listed(args["models"]), args.get("provider"), args.get("variant"), threads, args.get("runtime") or DEFAULT_RUNTIME,
                                 {"source_lang": args.get("source_lang"), "target_lang": args.get("target_lang")})
-    config = ServeConfig(policy=policy, description="; ".join(s.description for s in specs), allowed_hosts=listed(args.get("allow_hosts", ())),
-                         default_pair=default, **given(args, {"max_sentences": ("max_sentences", int), "max_chars": ("max_chars", int),
-                                                              "timeout_s": ("timeout_s", float)}))
+    config = ServeConfig(policy=BatchPolicy(**fields(limits, "policy")), description="; ".join(s.description for s in specs),
+                         allowed_hosts=listed(args.get("allow_hosts", ())), default_pair=default, **fields(limits, "config"))
     return build_application(specs, config, Replicas.parse(str(args.get("replicas", "1"))), threads)

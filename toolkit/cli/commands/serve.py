@@ -7,28 +7,27 @@ from pathlib import Path
 import click
 
 from toolkit.cli.commands.options import (
-    BATCH,
     DEFAULT_FAST_VARIANT,
     LANGUAGES,
     PROVIDER,
     THREADS,
     FiniteFloat,
     TakesModel,
+    option_group,
     runtime_option,
 )
 from toolkit.core.errors import UsageError
+from toolkit.serve.options import LIMITS, ServeOption, fields
 
-# Every numeric option has a declared range: past it a value is a typo or an attack, not a setting
-# (--max-delay-ms 1e15 overflowed the worker's wait and killed it). The body limit follows from
-# --max-sentences x --max-chars, so their caps bound it (about 41 MB).
-DELAY_MS = FiniteFloat(0, 60_000)
-BATCH_TOKENS = click.IntRange(1, 65_536)
-QUEUE = click.IntRange(1, 100_000)
-REQUEST_SENTENCES = click.IntRange(1, 1024)
-CHARS = click.IntRange(1, 10_000)
-TIMEOUT_S = FiniteFloat(0, 3600, min_open=True)
-BODY_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
-HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
+
+def limit_option(o: ServeOption):
+    """The click option of a declared limit of tk serve (toolkit.serve.options.LIMITS): --name, its range, default and help."""
+    kind = click.IntRange(o.low, o.high) if o.kind is int else FiniteFloat(o.low, o.high, min_open=o.low_open)
+    return click.option("--" + o.name.replace("_", "-"), type=kind, default=o.default, show_default=True, help=o.help)
+
+
+# The batching and request limits, handed to the command as one dict `limits` (by option name).
+LIMIT_OPTIONS = option_group(*(limit_option(o) for o in LIMITS), into="limits")
 
 
 @click.command(cls=TakesModel)
@@ -39,23 +38,8 @@ HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
 @DEFAULT_FAST_VARIANT
 @runtime_option()
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
-@click.option("--max-delay-ms", type=DELAY_MS, default=10.0, show_default=True,
-              help="How long the oldest queued sentence waits for others to share its decode.")
-@click.option("--max-batch-tokens", type=BATCH_TOKENS, default=1024, show_default=True,
-              help="Work per decode: padded source tokens x beam (longest sentence x sentences x beam).")
-@click.option("--max-batch-sentences", type=BATCH, default=64, show_default=True, help="Sentences per decode.")
 @click.option("--no-batching", is_flag=True, help="Decode one sentence at a time (the baseline for comparisons).")
-@click.option("--queue-size", type=QUEUE, default=1024, show_default=True,
-              help="Sentences waiting over all requests; beyond it requests get 503 with Retry-After (413 for a request larger than it).")
-@click.option("--max-sentences", type=REQUEST_SENTENCES, default=64, show_default=True, help="Sentences per request (413 beyond).")
-@click.option("--max-chars", type=CHARS, default=1000, show_default=True, help="Characters per sentence (413 beyond).")
-@click.option("--timeout-s", type=TIMEOUT_S, default=30.0, show_default=True,
-              help="Per-request limit, queueing included (504 beyond).")
-@click.option("--body-timeout-s", type=BODY_TIMEOUT_S, default=10.0, show_default=True,
-              help="The whole request body must arrive within this (408 beyond).")
-@click.option("--header-timeout-s", type=HEADER_TIMEOUT_S, default=10.0, show_default=True,
-              help="A request's line and headers must arrive within this of the connection's opening or its previous answer "
-                   "(408 and the connection closed beyond; a connection that sends nothing is closed).")
+@LIMIT_OPTIONS
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
               help="Also answer requests whose Host header names NAME (repeatable; '*' for any). By default only localhost, "
                    "127.0.0.1, [::1] and the --host address are answered (421 otherwise), against DNS rebinding.")
@@ -72,9 +56,8 @@ HEADER_TIMEOUT_S = FiniteFloat(0, 600, min_open=True)
                                                     "instead of starting a local Ray; every DIR must be at the same path on its nodes.")
 @click.option("--replicas", metavar="N|MIN:MAX",
               help="With --ray: replicas per model, N, or autoscaled between MIN and MAX on the requests waiting on them [default: 1].")
-def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms, max_batch_tokens, max_batch_sentences, no_batching,
-          queue_size, max_sentences, max_chars, timeout_s, body_timeout_s, header_timeout_s, allow_hosts, languages,
-          api_keys=None, on_ray=False, ray_address=None, replicas=None):
+def serve(models, host, port, provider, variant, runtime, threads, no_batching, limits, allow_hosts, languages, api_keys=None,
+          on_ray=False, ray_address=None, replicas=None):
     """Serve translations over HTTP: POST /v1/translate, LibreTranslate's API (POST /translate, GET /languages),
     a web page at /, /health, /ready, /metrics.
 
@@ -106,12 +89,9 @@ def serve(models, host, port, provider, variant, runtime, threads, max_delay_ms,
         models = (str(default_model()),)
     on_ray = ray_plan(on_ray, ray_address, replicas, models, provider, variant, threads, runtime, languages, no_batching)
     specs, default = on_ray.specs() if on_ray else served_models(models, provider, variant, threads, runtime, languages, no_batching)
-    policy = BatchPolicy(max_tokens=max_batch_tokens, max_sentences=max_batch_sentences, max_delay_s=max_delay_ms / 1000,
-                         queue_size=queue_size, batching=not no_batching)
-    config = ServeConfig(policy=policy, max_sentences=max_sentences, max_chars=max_chars, timeout_s=timeout_s,
-                         description="; ".join(s.description for s in specs), body_timeout_s=body_timeout_s,
-                         header_timeout_s=header_timeout_s, allowed_hosts=tuple(allow_hosts), default_pair=default,
-                         api_keys=read_keys(api_keys) if api_keys else None)
+    policy = BatchPolicy(**fields(limits, "policy"), batching=not no_batching)
+    config = ServeConfig(policy=policy, **fields(limits, "config"), description="; ".join(s.description for s in specs),
+                         allowed_hosts=tuple(allow_hosts), default_pair=default, api_keys=read_keys(api_keys) if api_keys else None)
     if on_ray:
         on_ray.serve(specs, host, port, config)
     else:
