@@ -6,7 +6,8 @@ import pytest
 
 from toolkit.core.errors import UsageError
 from toolkit.serve.detect import LanguageDetector
-from toolkit.serve.keys import ApiKeys, Refused, parse_keys, read_keys, request_key
+from toolkit.serve.keys import ApiKeys, parse_keys, read_keys, request_key
+from toolkit.serve.middleware import Refused
 
 
 def sentences(path, column: int, n: int) -> list[str]:
@@ -55,12 +56,12 @@ def test_a_valid_key_is_admitted_and_counted_per_minute():
     keys.admit("team-a-key-1", 10)
     with pytest.raises(Refused) as over:
         keys.admit("team-a-key-1", 10)
-    assert over.value.status == 429 and over.value.retry_after_s == 60
+    assert over.value.status == 429 and over.value.headers == {"Retry-After": "60"}
     assert "team-a-key-1" not in str(over.value)
     now[0] += 30
     with pytest.raises(Refused) as still:
         keys.admit("team-a-key-1", 10)
-    assert still.value.retry_after_s == 30
+    assert still.value.headers == {"Retry-After": "30"}
     now[0] += 30.5  # the first two have left the minute
     keys.admit("team-a-key-1", 10)
     for _ in range(500):  # a key without a rate limit is never slowed down

@@ -10,7 +10,7 @@ pytest.importorskip("fastapi")
 from toolkit.core.errors import UsageError  # noqa: E402
 from toolkit.serve.app import ServeConfig  # noqa: E402
 from toolkit.serve.batcher import BatchPolicy  # noqa: E402
-from toolkit.serve.options import DECLARED, LIMITS, LOADING, fields, ray_arguments  # noqa: E402
+from toolkit.serve.options import LIMITS, LOADING, RAY_ARGUMENTS, fields  # noqa: E402
 
 # tk serve's options that are its own (where it listens, how it runs), not a RayService's
 SERVE_ONLY = {"host", "port", "no_batching", "api_keys", "on_ray", "ray_address", "body_timeout_s", "header_timeout_s"}
@@ -20,7 +20,7 @@ def test_tk_serve_makes_its_limit_options_from_the_declaration_and_takes_every_r
     from toolkit.cli.commands.serve import serve
 
     params = {p.name: p for p in serve.params}
-    assert set(params) == set(ray_arguments()) | SERVE_ONLY
+    assert set(params) == set(RAY_ARGUMENTS) | SERVE_ONLY
     for o in LIMITS:
         p = params[o.name]
         assert p.opts == ["--" + o.name.replace("_", "-")] and p.default == o.default, o.name
@@ -42,12 +42,12 @@ def test_a_rayservice_gives_the_declared_arguments_and_each_is_checked_as_tk_ser
 
     with pytest.raises(UsageError) as e:
         app_builder({"models": ["m"], "no_such": 1})
-    assert set(str(e.value).split("known: ")[1].split(", ")) == set(ray_arguments())
-    assert set(LOADING) < set(ray_arguments()) and not {"body_timeout_s", "header_timeout_s"} & set(ray_arguments())
+    assert set(str(e.value).split("known: ")[1].split(", ")) == set(RAY_ARGUMENTS)
+    assert set(LOADING) < set(RAY_ARGUMENTS) and not {"body_timeout_s", "header_timeout_s"} & set(RAY_ARGUMENTS)
     with pytest.raises(UsageError, match=r"^max_chars must be from 1 to 10000, got 0$"):
         app_builder({"models": ["m"], "max_chars": 0})
     with pytest.raises(UsageError, match=r"^timeout_s must be from 0 to 3600 \(not 0\), got '0'$"):
         app_builder({"models": ["m"], "timeout_s": "0"})
     with pytest.raises(UsageError, match="max_delay_ms must be a number"):
         app_builder({"models": ["m"], "max_delay_ms": "soon"})
-    assert DECLARED["max_delay_ms"].value(10.0) == BatchPolicy().max_delay_s
+    assert LIMITS[0].value(10.0) == BatchPolicy().max_delay_s

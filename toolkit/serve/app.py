@@ -30,14 +30,13 @@ from toolkit.deploy import files, markup
 from toolkit.deploy.translate import Translation, TranslationModel
 from toolkit.serve import languages
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
-from toolkit.serve.bodies import Refusal, StrictJSONRoute, parse_json, request_fields
+from toolkit.serve.bodies import StrictJSONRoute, error, parse_json, request_fields
 from toolkit.serve.detect import LanguageDetector
 from toolkit.serve.file_routes import FileRoutesConfig, add_file_routes
 from toolkit.serve.keys import ApiKeys, KeyLimits, request_key
-from toolkit.serve.keys import Refused as KeyRefused
 from toolkit.serve.languages import Pair
 from toolkit.serve.metrics import Metrics
-from toolkit.serve.middleware import SURROGATES, BodyLimits, RequestLog, printable
+from toolkit.serve.middleware import SURROGATES, BodyLimits, Refused, RequestLog, printable
 from toolkit.serve.options import default
 from toolkit.serve.schema import ErrorBody, Hypothesis, TranslateRequest, TranslateResponse
 
@@ -84,10 +83,6 @@ class ModelSpec:
     # Its pairs fill what the models of one stated pair leave: `tk serve exported/transformer m2m100/` gives en-fr to
     # the first and every other pair to the second.
     fills: bool = False
-
-
-def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": printable(message)}, status_code=status, headers=headers)
 
 
 class Routes:
@@ -193,66 +188,59 @@ class Service:
         self.markup_turn = asyncio.Semaphore(1)
 
     def admit(self, key: str | None, q: object) -> None:
-        """tk serve --api-keys: the request's key is valid and within its limits, else a Refusal (403; 429 with Retry-After;
+        """tk serve --api-keys: the request's key is valid and within its limits, else a Refused (403; 429 with Retry-After;
         400 over its characters per request). LibreTranslate's order: the key before the request's own checks."""
         if self.keys is None:
             return
         chars = len(q) if isinstance(q, str) else sum(len(t) for t in q if isinstance(t, str)) if isinstance(q, list) else 0
-        try:
-            self.keys.admit(key, chars)
-        except KeyRefused as e:
-            raise Refusal(e.status, str(e), {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None) from None
+        self.keys.admit(key, chars)
 
     def detected_source(self, texts: Sequence[str], target: object) -> tuple[str, dict]:
         """source "auto": the served source language of texts that translates into target, and LibreTranslate's
-        detectedLanguage for it; a 400 Refusal where none can be detected."""
+        detectedLanguage for it; a 400 Refused where none can be detected."""
         try:
             source, confidence = self.routes.detect_source(texts, target if isinstance(target, str) else None)
         except UsageError as e:
-            raise Refusal(400, str(e)) from None
+            raise Refused(400, str(e)) from None
         return source, {"confidence": confidence, "language": source}
 
     def pick(self, source: object, target: object, source_name: str, target_name: str) -> tuple[Batcher, Pair | None]:
         if not isinstance(source, str) or not isinstance(target, str) or not source or not target:
-            raise Refusal(400, f"Invalid request: give {source_name} and {target_name} as language codes; served pairs: {self.routes.served()}")
+            raise Refused(400, f"Invalid request: give {source_name} and {target_name} as language codes; served pairs: {self.routes.served()}")
         try:
             return self.routes.find(source, target)
         except UsageError as e:
-            raise Refusal(400, str(e)) from None
+            raise Refused(400, str(e)) from None
 
     def check_texts(self, texts: list[str], too_large: int, what: str = "sentence") -> None:
-        """The request limits, each a Refusal naming the text at fault; too_large: the status of a limit (LibreTranslate
+        """The request limits, each a Refused naming the text at fault; too_large: the status of a limit (LibreTranslate
         answers 400 for its own limits, /v1/translate 413)."""
         config = self.config
         if len(texts) > config.max_sentences:
-            raise Refusal(too_large, f"{len(texts)} {what}s in one request, limit {config.max_sentences}; split the request")
+            raise Refused(too_large, f"{len(texts)} {what}s in one request, limit {config.max_sentences}; split the request")
         for k, t in enumerate(texts):
             if len(t) > config.max_chars:
-                raise Refusal(too_large, f"{what} {k} has {len(t)} characters, limit {config.max_chars}; split it into shorter ones")
+                raise Refused(too_large, f"{what} {k} has {len(t)} characters, limit {config.max_chars}; split it into shorter ones")
             if found := SURROGATES.search(t):
                 # JSON lets "\ud800" through, but it is no character: the tokenizer and the answer's UTF-8 would fail on it.
-                raise Refusal(400, f"{what} {k} has a lone UTF-16 surrogate (\\u{ord(found.group()):04x} at {found.start()}), "
+                raise Refused(400, f"{what} {k} has a lone UTF-16 surrogate (\\u{ord(found.group()):04x} at {found.start()}), "
                                    "which is not text; send valid Unicode")
 
     async def decoded(self, b: Batcher, texts: list[str], key: OptionKey, too_large: int = 413) -> list[list[Translation]]:
-        """The n-best of texts from a model's batcher, every refusal a Refusal with its status."""
+        """The n-best of texts from a model's batcher, every refusal a Refused with its status."""
         config = self.config
         try:
             return await asyncio.wait_for(b.translate(texts, key, time.monotonic() + config.timeout_s), config.timeout_s)
         except UsageError as e:
-            raise Refusal(422 if too_large == 413 else 400, str(e)) from None
+            raise Refused(422 if too_large == 413 else 400, str(e)) from None
         except TooLarge as e:
-            raise Refusal(too_large, str(e)) from None
+            raise Refused(too_large, str(e)) from None
         except QueueFull as e:
-            raise Refusal(503, f"server busy: {e}; retry after {config.retry_after_s}s", {"Retry-After": str(config.retry_after_s)}) from None
+            raise Refused(503, f"server busy: {e}; retry after {config.retry_after_s}s", {"Retry-After": str(config.retry_after_s)}) from None
         except NotReady as e:
-            raise Refusal(503, f"not ready: {e}", {"Retry-After": str(config.retry_after_s)}) from None
+            raise Refused(503, f"not ready: {e}", {"Retry-After": str(config.retry_after_s)}) from None
         except asyncio.TimeoutError:
-            raise Refusal(504, f"not translated within {config.timeout_s:g}s; send fewer sentences or retry later") from None
-
-    async def markup_work(self, work: Callable):
-        async with self.markup_turn:
-            return await asyncio.to_thread(work)
+            raise Refused(504, f"not translated within {config.timeout_s:g}s; send fewer sentences or retry later") from None
 
     async def html(self, b: Batcher, fragments: list[str], key: OptionKey, confidences: list[float] | None = None) -> list[str]:
         """HTML fragments with their text translated, markup in place: toolkit.deploy.markup, as tk translate --format html.
@@ -261,19 +249,22 @@ class Service:
             plans = [markup.plan(f) for f in fragments]
             return plans, list(dict.fromkeys(t for p in plans for t in p.texts()))
 
-        plans, texts = await self.markup_work(cut)
+        async with self.markup_turn:
+            plans, texts = await asyncio.to_thread(cut)
         if len(texts) > b.policy.queue_size:  # one request's markup cannot fill the queue that every client shares
-            raise Refusal(400, f"the HTML in this request holds {len(texts)} texts to translate (blocks and their inline elements), more "
+            raise Refused(400, f"the HTML in this request holds {len(texts)} texts to translate (blocks and their inline elements), more "
                                f"than the whole queue holds ({b.policy.queue_size}, --queue-size); send fewer or smaller fragments")
         results = await self.decoded(b, texts, key, 400) if texts else []
         translated = {t: n[0].text for t, n in zip(texts, results)}
         if confidences is not None:
             trust = {t: n[0].confidence for t, n in zip(texts, results)}
             confidences.extend(round(min((trust[t] for t in p.texts()), default=1.0), 4) for p in plans)
-        return await self.markup_work(lambda: [markup.render(p, translated) for p in plans])
+        async with self.markup_turn:
+            return await asyncio.to_thread(lambda: [markup.render(p, translated) for p in plans])
 
     async def translate(self, req: TranslateRequest, request: Request):
-        """/v1/translate: the n-best of each text, with scores and confidences."""
+        """Translates (the first served pair unless source and target say otherwise). Sentences of concurrent requests are
+        decoded together."""
         start = time.perf_counter()
         texts = [req.text] if isinstance(req.text, str) else req.text
         request.state.sentences = len(texts)
@@ -299,7 +290,9 @@ class Service:
             detected_language=detected, latency_ms=round(1000 * latency, 1))
 
     async def drop_in(self, request: Request) -> JSONResponse:
-        """POST /translate: LibreTranslate's call, or the corpus-pipeline contract's (by its fields)."""
+        """LibreTranslate's POST /translate (JSON or form: q, source, target, format text|html, alternatives; answers
+        translatedText), and the corpus-pipeline contract on the same path (JSON texts, src_lang, tgt_lang; answers
+        translations in order)."""
         start = time.perf_counter()
         body = await request_fields(request)
         if "texts" in body or "src_lang" in body or "tgt_lang" in body:
@@ -312,7 +305,7 @@ class Service:
     async def corpus_call(self, body: dict, request: Request) -> dict:
         texts = body.get("texts")
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise Refusal(400, "texts must be a list of strings, with src_lang and tgt_lang: "
+            raise Refused(400, "texts must be a list of strings, with src_lang and tgt_lang: "
                                '{"texts": ["I\'m home."], "src_lang": "en", "tgt_lang": "fr"}')
         request.state.sentences = len(texts)
         self.admit(request_key(body, request.headers), texts)
@@ -328,24 +321,24 @@ class Service:
         q = body.get("q")
         self.admit(request_key(body, request.headers), q)
         if q is None or q == "" or q == []:
-            raise Refusal(400, "Invalid request: missing q parameter")
+            raise Refused(400, "Invalid request: missing q parameter")
         for name in ("source", "target"):
             if not body.get(name):
-                raise Refusal(400, f"Invalid request: missing {name} parameter")
+                raise Refused(400, f"Invalid request: missing {name} parameter")
         if not (isinstance(q, str) or isinstance(q, list) and all(isinstance(t, str) for t in q)):
-            raise Refusal(400, "Invalid request: q must be a string or a list of strings")
+            raise Refused(400, "Invalid request: q must be a string or a list of strings")
         texts = q if isinstance(q, list) else [q]
         request.state.sentences = len(texts)
         fmt = body.get("format") or "text"
         if fmt not in ("text", "html"):
-            raise Refusal(400, f"{printable(str(fmt))} format is not supported; give text or html")
+            raise Refused(400, f"{printable(str(fmt))} format is not supported; give text or html")
         alternatives = body.get("alternatives", 0)
         try:
             alternatives = max(0, int(alternatives))
         except (TypeError, ValueError):
-            raise Refusal(400, "Invalid request: alternatives parameter is not a number") from None
+            raise Refused(400, "Invalid request: alternatives parameter is not a number") from None
         if alternatives > SERVE_MAX_BEAM - 1:
-            raise Refusal(400, f"Invalid request: alternatives parameter must be <= {SERVE_MAX_BEAM - 1}")
+            raise Refused(400, f"Invalid request: alternatives parameter must be <= {SERVE_MAX_BEAM - 1}")
         return texts, fmt, alternatives
 
     async def libretranslate_call(self, body: dict, request: Request) -> dict:
@@ -375,7 +368,7 @@ class Service:
 
     async def request_glossary(self, value: object, status: int) -> Glossary | None:
         """A request's glossary (a JSON object of source term -> target term; in a form, that object as a JSON string),
-        built off the event loop (thousands of terms take milliseconds), or a Refusal naming what is wrong with it."""
+        built off the event loop (thousands of terms take milliseconds), or a Refused naming what is wrong with it."""
         if value is None:
             return None
         try:
@@ -383,24 +376,30 @@ class Service:
                 value = parse_json(value)
             return await asyncio.to_thread(glossary_from, value)
         except ValueError as e:
-            raise Refusal(status, f"Invalid request: glossary is not JSON ({first_line(e)}); give a JSON object of source term -> "
+            raise Refused(status, f"Invalid request: glossary is not JSON ({first_line(e)}); give a JSON object of source term -> "
                                   'target term, e.g. {"house": "demeure"}') from None
         except UsageError as e:
-            raise Refusal(status, f"Invalid request: {e}" if status == 400 else str(e)) from None
+            raise Refused(status, f"Invalid request: {e}" if status == 400 else str(e)) from None
 
     async def detect(self, request: Request) -> list[dict]:
-        """LibreTranslate's /detect: the served source languages q is most likely in, best first."""
+        """LibreTranslate's language detection (JSON or form q): the served source languages the text is most likely in,
+        best first, as [{"language", "confidence"}] (percent), detected offline among the served languages only."""
         body = await request_fields(request)
         q = body.get("q")
         self.admit(request_key(body, request.headers), q)
         if isinstance(q, list) and all(isinstance(t, str) for t in q):
             q = "\n".join(q)
         if not isinstance(q, str) or not q:
-            raise Refusal(400, "Invalid request: missing q parameter")
+            raise Refused(400, "Invalid request: missing q parameter")
         self.check_texts([q], 400, "text")
         return [{"confidence": c, "language": code} for code, c in self.routes.detector().detect(q)]
 
-    def frontend_settings(self) -> dict:
+    async def served_languages(self) -> list[dict]:
+        """LibreTranslate's language list: each language of a served pair, with the targets served from it."""
+        return self.routes.languages()
+
+    async def frontend_settings(self) -> dict:
+        """LibreTranslate's settings for its web page and clients, as far as they apply to tk serve."""
         source, target = self.routes.default
         keyed = self.keys is not None
         return {"charLimit": self.config.max_chars, "frontendTimeout": int(1000 * self.config.timeout_s), "apiKeys": keyed,
@@ -453,14 +452,13 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
     app.state.metrics = metrics
     service = Service(routes, config, metrics, printable(config.description or "; ".join(m.description for m in specs if m.description)))
     add_error_handlers(app)
-    add_translation_routes(app, service)
-    add_status_routes(app, service)
+    add_routes(app, service)
     add_file_routes(app, service.file_texts, FileRoutesConfig())
     return RequestLog(app, BodyLimits(config.max_body_bytes, config.body_timeout_s), config.allowed_hosts, metrics, READ_PATHS, COUNTED)
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Every error as `{"error": "one line"}` with its status: a body the request model refuses, a Refusal, anything else
+    """Every error as `{"error": "one line"}` with its status: a body the request model refuses, a Refused, anything else
     (logged, a 500 that names no internals)."""
 
     @app.exception_handler(RequestValidationError)
@@ -482,8 +480,8 @@ def add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException):
         return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
-    @app.exception_handler(Refusal)
-    async def refused(request: Request, exc: Refusal):
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused):
         return error(exc.status, str(exc), exc.headers)
 
     @app.exception_handler(Exception)
@@ -492,45 +490,16 @@ def add_error_handlers(app: FastAPI) -> None:
         return error(500, "internal error; the server log has the details")
 
 
-ERRORS = {status: {"model": ErrorBody} for status in (400, 408, 413, 421, 422, 503, 504)}  # /v1/translate's, for the schema
-
-
-def add_translation_routes(app: FastAPI, service: Service) -> None:
-    """/v1/translate, LibreTranslate's /translate (and the corpus-pipeline contract on it), /detect and /languages."""
-
-    @app.post(TRANSLATE, response_model=TranslateResponse, responses=ERRORS, response_model_exclude_none=True)
-    async def translate(req: TranslateRequest, request: Request):
-        """Translates (the first served pair unless source and target say otherwise). Sentences of concurrent requests are
-        decoded together."""
-        return await service.translate(req, request)
-
-    @app.post(DROP_IN, responses={400: {"model": ErrorBody}, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
-    async def drop_in(request: Request):
-        """LibreTranslate's POST /translate (JSON or form: q, source, target, format text|html, alternatives; answers
-        translatedText), and the corpus-pipeline contract on the same path (JSON texts, src_lang, tgt_lang; answers
-        translations in order)."""
-        return await service.drop_in(request)
-
-    @app.post("/detect", responses={400: {"model": ErrorBody}, 403: {"model": ErrorBody}, 429: {"model": ErrorBody}})
-    async def detect(request: Request):
-        """LibreTranslate's language detection (JSON or form q): the served source languages the text is most likely in,
-        best first, as [{"language", "confidence"}] (percent), detected offline among the served languages only."""
-        return await service.detect(request)
-
-    @app.get("/languages")
-    async def served_languages():
-        """LibreTranslate's language list: each language of a served pair, with the targets served from it."""
-        return service.routes.languages()
-
-
-def add_status_routes(app: FastAPI, service: Service) -> None:
-    """The page, LibreTranslate's frontend settings, /health, /ready and /metrics."""
+def add_routes(app: FastAPI, service: Service) -> None:
+    """The translation routes (/v1/translate; LibreTranslate's /translate, with the corpus-pipeline contract on it, /detect
+    and /languages), the page, LibreTranslate's frontend settings, /health, /ready and /metrics."""
+    errors = {status: {"model": ErrorBody} for status in (400, 408, 413, 421, 422, 503, 504)}
+    app.post(TRANSLATE, response_model=TranslateResponse, responses=errors, response_model_exclude_none=True)(service.translate)
+    app.post(DROP_IN, responses={status: {"model": ErrorBody} for status in (400, 503, 504)})(service.drop_in)
+    app.post("/detect", responses={status: {"model": ErrorBody} for status in (400, 403, 429)})(service.detect)
+    app.get("/languages")(service.served_languages)
+    app.get("/frontend/settings")(service.frontend_settings)
     routes = service.routes
-
-    @app.get("/frontend/settings")
-    async def frontend_settings():
-        """LibreTranslate's settings for its web page and clients, as far as they apply to tk serve."""
-        return service.frontend_settings()
 
     @app.get("/health", responses={200: {"content": {"application/json": {"example": {"status": "alive"}}}}})
     async def health():

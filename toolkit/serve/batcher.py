@@ -62,6 +62,12 @@ class BatchPolicy:
     queue_size: int = default("policy.queue_size")  # texts (a request's "sentences") waiting, over all requests
     batching: bool = True  # off: one sentence per decode (the baseline the load test compares with)
 
+    def admit(self, texts: int) -> None:
+        """Refuses (TooLarge) a request of more texts than the whole queue holds: no retry could ever admit it."""
+        if texts > self.queue_size:
+            raise TooLarge(f"{texts} sentences in one request, more than the whole queue holds ({self.queue_size}, "
+                           f"--queue-size); send at most {self.queue_size} per request")
+
 
 @dataclass(frozen=True)
 class OptionKey:
@@ -88,16 +94,12 @@ class OptionKey:
         return cls(tuple((n, given.get(n, DECLARED[n].default)) for n in names), languages, glossary)
 
     @property
-    def decoding(self) -> dict[str, object]:
-        return dict(self.given)
-
-    @property
     def beam(self) -> int:
-        return self.decoding["beam"]
+        return dict(self.given)["beam"]
 
     @property
     def n_best(self) -> int:
-        return self.decoding["n_best"]
+        return dict(self.given)["n_best"]
 
 
 @dataclass
@@ -176,7 +178,7 @@ class Batcher:
         the same text as `tk translate` and the API), batches within the policy's sentence and work budgets, one stream
         (the server's concurrency is its batches). A bad value is a UsageError naming it."""
         t = self.chosen(key)
-        return DecodeOptions.for_manifest(t.manifest, t.provider, **key.decoding, batch_size=self.policy.max_sentences,
+        return DecodeOptions.for_manifest(t.manifest, t.provider, **dict(key.given), batch_size=self.policy.max_sentences,
                                           max_tokens=self.policy.max_tokens, streams=1)
 
     def chosen(self, key: OptionKey) -> TranslationModel:
@@ -201,9 +203,7 @@ class Batcher:
         """The n-best translations of texts, in order. Raises TooLarge, QueueFull, NotReady or UsageError (a bad option)
         at once, TimeoutError once time.monotonic() passes deadline with sentences still queued, and whatever preparing
         or decoding one of its own sentences raised: never another request's."""
-        if len(texts) > self.policy.queue_size:
-            raise TooLarge(f"{len(texts)} sentences in one request, more than the whole queue holds ({self.policy.queue_size}, "
-                           f"--queue-size); send at most {self.policy.queue_size} per request")
+        self.policy.admit(len(texts))
         if not self.healthy:
             raise NotReady(self.not_ready_reason())
         opts = self.options(key)  # checked before any work

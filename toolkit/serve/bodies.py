@@ -1,5 +1,5 @@
 """Reading a translation request's fields: its JSON (strictly: no NaN, no numbers past a float's range, no deep nesting),
-a form, or the query string, as LibreTranslate reads them; and the error a route answers with (Refusal)."""
+a form, or the query string, as LibreTranslate reads them; and the error a route answers with (Refused)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,16 @@ import urllib.parse
 from collections.abc import Callable
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
 from toolkit.core.errors import first_line
-from toolkit.serve.middleware import printable
+from toolkit.serve.middleware import Refused, printable
 
 
-class Refusal(Exception):
-    """A request the translation routes answer with an error status and one line."""
-
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.headers = headers
+def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    """Every error's answer: `{"error": "one line"}` with its status."""
+    return JSONResponse({"error": printable(message)}, status_code=status, headers=headers)
 
 
 class BodyProblem(ValueError):
@@ -82,7 +78,7 @@ def form_fields(text: str, where: str) -> dict:
     try:
         fields = urllib.parse.parse_qs(text, keep_blank_values=True, strict_parsing=False, max_num_fields=1000)
     except ValueError as e:
-        raise Refusal(400, f"the {where} cannot be read ({first_line(e)}); send UTF-8 form fields or JSON") from None
+        raise Refused(400, f"the {where} cannot be read ({first_line(e)}); send UTF-8 form fields or JSON") from None
     return {k: v if k == "q" and len(v) > 1 else v[0] for k, v in fields.items()}
 
 
@@ -97,18 +93,18 @@ async def request_fields(request: Request) -> dict:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise Refusal(400, f"the form body cannot be read ({first_line(e)}); send UTF-8 form fields or JSON") from None
+            raise Refused(400, f"the form body cannot be read ({first_line(e)}); send UTF-8 form fields or JSON") from None
         return {**query, **form_fields(text, "form body")}
     if not raw.strip() and kind in ("", "application/json", "text/plain"):
         return query  # fields in the query string alone
     if kind not in ("application/json", "") and not kind.endswith("+json"):
-        raise Refusal(400, f"the body is {printable(kind)}; send JSON (Content-Type: application/json) or a form "
+        raise Refused(400, f"the body is {printable(kind)}; send JSON (Content-Type: application/json) or a form "
                            "(application/x-www-form-urlencoded)")
     try:
         body = parse_json(raw)
     except (UnicodeDecodeError, ValueError) as e:
-        raise Refusal(400, f"malformed JSON: {first_line(e)}; send a JSON object like "
+        raise Refused(400, f"malformed JSON: {first_line(e)}; send a JSON object like "
                            '{"q": "I\'m home.", "source": "en", "target": "fr"}') from None
     if not isinstance(body, dict):
-        raise Refusal(400, "the body must be a JSON object, like {\"q\": \"I'm home.\", \"source\": \"en\", \"target\": \"fr\"}")
+        raise Refused(400, "the body must be a JSON object, like {\"q\": \"I'm home.\", \"source\": \"en\", \"target\": \"fr\"}")
     return {**query, **body}

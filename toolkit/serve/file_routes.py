@@ -37,6 +37,7 @@ from starlette.formparsers import MultiPartException
 
 from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.deploy import files
+from toolkit.serve.bodies import error
 from toolkit.serve.middleware import BodyLimits, Refused, read_body
 
 log = logging.getLogger("tk.serve")
@@ -65,14 +66,6 @@ class FileRoutesConfig:
     def body(self) -> BodyLimits:
         """The upload's limits, for the one body reader (toolkit.serve.middleware.read_body)."""
         return BodyLimits(self.max_body_bytes, self.body_timeout_s, fix="send a smaller file", late="the file", grouped=True)
-
-
-class FileRefusal(Exception):
-    """A file request answered with an error status and one line."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -108,7 +101,7 @@ class FileStore:
         """Refuses a file of `size` bytes that the store has no room for."""
         self.sweep()
         if self.stored_bytes + size > self.config.max_stored_bytes:
-            raise FileRefusal(503, f"the server holds {self.stored_bytes:,} bytes of files, its limit is {self.config.max_stored_bytes:,}; "
+            raise Refused(503, f"the server holds {self.stored_bytes:,} bytes of files, its limit is {self.config.max_stored_bytes:,}; "
                                    "retry once translations are downloaded")
 
     def add(self, token: str, path: Path, name: str, kind: str) -> None:
@@ -142,19 +135,12 @@ def safe_name(filename: str | None) -> str:
     return name or "file"
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
-
-
 async def _form(request: Request, config: FileRoutesConfig) -> tuple[str, bytes, str, str, str | None]:
     """(file name, file bytes, source, target, api_key) from the multipart form, read within the limits."""
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
-        raise FileRefusal(400, "Invalid request: missing file parameter; send the file in a multipart/form-data form with the fields "
+        raise Refused(400, "Invalid request: missing file parameter; send the file in a multipart/form-data form with the fields "
                                "file, source and target")
-    try:
-        body = await read_body(request.scope, request.receive, config.body)
-    except Refused as e:
-        raise FileRefusal(e.status, str(e)) from None
+    body = await read_body(request.scope, request.receive, config.body)
     sent = False
 
     async def replay() -> dict:
@@ -167,21 +153,21 @@ async def _form(request: Request, config: FileRoutesConfig) -> tuple[str, bytes,
     try:
         form = await Request(request.scope, replay).form(max_files=1, max_fields=_FORM_FIELDS, max_part_size=_FIELD_BYTES)
     except (HTTPException, MultiPartException) as e:
-        raise FileRefusal(400, f"the form cannot be read ({getattr(e, 'detail', None) or getattr(e, 'message', e)}); "
+        raise Refused(400, f"the form cannot be read ({getattr(e, 'detail', None) or getattr(e, 'message', e)}); "
                                "send one file with the fields source and target") from None
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            raise FileRefusal(400, "Invalid request: missing file parameter")
+            raise Refused(400, "Invalid request: missing file parameter")
         fields = {}
         for key in ("source", "target", "api_key"):
             value = form.get(key)
             if value is not None and not isinstance(value, str):
-                raise FileRefusal(400, f"Invalid request: {key} must be a text field")
+                raise Refused(400, f"Invalid request: {key} must be a text field")
             fields[key] = value
         for key in ("source", "target"):
             if not fields[key]:
-                raise FileRefusal(400, f"Invalid request: missing {key} parameter")
+                raise Refused(400, f"Invalid request: missing {key} parameter")
         return upload.filename or "", await upload.read(), fields["source"], fields["target"], fields["api_key"] or None
     finally:
         await form.close()
@@ -204,8 +190,8 @@ class _FileRoutes:
         translatedFileUrl, where the translation can be downloaded once."""
         try:
             return JSONResponse({"translatedFileUrl": await self.translated(request)})
-        except FileRefusal as e:
-            return _error(e.status, str(e))
+        except Refused as e:  # the app's own, from translate_texts, too (a key's Retry-After kept)
+            return error(e.status, str(e), e.headers)
 
     async def translated(self, request: Request) -> str:
         """The download URL of the posted file's translation, stored under a new token."""
@@ -214,7 +200,7 @@ class _FileRoutes:
         try:
             kind = files.kind_of(name)
         except UsageError as e:
-            raise FileRefusal(400, str(e)) from None
+            raise Refused(400, str(e)) from None
         store = self.store
         store.room(len(data))
         token = secrets.token_urlsafe(24)
@@ -228,14 +214,14 @@ class _FileRoutes:
             try:
                 document = await self.on_thread(files.read_file, src, kind, self.config.limits, name)
             except UsageError as e:  # DataError too: the message names the client's file, never the server's copy
-                raise FileRefusal(400, str(e)) from None
+                raise Refused(400, str(e)) from None
             request.state.sentences = len(document.texts)
             translations = await self.translate_texts(document.texts, source, target, api_key) if document.texts else []
             try:
                 await self.on_thread(document.save, dst, translations)
             except ToolkitError as e:
                 log.error("cannot store the translation of %s: %s", name, e)
-                raise FileRefusal(500, "the server cannot store the translation; its log has the details") from None
+                raise Refused(500, "the server cannot store the translation; its log has the details") from None
         except BaseException:
             dst.unlink(missing_ok=True)
             raise
@@ -245,7 +231,7 @@ class _FileRoutes:
         store.add(token, dst, name, kind)
         if store.stored_bytes > self.config.max_stored_bytes:
             store.discard(store.entries.pop(token))
-            raise FileRefusal(503, f"the translation does not fit in the server's {self.config.max_stored_bytes:,} bytes for files; "
+            raise Refused(503, f"the translation does not fit in the server's {self.config.max_stored_bytes:,} bytes for files; "
                                    "retry once translations are downloaded")
         return f"{request.base_url}{DOWNLOAD_FILE.lstrip('/')}/{token}.{urllib.parse.quote(name)}"
 
@@ -254,7 +240,7 @@ class _FileRoutes:
         token, dot, rest = name.partition(".")
         entry = self.store.take(token, rest) if dot and _TOKEN.fullmatch(token) else None
         if entry is None:
-            return _error(404, f"no translation {ascii(name[:120])} here: each is downloaded once, within {self.config.ttl_s:g}s; "
+            return error(404, f"no translation {ascii(name[:120])} here: each is downloaded once, within {self.config.ttl_s:g}s; "
                                "translate the file again")
         return FileResponse(entry.path, media_type=files.MEDIA_TYPES[entry.kind], filename=entry.name,
                             headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.core.errors import UsageError
+from toolkit.serve.middleware import Refused
 
 WINDOW_S = 60.0  # requests per minute, counted over the last minute (a sliding window)
 MAX_KEYS = 1_000_000
@@ -32,15 +33,6 @@ COMMENT = re.compile(r"(^|\s)#.*")  # a # at a line's start or after a space beg
 class KeyLimits:
     requests_per_minute: int | None = None
     chars_per_request: int | None = None
-
-
-class Refused(Exception):
-    """A request the keys refuse: status 403 (no valid key) or 429 (over its rate, with retry_after_s)."""
-
-    def __init__(self, status: int, message: str, retry_after_s: int | None = None):
-        super().__init__(message)
-        self.status = status
-        self.retry_after_s = retry_after_s
 
 
 def _digest(key: str) -> bytes:
@@ -122,7 +114,7 @@ class ApiKeys:
                 recent.popleft()
             if len(recent) >= limits.requests_per_minute:
                 wait = max(1, math.ceil(recent[0] + WINDOW_S - now))
-                raise Refused(429, f"Slowdown: {limits.requests_per_minute} per 1 minute", wait)
+                raise Refused(429, f"Slowdown: {limits.requests_per_minute} per 1 minute", {"Retry-After": str(wait)})
             recent.append(now)
         return limits
 

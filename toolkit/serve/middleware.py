@@ -40,13 +40,12 @@ def host_name(value: str) -> str:
 
 
 class Refused(Exception):
-    """A request answered by the middleware itself, before the app sees it; unread: the client may still
-    be sending a body the answer should not be lost under."""
+    """A request answered with an error status and one line: by the middleware itself, before the app sees it (unread: the
+    client may still be sending a body the answer should not be lost under), or by a route (headers: its answer's)."""
 
-    def __init__(self, status: int, message: str, unread: bool = False):
+    def __init__(self, status: int, message: str, headers: dict | None = None, unread: bool = False):
         super().__init__(message)
-        self.status = status
-        self.unread = unread
+        self.status, self.headers, self.unread = status, headers, unread
 
 
 class ClientGone(Exception):

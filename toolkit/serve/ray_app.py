@@ -32,7 +32,7 @@ from toolkit.deploy.translate import Translation, TranslationModel
 from toolkit.serve.app import ModelSpec, ServeConfig, create_app
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
 from toolkit.serve.metrics import Metrics
-from toolkit.serve.options import LIMITS, fields, ray_arguments
+from toolkit.serve.options import LIMITS, RAY_ARGUMENTS, fields
 
 log = logging.getLogger("tk.serve")
 
@@ -216,9 +216,7 @@ class RemoteBatcher:
 
     async def translate(self, texts: list[str], key: OptionKey, deadline: float = math.inf) -> list[list[Translation]]:
         """As Batcher.translate, on a replica of the model's deployment."""
-        if len(texts) > self.policy.queue_size:
-            raise TooLarge(f"{len(texts)} sentences in one request, more than the whole queue holds ({self.policy.queue_size}, "
-                           f"--queue-size); send at most {self.policy.queue_size} per request")
+        self.policy.admit(len(texts))
         if self._closing:
             raise NotReady("shutting down")
         self._in_flight += len(texts)
@@ -395,10 +393,10 @@ def limits_given(args: dict) -> dict:
 def app_builder(args: dict):
     """The application from tk serve's arguments as a dict, for a RayService's serveConfigV2 (import_path
     toolkit.serve.ray_app:app_builder) or `serve run`: models (DIR[:SOURCE-TARGET] list, or one string of them separated
-    by commas), replicas ("N" or "MIN:MAX"), and optionally the others of toolkit.serve.options.ray_arguments (threads,
+    by commas), replicas ("N" or "MIN:MAX"), and optionally the others of toolkit.serve.options.RAY_ARGUMENTS (threads,
     provider, variant, runtime, source_lang, target_lang, allow_hosts and the batching and request limits, by tk serve's
     option names). What it leaves out takes tk serve's defaults."""
-    known = ray_arguments()
+    known = RAY_ARGUMENTS
     unknown = sorted(set(args) - set(known))
     if unknown:
         raise UsageError(f"unknown argument(s) {', '.join(unknown)} for toolkit.serve.ray_app:app_builder; known: {', '.join(sorted(known))}")

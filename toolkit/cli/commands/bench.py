@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import make_dataclass
 from pathlib import Path
 
 import click
@@ -30,7 +31,6 @@ SCALE_ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "trans
 SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with --engines
 
 
-# Over 60 lines: the options of four benches (the graphs, --text, --serve, --scale) arrive here and each goes to its helper.
 @click.command()
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=DEFAULT_MODEL, show_default="exported/transformer")
 @click.option("--sentences", type=click.IntRange(1, 100000), default=64, show_default=True, help="Held-out test sentences to decode.")
@@ -79,9 +79,7 @@ SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with
               help="With --scale: tokens every engine decodes per sentence (the model never ends early).")
 @click.option("--work", "work_dir", type=click.Path(path_type=Path, file_okay=False),
               help="With --scale: where the model and each engine's copy are kept between runs [default: the user cache, tk/bench-scale/SHAPE].")
-def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variants, runtimes, json_path, text_path, reference, lines,
-          requests, peers, peer_python, serve, clients, on_ray, data_path, threads, streams, provider, ct2, ct2_threads, scale, engines_text,
-          tokens, work_dir):
+def bench(**given):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
     With --serve: throughput and latency percentiles of `tk serve` under concurrent single-sentence
@@ -93,39 +91,47 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
              tk bench --serve --ray --clients 32 --sentences 1024
              tk bench --text tatoeba-test-eng-fra.txt --lines 2000
     """
+    o = BenchOptions(**given)
+    _check_provider(o.provider, o.text_path)
+    if o.scale:
+        writable_file(o.json_path, "--json")
+        return _scale(o)
+    if o.engines_text or o.work_dir:
+        raise UsageError("--engines and --work choose the engines and the work directory of --scale; add --scale opus-mt")
+    if o.text_path:
+        writable_file(o.json_path, "--json")
+        return _text(o)
+    if o.peers or o.peer_python:
+        raise UsageError("--peer and --peer-python time the Hugging Face peers in the user-level comparison; add --text FILE")
+    if o.serve and set(o.runtimes) - {DEFAULT_RUNTIME}:
+        raise UsageError(f"--serve load-tests `tk serve` on {DEFAULT_RUNTIME}; drop --runtime {sorted(set(o.runtimes) - {DEFAULT_RUNTIME})[0]}")
+    if o.on_ray and not o.serve:
+        raise UsageError("--ray is an option of tk bench --serve; add --serve")
+    if o.serve:
+        return _serve(o)
+    writable_file(o.json_path, "--json")
+    _graphs(o)
+
+
+# tk bench's options as one object, a field for each of the command's click options (by its parameter name), which
+# the benches' helpers read: the click options are their one declaration.
+BenchOptions = make_dataclass("BenchOptions", [p.name for p in bench.params], frozen=True)
+
+
+def _graphs(o: BenchOptions) -> None:
+    """The default bench: PyTorch (textbook and cached), ONNX Runtime, OpenVINO and CTranslate2 side by side."""
     import json
     import platform
 
-    _check_provider(provider, text_path)
-    if scale:
-        writable_file(json_path, "--json")
-        return _scale(scale, engines_text, tokens, work_dir, threads, repeat, peer_python, json_path,
-                      [name for name, given in (("--text", text_path), ("--serve", serve), ("--peer", peers), ("--provider", provider))
-                       if given])
-    if engines_text or work_dir:
-        raise UsageError("--engines and --work choose the engines and the work directory of --scale; add --scale opus-mt")
-    if text_path:
-        writable_file(json_path, "--json")
-        return _text(model_dir, text_path, reference, lines, requests, beams, variants, repeat, json_path, peers, peer_python)
-    if peers or peer_python:
-        raise UsageError("--peer and --peer-python time the Hugging Face peers in the user-level comparison; add --text FILE")
-    if serve and set(runtimes) - {DEFAULT_RUNTIME}:
-        raise UsageError(f"--serve load-tests `tk serve` on {DEFAULT_RUNTIME}; drop --runtime {sorted(set(runtimes) - {DEFAULT_RUNTIME})[0]}")
-    if on_ray and not serve:
-        raise UsageError("--ray is an option of tk bench --serve; add --serve")
-    if serve:
-        return _serve(model_dir, data_path, sentences, clients, beams, variants, provider, json_path, on_ray)
-
     from toolkit.bench import backends as b
 
-    writable_file(json_path, "--json")
-    runtimes, ct2 = _ct2_rows(runtimes, ct2)
+    runtimes, ct2 = _ct2_rows(o.runtimes, o.ct2)
     notes: list[str] = []
-    results = b.bench(model_dir, sentences, batch_sizes or (1, 64), beams or (1, 4), textbook=not no_textbook,
-                      repeat=repeat, variants=list(variants) or None, echo=lambda m: click.echo(m, err=True),
-                      runtimes=list(runtimes) or [DEFAULT_RUNTIME], threads=threads, providers=(provider,) if provider else PROVIDERS,
-                      ct2=False if provider == "cuda" and ct2 is None else ct2, ct2_threads=ct2_threads, notes=notes, streams=streams,
-                      data=data_path)
+    results = b.bench(o.model_dir, o.sentences, o.batch_sizes or (1, 64), o.beams or (1, 4), textbook=not o.no_textbook,
+                      repeat=o.repeat, variants=list(o.variants) or None, echo=lambda m: click.echo(m, err=True),
+                      runtimes=list(runtimes) or [DEFAULT_RUNTIME], threads=o.threads, providers=(o.provider,) if o.provider else PROVIDERS,
+                      ct2=False if o.provider == "cuda" and ct2 is None else ct2, ct2_threads=o.ct2_threads, notes=notes, streams=o.streams,
+                      data=o.data_path)
     for note in notes:
         click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
@@ -133,13 +139,12 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
     if any(r.backend.startswith("ctranslate2") for r in results):
         click.echo("\nCTranslate2 against tk (ONNX Runtime CPU), sentences/s:")
         click.echo(b.ct2_table(results))
-    if json_path:
+    if o.json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
-        write_json(json_path, json.dumps(rows, indent=2) + "\n")
+        write_json(o.json_path, json.dumps(rows, indent=2) + "\n")
 
 
-def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, variants, provider, json_path: Path | None,
-           on_ray: bool = False) -> None:
+def _serve(o: BenchOptions) -> None:
     """--serve: `tk serve` under concurrent single-sentence requests, with dynamic batching and with batching off (with
     --ray: tk serve against tk serve --ray with 1 and 2 replicas)."""
     import json
@@ -149,17 +154,17 @@ def _serve(model_dir: Path, data_path, sentences: int, clients: int, beams, vari
     from toolkit.bench.serve_load import table as load_table
     from toolkit.core.data import describe, load_corpus, references
 
-    corpus = load_corpus(data_path, download=False)
+    corpus = load_corpus(o.data_path, download=False)
     click.echo(describe(corpus), err=True)
     english, _ = references(corpus.splits["test"])
-    args = [a for v in variants[:1] for a in ("--variant", v)] + (["--provider", provider] if provider else [])
-    run = bench_serve_ray if on_ray else bench_serve
-    results = run(model_dir, english[:sentences], clients, (beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
+    args = [a for v in o.variants[:1] for a in ("--variant", v)] + (["--provider", o.provider] if o.provider else [])
+    run = bench_serve_ray if o.on_ray else bench_serve
+    results = run(o.model_dir, english[:o.sentences], o.clients, (o.beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
     click.echo(load_table(results))
-    if json_path:
+    if o.json_path:
         rows = [{**r.__dict__, "throughput": r.throughput} for r in results]
-        write_json(json_path, json.dumps(rows, indent=2) + "\n")
+        write_json(o.json_path, json.dumps(rows, indent=2) + "\n")
 
 
 def _ct2_rows(runtimes: tuple[str, ...], ct2: bool | None) -> tuple[tuple[str, ...], bool | None]:
@@ -188,28 +193,28 @@ def _check_provider(provider: str | None, text_path: Path | None) -> None:
         raise ProviderError(cuda_fix())
 
 
-def _text(model_dir: Path, text_path: Path, reference: Path | None, lines: int, requests: int, beams, variants, repeat: int,
-          json_path: Path | None, peers=(), peer_python: Path | None = None) -> None:
+def _text(o: BenchOptions) -> None:
+    """--text: tk's Python API with its defaults against CTranslate2's fastest setting, text in and text out."""
     import json
     import platform
 
     from toolkit.bench import text as text_bench
     from toolkit.core.batching import cores, default_request_threads, default_streams, default_threads
 
-    sources, refs = text_bench.read_text(text_path, reference)
-    sources, refs = sources[:lines], refs[:lines] if refs else None
+    sources, refs = text_bench.read_text(o.text_path, o.reference)
+    sources, refs = sources[:o.lines], refs[:o.lines] if refs else None
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
-    echo(f"{len(sources)} lines of {text_path}; tk defaults here: {default_threads()} thread(s) x {default_streams()} stream(s) "
+    echo(f"{len(sources)} lines of {o.text_path}; tk defaults here: {default_threads()} thread(s) x {default_streams()} stream(s) "
          f"for a file, a decoder on {default_request_threads()} thread(s) for a single request")
-    rows = text_bench.bench_text(model_dir, sources, refs, tuple(variants) or ("fp32", "int8"), tuple(beams) or (1, 4),
-                                 min(requests, len(sources)), repeat, peers=tuple(dict.fromkeys(peers)),
-                                 peer_python=str(peer_python) if peer_python else None, echo=echo)
+    rows = text_bench.bench_text(o.model_dir, sources, refs, tuple(o.variants) or ("fp32", "int8"), tuple(o.beams) or (1, 4),
+                                 min(o.requests, len(sources)), o.repeat, peers=tuple(dict.fromkeys(o.peers)),
+                                 peer_python=str(o.peer_python) if o.peer_python else None, echo=echo)
     click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
     click.echo(text_bench.table(rows))
-    if json_path:
+    if o.json_path:
         import dataclasses
 
-        write_json(json_path, json.dumps([{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}}
+        write_json(o.json_path, json.dumps([{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}}
                                           for r in rows], indent=2) + "\n")
 
 
@@ -232,21 +237,24 @@ def parse_engines(text: str | None) -> list[str]:
     return engines
 
 
-def _scale(shape: str, engines_text: str | None, tokens: int, work_dir: Path | None, threads: int | None, repeat: int,
-           peer_python: Path | None, json_path: Path | None, others: list[str]) -> None:
+def _scale(o: BenchOptions) -> None:
+    """--scale: fixed-work rows on a model of the size users deploy, each engine in a process of its own."""
     import json
     import platform
 
     from toolkit.bench import scale as scale_bench
     from toolkit.core.load_cache import default_directory
 
+    others = [name for name, given in (("--text", o.text_path), ("--serve", o.serve), ("--peer", o.peers), ("--provider", o.provider))
+              if given]
     if others:
         raise UsageError(f"--scale runs its own fixed-work rows; drop {', '.join(others)}")
-    engines = parse_engines(engines_text)
-    work = work_dir or default_directory() / "bench-scale" / shape
+    shape, tokens = o.scale, o.tokens
+    engines = parse_engines(o.engines_text)
+    work = o.work_dir or default_directory() / "bench-scale" / shape
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
-    steps, runs = scale_bench.bench_scale(shape, work, engines, tokens, threads, repeat,
-                                          str(peer_python) if peer_python else None, echo=echo)
+    steps, runs = scale_bench.bench_scale(shape, work, engines, tokens, o.threads, o.repeat,
+                                          str(o.peer_python) if o.peer_python else None, echo=echo)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}; "
                f"load average {os.getloadavg()[0]:.1f} at the end")
     click.echo("\n".join(f"- {s.name}: {s.seconds:.0f} s, peak {s.peak_mib:,.0f} MiB"
@@ -257,7 +265,7 @@ def _scale(shape: str, engines_text: str | None, tokens: int, work_dir: Path | N
             click.echo(f"  {row}: {', '.join(ways)}")
     click.echo("\ntokens/s (each row's median over the rounds):\n")
     click.echo(scale_bench.table(runs, scale_bench.ROWS, tokens))
-    if json_path:
-        write_json(json_path, json.dumps({"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
+    if o.json_path:
+        write_json(o.json_path, json.dumps({"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
                                           "engines": [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in runs]},
                                          indent=2) + "\n")
