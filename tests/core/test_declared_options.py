@@ -29,7 +29,7 @@ def cli_options(command) -> dict:
 
 def serve_options() -> dict:
     pytest.importorskip("fastapi")
-    from toolkit.serve.schema import TranslateRequest
+    from toolkit.serve.bodies import TranslateRequest
 
     out = {}
     for name, f in TranslateRequest.model_fields.items():

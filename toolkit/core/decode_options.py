@@ -30,9 +30,9 @@ MAX_CLI_BATCH = 4096  # a batch beyond 4096 sentences gains nothing on one machi
 
 @dataclass(frozen=True)
 class Declared:
-    """A decoding option as users give it, declared once: the CLI's click option (toolkit.cli.commands.options), tk
-    serve's request field (toolkit.serve.app) and the API's keyword (toolkit.deploy.api) are made from it, and
-    DecodeOptions.for_model fills in its default where a user leaves it out, whichever way in."""
+    """An option as users give it, declared once: a decoding option's CLI option, tk serve request field and API keyword
+    are made from it, and DecodeOptions.for_model fills in its default where a user leaves it out; so are tk serve's limits
+    (toolkit.serve.options), the options of `tk serve` and a RayService's app_builder."""
 
     name: str  # the API's keyword and the request's field; the CLI's --name, dashed
     kind: type  # int, float or bool
@@ -40,15 +40,20 @@ class Declared:
     low: float | None = None
     high: float | None = None  # None: no upper bound
     help: str = ""
-    # Where users give it: "cli" (tk translate and translate-corpus), "translate" (tk translate alone), "serve" (tk serve's
-    # /v1/translate body), "api" (Translator.translate's keywords).
-    takes: tuple[str, ...] = ("cli", "serve", "api")
+    takes: tuple[str, ...] = ("cli", "serve", "api")  # "cli": tk translate and translate-corpus; "translate": tk translate
     none: str = ""  # what None means, where a user may give None (the API and the request body)
     caps: tuple[tuple[str, int], ...] = ()  # a surface's tighter upper bound, (surface, high)
     field_help: str = ""  # the request field's description, where the CLI's help does not fit it
+    low_open: bool = False  # the range excludes `low` (a timeout of 0 is none)
+    into: str = ""  # a tk serve limit's field: "policy.FIELD" (BatchPolicy) or "config.FIELD" (ServeConfig)
+    per: int = 1  # the field's unit is `per` of the option's (milliseconds to seconds: 1000)
 
     def high_on(self, surface: str) -> float | None:
         return dict(self.caps).get(surface, self.high)
+
+    def value(self, given: float) -> float:
+        """The field's value of the option's value."""
+        return given / self.per if self.per != 1 else given
 
 
 # The user-facing decoding options and their one default regime: guards on (what tk translate, tk serve and the API use

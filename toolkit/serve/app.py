@@ -30,7 +30,7 @@ from toolkit.deploy import files, markup
 from toolkit.deploy.translate import Translation, TranslationModel
 from toolkit.serve import languages
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
-from toolkit.serve.bodies import StrictJSONRoute, error, parse_json, request_fields
+from toolkit.serve.bodies import ErrorBody, Hypothesis, StrictJSONRoute, TranslateRequest, TranslateResponse, error, parse_json, request_fields
 from toolkit.serve.detect import LanguageDetector
 from toolkit.serve.file_routes import FileRoutesConfig, add_file_routes
 from toolkit.serve.keys import ApiKeys, KeyLimits, request_key
@@ -38,7 +38,6 @@ from toolkit.serve.languages import Pair
 from toolkit.serve.metrics import Metrics
 from toolkit.serve.middleware import SURROGATES, BodyLimits, Refused, RequestLog, printable
 from toolkit.serve.options import default
-from toolkit.serve.schema import ErrorBody, Hypothesis, TranslateRequest, TranslateResponse
 
 log = logging.getLogger("tk.serve")
 PAGE = Path(__file__).with_name("page.html")
@@ -316,8 +315,7 @@ class Service:
         self.metrics.sentences.inc(len(texts))
         return {"translations": [n[0].text for n in results]}
 
-    def libretranslate_fields(self, body: dict, request: Request) -> tuple[list[str], str, int]:
-        """LibreTranslate's q, format and alternatives, checked in its order (the key first), each refusal its words."""
+    async def libretranslate_call(self, body: dict, request: Request) -> dict:
         q = body.get("q")
         self.admit(request_key(body, request.headers), q)
         if q is None or q == "" or q == []:
@@ -339,11 +337,6 @@ class Service:
             raise Refused(400, "Invalid request: alternatives parameter is not a number") from None
         if alternatives > SERVE_MAX_BEAM - 1:
             raise Refused(400, f"Invalid request: alternatives parameter must be <= {SERVE_MAX_BEAM - 1}")
-        return texts, fmt, alternatives
-
-    async def libretranslate_call(self, body: dict, request: Request) -> dict:
-        texts, fmt, alternatives = self.libretranslate_fields(body, request)
-        listed = isinstance(body.get("q"), list)
         source, detected = self.detected_source(texts, body.get("target")) if body.get("source") == "auto" else (body.get("source"), None)
         b, codes = self.pick(source, body.get("target"), "source", "target")
         self.check_texts(texts, 400, "text")
@@ -359,6 +352,7 @@ class Service:
             others = [list(dict.fromkeys(h.text for h in r[1:] if h.text != r[0].text)) for r in results]
             trust = [round(r[0].confidence, 4) for r in results]
         self.metrics.sentences.inc(len(texts))
+        listed = isinstance(q, list)
         answer: dict = {"translatedText": out if listed else out[0], "confidence": trust if listed else trust[0]}
         if alternatives > 0:
             answer["alternatives"] = others if listed else others[0]
@@ -447,9 +441,6 @@ def create_app(models: Callable[[], TranslationModel] | Sequence[ModelSpec], con
                   description=f"Translation ({routes.served()}) with the exported ONNX graphs, batched across requests; LibreTranslate's "
                               "API at /translate and /languages.")
     app.router.route_class = StrictJSONRoute  # the routes declared below read JSON bodies with parse_json
-    app.state.batcher = routes.batchers[0]
-    app.state.routes = routes
-    app.state.metrics = metrics
     service = Service(routes, config, metrics, printable(config.description or "; ".join(m.description for m in specs if m.description)))
     add_error_handlers(app)
     add_routes(app, service)

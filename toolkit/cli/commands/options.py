@@ -14,8 +14,9 @@ from pathlib import Path
 import click
 
 from toolkit.core.atomic import check_output_path
-from toolkit.core.decode_options import DECLARED, MAX_BEAM, MAX_CLI_BATCH, MAX_STREAMS, MAX_THREADS, Declared, declared
+from toolkit.core.decode_options import MAX_BEAM, MAX_CLI_BATCH, MAX_STREAMS, MAX_THREADS, Declared, declared
 from toolkit.core.engines import PROVIDERS
+from toolkit.core.errors import UsageError
 from toolkit.core.shipped import default_model
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 from toolkit.runtimes.registry import names as runtime_names
@@ -79,27 +80,22 @@ def option_group(*options, into: str | None = None):
     return decorate
 
 
-def decode_option(o: Declared, surface: str = "cli"):
-    """The click option of a declared decoding option (toolkit.core.decode_options.OPTIONS): --name, its type and range,
-    default and help as declared."""
+def declared_option(o: Declared, surface: str = "cli"):
+    """The click option of a declared option (a decoding option, toolkit.core.decode_options.OPTIONS, or a limit of tk
+    serve, toolkit.serve.options.LIMITS): --name, its type and range, default and help as declared."""
     flag = "--" + o.name.replace("_", "-")
     show = o.default is not None
     if o.kind is bool:
         return click.option(f"{flag}/--no-{flag[2:]}", default=o.default, show_default=show, help=o.help)
     high = o.high_on(surface)
-    kind = click.IntRange(o.low, high) if o.kind is int else FiniteFloat(o.low, high)
+    kind = click.IntRange(o.low, high) if o.kind is int else FiniteFloat(o.low, high, min_open=o.low_open)
     return click.option(flag, type=kind, default=o.default, show_default=show, help=o.help)
-
-
-def one_option(name: str):
-    """A declared decoding option that one command takes on its own (tk translate's --n-best and --streams)."""
-    return decode_option(DECLARED[name], "translate")
 
 
 # How a translation is searched for and where it stops: the declared options of the "cli" surface, the same for tk translate
 # and tk translate-corpus, handed to the command as one dict `decoding` of DecodeOptions.for_model's arguments, which checks
 # them and builds the options.
-DECODING = option_group(*(decode_option(o) for o in declared("cli")), into="decoding")
+DECODING = option_group(*(declared_option(o) for o in declared("cli")), into="decoding")
 # How typed text becomes model input and back.
 TEXT = option_group(
     click.option("--keep", multiple=True, metavar="TERM", help="Copy TERM verbatim, like URLs, e-mail addresses and numbers (repeatable)."),
@@ -110,6 +106,21 @@ TEXT = option_group(
     click.option("--strict", is_flag=True, help="Refuse a line longer than the model's maximum instead of truncating it "
                                                 "(translate-corpus: fail its shard)."),
 )
+
+def read_glossary(path: Path | None, raw: bool, m=None):
+    """The --glossary file (TEXT's), read and checked before the model loads or Ray starts (a bad line is one line naming
+    it), or None; m: the model's manifest, where it is known by then (tk translate-corpus), whose tokenizer must copy
+    placeholders."""
+    if path is None:
+        return None
+    if raw:
+        raise UsageError("--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
+    if m is not None and not m.declared().placeholders:
+        raise UsageError(f"--glossary puts terms in with tk's placeholders, which this {m.model} model was not trained to copy")
+    from toolkit.core import glossary
+
+    return glossary.load(path)
+
 
 # A multilingual model's pair, for every command that translates (tk translate, translate-corpus, evaluate, verify, serve):
 # the codes users know (en, fr; eng_Latn, fr_XX where the model uses them), checked by the one chooser

@@ -11,23 +11,16 @@ from toolkit.cli.commands.options import (
     LANGUAGES,
     PROVIDER,
     THREADS,
-    FiniteFloat,
     TakesModel,
+    declared_option,
     option_group,
     runtime_option,
 )
 from toolkit.core.errors import UsageError
-from toolkit.serve.options import LIMITS, ServeOption, fields
-
-
-def limit_option(o: ServeOption):
-    """The click option of a declared limit of tk serve (toolkit.serve.options.LIMITS): --name, its range, default and help."""
-    kind = click.IntRange(o.low, o.high) if o.kind is int else FiniteFloat(o.low, o.high, min_open=o.low_open)
-    return click.option("--" + o.name.replace("_", "-"), type=kind, default=o.default, show_default=True, help=o.help)
-
+from toolkit.serve.options import LIMITS, fields
 
 # The batching and request limits, handed to the command as one dict `limits` (by option name).
-LIMIT_OPTIONS = option_group(*(limit_option(o) for o in LIMITS), into="limits")
+LIMIT_OPTIONS = option_group(*(declared_option(o, "tk-serve") for o in LIMITS), into="limits")
 
 
 @click.command(cls=TakesModel)

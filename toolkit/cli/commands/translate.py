@@ -20,11 +20,13 @@ from toolkit.cli.commands.options import (
     TEXT,
     THREADS,
     FiniteFloat,
-    one_option,
+    declared_option,
     paused_gc,
     plural,
+    read_glossary,
     runtime_option,
 )
+from toolkit.core.decode_options import DECLARED
 from toolkit.core.errors import UsageError
 
 
@@ -46,11 +48,11 @@ from toolkit.core.errors import UsageError
 @runtime_option()
 @DECODING
 @TEXT
-@one_option("n_best")
+@declared_option(DECLARED["n_best"], "translate")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Score the output against this file (one reference per line) with sacrebleu.")
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads per session [default: the cores / the default streams].")
-@one_option("streams")
+@declared_option(DECLARED["streams"], "translate")
 @click.option("--format", "text_format", type=click.Choice(["text", "html"]), default="text", show_default=True,
               help="html: each line is an HTML fragment; its text is translated and its markup kept in place.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress, provider or throughput lines on stderr.")
@@ -97,7 +99,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
         raise UsageError("standard input is closed; give sentences as arguments or with -i FILE")
     # Every decoding option checked before the model loads (--n-best above --beam fails in a second); built for the model below.
     DecodeOptions.for_model(1, n_best=n_best, streams=streams, **decoding)
-    terms = _glossary(glossary, raw)
+    terms = read_glossary(glossary, raw)
     if input_path and not input_path.is_file():
         what = "is a directory" if input_path.is_dir() else "is not a regular file" if input_path.exists() else "does not exist"
         raise UsageError(f"input file {input_path} {what}; give a file of sentences, one per line")
@@ -199,17 +201,6 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if stats.low_confidence:  # asked for by name: said even with --quiet
         click.echo(f"warning: {plural(len(stats.low_confidence), 'line')} with a confidence below {min_confidence:g}, to check: "
                    f"{', '.join(map(str, stats.low_confidence))}", err=True)
-
-
-def _glossary(path: Path | None, raw: bool):
-    """The --glossary file, read and checked before the model loads (a bad line is one line naming it), or None."""
-    if path is None:
-        return None
-    if raw:
-        raise UsageError("--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
-    from toolkit.core import glossary
-
-    return glossary.load(path)
 
 
 def _document(input_path: Path | None, output_path: Path | None, n_best: int, reference: Path | None):

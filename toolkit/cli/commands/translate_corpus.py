@@ -14,6 +14,7 @@ from toolkit.cli.commands.options import (
     FiniteFloat,
     TakesModel,
     provider_option,
+    read_glossary,
     runtime_option,
 )
 from toolkit.core.errors import UsageError
@@ -77,7 +78,7 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
         raise UsageError(problem)
     # One stream per actor: the actors are the parallelism, each on its node's share of the cores.
     decode = DecodeOptions.for_model(m.max_len, provider, streams=1, rules=m.rules(), max_output=m.max_output_len, **decoding)
-    terms = _glossary(glossary, raw, m)
+    terms = read_glossary(glossary, raw, m)
     text = {"keep": tuple(keep), "split": split, "enabled": not raw, "glossary": terms}
     # What changes a translation: a rerun into the same OUTPUT_DIR must agree on all of it.
     import dataclasses
@@ -95,17 +96,3 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     rate = f", {result.lines_per_s:,.1f} lines/s" if result.resumed < result.shards else ""
     say(f"wrote {result.merged}: {result.lines:,} lines from {result.shards} shards ({result.resumed} done earlier) "
         f"in {result.seconds:.1f}s{rate}")
-
-
-def _glossary(path: Path | None, raw: bool, m):
-    """The --glossary file, read and checked before Ray starts (a bad line is one line naming it), or None. Its terms
-    travel to every actor, and their digest is in the run's settings: another glossary is another translation."""
-    if path is None:
-        return None
-    if raw:
-        raise UsageError("--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
-    if not m.declared().placeholders:
-        raise UsageError(f"--glossary puts terms in with tk's placeholders, which this {m.model} model was not trained to copy")
-    from toolkit.core import glossary
-
-    return glossary.load(path)
