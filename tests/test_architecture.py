@@ -13,14 +13,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TOOLKIT = REPO / "toolkit"
 # What `tk translate`, `tk serve`, corpus translation, the Python API and the other runtimes load.
-TORCH_FREE = ("core", "convert", "deploy", "runtimes", "serve", "corpus", "cli")
+TORCH_FREE = ("core", "graphs", "convert", "deploy", "runtimes", "serve", "corpus", "cli")
 TORCH_FREE_MODULES = ("toolkit.bench.text",)  # `tk bench --text`: tk's API against CTranslate2, on a deploy-only install
 # The packages in layers, lowest first. A module imports from its own package and from the layers below its own,
-# never from a package beside it or above it: deploy > runtimes > core is the deploy path; serve and corpus run it,
+# never from a package beside it or above it: deploy > runtimes > graphs > core is the deploy path (graphs: the ONNX
+# graph tools every runtime shares, none of them a runtime); serve and corpus run it,
 # pytorch (the reference, training, export) sits beside them and is never imported by deploy, runtimes or core;
 # verify holds the graphs to the PyTorch reference; bench times all of them; cli (with toolkit/__init__.py's
 # Translator) is the top.
-LAYERS = ({"core"}, {"convert"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"bench"}, {"cli", "toolkit"})
+LAYERS = ({"core"}, {"graphs"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"convert"}, {"bench"}, {"cli", "toolkit"})
 
 
 def module_name(path: Path, root: Path = REPO) -> str:
@@ -46,28 +47,33 @@ def test_the_top_of_the_package_holds_only_the_entry_points():
     """Each module lives in the folder that says which side it is on."""
     assert sorted(p.name for p in TOOLKIT.glob("*.py")) == ["__init__.py"]
     assert {p.name for p in TOOLKIT.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "bench", "cli", "convert", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify", "web"}
+        "bench", "cli", "convert", "core", "corpus", "deploy", "graphs", "pytorch", "runtimes", "serve", "verify", "web"}
 
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
     """Module -> the toolkit modules it imports anywhere in its body: at the top, inside functions, and under
-    `if TYPE_CHECKING:` (which never runs, but ties the modules together all the same)."""
+    `if TYPE_CHECKING:` (which never runs, but ties the modules together all the same). `from P import x` imports the
+    package P (its __init__ runs first) as well as its submodule x: a submodule that names its own package that way
+    imports that package's __init__, a circle where the __init__ imports the submodule."""
     paths = {module_name(p, root): p for p in (root / "toolkit").rglob("*.py")}
 
     def owner(name: str) -> str | None:
-        while name and name not in paths:
-            name = name.rpartition(".")[0]
-        return name or None
+        """The module of the tree that `name` is or lies in; None for a name the tree does not hold (toolkit.models:
+        the repository's models/ folder, installed under toolkit)."""
+        found = name
+        while found and found not in paths:
+            found = found.rpartition(".")[0]
+        return None if not found or (found == "toolkit" and name.count(".") > 1) else found
 
     graph: dict[str, set[str]] = {m: set() for m in paths}
     for mod, path in paths.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             targets = []
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("toolkit"):
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module for a in node.names]
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.startswith("toolkit")]
-            graph[mod] |= {t for t in map(owner, targets) if t and t != mod and t != "toolkit"}
+            graph[mod] |= {t for t in map(owner, targets) if t and t != mod}
     return graph
 
 
@@ -80,8 +86,10 @@ def package(module: str) -> str:
 def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
     """Every import of a module in a package beside or above the importer's own ('a -> b')."""
     rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    # The top module holds the version and lazy entry points only (it imports nothing when imported): what imports it
+    # is the circle check's concern, not the layers'.
     return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
-                  if package(a) != package(b) and rank[package(b)] >= rank[package(a)])
+                  if package(a) != package(b) and b != "toolkit" and rank[package(b)] >= rank[package(a)])
 
 
 def test_every_package_has_its_place_in_the_layers():
@@ -106,9 +114,9 @@ def test_the_order_check_finds_upward_imports_planted_in_a_copy(tmp_path):
         f.write("\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from toolkit.pytorch import registry\n")
     with open(copy / "toolkit" / "serve" / "metrics.py", "a", encoding="utf-8") as f:
         f.write("\n\ndef _planted():\n    import toolkit.corpus.run\n")
-    found = upward_imports(import_graph(copy))
-    assert found == ["toolkit.core.errors -> toolkit.deploy.translate", "toolkit.runtimes.openvino.engine -> toolkit.pytorch.registry",
-                     "toolkit.serve.metrics -> toolkit.corpus.run"]
+    found = sorted(set(upward_imports(import_graph(copy))) - set(upward_imports(import_graph())))
+    assert found == ["toolkit.core.errors -> toolkit.deploy.translate", "toolkit.runtimes.openvino.engine -> toolkit.pytorch",
+                     "toolkit.runtimes.openvino.engine -> toolkit.pytorch.registry", "toolkit.serve.metrics -> toolkit.corpus.run"]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -145,6 +153,20 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circles():
     assert cycles(import_graph()) == []
+
+
+def test_a_submodule_importing_its_own_package_is_a_circle_where_the_package_imports_it(tmp_path):
+    """`from toolkit.runtimes.openvino import runtime` in openvino/engine.py runs openvino/__init__.py first: planted in a
+    copy where that __init__ imports the engine, the two are a circle (Python meets a half-made package)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(TOOLKIT, copy / "toolkit", ignore=shutil.ignore_patterns("__pycache__"))
+    package = copy / "toolkit" / "runtimes" / "openvino"
+    with open(package / "__init__.py", "a", encoding="utf-8") as f:
+        f.write("\nfrom toolkit.runtimes.openvino.engine import version\n")
+    assert cycles(import_graph(copy)) == []  # the __init__ importing its submodule alone is no circle
+    with open(package / "engine.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef _planted():\n    from toolkit.runtimes.openvino import engine\n\n    return engine\n")
+    assert cycles(import_graph(copy)) == [["toolkit.runtimes.openvino", "toolkit.runtimes.openvino.engine"]]
 
 
 def package_graph(root: Path = REPO) -> dict[str, set[str]]:

@@ -49,7 +49,7 @@ def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_ou
 def test_verify_on_openvino_passes_and_catches_its_attention_kernel_bug(monkeypatch):
     """With OpenVINO's MHA snippets on (its default), the decoder's log-probabilities go wrong once the
     cache holds 7 positions; verify must name that, and pass with the settings tk uses."""
-    from toolkit.runtimes import openvino
+    from toolkit.runtimes.openvino import engine as openvino
     from toolkit.verify.run import verify
 
     report = verify(SHIPPED, runtime="openvino", sentences=4, echo=lambda m: None)
@@ -194,8 +194,10 @@ def test_openvino_concurrent_streams_finish_many_rounds_under_load(held_out):
 def test_cuda_sessions_compute_fp32_in_float32_not_tf32(monkeypatch):
     """ONNX Runtime's CUDA provider rounds fp32 matrix products to TF32 unless told not to; on an H100 that
     put the shipped Transformer 8e-3 away from PyTorch and failed verify (tolerance 1e-4)."""
-    from toolkit.runtimes import onnxruntime as runtime
+    import onnxruntime as ort
+
     from toolkit.runtimes.onnxruntime import cuda
+    from toolkit.runtimes.onnxruntime.sessions import create_session
 
     seen = {}
 
@@ -207,10 +209,10 @@ def test_cuda_sessions_compute_fp32_in_float32_not_tf32(monkeypatch):
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
     monkeypatch.setattr(cuda, "preload_cuda_libraries", lambda: None)
-    monkeypatch.setattr(runtime.ort, "InferenceSession", Session)
-    runtime.create_session(b"graph", "cuda")
+    monkeypatch.setattr(ort, "InferenceSession", Session)
+    create_session(b"graph", "cuda")
     assert seen["providers"][0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
-    runtime.create_session(b"graph", "cpu")
+    create_session(b"graph", "cpu")
     assert seen["providers"] == ["CPUExecutionProvider"]
 
 
@@ -218,7 +220,7 @@ def test_a_decoder_run_replaced_on_its_session_sees_every_step():
     """Decoder steps call ONNX Runtime's native run (its Python wrapper's feed checks cost 12 us a step); a run
     replaced on the session itself (a profiler's or a user's hook) must still get every step, with the same result."""
     from toolkit import Translator
-    from toolkit.runtimes.onnxruntime import OrtBackend
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
 
     t = Translator(Path(__file__).resolve().parents[2] / "exported" / "transformer", provider="cpu")
     want = t.translate(["Where is the station?"])

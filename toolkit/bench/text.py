@@ -112,8 +112,9 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     import tempfile
 
     from toolkit.core.manifest import load
-    from toolkit.runtimes import ctranslate2 as ct2
+    from toolkit.runtimes.ctranslate2 import engine as ct2
     from toolkit.runtimes.ctranslate2 import stored
+    from toolkit.runtimes.ctranslate2.spec import convert
 
     if not ct2.available():
         raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
@@ -121,7 +122,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     rows: list[TextRow] = []
     with tempfile.TemporaryDirectory(prefix="tk-text-bench-") as work:
         ct2_dir = Path(work) / "ct2"
-        ct2.convert(m, ct2_dir)
+        convert(m, ct2_dir)
         tk_ct2_dir = model_dir
         if stored.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
             tk_ct2_dir = Path(work) / "model"
@@ -179,14 +180,14 @@ class _Pair:
 
     def ct2_seconds(self, threads: tuple[int, int], fn: Callable[[object], object]) -> float:
         """One timed pass; the CTranslate2 translator is loaded (untimed) around it, so only one is alive at a time."""
-        from toolkit.runtimes.ctranslate2 import Ct2Translator
+        from toolkit.runtimes.ctranslate2.engine import Ct2Translator
 
         with Ct2Translator(self.ct2_dir, self.compute, *threads) as tr:
             tr.translate_ids([[4, 5, 3]], 1, self.max_len, 1)
             return _timed(lambda: fn(tr))
 
     def choose_threads(self, probe: list[str], echo: Callable[[str], None]) -> None:
-        from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
+        from toolkit.runtimes.ctranslate2.engine import fastest, thread_candidates
 
         self.file_threads = fastest(thread_candidates(), lambda c: self.ct2_seconds(c, lambda tr: self.engine.translate(tr, probe, 1)))
         self.request_threads = fastest([c for c in thread_candidates() if c[1] == 1], lambda c: self.ct2_seconds(

@@ -48,9 +48,9 @@ class TranslationModel:
     @property
     def where(self) -> str:
         """Device and runtime, as output states them: 'cpu (onnxruntime 1.31.0)'."""
-        from toolkit import runtimes
+        from toolkit.runtimes import label
 
-        return self.provider if self.runtime == "torch" else f"{self.provider} ({runtimes.label(self.runtime)})"
+        return self.provider if self.runtime == "torch" else f"{self.provider} ({label(self.runtime)})"
 
     def for_languages(self, source_lang: str | None = None, target_lang: str | None = None) -> TranslationModel:
         """This model translating from `source_lang` into `target_lang` (None: its default): the same sessions, the
@@ -73,9 +73,9 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     model code, which the ONNX Runtime path never imports: import toolkit.pytorch.torch_backend first, which puts
     it behind toolkit.runtimes.load).
     """
-    from toolkit import runtimes
+    from toolkit.runtimes import check, get, load
 
-    runtimes.check(runtime)
+    check(runtime)
     if backend == "torch" and runtime != DEFAULT_RUNTIME:
         raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
     start = time.perf_counter()
@@ -84,15 +84,15 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     m.check_files(cached=True)
     tokenizer = open_tokenizer(m)
     if backend == "torch":  # registered by toolkit.pytorch.torch_backend, which the caller imports (the torch side)
-        loaded = runtimes.load(m, "torch")
+        loaded = load(m, "torch")
         return TranslationModel(m, tokenizer, loaded.backend, "torch", time.perf_counter() - start, runtime="torch")
-    spec = runtimes.get(runtime)
+    spec = get(runtime)
     provider = spec.default_provider() if provider is None else provider
     variant = spec.default_variant(provider, m) if variant is None else variant
     request_threads = None
     if threads is None:
         threads, request_threads = spec.default_threads(provider)
-    loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
+    loaded = load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
     return TranslationModel(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s, runtime,
                             getattr(loaded, "threads", None), variant)
 

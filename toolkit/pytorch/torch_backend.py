@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from toolkit import runtimes
 from toolkit.core.decoding import StepBackend, empty_cache
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
+from toolkit.runtimes import register
 
 
 class TorchBackend(StepBackend):
@@ -98,4 +98,4 @@ def load(m: Manifest, **_) -> LoadedTorch:
     return LoadedTorch(m, model)
 
 
-runtimes.register("torch", load)
+register("torch", load)

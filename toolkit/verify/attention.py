@@ -17,7 +17,7 @@ from toolkit.core.graphs import GraphSpec, TensorSpec
 from toolkit.core.manifest import Manifest
 from toolkit.deploy import attention_graphs
 from toolkit.pytorch import registry
-from toolkit.runtimes import onnxruntime as runtime
+from toolkit.runtimes.onnxruntime.loading import load_sessions
 from toolkit.verify.checks import ParityBackend, case_label, static_check, sweep_cases, sweep_inputs
 from toolkit.verify.compare import RunFailure, compare_outputs, failed_run, run_ort, run_torch, tolerance
 from toolkit.verify.report import Report, Row
@@ -99,7 +99,7 @@ def verify_attention(m: Manifest, entry: registry.ModelEntry, model: torch.nn.Mo
 
         ref_backend = TorchBackend(model, base["encoder"], base["decoder"])
         parity = AttentionParity(ref_backend, model, entry, extra, sessions, specs, VARIANT, provider, tol, report.rows)
-        plain = runtime.load_sessions(m, provider).backend()
+        plain = load_sessions(m, provider).backend()
         recorder = attention_graphs.recorder(sessions, specs, extra)
         try:
             greedy(parity, src_ids, max_len)

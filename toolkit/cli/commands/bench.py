@@ -180,7 +180,8 @@ def _check_provider(provider: str | None, text_path: Path | None) -> None:
     if provider != "cuda":
         return
     from toolkit.core.errors import ProviderError
-    from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix
+    from toolkit.runtimes.onnxruntime.cuda import cuda_fix
+    from toolkit.runtimes.onnxruntime.sessions import cuda_available
 
     if text_path:
         raise UsageError("--text compares with CTranslate2 on the CPU; drop --provider cuda (tk bench --provider cuda times the GPU)")

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN
-from toolkit.runtimes.onnxruntime import variants
+from toolkit.graphs import variants
 from toolkit.runtimes.onnxruntime.backend import OrtBackend
 from toolkit.runtimes.onnxruntime.graph_cache import cached_session
 from toolkit.runtimes.onnxruntime.sessions import create_session, session_provider

@@ -18,7 +18,7 @@ from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import describe
-from toolkit.runtimes.onnxruntime.variants import graph_source
+from toolkit.graphs.variants import graph_source
 
 INSTALL = "pip install 'tk-onnx-deploy[openvino]' (or pip install openvino), or use --runtime onnxruntime"
 

@@ -20,7 +20,7 @@ from runtimes.test_attention_fusion import _feeds, _interface, _run
 from verify.test_planted_faults_hf import ARCHITECTURES, Architecture, exported_directory
 
 from toolkit.core import manifest
-from toolkit.runtimes.onnxruntime.attention_fusion import fuse_attention, fuse_projections
+from toolkit.graphs.attention_fusion import fuse_attention, fuse_projections
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
