@@ -133,17 +133,17 @@ def test_openvino_runs_one_inference_of_a_compiled_graph_at_a_time(held_out):
                 with lock:
                     inside[self.graph] -= 1
 
-    original_fork = type(loaded.sessions["decoder"]).fork
+    original_fork = type(loaded.runners["decoder"]).fork
 
     def counting_fork(session):
         forked = original_fork(session)
         forked.request = Counting(forked.request, id(session.compiled))
         return forked
 
-    for s in loaded.sessions.values():
+    for s in loaded.runners.values():
         s.request = Counting(s.request, id(s.compiled))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(type(loaded.sessions["decoder"]), "fork", counting_fork)
+        mp.setattr(type(loaded.runners["decoder"]), "fork", counting_fork)
         out = decode_ids(loaded.backend(), src, DecodeOptions(batch_size=4, max_len=m.max_len, streams=3))
     assert len(out) == len(src) and all(h[0].tokens for h in out)
     # The encoder and the decoder are two compiled graphs: one stream may encode while another decodes.
@@ -248,22 +248,6 @@ def test_every_runtime_and_provider_option_offers_the_declared_lists():
                 with_provider.add(name)
                 assert tuple(c for c in param.type.choices if c != "all") == PROVIDERS, name
     assert with_provider == {"translate", "serve", "verify", "bench", "attention", "translate-corpus"}
-
-
-def test_the_torch_backend_is_reached_through_runtimes_load_and_needs_its_side_imported():
-    """The deploy path imports nothing of the torch side: open_model's backend "torch" is a loader that
-    toolkit.pytorch.torch_backend registers; unregistered, it is one line naming what to import."""
-    import subprocess
-    import sys
-
-    code = ("import sys\nfrom toolkit.core.errors import UsageError\nfrom toolkit.deploy.translate import open_model\n"
-            f"try:\n    open_model({str(SHIPPED)!r}, backend='torch')\nexcept UsageError as e:\n    print(e)\n"
-            "print(sorted(m for m in sys.modules if m.startswith('toolkit.pytorch') or m == 'torch'))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    said, imported = done.stdout.splitlines()
-    assert said == "the torch backend is not loaded; import toolkit.pytorch.torch_backend first (it needs the torch extra)"
-    assert imported == "[]"
 
 
 @pytest.mark.slow

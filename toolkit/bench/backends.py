@@ -341,8 +341,9 @@ def ctranslate2_version() -> str:
 
 
 def ct2_table(results: list[Result]) -> str:
-    """CTranslate2 against tk's ONNX Runtime CPU rows, fp32 with float32 and int8 with int8: sentences/s and ratios.
-    tk's fp32 column is the faster of its exported and offline-optimised graphs (both float32), named in `graph`."""
+    """CTranslate2 against tk's ONNX Runtime CPU rows, fp32 with float32 and int8 with int8: sentences/s and ratios
+    ("": no pair of rows to compare). tk's fp32 column is the faster of its exported and offline-optimised graphs (both
+    float32), named in `graph`."""
     from toolkit.core.variants import FAST_PLAIN
 
     rate = {(r.backend, r.search, r.batch): r.sentences / r.seconds for r in results}
@@ -363,7 +364,7 @@ def ct2_table(results: list[Result]) -> str:
         ratio8 = f"{c8 / tk8:.2f}" if tk8 and c8 else ""
         lines.append(f"{search:<7} {batch:>5} {tk32:>8.1f} {graph:>9} {c32:>11.1f} {c32 / tk32:>6.2f} {tk8 or 0:>8.1f} {c8 or 0:>8.1f} "
                      f"{ratio8:>6} {same:>15.0%}")
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 

@@ -24,12 +24,11 @@ from toolkit.core.decoding import translate_ids
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import CATALOGUE
 from toolkit.pytorch.reference import load_reference, reference_kind
-from toolkit.runtimes.ctranslate2.engine import forbidden_tokens
+from toolkit.runtimes.ctranslate2.engine import RUNTIME, forbidden_tokens
 from toolkit.verify.checks import check_weights, held_out_sentences, prefix_log_probs
 from toolkit.verify.compare import compare, tolerance
 from toolkit.verify.report import Report, Row, environment
 
-RUNTIME = "ctranslate2"
 # (batch, longest source, longest target): single sentences to the model's limit, and ragged batches.
 SHAPES = ((1, 1, 1), (1, 5, 12), (2, 17, 3), (3, 9, 30), (5, 33, 7), (8, 64, 63), (16, 12, 20), (4, 2, 63))
 
@@ -133,7 +132,7 @@ def _decode(report: Report, m, model, loaded: dict, label: str, sentences: int, 
     """Greedy translations on CTranslate2 against the ONNX graphs' (tk's loop on ONNX Runtime, CPU, same variant)."""
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.pytorch.torch_backend import TorchBackend
-    from toolkit.runtimes import load
+    from toolkit.runtimes import DEFAULT_RUNTIME, load
 
     if sentences <= 0:
         return
@@ -147,7 +146,7 @@ def _decode(report: Report, m, model, loaded: dict, label: str, sentences: int, 
     for v, c in loaded.items():
         onnx_variant = v if v in m.variants() or v in ("int8", "optimized") else "fp32"
         # tk's loop as translate runs it: a multilingual model's target language forced first, as CTranslate2 is told to.
-        graphs = [h[0] for h in translate_ids(load(m, "onnxruntime", "cpu", onnx_variant).backend(), src, out_len, rules=rules)]
+        graphs = [h[0] for h in translate_ids(load(m, DEFAULT_RUNTIME, "cpu", onnx_variant).backend(), src, out_len, rules=rules)]
         got = [h[0] for h in c.backend().decode_all(src, opts)]
         same = sum(a.tokens == b.tokens for a, b in zip(graphs, got))
         tol = tolerance(v, atol, rtol)

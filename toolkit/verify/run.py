@@ -50,7 +50,7 @@ from toolkit.verify.compare import (
     RunFailure,
     compare_outputs,
     failed_run,
-    run_ort,
+    run_graph,
     run_torch,
     tolerance,
 )
@@ -226,7 +226,7 @@ def _load(m: Manifest, runtime: str, providers: list[str], variants: list[str], 
                 report.skipped[p] = str(e)
                 break
             label = spec.provider_label(p)
-            sessions[(label, v)] = loaded.sessions
+            sessions[(label, v)] = loaded.runners
             backends[(label, v)] = loaded.backend
             if loaded.built_s:
                 echo(f"{v} graphs: not stored in {m.directory}, built in memory from its fp32 graphs in {loaded.built_s:.2f}s")
@@ -250,7 +250,7 @@ def _declarations_match(report: Report, m: Manifest, entry, cfg) -> bool:
 def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed: int, atol: float | None, rtol: float | None) -> None:
     """Every graph on random inputs over a sweep of batch sizes and lengths, each session against PyTorch; the
     CPU fp32 session also against ONNX Runtime with its optimisations off (an optimiser fault shows there)."""
-    from toolkit.runtimes.onnxruntime.sessions import create_session
+    from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session
 
     specs = m.specs()
     vocab = getattr(cfg, "vocab_size", 2)
@@ -260,7 +260,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
     rng = np.random.default_rng(seed)
     unoptimized = {}
     if ("cpu", "fp32") in sessions:
-        unoptimized = {name: create_session(m.graph_path(name), "cpu", optimization="disabled") for name in specs}
+        unoptimized = {name: OrtRunner(create_session(m.graph_path(name), "cpu", optimization="disabled")) for name in specs}
     for i, sizes in enumerate(sweep_cases(getattr(cfg, "max_len", 64))):
         for name, spec in specs.items():
             feeds = encoder_integers(specs, name, sweep_inputs(spec, sizes, rng, vocab, i), sizes, rng, vocab, run_encoder)
@@ -269,7 +269,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
             outs = {}
             for (p, v), s in sessions.items():
                 try:
-                    outs[(p, v)] = run_ort(s[name], spec, feeds)
+                    outs[(p, v)] = run_graph(s[name], spec, feeds)
                 except RunFailure as e:
                     failed_run(report.rows, "sweep", spec, v, p, case, e)
             for (p, v), got in outs.items():
@@ -284,7 +284,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
                     report.probe_inputs = inputs  # the last graph's (the decoder of a translation model)
             if ("cpu", "fp32") in outs:
                 try:
-                    plain = run_ort(unoptimized[name], spec, feeds)
+                    plain = run_graph(unoptimized[name], spec, feeds)
                 except RunFailure as e:
                     failed_run(report.rows, "optimizer", spec, "fp32", "cpu", case, e)
                     continue

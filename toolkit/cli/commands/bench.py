@@ -130,9 +130,10 @@ def bench(model_dir, sentences, batch_sizes, beams, no_textbook, repeat, variant
         click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
     click.echo(b.table(results))
-    if any(r.backend.startswith("ctranslate2") for r in results):
+    ct2_table = b.ct2_table(results)
+    if ct2_table:
         click.echo("\nCTranslate2 against tk (ONNX Runtime CPU), sentences/s:")
-        click.echo(b.ct2_table(results))
+        click.echo(ct2_table)
     if json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         write_json(json_path, json.dumps(rows, indent=2) + "\n")

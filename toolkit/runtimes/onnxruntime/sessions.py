@@ -99,3 +99,17 @@ def helper_session(graph: bytes, like: ort.InferenceSession, threads: int | None
 
 def session_provider(session: ort.InferenceSession) -> str:
     return "cuda" if session.get_providers()[0] == PROVIDERS["cuda"] else "cpu"
+
+
+class OrtRunner:
+    """An ONNX Runtime session as tk's GraphRunner (toolkit.runtimes.GraphRunner): the session itself stays
+    ONNX Runtime's, for the step backend's I/O binding."""
+
+    def __init__(self, session: ort.InferenceSession):
+        self.session = session
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.provider = session_provider(session)
+
+    def run(self, feeds: dict) -> list:
+        return self.session.run(None, feeds)
