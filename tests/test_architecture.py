@@ -103,6 +103,25 @@ def test_packages_import_only_downwards():
     assert upward_imports(graph) == []
 
 
+def runtime_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of one runtime's package (toolkit/runtimes/<name>/) from another's ('a -> b')."""
+    def runtime(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "runtimes" and (TOOLKIT / "runtimes" / parts[2]).is_dir() else None
+
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if runtime(a) is not None and runtime(b) is not None and runtime(a) != runtime(b))
+
+
+def test_no_runtime_imports_another():
+    """Each runtime stands on core and graphs (the graph tools they share): OpenVINO once imported the ONNX Runtime
+    package for its variants. Planted in the graph, such an import is found."""
+    graph = import_graph()
+    assert runtime_crossings(graph) == []
+    graph["toolkit.runtimes.openvino.engine"] = graph["toolkit.runtimes.openvino.engine"] | {"toolkit.runtimes.onnxruntime.sessions"}
+    assert runtime_crossings(graph) == ["toolkit.runtimes.openvino.engine -> toolkit.runtimes.onnxruntime.sessions"]
+
+
 def test_the_order_check_finds_upward_imports_planted_in_a_copy(tmp_path):
     """A function-level import of the deploy side from core, and a type-only import of the torch side from a runtime,
     each planted in a copy of the tree, are both caught; siblings importing each other are too."""
