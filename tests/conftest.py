@@ -173,15 +173,16 @@ def assert_torch_free():
 @pytest.fixture()
 def cuda_falls_back(monkeypatch):
     """ONNX Runtime as it behaves where its CUDA provider cannot load: every session quietly runs on CPU."""
-    from toolkit.runtimes import onnxruntime as runtime
+    import onnxruntime as ort
+
     from toolkit.runtimes.onnxruntime import sessions
 
-    real = runtime.ort.InferenceSession
+    real = ort.InferenceSession
 
     def cpu_only(path, options=None, providers=None, **kwargs):
         return real(path, options, providers=["CPUExecutionProvider"], **kwargs)
 
-    monkeypatch.setattr(runtime.ort, "InferenceSession", cpu_only)
+    monkeypatch.setattr(ort, "InferenceSession", cpu_only)
     monkeypatch.setattr(sessions, "_cuda_probe", None)
 
 

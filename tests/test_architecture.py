@@ -13,14 +13,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TOOLKIT = REPO / "toolkit"
 # What `tk translate`, `tk serve`, corpus translation, the Python API and the other runtimes load.
-TORCH_FREE = ("core", "convert", "deploy", "runtimes", "serve", "corpus", "cli")
+TORCH_FREE = ("core", "graphs", "convert", "deploy", "runtimes", "serve", "corpus", "cli")
 TORCH_FREE_MODULES = ("toolkit.bench.text",)  # `tk bench --text`: tk's API against CTranslate2, on a deploy-only install
 # The packages in layers, lowest first. A module imports from its own package and from the layers below its own,
-# never from a package beside it or above it: deploy > runtimes > core is the deploy path; serve and corpus run it,
+# never from a package beside it or above it: deploy > runtimes > graphs > core is the deploy path (graphs: the ONNX
+# graph tools every runtime shares, none of them a runtime); serve and corpus run it,
 # pytorch (the reference, training, export) sits beside them and is never imported by deploy, runtimes or core;
 # verify holds the graphs to the PyTorch reference; bench times all of them; cli (with toolkit/__init__.py's
 # Translator) is the top.
-LAYERS = ({"core"}, {"convert"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"bench"}, {"cli", "toolkit"})
+LAYERS = ({"core"}, {"graphs"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"convert"}, {"bench"}, {"cli", "toolkit"})
 
 
 def module_name(path: Path, root: Path = REPO) -> str:
@@ -46,28 +47,33 @@ def test_the_top_of_the_package_holds_only_the_entry_points():
     """Each module lives in the folder that says which side it is on."""
     assert sorted(p.name for p in TOOLKIT.glob("*.py")) == ["__init__.py"]
     assert {p.name for p in TOOLKIT.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "bench", "cli", "convert", "core", "corpus", "deploy", "pytorch", "runtimes", "serve", "verify", "web"}
+        "bench", "cli", "convert", "core", "corpus", "deploy", "graphs", "pytorch", "runtimes", "serve", "verify", "web"}
 
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
     """Module -> the toolkit modules it imports anywhere in its body: at the top, inside functions, and under
-    `if TYPE_CHECKING:` (which never runs, but ties the modules together all the same)."""
+    `if TYPE_CHECKING:` (which never runs, but ties the modules together all the same). `from P import x` imports the
+    package P (its __init__ runs first) as well as its submodule x: a submodule that names its own package that way
+    imports that package's __init__, a circle where the __init__ imports the submodule."""
     paths = {module_name(p, root): p for p in (root / "toolkit").rglob("*.py")}
 
     def owner(name: str) -> str | None:
-        while name and name not in paths:
-            name = name.rpartition(".")[0]
-        return name or None
+        """The module of the tree that `name` is or lies in; None for a name the tree does not hold (toolkit.models:
+        the repository's models/ folder, installed under toolkit)."""
+        found = name
+        while found and found not in paths:
+            found = found.rpartition(".")[0]
+        return None if not found or (found == "toolkit" and name.count(".") > 1) else found
 
     graph: dict[str, set[str]] = {m: set() for m in paths}
     for mod, path in paths.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             targets = []
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("toolkit"):
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module for a in node.names]
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.startswith("toolkit")]
-            graph[mod] |= {t for t in map(owner, targets) if t and t != mod and t != "toolkit"}
+            graph[mod] |= {t for t in map(owner, targets) if t and t != mod}
     return graph
 
 
@@ -80,8 +86,10 @@ def package(module: str) -> str:
 def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
     """Every import of a module in a package beside or above the importer's own ('a -> b')."""
     rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    # The top module holds the version and lazy entry points only (it imports nothing when imported): what imports it
+    # is the circle check's concern, not the layers'.
     return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
-                  if package(a) != package(b) and rank[package(b)] >= rank[package(a)])
+                  if package(a) != package(b) and b != "toolkit" and rank[package(b)] >= rank[package(a)])
 
 
 def test_every_package_has_its_place_in_the_layers():
@@ -95,6 +103,25 @@ def test_packages_import_only_downwards():
     assert upward_imports(graph) == []
 
 
+def runtime_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of one runtime's package (toolkit/runtimes/<name>/) from another's ('a -> b')."""
+    def runtime(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "runtimes" and (TOOLKIT / "runtimes" / parts[2]).is_dir() else None
+
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if runtime(a) is not None and runtime(b) is not None and runtime(a) != runtime(b))
+
+
+def test_no_runtime_imports_another():
+    """Each runtime stands on core and graphs (the graph tools they share): OpenVINO once imported the ONNX Runtime
+    package for its variants. Planted in the graph, such an import is found."""
+    graph = import_graph()
+    assert runtime_crossings(graph) == []
+    graph["toolkit.runtimes.openvino.engine"] = graph["toolkit.runtimes.openvino.engine"] | {"toolkit.runtimes.onnxruntime.sessions"}
+    assert runtime_crossings(graph) == ["toolkit.runtimes.openvino.engine -> toolkit.runtimes.onnxruntime.sessions"]
+
+
 def test_the_order_check_finds_upward_imports_planted_in_a_copy(tmp_path):
     """A function-level import of the deploy side from core, and a type-only import of the torch side from a runtime,
     each planted in a copy of the tree, are both caught; siblings importing each other are too."""
@@ -106,9 +133,9 @@ def test_the_order_check_finds_upward_imports_planted_in_a_copy(tmp_path):
         f.write("\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from toolkit.pytorch import registry\n")
     with open(copy / "toolkit" / "serve" / "metrics.py", "a", encoding="utf-8") as f:
         f.write("\n\ndef _planted():\n    import toolkit.corpus.run\n")
-    found = upward_imports(import_graph(copy))
-    assert found == ["toolkit.core.errors -> toolkit.deploy.translate", "toolkit.runtimes.openvino.engine -> toolkit.pytorch.registry",
-                     "toolkit.serve.metrics -> toolkit.corpus.run"]
+    found = sorted(set(upward_imports(import_graph(copy))) - set(upward_imports(import_graph())))
+    assert found == ["toolkit.core.errors -> toolkit.deploy.translate", "toolkit.runtimes.openvino.engine -> toolkit.pytorch",
+                     "toolkit.runtimes.openvino.engine -> toolkit.pytorch.registry", "toolkit.serve.metrics -> toolkit.corpus.run"]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -145,6 +172,20 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circles():
     assert cycles(import_graph()) == []
+
+
+def test_a_submodule_importing_its_own_package_is_a_circle_where_the_package_imports_it(tmp_path):
+    """`from toolkit.runtimes.openvino import runtime` in openvino/engine.py runs openvino/__init__.py first: planted in a
+    copy where that __init__ imports the engine, the two are a circle (Python meets a half-made package)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(TOOLKIT, copy / "toolkit", ignore=shutil.ignore_patterns("__pycache__"))
+    package = copy / "toolkit" / "runtimes" / "openvino"
+    with open(package / "__init__.py", "a", encoding="utf-8") as f:
+        f.write("\nfrom toolkit.runtimes.openvino.engine import version\n")
+    assert cycles(import_graph(copy)) == []  # the __init__ importing its submodule alone is no circle
+    with open(package / "engine.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef _planted():\n    from toolkit.runtimes.openvino import engine\n\n    return engine\n")
+    assert cycles(import_graph(copy)) == [["toolkit.runtimes.openvino", "toolkit.runtimes.openvino.engine"]]
 
 
 def package_graph(root: Path = REPO) -> dict[str, set[str]]:
@@ -199,13 +240,15 @@ def test_no_source_file_is_hidden_from_clones_by_gitignore():
 
 
 def runtime_name_uses(source: str, names: tuple[str, ...]) -> list[str]:
-    """Each place a runtime's name is branched on or defaulted to: a comparison (==, !=, in, not in) with the name
-    or a collection holding it, a parameter's default, a class attribute's (a dataclass field's), or a `default=`
-    keyword (a click option's); as 'line: the code'."""
-    def named(node) -> bool:
+    """Each place a runtime is named to act on it: a comparison (==, !=, in, not in) with the name or a collection
+    holding it, a parameter's default, the name given to a variable or a class attribute (`RUNTIME = 'ctranslate2'`,
+    a dataclass field's default), or the name as an argument of a call (`load(m, 'onnxruntime')`,
+    `startswith('ctranslate2')`, a click option's `default=`); as 'line: the code'. A table holding or keyed by the
+    name (an architecture's paths, the environment's versions, read with `.get`) acts on no runtime."""
+    def named(node, collections: bool = True) -> bool:
         if isinstance(node, ast.Constant):
             return node.value in names
-        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+        return collections and isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
 
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -214,17 +257,23 @@ def runtime_name_uses(source: str, names: tuple[str, ...]) -> list[str]:
             hits = [node] if any(named(n) for n in (node.left, *node.comparators)) else []
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             hits = [d for d in (*node.args.defaults, *node.args.kw_defaults) if d is not None and named(d)]
-        elif isinstance(node, ast.ClassDef):
-            hits = [b.value for b in node.body if isinstance(b, (ast.Assign, ast.AnnAssign)) and b.value is not None and named(b.value)]
-        elif isinstance(node, ast.Call):
-            hits = [k.value for k in node.keywords if k.arg == "default" and named(k.value)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            hits = [node.value] if node.value is not None and named(node.value, collections=False) else []
+        elif isinstance(node, ast.Call) and not (isinstance(node.func, ast.Attribute) and node.func.attr == "get"):
+            hits = [a for a in (*node.args, *(k.value for k in node.keywords)) if named(a, collections=False)]
         found += [f"{n.lineno}: {ast.get_source_segment(source, n)}" for n in hits]
     return found
 
 
-def test_no_module_outside_a_runtimes_package_branches_on_its_name():
+# The one name outside a runtime's package that is a fact of a file format, not a choice: manifest.json version 2
+# recorded ONNX Runtime's verification rows without its name (core reads it below the registry).
+FORMAT_FACTS = {("toolkit/core/manifest.py", '"onnxruntime"')}
+
+
+def test_no_module_outside_a_runtimes_package_names_a_runtime():
     """deploy, serve, corpus, verify, bench and the commands ask the registry (toolkit.runtimes.registry) what a
-    runtime runs and how; only the runtime's own package, and the registry's one table, say its name."""
+    runtime runs and how, and take a runtime's name from it or from its package; only the runtime's own package
+    (toolkit/runtimes/<name>/) and the registry's one table say the name."""
     from toolkit.runtimes import registry
 
     names = registry.names()
@@ -233,11 +282,13 @@ def test_no_module_outside_a_runtimes_package_branches_on_its_name():
     found = []
     for path in sorted(TOOLKIT.rglob("*.py")):
         if not any(path == o or o in path.parents for o in own):
-            found += [f"{path.relative_to(REPO)}:{use}" for use in runtime_name_uses(path.read_text(encoding="utf-8"), names)]
+            where = str(path.relative_to(REPO))
+            found += [f"{where}:{use}" for use in runtime_name_uses(path.read_text(encoding="utf-8"), names)
+                      if (where, use.split(": ", 1)[1]) not in FORMAT_FACTS]
     assert found == []
 
 
-def test_the_runtime_name_scan_finds_each_kind_of_use():
+def test_the_runtime_name_scan_finds_each_kind_of_use(tmp_path):
     planted = (
         "import click\n"
         "def open_model(runtime='onnxruntime'):\n"
@@ -245,10 +296,21 @@ def test_the_runtime_name_scan_finds_each_kind_of_use():
         "        pass\n"
         "class Job:\n    runtime: str = 'onnxruntime'\n"
         "OPTION = click.option('--runtime', default='onnxruntime')\n"
-        "LABEL = 'onnxruntime cpu'\n"  # a row's label, not the name: no branch on it
+        "LABEL = 'onnxruntime cpu'\n"  # a row's label, not the name: no use of it
+        "RUNTIME = 'ctranslate2'\n"
+        "loaded = load(m, 'onnxruntime', 'cpu')\n"
+        "ct2 = any(r.startswith('ctranslate2') for r in rows)\n"
+        "PATHS = ('export', 'openvino')\n"  # a table of names: no use
+        "version = env.get('onnxruntime', '?')\n"  # read from a table by key: no use
     )
     found = runtime_name_uses(planted, ("onnxruntime", "openvino", "ctranslate2"))
-    assert [f.split(":")[0] for f in sorted(found)] == ["2", "3", "3", "6", "7"]  # line 3: two comparisons
+    assert [f.split(":")[0] for f in sorted(found, key=lambda f: int(f.split(":")[0]))] == ["2", "3", "3", "6", "7", "9", "10", "11"]
+    # Planted in a copy of a deploy module, the whole-tree check fails on it.
+    copy = tmp_path / "translate.py"
+    copy.write_text((TOOLKIT / "deploy" / "translate.py").read_text(encoding="utf-8") + "\nFALLBACK = 'openvino'\n", encoding="utf-8")
+    from toolkit.runtimes import registry
+
+    assert [u.split(": ", 1)[1] for u in runtime_name_uses(copy.read_text(encoding="utf-8"), registry.names())] == ["'openvino'"]
 
 
 # A writer in one module: it copies the model's manifest into a directory of its own.

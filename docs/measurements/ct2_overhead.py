@@ -44,7 +44,8 @@ def main() -> None:
         return
     from toolkit.bench.text import Ct2Text
     from toolkit.core.manifest import load
-    from toolkit.runtimes.ctranslate2 import Ct2Translator, convert
+    from toolkit.runtimes.ctranslate2.engine import Ct2Translator
+    from toolkit.runtimes.ctranslate2.spec import convert
 
     m = load(args.model)
     with tempfile.TemporaryDirectory() as work:

@@ -34,9 +34,9 @@ def main() -> None:
     from toolkit.core import manifest
     from toolkit.core.batching import DecodeOptions, decode_ids
     from toolkit.core.load_cache import default_directory
+    from toolkit.graphs.variants import graph_source
     from toolkit.runtimes.onnxruntime.backend import OrtBackend
     from toolkit.runtimes.onnxruntime.sessions import create_session
-    from toolkit.runtimes.onnxruntime.variants import graph_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=["int8", "optimized", "fp32"], default="int8")

@@ -18,7 +18,7 @@ CHILD = r"""
 import json, resource, sys, time
 import onnxruntime as ort
 from toolkit.core import manifest
-from toolkit.runtimes.onnxruntime.variants import graph_source
+from toolkit.graphs.variants import graph_source
 m = manifest.load(sys.argv[1])
 config = json.loads(sys.argv[3])
 start = time.perf_counter()

@@ -391,7 +391,7 @@ def test_export_records_the_digest_the_checkpoint_carried(tiny_export, tiny_chec
 
 def test_one_line_errors_keep_tks_own_fix_and_cut_only_foreign_messages():
     from toolkit.core.errors import ProviderError, first_line
-    from toolkit.runtimes.onnxruntime import CUDA_FIX
+    from toolkit.runtimes.onnxruntime.cuda import CUDA_FIX
 
     assert first_line(ProviderError(CUDA_FIX)) == CUDA_FIX  # the fix ("or use --provider cpu") is at the end
     assert first_line(RuntimeError("x" * 500 + "\nsecond line")) == "x" * 200

@@ -204,7 +204,7 @@ def test_beam_steps_leave_the_encoders_state_in_place_on_the_shipped_model():
     from pathlib import Path
 
     from toolkit import Translator
-    from toolkit.runtimes.onnxruntime import OrtBackend
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
 
     copied: list[set] = []
 

@@ -16,7 +16,8 @@ from toolkit.core import load_cache, manifest
 from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.errors import UsageError
 from toolkit.deploy.translate import open_model, translate_batch
-from toolkit.runtimes.onnxruntime import create_session, graph_cache
+from toolkit.runtimes.onnxruntime import graph_cache
+from toolkit.runtimes.onnxruntime.sessions import create_session
 
 SHIPPED = Path(__file__).resolve().parents[2] / "exported" / "transformer"
 SRC = np.array([[12, 57, 300, 9, 3], [40, 41, 3, 0, 0]], dtype=np.int64)
@@ -162,7 +163,7 @@ def test_no_cache_when_turned_off_or_unwritable(model_copy, monkeypatch, tmp_pat
 def test_a_variant_built_at_load_is_kept_and_not_built_again(model_copy, monkeypatch):
     """The shipped directories store fp32 only; int8 is built at the first start (seconds), then loaded
     from the cache: a later start builds nothing and computes what a fresh build computes."""
-    from toolkit.runtimes.onnxruntime import variants
+    from toolkit.graphs import variants
 
     first = open_model(model_copy, "cpu", "int8")
     assert first.built_s > 0

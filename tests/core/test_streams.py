@@ -76,9 +76,9 @@ def test_streams_on_the_shipped_model_translate_as_one_stream_does():
 
 def test_streams_share_the_models_sessions_instead_of_building_their_own():
     from toolkit.core import manifest
-    from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime.loading import load_sessions
 
-    backend = runtime.load_sessions(manifest.load(MODEL), "cpu").backend()
+    backend = load_sessions(manifest.load(MODEL), "cpu").backend()
     twin = backend.fork()
     assert twin is not backend and twin.decoder is backend.decoder
     assert twin.ranker is backend.ranker and twin.selector is backend.selector  # made once, on first use
@@ -108,7 +108,7 @@ def test_the_api_defaults_use_one_thread_per_stream_on_this_machine():
 
 def test_streams_asked_beyond_the_cores_are_cut_to_fit(monkeypatch):
     from toolkit import Translator
-    from toolkit.runtimes.onnxruntime import OrtBackend
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     forks = []

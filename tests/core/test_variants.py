@@ -51,7 +51,7 @@ def test_suffixes_are_distinct_so_variants_never_overwrite_each_other():
 def test_every_variant_the_catalogue_builds_has_one_onnx_runtime_builder():
     """The catalogue (core) declares the variants; the ONNX Runtime package builds them: a variant declared without a
     builder would fail only when someone first asks for it."""
-    from toolkit.runtimes.onnxruntime import variants as built
+    from toolkit.graphs import variants as built
 
     assert tuple(built.BUILDERS) == variants.BUILT
     with pytest.raises(ValueError, match="nothing to build"):

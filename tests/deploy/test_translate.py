@@ -214,42 +214,46 @@ def test_the_cuda_problem_is_named(monkeypatch):
     """Which of the three usual reasons stops the CUDA provider: a CPU-only build, no driver, a missing library."""
     import ctypes
 
-    from toolkit.runtimes import onnxruntime as runtime
-    from toolkit.runtimes.onnxruntime import cuda
+    import onnxruntime as ort
 
-    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    assert "build without the CUDA provider" in runtime.cuda_problem() and "tk-onnx-deploy[cuda]" in runtime.cuda_problem()
+    from toolkit.runtimes.onnxruntime import cuda
+    from toolkit.runtimes.onnxruntime.cuda import cuda_problem
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert "build without the CUDA provider" in cuda_problem() and "tk-onnx-deploy[cuda]" in cuda_problem()
     monkeypatch.undo()
     monkeypatch.setattr(cuda, "no_nvidia_device", lambda: True)
-    assert runtime.cuda_problem() == "no NVIDIA GPU or driver is visible (/dev/nvidiactl is missing)"
+    assert cuda_problem() == "no NVIDIA GPU or driver is visible (/dev/nvidiactl is missing)"
     # With a driver: the library the provider cannot load, as the dynamic loader names it.
     monkeypatch.setattr(cuda, "no_nvidia_device", lambda: False)
-    capi = Path(runtime.ort.__file__).parent / "capi"
+    capi = Path(ort.__file__).parent / "capi"
     try:
         ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
         ctypes.CDLL(str(capi / "libonnxruntime_providers_cuda.so"))
         loader_says = ""
     except OSError as e:
         loader_says = str(e).split(":")[0]
-    problem = runtime.cuda_problem()
+    problem = cuda_problem()
     assert (loader_says in problem and "LD_LIBRARY_PATH" in problem) if loader_says else problem == ""
 
 
 def test_cuda_sessions_preload_the_pip_cuda_libraries(monkeypatch, tiny_export):
     """The cuda extra's nvidia-* packages are found without LD_LIBRARY_PATH: preload_dlls runs before a CUDA session."""
+    import onnxruntime as ort
+
     from toolkit.core.errors import ProviderError
-    from toolkit.runtimes import onnxruntime as runtime
     from toolkit.runtimes.onnxruntime import cuda
+    from toolkit.runtimes.onnxruntime.sessions import create_session
 
     calls = []
-    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda *a, **k: calls.append(1) or print("noise"), raising=False)
+    monkeypatch.setattr(ort, "preload_dlls", lambda *a, **k: calls.append(1) or print("noise"), raising=False)
     monkeypatch.setattr(cuda, "_preloaded", False)
     try:
-        runtime.create_session(tiny_export / "encoder.onnx", "cuda")
+        create_session(tiny_export / "encoder.onnx", "cuda")
     except ProviderError:
         pass  # no GPU here: what matters is that the libraries were loaded before the session
     assert calls == [1]
-    runtime.create_session(tiny_export / "encoder.onnx", "cpu")
+    create_session(tiny_export / "encoder.onnx", "cpu")
     assert calls == [1]  # once per process, and never for CPU sessions
 
 
@@ -328,10 +332,11 @@ def test_device_side_row_selection_matches_numpy(name, random_export):
 
     from toolkit.core import manifest
     from toolkit.core.decoding import pad_batch
-    from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
+    from toolkit.runtimes.onnxruntime.loading import load_sessions
 
-    plain = runtime.load_sessions(manifest.load(random_export(name)), "cpu").backend()
-    backend = runtime.OrtBackend(plain.encoder, plain.decoder, plain.encoder_spec, plain.decoder_spec, io_binding=True)
+    plain = load_sessions(manifest.load(random_export(name)), "cpu").backend()
+    backend = OrtBackend(plain.encoder, plain.decoder, plain.encoder_spec, plain.decoder_spec, io_binding=True)
     src, lens = pad_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]])
     state = backend.encode(src, lens)
     _, state = backend.step(np.full(4, 2, dtype=np.int64), state)
@@ -346,7 +351,7 @@ def test_device_side_row_selection_matches_numpy(name, random_export):
 def test_the_cuda_io_binding_path_decodes_as_the_cpu_host_path(model, english):
     """CUDA keeps the cache in device memory through I/O binding, with TopK and Gather graphs on the
     device; CPU runs plain numpy steps. Run on CPU, the binding path must give the same search."""
-    from toolkit.runtimes.onnxruntime import OrtBackend
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
 
     ids = model.tokenizer.encode(english)
     host, bound = model.backend(), model.backend()

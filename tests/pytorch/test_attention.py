@@ -16,7 +16,8 @@ import pytest
 from toolkit.core import manifest
 from toolkit.core.decoding import greedy
 from toolkit.deploy import attention_graphs
-from toolkit.runtimes.onnxruntime import create_session, load_sessions
+from toolkit.runtimes.onnxruntime.loading import load_sessions
+from toolkit.runtimes.onnxruntime.sessions import create_session
 from toolkit.verify.attention import probability_check
 
 # Minutes of work in all: left out of the fast tier (pytest -m 'not slow').

@@ -195,7 +195,7 @@ def test_a_variant_the_directory_lacks_is_built_in_memory_as_export_would_store_
     either verifies both, and building them must not write into the model directory."""
     import shutil
 
-    from toolkit.runtimes.onnxruntime.variants import graph_source
+    from toolkit.graphs.variants import graph_source
 
     stored = tmp_path / "stored"
     shutil.copytree(tiny_export, stored)

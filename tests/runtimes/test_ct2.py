@@ -12,16 +12,17 @@ def test_converted_shipped_model_decodes_the_same_tokens_as_onnx_runtime(tmp_pat
     from toolkit.core import manifest
     from toolkit.core.batching import DecodeOptions, decode_ids
     from toolkit.core.tokenizer import Tokenizer
-    from toolkit.runtimes import ctranslate2 as ct2_engine
-    from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.ctranslate2 import engine as ct2_engine
+    from toolkit.runtimes.ctranslate2.spec import convert
+    from toolkit.runtimes.onnxruntime.loading import load_sessions
     from toolkit.verify.checks import FALLBACK_SENTENCES
 
     m = manifest.load("exported/transformer")
     english = FALLBACK_SENTENCES + ["Where did you put the keys?", "It is raining again today.", "I have never seen a whale.",
                                     "We should leave before it gets dark.", "could you help me", "MY FATHER IS A DOCTOR."]
     src = Tokenizer.load(m.tokenizer_path()).encode(english)
-    tk = [h[0].tokens for h in decode_ids(runtime.load_sessions(m, "cpu").backend(), src, DecodeOptions(batch_size=4))]
-    with ct2_engine.Ct2Translator(ct2_engine.convert(m, tmp_path / "ct2"), intra_threads=1) as tr:
+    tk = [h[0].tokens for h in decode_ids(load_sessions(m, "cpu").backend(), src, DecodeOptions(batch_size=4))]
+    with ct2_engine.Ct2Translator(convert(m, tmp_path / "ct2"), intra_threads=1) as tr:
         ct2 = tr.translate_ids(src, batch_size=4)
     assert ct2 == tk and all(tk)
 
@@ -29,10 +30,10 @@ def test_converted_shipped_model_decodes_the_same_tokens_as_onnx_runtime(tmp_pat
 def test_ct2_refuses_a_model_it_cannot_express(random_export, tmp_path):
     from toolkit.core import manifest
     from toolkit.core.errors import UsageError
-    from toolkit.runtimes import ctranslate2 as ct2_engine
+    from toolkit.runtimes.ctranslate2.spec import convert
 
     with pytest.raises(UsageError, match="does not support a 'seq2seq' model; it supports transformer, marian"):
-        ct2_engine.convert(manifest.load(random_export("seq2seq")), tmp_path / "ct2")
+        convert(manifest.load(random_export("seq2seq")), tmp_path / "ct2")
 
 
 def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tiny_export, tmp_path):

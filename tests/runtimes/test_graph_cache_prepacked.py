@@ -27,7 +27,8 @@ START = """
 import json, sys
 import numpy as np
 from pathlib import Path
-from toolkit.runtimes.onnxruntime import create_session, graph_cache
+from toolkit.runtimes.onnxruntime import graph_cache
+from toolkit.runtimes.onnxruntime.sessions import create_session
 graph = Path(sys.argv[1])
 session = graph_cache.cached_session(graph, "test-" + graph.stem, create_session)
 x = np.random.default_rng(0).standard_normal((40, 64)).astype(np.float32)

@@ -12,8 +12,8 @@ import pytest
 from onnx import numpy_helper
 
 from toolkit.core import manifest
-from toolkit.runtimes.onnxruntime.variants import float_layers as weight_layers
-from toolkit.runtimes.onnxruntime.variants import fold_for_int8, int8_graph, int8_layers
+from toolkit.graphs.variants import float_layers as weight_layers
+from toolkit.graphs.variants import fold_for_int8, int8_graph, int8_layers
 from toolkit.verify import int8_layers as layers
 
 # Minutes of work in all: left out of the fast tier (pytest -m 'not slow').

@@ -20,7 +20,7 @@ from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.tokenizer import BOS, EOS
 from toolkit.core.tokenizers import open_tokenizer
 from toolkit.runtimes import registry
-from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
+from toolkit.runtimes.ctranslate2.engine import fastest, thread_candidates
 
 
 def rss_bytes() -> int:
@@ -127,7 +127,8 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     from toolkit.core import manifest as manifest_mod
     from toolkit.pytorch.reference import load_reference
     from toolkit.pytorch.torch_backend import TorchBackend
-    from toolkit.runtimes import ctranslate2 as ct2_engine
+    from toolkit.runtimes.ctranslate2 import engine as ct2_engine
+    from toolkit.runtimes.ctranslate2.spec import convert
     from toolkit.verify.checks import held_out_sentences
 
     m = manifest_mod.load(model_dir)
@@ -170,7 +171,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
         if not ct2_engine.available():
             raise UsageError(f"--ct2 needs ctranslate2; {ct2_engine.INSTALL_HINT}")
         ct2_dir = tempfile.TemporaryDirectory(prefix="tk-ct2-")
-        ct2_engine.convert(m, ct2_dir.name)
+        convert(m, ct2_dir.name)
         ct2_setting = best_settings(batch_sizes, ct2_threads, lambda c, b: _time_ct2(
             ct2_dir.name, c, src[: probe_size(b)], [b], m.max_len))
         echo(f"ctranslate2 {ctranslate2_version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
@@ -282,7 +283,7 @@ class Ct2Run:
 
     @contextmanager
     def loaded(self):
-        from toolkit.runtimes.ctranslate2 import Ct2Translator
+        from toolkit.runtimes.ctranslate2.engine import Ct2Translator
 
         with Ct2Translator(self.model_dir, self.compute_type, *self.threads) as tr:
             tr.translate_ids(self.src[:4], self.beam, self.max_len, self.batch)  # first-call allocations
@@ -323,7 +324,7 @@ def _time_tk(backend, src: list[list[int]], batch_sizes, max_len: int, streams: 
 
 
 def _time_ct2(model_dir: str, threads: tuple[int, int], src: list[list[int]], batch_sizes, max_len: int) -> float:
-    from toolkit.runtimes.ctranslate2 import Ct2Translator
+    from toolkit.runtimes.ctranslate2.engine import Ct2Translator
 
     with Ct2Translator(model_dir, "float32", *threads) as tr:
         tr.translate_ids(src[:4], 1, max_len, 1)
@@ -340,8 +341,9 @@ def ctranslate2_version() -> str:
 
 
 def ct2_table(results: list[Result]) -> str:
-    """CTranslate2 against tk's ONNX Runtime CPU rows, fp32 with float32 and int8 with int8: sentences/s and ratios.
-    tk's fp32 column is the faster of its exported and offline-optimised graphs (both float32), named in `graph`."""
+    """CTranslate2 against tk's ONNX Runtime CPU rows, fp32 with float32 and int8 with int8: sentences/s and ratios
+    ("": no pair of rows to compare). tk's fp32 column is the faster of its exported and offline-optimised graphs (both
+    float32), named in `graph`."""
     from toolkit.core.variants import FAST_PLAIN
 
     rate = {(r.backend, r.search, r.batch): r.sentences / r.seconds for r in results}
@@ -362,7 +364,7 @@ def ct2_table(results: list[Result]) -> str:
         ratio8 = f"{c8 / tk8:.2f}" if tk8 and c8 else ""
         lines.append(f"{search:<7} {batch:>5} {tk32:>8.1f} {graph:>9} {c32:>11.1f} {c32 / tk32:>6.2f} {tk8 or 0:>8.1f} {c8 or 0:>8.1f} "
                      f"{ratio8:>6} {same:>15.0%}")
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 

@@ -123,7 +123,7 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
     from toolkit.core.batching import DecodeOptions, decode_ids
     from toolkit.pytorch.reference import load_reference
     from toolkit.pytorch.torch_backend import TorchBackend
-    from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime.loading import load_sessions
 
     m = manifest_mod.load(exported / "transformer")
     _, _, model, _ = load_reference(m)
@@ -133,12 +133,12 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
     opts = DecodeOptions(beam=1, batch_size=64, max_len=m.max_len)
     ids = lambda backend: [h[0].tokens for h in decode_ids(backend, src, opts)]
     refs = {"pytorch cpu": ids(TorchBackend(model, specs["encoder"], specs["decoder"])),
-            "onnxruntime cpu fp32": ids(runtime.load_sessions(m, "cpu", "fp32").backend())}
+            "onnxruntime cpu fp32": ids(load_sessions(m, "cpu", "fp32").backend())}
     if provider != "cpu" and torch.cuda.is_available():
         refs[f"pytorch {provider}"] = ids(TorchBackend(model, specs["encoder"], specs["decoder"], device=provider))
     out: dict = {"sentences": len(src), "search": "greedy, batch 64"}
     for variant in precisions(provider):
-        got = ids(runtime.load_sessions(m, provider, variant).backend())
+        got = ids(load_sessions(m, provider, variant).backend())
         out[f"onnxruntime {provider} {variant}"] = {f"identical_to_{k.replace(' ', '_')}": round(sum(a == b for a, b in zip(got, r)) / len(r), 4)
                                                    for k, r in refs.items()}
         echo(f"token parity {provider} {variant}: " + ", ".join(f"{v:.1%} {k}" for k, v in out[f"onnxruntime {provider} {variant}"].items()))
@@ -170,7 +170,7 @@ def probe_backend(model_dir: Path, engine: str, variant: str, batch: int):
     from toolkit.core.batching import DecodeOptions, decode_ids
     from toolkit.pytorch.reference import load_reference
     from toolkit.pytorch.torch_backend import TorchBackend
-    from toolkit.runtimes import onnxruntime as runtime
+    from toolkit.runtimes.onnxruntime.loading import load_sessions
     from toolkit.verify.checks import held_out_sentences
 
     m = manifest_mod.load(model_dir)
@@ -178,7 +178,7 @@ def probe_backend(model_dir: Path, engine: str, variant: str, batch: int):
         _, _, model, _ = load_reference(m)
         backend = TorchBackend(model, m.specs()["encoder"], m.specs()["decoder"], device="cuda")
     else:
-        backend = runtime.load_sessions(m, "cuda", variant).backend()
+        backend = load_sessions(m, "cuda", variant).backend()
     english, _ = held_out_sentences(batch)
     src = source_ids(m, english)
     decode_ids(backend, src, DecodeOptions(beam=1, batch_size=batch, max_len=m.max_len))
@@ -206,8 +206,9 @@ def run_copy_profile(provider: str, echo, exported: Path = EXPORTED, sentences: 
     leaves the device: only the token goes in and the log-probabilities come out each step."""
     from toolkit.core import manifest as manifest_mod
     from toolkit.core.batching import DecodeOptions, decode_ids
-    from toolkit.runtimes import onnxruntime as runtime
-    from toolkit.runtimes.onnxruntime.variants import graph_source
+    from toolkit.graphs.variants import graph_source
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
+    from toolkit.runtimes.onnxruntime.sessions import create_session
     from toolkit.verify.checks import held_out_sentences
 
     m = manifest_mod.load(exported / "transformer")
@@ -221,9 +222,9 @@ def run_copy_profile(provider: str, echo, exported: Path = EXPORTED, sentences: 
                 def configure(options, prefix=f"{tmp}/{variant}-{binding}"):
                     options.enable_profiling = True
                     options.profile_file_prefix = prefix
-                encoder = runtime.create_session(graph_source(m, "encoder", variant)[0], provider)
-                decoder = runtime.create_session(graph_source(m, "decoder", variant)[0], provider, configure=configure)
-                backend = runtime.OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"], io_binding=binding)
+                encoder = create_session(graph_source(m, "encoder", variant)[0], provider)
+                decoder = create_session(graph_source(m, "decoder", variant)[0], provider, configure=configure)
+                backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"], io_binding=binding)
                 decode_ids(backend, src, DecodeOptions(beam=1, batch_size=sentences, max_len=m.max_len))
                 events = json.loads(Path(decoder.end_profiling()).read_text())
                 runs = [e for e in events if e.get("name") == "model_run"]
@@ -333,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-sentences", type=positive, default=1024)
     parser.add_argument("--only", default=None, help="comma-separated parts to run [default: all]: " + ", ".join(PARTS))
     args = parser.parse_args(argv)
-    from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix, gpu_environment
+    from toolkit.runtimes.onnxruntime.cuda import cuda_fix, gpu_environment
+    from toolkit.runtimes.onnxruntime.sessions import cuda_available
     from toolkit.verify.report import environment
 
     if args.provider == "cuda" and not cuda_available():

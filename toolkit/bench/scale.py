@@ -23,7 +23,6 @@ next one (as large as the largest) doing the same. Engines are grouped in the or
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from pathlib import Path
 from toolkit.bench.scale_model import SHAPES, Shape
 from toolkit.core.atomic import is_temporary, write_atomic
 from toolkit.core.errors import UsageError
+from toolkit.runtimes.ctranslate2.engine import available as ct2_available
 
 ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers",
            # On a GPU (scale_worker says why where CUDA cannot be used): fp32 and half precision.
@@ -381,7 +381,7 @@ def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 3
         raise UsageError(f"--tokens {tokens} is beyond the model's {shape.positions} positions; give at most {shape.positions - 1}")
     threads = threads or os.cpu_count() or 1
     unavailable = {}
-    if any(e.startswith("ct2") for e in engines) and importlib.util.find_spec("ctranslate2") is None:
+    if any(e.startswith("ct2") for e in engines) and not ct2_available():
         # Its own conversion cannot run either: the other engines' rows go on.
         unavailable = {e: f"ctranslate2 is not installed for {sys.executable} (pip install 'tk-onnx-deploy[ct2]')"
                        for e in engines if e.startswith("ct2")}

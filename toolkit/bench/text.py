@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.core.errors import DataError, UsageError
+from toolkit.runtimes.ctranslate2.engine import RUNTIME as CT2
 
 FILE_BATCH = 64  # CTranslate2's max_batch_size, and tk's default batch size
 REQUEST_BEAM = 1
@@ -112,8 +113,9 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     import tempfile
 
     from toolkit.core.manifest import load
-    from toolkit.runtimes import ctranslate2 as ct2
+    from toolkit.runtimes.ctranslate2 import engine as ct2
     from toolkit.runtimes.ctranslate2 import stored
+    from toolkit.runtimes.ctranslate2.spec import convert
 
     if not ct2.available():
         raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
@@ -121,7 +123,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     rows: list[TextRow] = []
     with tempfile.TemporaryDirectory(prefix="tk-text-bench-") as work:
         ct2_dir = Path(work) / "ct2"
-        ct2.convert(m, ct2_dir)
+        convert(m, ct2_dir)
         tk_ct2_dir = model_dir
         if stored.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
             tk_ct2_dir = Path(work) / "model"
@@ -141,7 +143,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
                 row.engines += _peer_engines(hf, "requests", None, None)
             rows.append(row)
             tk_s, ct2_s = cold_start(model_dir, str(ct2_dir), variant, pair.compute, pair.request_threads, sources[0], cold_starts)
-            rows.append(TextRow("cold start", variant, 1, [Engine("tk", tk_s), Engine("ctranslate2", ct2_s, _threads(pair.request_threads))]))
+            rows.append(TextRow("cold start", variant, 1, [Engine("tk", tk_s), Engine(CT2, ct2_s, _threads(pair.request_threads))]))
     return rows
 
 
@@ -171,7 +173,7 @@ class _Pair:
         self.engine = Ct2Text(ct2_dir, m.translation_tokenizer(), self.compute, m.max_len)
         # fp32 is tk's default (None: the fastest graphs with fp32's output); int8 must be asked for.
         self.tk = Translator(model_dir, provider="cpu", variant=None if variant == "fp32" else variant)
-        self.tk_ct2 = Translator(tk_ct2_dir, provider="cpu", variant=variant, runtime="ctranslate2")
+        self.tk_ct2 = Translator(tk_ct2_dir, provider="cpu", variant=variant, runtime=CT2)
         for t in (self.tk, self.tk_ct2):
             t.translate(["Hello.", "How are you?"])  # first-call allocations, as CTranslate2's warm-up below
         self.file_threads = self.request_threads = (1, 1)
@@ -179,14 +181,14 @@ class _Pair:
 
     def ct2_seconds(self, threads: tuple[int, int], fn: Callable[[object], object]) -> float:
         """One timed pass; the CTranslate2 translator is loaded (untimed) around it, so only one is alive at a time."""
-        from toolkit.runtimes.ctranslate2 import Ct2Translator
+        from toolkit.runtimes.ctranslate2.engine import Ct2Translator
 
         with Ct2Translator(self.ct2_dir, self.compute, *threads) as tr:
             tr.translate_ids([[4, 5, 3]], 1, self.max_len, 1)
             return _timed(lambda: fn(tr))
 
     def choose_threads(self, probe: list[str], echo: Callable[[str], None]) -> None:
-        from toolkit.runtimes.ctranslate2 import fastest, thread_candidates
+        from toolkit.runtimes.ctranslate2.engine import fastest, thread_candidates
 
         self.file_threads = fastest(thread_candidates(), lambda c: self.ct2_seconds(c, lambda tr: self.engine.translate(tr, probe, 1)))
         self.request_threads = fastest([c for c in thread_candidates() if c[1] == 1], lambda c: self.ct2_seconds(
@@ -208,7 +210,7 @@ class _Pair:
         return TextRow(f"file, {name}", self.variant, len(sources), [
             Engine("tk", tk_s, "defaults", 1.0, _bleu(out["tk"], references)),
             Engine("tk on ctranslate2", tk_ct2_s, "defaults", _same(out["tk_ct2"], out["tk"]), _bleu(out["tk_ct2"], references)),
-            Engine("ctranslate2", ct2_s, _threads(self.file_threads), _same(out["ct2"], out["tk"]), _bleu(out["ct2"], references))])
+            Engine(CT2, ct2_s, _threads(self.file_threads), _same(out["ct2"], out["tk"]), _bleu(out["ct2"], references))])
 
     def request_row(self, asked: list[str], repeat: int, echo: Callable[[str], None]) -> TextRow:
         tk_s, tk_ct2_s, ct2_s = _median_turns([
@@ -221,7 +223,7 @@ class _Pair:
              f"CTranslate2 {1000 * ct2_s / n:.2f} ms")
         return TextRow("requests, greedy", self.variant, n, [Engine("tk", tk_s / n, "defaults"),
                                                               Engine("tk on ctranslate2", tk_ct2_s / n, "defaults"),
-                                                              Engine("ctranslate2", ct2_s / n, _threads(self.request_threads))])
+                                                              Engine(CT2, ct2_s / n, _threads(self.request_threads))])
 
 
 def _run_peers(m, work: Path, sources: list[str], beams, requests: int, repeat: int, peers: tuple[str, ...],

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolkit.convert import output
+from toolkit.convert.output import prepare, refuse_source_inside, store, temporary_directory, writing
 from toolkit.core import manifest
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import FileRecord, Manifest
@@ -114,13 +114,13 @@ def convert(writer: Writer, source: Path, out: Path | None = None, force: bool =
 
 
 def _new_directory(writer: Writer, lands: NewDirectory, source: Path, out: Path, force: bool, echo: Echo) -> dict[str, int]:
-    output.refuse_source_inside(out, [source], writer.option)  # before reading the source: replacing OUT would delete it
+    refuse_source_inside(out, [source], writer.option)  # before reading the source: replacing OUT would delete it
     loaded = writer.load(writer, source)
-    target = output.prepare(out, option=writer.option, sources=[source], force=force, owned=lambda d: lands.owned(d, loaded),
+    target = prepare(out, option=writer.option, sources=[source], force=force, owned=lambda d: lands.owned(d, loaded),
                             what=lands.what, keep_foreign=lands.keep_foreign)
     writer.validate(loaded)
     kept: list[str] = []
-    with output.writing(target, skipped=kept.extend) as tmp:
+    with writing(target, skipped=kept.extend) as tmp:
         writer.write(loaded, tmp, echo)
         if writer.verify is not None:
             writer.verify(loaded, tmp)
@@ -139,7 +139,7 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
         present = lands.replaces(m)
         if present and not force:
             raise UsageError(f"{source} already has {present}; use --force to {lands.again}")
-        tmp = output.temporary_directory(source, lands.stage)
+        tmp = temporary_directory(source, lands.stage)
         try:
             written = writer.write(m, tmp, echo)
             if writer.verify is not None:
@@ -151,7 +151,7 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
                 lands.record(m, written, records, command)
                 m.save()
 
-            output.store(tmp, source, record)
+            store(tmp, source, record)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return sizes

@@ -1,6 +1,6 @@
 """Precision and optimisation variants of an exported graph, declared once: every command, check and choice list
 reads this catalogue. Each is built from the fp32 graph alone, with ONNX Runtime
-(toolkit.runtimes.onnxruntime.variants builds them; stored beside the graphs or built in memory at load).
+(toolkit.graphs.variants builds them; stored beside the graphs or built in memory at load).
 
 No runtime is imported here: `tk --help` and the choice lists read the catalogue at start-up.
 """
@@ -46,7 +46,7 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
 )}
 NAMES: tuple[str, ...] = tuple(CATALOGUE)
 PLAIN = "fp32"  # the exported graphs every other variant is built from
-# Built from the fp32 graphs (by toolkit.runtimes.onnxruntime.variants), stored or in memory.
+# Built from the fp32 graphs (by toolkit.graphs.variants), stored or in memory.
 BUILT: tuple[str, ...] = tuple(n for n in CATALOGUE if n != PLAIN)
 # The variant that trades exactness for speed on each provider (`tk bench` times it by default).
 SPEED = {"cpu": "int8", "cuda": "fp16"}

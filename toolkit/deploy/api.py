@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
-from toolkit import runtimes
 from toolkit.core.decode_options import MAX_THREADS, DecodeOptions, count_problem, declared, shown
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
@@ -26,6 +25,7 @@ from toolkit.core.shipped import default_model
 from toolkit.core.textprep import TextOptions
 from toolkit.deploy import markup
 from toolkit.deploy.translate import Translation, failure_notes, open_model, translate_batch
+from toolkit.runtimes import DEFAULT_RUNTIME, names
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 FORMATS = ("text", "html")  # what a text is: plain text, or an HTML fragment whose markup is kept (toolkit.deploy.markup)
@@ -97,13 +97,13 @@ class Translator:
     "ctranslate2" the directory's CTranslate2 model (`tk export DIR --ctranslate2`)."""
 
     def __init__(self, model_dir: str | Path | None = None, provider: str | None = None, variant: str | None = None,
-                 threads: int | None = None, allow_cpu_fallback: bool = False, runtime: str = runtimes.DEFAULT_RUNTIME) -> None:
+                 threads: int | None = None, allow_cpu_fallback: bool = False, runtime: str = DEFAULT_RUNTIME) -> None:
         if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
             raise UsageError(f"model_dir must be a model directory's path (a str or pathlib.Path), or None for the default "
                              f"model (got {shown(model_dir)})")
         _check_model_arguments(provider, variant, threads, allow_cpu_fallback)
-        if runtime not in runtimes.names():
-            raise UsageError(f"runtime must be one of {', '.join(map(repr, runtimes.names()))} (got {shown(runtime)})")
+        if runtime not in names():
+            raise UsageError(f"runtime must be one of {', '.join(map(repr, names()))} (got {shown(runtime)})")
         if model_dir is None:
             model_dir = default_model()
         self.model_dir = Path(model_dir)

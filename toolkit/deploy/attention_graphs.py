@@ -96,7 +96,7 @@ def graph_source(m: Manifest, graph: str) -> Path | bytes:
 
 def load_sessions(m: Manifest, provider: str = "cpu", **options) -> dict:
     """ONNX Runtime sessions of the attention variant, one per graph."""
-    from toolkit.runtimes.onnxruntime import create_session
+    from toolkit.runtimes.onnxruntime.sessions import create_session
 
     return {name: create_session(graph_source(m, name), provider, **options) for name in m.graphs}
 
@@ -105,7 +105,7 @@ def load_sessions(m: Manifest, provider: str = "cpu", **options) -> dict:
 
 def recorder(sessions: dict, specs: dict[str, GraphSpec], extra: dict[str, tuple[TensorSpec, ...]]):
     """An OrtBackend over the attention graphs that keeps each call's attention weights on the host."""
-    from toolkit.runtimes.onnxruntime import OrtBackend
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
 
     class AttentionRecorder(OrtBackend):
         def __init__(self):
@@ -243,7 +243,7 @@ def nadaraya_watson(directory: str | Path, step: float = 0.1) -> dict[str, np.nd
     import onnx
 
     from toolkit.core import manifest as manifest_mod
-    from toolkit.runtimes.onnxruntime import create_session
+    from toolkit.runtimes.onnxruntime.sessions import create_session
 
     m = manifest_mod.load(directory)
     if m.model != "nw":

@@ -10,8 +10,8 @@ from pathlib import Path
 from toolkit.convert import IntoModelDirectory, Writer, convert
 from toolkit.core import architectures, manifest, variants
 from toolkit.core.errors import UsageError
-from toolkit.runtimes.onnxruntime import variants as built_variants
-from toolkit.runtimes.onnxruntime.variants import build
+from toolkit.graphs import variants as built_variants
+from toolkit.graphs.variants import build
 
 
 @dataclass

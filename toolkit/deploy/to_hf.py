@@ -316,7 +316,7 @@ def _write(m: Manifest, tmp: Path, echo: Callable[[str], None], permute: bool = 
     """write: the MarianMTModel directory's files into `tmp` (moved into place by toolkit.convert.convert)."""
     from safetensors.numpy import save_file
 
-    from toolkit.runtimes.ctranslate2 import graph_weights
+    from toolkit.runtimes.ctranslate2.spec import graph_weights
 
     echo(f"reading the weights of {m.directory}'s fp32 graphs ...")
     weights = graph_weights(m)

@@ -38,19 +38,19 @@ class TranslationModel:
     manifest: manifest_mod.Manifest
     tokenizer: Tokenizer | MarianTokenizer
     backend: Callable[[], object]  # a fresh step backend for the shared decoding loop
-    provider: str  # "cpu" or "cuda" for ONNX Runtime, "torch" for the PyTorch reference
+    provider: str  # "cpu" or "cuda"; "torch" for a reference (open_model's `reference`)
     startup_s: float
     built_s: float = 0.0  # of startup_s, the time spent building a variant the directory does not store
-    runtime: str = DEFAULT_RUNTIME  # which engine runs the graphs (toolkit.runtimes); "torch" for the reference
+    runtime: str | None = DEFAULT_RUNTIME  # which engine runs the graphs (toolkit.runtimes); None for a reference
     threads: int | None = None  # intra-op threads of each CPU session (None: not a CPU ONNX Runtime session)
     variant: str = "fp32"  # the graphs it runs (toolkit.core.variants)
 
     @property
     def where(self) -> str:
         """Device and runtime, as output states them: 'cpu (onnxruntime 1.31.0)'."""
-        from toolkit import runtimes
+        from toolkit.runtimes import label
 
-        return self.provider if self.runtime == "torch" else f"{self.provider} ({runtimes.label(self.runtime)})"
+        return self.provider if self.runtime is None else f"{self.provider} ({label(self.runtime)})"
 
     def for_languages(self, source_lang: str | None = None, target_lang: str | None = None) -> TranslationModel:
         """This model translating from `source_lang` into `target_lang` (None: its default): the same sessions, the
@@ -61,38 +61,34 @@ class TranslationModel:
 
 
 def open_model(directory: str | Path, provider: str | None = None, variant: str | None = "fp32",
-               allow_fallback: bool = False, threads: int | None = None, backend: str = DEFAULT_RUNTIME,
-               runtime: str = DEFAULT_RUNTIME) -> TranslationModel:
+               allow_fallback: bool = False, threads: int | None = None, runtime: str = DEFAULT_RUNTIME,
+               reference: Callable[[manifest_mod.Manifest], Callable[[], object]] | None = None) -> TranslationModel:
     """Loads and checks a model directory on `runtime` (toolkit.runtimes.registry), whose declaration picks what is
     not given: provider None, its default (ONNX Runtime: CUDA if it truly loads, else CPU); variant None, its fastest
     graphs that compute what the fp32 graphs compute on that provider (ONNX Runtime on CPU: the attention-fused
     "optimized" graphs, built once and kept in the start-up cache); threads None, its own. Its loader checks the
     sessions against manifest.json.
 
-    backend "torch" decodes with the PyTorch model through the same loop (for comparison; it needs torch and the
-    model code, which the ONNX Runtime path never imports: import toolkit.pytorch.torch_backend first, which puts
-    it behind toolkit.runtimes.load).
+    `reference(m)`: step backends of the caller's own in place of a runtime's, through the same loop (`tk translate
+    --backend torch`: toolkit.pytorch.torch_backend.reference_backends, which the deploy path never imports).
     """
-    from toolkit import runtimes
+    from toolkit.runtimes import check, get, load
 
-    runtimes.check(runtime)
-    if backend == "torch" and runtime != DEFAULT_RUNTIME:
-        raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
+    check(runtime)
     start = time.perf_counter()
     m = manifest_mod.load(directory)
     m.translation_tokenizer()
     m.check_files(cached=True)
     tokenizer = open_tokenizer(m)
-    if backend == "torch":  # registered by toolkit.pytorch.torch_backend, which the caller imports (the torch side)
-        loaded = runtimes.load(m, "torch")
-        return TranslationModel(m, tokenizer, loaded.backend, "torch", time.perf_counter() - start, runtime="torch")
-    spec = runtimes.get(runtime)
+    if reference is not None:
+        return TranslationModel(m, tokenizer, reference(m), "torch", time.perf_counter() - start, runtime=None)
+    spec = get(runtime)
     provider = spec.default_provider() if provider is None else provider
     variant = spec.default_variant(provider, m) if variant is None else variant
     request_threads = None
     if threads is None:
         threads, request_threads = spec.default_threads(provider)
-    loaded = runtimes.load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
+    loaded = load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
     return TranslationModel(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s, runtime,
                             getattr(loaded, "threads", None), variant)
 

@@ -66,7 +66,7 @@ def site_model(m: manifest_mod.Manifest) -> dict:
 
 def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) -> None:
     """A variant's graph as stored in the directory, else built from its fp32 graph."""
-    from toolkit.runtimes.onnxruntime.variants import graph_source
+    from toolkit.graphs.variants import graph_source
 
     source, _ = graph_source(m, graph, variant)
     if isinstance(source, bytes):

@@ -204,7 +204,7 @@ def check_sizes(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: int
     """Runs the exported graph with ONNX Runtime at SECOND_SIZES and compares it with PyTorch; a failure is one line
     naming the graph, the input and the axis (found by changing one axis at a time from the traced sizes)."""
     from toolkit.core.variants import CATALOGUE
-    from toolkit.runtimes.onnxruntime import create_session
+    from toolkit.runtimes.onnxruntime.sessions import create_session
 
     model = onnx.load(path, load_external_data=False)
     frozen = _frozen_input(model, spec)

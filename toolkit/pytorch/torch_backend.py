@@ -1,17 +1,16 @@
 """PyTorch step backend for the shared decoding loop: the reference that the graphs are held to.
 
-Importing this module registers the reference as the "torch" backend of toolkit.runtimes.load (`tk translate
---backend torch`), so the deploy path reaches it through the runtimes' one interface without importing torch.
+`tk translate --backend torch` hands open_model reference_backends, so the deploy path decodes with it through the
+one loop without importing torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from toolkit import runtimes
 from toolkit.core.decoding import StepBackend, empty_cache
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
@@ -74,28 +73,11 @@ class TorchBackend(StepBackend):
         return {k: v.index_select(self.batch_axis[k], index) for k, v in state.items()}
 
 
-@dataclass
-class LoadedTorch:
-    """A model directory's PyTorch reference, as a LoadedRuntime: no sessions, the model itself runs each step."""
-
-    manifest: Manifest
-    model: torch.nn.Module
-    sessions: dict = field(default_factory=dict)
-    provider: str = "torch"
-    built_s: float = 0.0
-
-    def backend(self) -> TorchBackend:
-        specs = self.manifest.specs()
-        return TorchBackend(self.model, specs["encoder"], specs["decoder"])
-
-
-def load(m: Manifest, **_) -> LoadedTorch:
-    """The directory's reference model on the CPU (its checkpoint, or the graphs' own weights): toolkit.runtimes.load's
-    "torch"; the runtime options (provider, variant, threads) are ONNX Runtime's and do not apply."""
+def reference_backends(m: Manifest) -> Callable[[], TorchBackend]:
+    """The directory's reference model on the CPU (its checkpoint, or the graphs' own weights), as fresh step backends
+    for toolkit.deploy.translate.open_model's `reference` (`tk translate --backend torch`)."""
     from toolkit.pytorch.reference import load_reference
 
     _, _, model, _ = load_reference(m)
-    return LoadedTorch(m, model)
-
-
-runtimes.register("torch", load)
+    specs = m.specs()
+    return lambda: TorchBackend(model, specs["encoder"], specs["decoder"])

@@ -1,4 +1,4 @@
-"""What every loader of the ONNX graphs checks before a session runs: each graph takes the inputs, and gives the
+"""What every loader of the ONNX graphs checks before a graph runs: each graph takes the inputs, and gives the
 outputs, that manifest.json declares. A graph swapped for another model's can take the same inputs (a GRU encoder in
 a Transformer's place), so outputs are checked too where the runtime keeps the graph's output names."""
 
@@ -8,14 +8,14 @@ from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 
 
-def check_sessions(m: Manifest, sessions: dict, outputs: bool = True) -> None:
-    """One line naming the first graph whose inputs (or, with `outputs`, outputs) differ from the declaration."""
+def check_runners(m: Manifest, runners: dict, outputs: bool = True) -> None:
+    """One line naming the first graph whose inputs (or, with `outputs`, outputs) differ from the declaration;
+    `runners`: graph name -> its toolkit.runtimes.GraphRunner."""
     specs = m.specs()
-    for name, session in sessions.items():
+    for name, runner in runners.items():
         spec = specs[name]
-        got = [i.name for i in session.get_inputs()]
-        if got != spec.input_names:
-            raise UsageError(f"{name} graph inputs {got} do not match manifest.json {spec.input_names}; re-export {m.directory}")
-        names = [o.name for o in session.get_outputs()] if outputs else spec.output_names
+        if runner.input_names != spec.input_names:
+            raise UsageError(f"{name} graph inputs {runner.input_names} do not match manifest.json {spec.input_names}; re-export {m.directory}")
+        names = runner.output_names if outputs else spec.output_names
         if names != spec.output_names:
             raise UsageError(f"{name} graph outputs {names} do not match manifest.json {spec.output_names}; re-export {m.directory}")

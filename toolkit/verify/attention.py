@@ -17,9 +17,10 @@ from toolkit.core.graphs import GraphSpec, TensorSpec
 from toolkit.core.manifest import Manifest
 from toolkit.deploy import attention_graphs
 from toolkit.pytorch import registry
-from toolkit.runtimes import onnxruntime as runtime
+from toolkit.runtimes.onnxruntime.loading import load_sessions
+from toolkit.runtimes.onnxruntime.sessions import OrtRunner
 from toolkit.verify.checks import ParityBackend, case_label, static_check, sweep_cases, sweep_inputs
-from toolkit.verify.compare import RunFailure, compare_outputs, failed_run, run_ort, run_torch, tolerance
+from toolkit.verify.compare import RunFailure, compare_outputs, failed_run, run_graph, run_torch, tolerance
 from toolkit.verify.report import Report, Row
 
 VARIANT = "attention"
@@ -80,6 +81,7 @@ def verify_attention(m: Manifest, entry: registry.ModelEntry, model: torch.nn.Mo
     vocab, max_len = getattr(cfg, "vocab_size", 2), getattr(cfg, "max_len", 64)
     for provider in providers:
         sessions = attention_graphs.load_sessions(m, provider)
+        runners = {name: OrtRunner(s) for name, s in sessions.items()}
         rng = np.random.default_rng(seed)
         for i, sizes in enumerate(sweep_cases(max_len)):
             for name, spec in specs.items():
@@ -87,7 +89,7 @@ def verify_attention(m: Manifest, entry: registry.ModelEntry, model: torch.nn.Mo
                 ref = run_torch(modules[name], spec, feeds)
                 case = case_label(spec, sizes)
                 try:
-                    got = run_ort(sessions[name], spec, feeds)
+                    got = run_graph(runners[name], spec, feeds)
                 except RunFailure as e:
                     failed_run(report.rows, "sweep", spec, VARIANT, provider, case, e)
                     continue
@@ -98,8 +100,8 @@ def verify_attention(m: Manifest, entry: registry.ModelEntry, model: torch.nn.Mo
         from toolkit.pytorch.torch_backend import TorchBackend
 
         ref_backend = TorchBackend(model, base["encoder"], base["decoder"])
-        parity = AttentionParity(ref_backend, model, entry, extra, sessions, specs, VARIANT, provider, tol, report.rows)
-        plain = runtime.load_sessions(m, provider).backend()
+        parity = AttentionParity(ref_backend, model, entry, extra, runners, specs, VARIANT, provider, tol, report.rows)
+        plain = load_sessions(m, provider).backend()
         recorder = attention_graphs.recorder(sessions, specs, extra)
         try:
             greedy(parity, src_ids, max_len)

@@ -13,7 +13,7 @@ from toolkit.core.decoding import StepBackend, greedy
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import NP_DTYPES, GraphSpec, make_inputs
 from toolkit.core.variants import CATALOGUE, describe, load_proto
-from toolkit.verify.compare import compare_outputs, run_ort
+from toolkit.verify.compare import compare_outputs, run_graph
 from toolkit.verify.report import Report, Row
 
 FALLBACK_SENTENCES = ["Go.", "I lost.", "He's calm.", "I'm home.", "Where is the station?", "We will see tomorrow.",
@@ -71,8 +71,8 @@ class ParityBackend(StepBackend):
     Every encoder and decoder output is checked along a real decode, cache included.
     """
 
-    def __init__(self, torch_backend, sessions, specs, variant, provider, tol, rows):
-        self.t, self.sessions, self.specs = torch_backend, sessions, specs
+    def __init__(self, torch_backend, runners, specs, variant, provider, tol, rows):
+        self.t, self.runners, self.specs = torch_backend, runners, specs
         self.variant, self.provider, self.tol, self.rows = variant, provider, tol, rows
         self.step_index = 0
         self.failing_inputs: dict | None = None  # the first step that failed, for --localize
@@ -90,7 +90,7 @@ class ParityBackend(StepBackend):
         ref = {n: v.numpy() for n, v in encoded.items()}
         ref.update(self.extra_reference("encoder", len(src)))
         feeds = {"src": src, "src_len": src_len}
-        got = run_ort(self.sessions["encoder"], enc, feeds)
+        got = run_graph(self.runners["encoder"], enc, feeds)
         case = f"batch={len(src)} src_len={src.shape[1]}"
         ok = compare_outputs(self.rows, "decode", enc, self.variant, self.provider, case, {n: ref[n] for n in enc.output_names}, got, self.tol)
         self._keep_failure(ok, "encoder", case, feeds)
@@ -104,7 +104,7 @@ class ParityBackend(StepBackend):
         log_probs, new_state = self.t.step(token, state)
         ref = {"log_probs": log_probs, **{o: new_state[i].numpy() for o, i in dec.updates.items()},
                **self.extra_reference("decoder", len(token))}
-        got = run_ort(self.sessions["decoder"], dec, feeds)
+        got = run_graph(self.runners["decoder"], dec, feeds)
         a, b = np.asarray(got["log_probs"], np.float64), np.asarray(log_probs, np.float64)
         both = np.isneginf(a) & np.isneginf(b)  # forbidden tokens: -inf on both sides is agreement
         with np.errstate(invalid="ignore"):

@@ -49,19 +49,20 @@ def run_torch(module: torch.nn.Module, spec: GraphSpec, feeds: dict[str, np.ndar
 
 
 class RunFailure(Exception):
-    """ONNX Runtime refused the inputs (a frozen axis, a broken graph): a parity failure, not a crash."""
+    """The runtime refused the inputs (a frozen axis, a broken graph): a parity failure, not a crash."""
 
 
-def run_ort(session, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_graph(runner, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One run of a toolkit.runtimes.GraphRunner, its outputs named as the manifest declares them (by position)."""
     try:
-        return dict(zip(spec.output_names, session.run(None, feeds)))
+        return dict(zip(spec.output_names, runner.run(feeds)))
     except Exception as e:
         raise RunFailure(first_line(e)) from None
 
 
 def failed_run(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str, error: Exception) -> None:
     rows.append(Row(check, spec.name, variant, provider, case, "(run)", float("inf"), float("inf"), 1.0, ok=False,
-                    detail=f"{'OpenVINO' if provider.startswith('openvino') else 'ONNX Runtime'} failed: {error}"))
+                    detail=f"the runtime failed: {error}"))
 
 
 def compare_outputs(rows: list[Row], check: str, spec: GraphSpec, variant: str, provider: str, case: str,

@@ -24,12 +24,11 @@ from toolkit.core.decoding import translate_ids
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import CATALOGUE
 from toolkit.pytorch.reference import load_reference, reference_kind
-from toolkit.runtimes.ctranslate2.engine import forbidden_tokens
+from toolkit.runtimes.ctranslate2.engine import RUNTIME, forbidden_tokens
 from toolkit.verify.checks import check_weights, held_out_sentences, prefix_log_probs
 from toolkit.verify.compare import compare, tolerance
 from toolkit.verify.report import Report, Row, environment
 
-RUNTIME = "ctranslate2"
 # (batch, longest source, longest target): single sentences to the model's limit, and ragged batches.
 SHAPES = ((1, 1, 1), (1, 5, 12), (2, 17, 3), (3, 9, 30), (5, 33, 7), (8, 64, 63), (16, 12, 20), (4, 2, 63))
 
@@ -38,14 +37,15 @@ def verify_ct2(directory: str | Path, provider: str = "cpu", variants: list[str]
                rtol: float | None = None, seed: int = 0, sentences: int = 16, echo=print,
                checkpoint: str | Path | None = None, expect_digest: str | None = None,
                data: str | Path | None = None, localize: bool = False) -> Report:
-    from toolkit import runtimes
-    from toolkit.runtimes import ctranslate2 as ct2
+    from toolkit.runtimes import get
+    from toolkit.runtimes.ctranslate2 import engine as ct2
+    from toolkit.runtimes.ctranslate2.spec import vocabularies
 
     if localize:
         raise UsageError("--localize finds a node of the ONNX graphs, and CTranslate2 runs none; drop it, or verify "
                          "--runtime onnxruntime")
     m = manifest_mod.load(directory)
-    report = Report(str(directory), seed, runtime=runtimes.label(RUNTIME))
+    report = Report(str(directory), seed, runtime=get(RUNTIME).label())
     try:
         m.check_files()
     except UsageError as e:
@@ -64,7 +64,7 @@ def verify_ct2(directory: str | Path, provider: str = "cpu", variants: list[str]
     check_weights(report, m, entry, cfg, model, checkpoint, expect_digest, echo)
     rng = np.random.default_rng(seed)
     rules = m.rules()
-    source_vocab, target_vocab = (len(v) for v in ct2.vocabularies(m))
+    source_vocab, target_vocab = (len(v) for v in vocabularies(m))
     # Tokens the model never emits (Marian's <pad>) are left out of the targets: tk's graphs give them -inf after
     # the softmax, as generate does, and CTranslate2 forbids them per call, so their scores are not comparable.
     allowed = np.setdiff1d(np.arange(4, target_vocab), forbidden_tokens(m))
@@ -130,9 +130,9 @@ def _score_row(report: Report, variant: str, label: str, case: str, ref: list[np
 
 def _decode(report: Report, m, model, loaded: dict, label: str, sentences: int, data, atol, rtol, echo) -> None:
     """Greedy translations on CTranslate2 against the ONNX graphs' (tk's loop on ONNX Runtime, CPU, same variant)."""
-    from toolkit import runtimes
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.pytorch.torch_backend import TorchBackend
+    from toolkit.runtimes import DEFAULT_RUNTIME, load
 
     if sentences <= 0:
         return
@@ -146,7 +146,7 @@ def _decode(report: Report, m, model, loaded: dict, label: str, sentences: int, 
     for v, c in loaded.items():
         onnx_variant = v if v in m.variants() or v in ("int8", "optimized") else "fp32"
         # tk's loop as translate runs it: a multilingual model's target language forced first, as CTranslate2 is told to.
-        graphs = [h[0] for h in translate_ids(runtimes.load(m, "onnxruntime", "cpu", onnx_variant).backend(), src, out_len, rules=rules)]
+        graphs = [h[0] for h in translate_ids(load(m, DEFAULT_RUNTIME, "cpu", onnx_variant).backend(), src, out_len, rules=rules)]
         got = [h[0] for h in c.backend().decode_all(src, opts)]
         same = sum(a.tokens == b.tokens for a, b in zip(graphs, got))
         tol = tolerance(v, atol, rtol)

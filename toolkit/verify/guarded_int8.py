@@ -17,7 +17,7 @@ from pathlib import Path
 
 from toolkit.convert import IntoModelDirectory, Writer, convert
 from toolkit.core import manifest, variants
-from toolkit.runtimes.onnxruntime.variants import int8_graph
+from toolkit.graphs.variants import int8_graph
 
 BLEU_SENTENCES = 1000  # judging a candidate
 

@@ -49,7 +49,8 @@ class Int8Error:
 
 
 def _sessions(m: Manifest, sources: dict[str, Path | bytes]):
-    from toolkit.runtimes.onnxruntime import OrtBackend, create_session
+    from toolkit.runtimes.onnxruntime.backend import OrtBackend
+    from toolkit.runtimes.onnxruntime.sessions import create_session
 
     specs = m.specs()
     return OrtBackend(create_session(sources["encoder"], "cpu"), create_session(sources["decoder"], "cpu"),
@@ -88,7 +89,7 @@ class Probe:
 
     def __init__(self, m: Manifest, sentences: Sequence[str]):
         from toolkit.core.batching import DecodeOptions, decode_ids
-        from toolkit.runtimes.onnxruntime.variants import graph_source
+        from toolkit.graphs.variants import graph_source
 
         self.m = m
         self.fp32 = {g: graph_source(m, g, "fp32")[0] for g in m.graphs}
@@ -109,7 +110,7 @@ def _labels(folded: Path, node_map: dict[str, list[str]]) -> dict[str, str]:
     the nodes it replaced (its doc string names them)."""
     import onnx
 
-    from toolkit.runtimes.onnxruntime.variants import int8_layers
+    from toolkit.graphs.variants import int8_layers
 
     docs = {n.name: n.doc_string for n in onnx.load(folded).graph.node}
     labels = {}
@@ -142,7 +143,7 @@ def layer_table(m: Manifest, sentences: Sequence[str], echo: Callable[[str], Non
     import onnx
 
     from toolkit.core.node_map import node_origins
-    from toolkit.runtimes.onnxruntime.variants import fold_for_int8, int8_graph, int8_layers
+    from toolkit.graphs.variants import fold_for_int8, int8_graph, int8_layers
 
     probe = probe or Probe(m, sentences)
     rows = []

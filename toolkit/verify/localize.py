@@ -25,8 +25,8 @@ import torch
 
 from toolkit.core.manifest import Manifest
 from toolkit.core.node_map import node_origins
+from toolkit.graphs.variants import graph_source
 from toolkit.pytorch import registry
-from toolkit.runtimes.onnxruntime.variants import graph_source
 
 
 @dataclass
@@ -101,10 +101,10 @@ def onnx_values(source: Path | bytes, provider: str, runtime: str, feeds: dict[s
     """Every intermediate value of the graph run on `provider` of `runtime`, and the (value, node) order."""
     model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(str(source), load_external_data=True)
     exposed, produced = expose(model)
-    from toolkit import runtimes
     from toolkit.core.errors import UsageError
+    from toolkit.runtimes import get
 
-    run_graph = runtimes.get(runtime).graph_outputs
+    run_graph = get(runtime).graph_outputs
     if run_graph is None:
         raise UsageError(f"--runtime {runtime} runs no ONNX graphs, so no node of them can be localized; drop --localize")
     return run_graph(exposed, provider, feeds), produced

@@ -37,7 +37,7 @@ def environment(providers: list[str]) -> dict:
            "python": platform.python_version(), "machine": f"{platform.machine()} {platform.system()}",
            "providers": providers, "available_providers": ort.get_available_providers()}
     if "cuda" in providers:
-        from toolkit.runtimes.onnxruntime import gpu_environment
+        from toolkit.runtimes.onnxruntime.cuda import gpu_environment
 
         env.update(gpu_environment())
     return env

@@ -25,17 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit import runtimes
 from toolkit.core import architectures
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.manifest import Manifest
+from toolkit.graphs.variants import graph_source
 from toolkit.pytorch import registry
 from toolkit.pytorch.export import encoder_integers
 from toolkit.pytorch.reference import load_reference, reference_kind
-from toolkit.runtimes.onnxruntime.variants import graph_source
+from toolkit.runtimes import DEFAULT_RUNTIME, get, label, load, names
 from toolkit.verify.checks import (
     ParityBackend,
     case_label,
@@ -50,7 +50,7 @@ from toolkit.verify.compare import (
     RunFailure,
     compare_outputs,
     failed_run,
-    run_ort,
+    run_graph,
     run_torch,
     tolerance,
 )
@@ -113,7 +113,7 @@ def is_digest(text: str) -> bool:
 # would only hide it.
 def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | None = None, atol: float | None = None,
            rtol: float | None = None, seed: int = 0, sentences: int | None = None, echo=print,
-           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = runtimes.DEFAULT_RUNTIME,
+           checkpoint: str | Path | None = None, expect_digest: str | None = None, runtime: str = DEFAULT_RUNTIME,
            data: str | Path | None = None, localize: bool | None = None, localize_against=None, max_len: int | None = None,
            full: bool = False, languages: dict | None = None, strict: bool = False) -> Report:
     """`runtime`: the engine whose results are compared with PyTorch (toolkit.runtimes). Its rows name it
@@ -127,7 +127,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     and target_lang as tk translate takes them (None: its default pair): the sentences carry that source code and both
     tk and transformers' generate force that target first. `strict`: transformers' generate failing on an imported model
     is a failed check (otherwise a warning in the report, toolkit.verify.hf_parity)."""
-    spec = runtimes.get(runtime)
+    spec = get(runtime)
     languages = {k: v for k, v in (languages or {}).items() if v is not None}
     if spec.verify and languages:
         raise UsageError(f"--runtime {runtime} is verified on its converted copy, which takes the model's default pair; "
@@ -141,7 +141,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
 
     # The pair chosen once, as tk translate chooses it: every check below reads it from this manifest.
     m = choose_languages(manifest_mod.load(directory), languages.get("source_lang"), languages.get("target_lang"))
-    report = Report(str(directory), seed, runtime=runtimes.label(runtime))
+    report = Report(str(directory), seed, runtime=label(runtime))
     declared = m.declared().tokenizer
     if declared.languages is not None:
         report.languages = {"source": declared.source_lang, "target": declared.target_lang}
@@ -156,7 +156,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     attention = "attention" in (variants or []) or (not variants and m.attention is not None)
     if attention and "attention" not in spec.variants:
         if variants:
-            others = [n for n in runtimes.names() if "attention" in runtimes.get(n).variants]
+            others = [n for n in names() if "attention" in get(n).variants]
             raise UsageError(f"the attention variant is checked on {' and '.join(others)} only; drop --variant attention or --runtime {runtime}")
         attention = False  # its extra outputs are read through ONNX Runtime's I/O binding
     variants = [v for v in variants if v != "attention"] if variants else m.variants()
@@ -213,20 +213,20 @@ def _load(m: Manifest, runtime: str, providers: list[str], variants: list[str], 
           echo) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], object]]:
     """Sessions and backend factories per (provider label, variant). With `any_provider` (--provider all),
     a provider that cannot load is skipped and named in the report; otherwise its error is raised."""
-    spec = runtimes.get(runtime)
+    spec = get(runtime)
     sessions: dict[tuple[str, str], dict] = {}
     backends: dict[tuple[str, str], object] = {}
     for p in providers:
         for v in variants:
             try:
-                loaded = runtimes.load(m, runtime, p, v, check_io=False)  # a graph that differs is a static row
+                loaded = load(m, runtime, p, v, check_io=False)  # a graph that differs is a static row
             except ProviderError as e:
                 if not any_provider:
                     raise
                 report.skipped[p] = str(e)
                 break
             label = spec.provider_label(p)
-            sessions[(label, v)] = loaded.sessions
+            sessions[(label, v)] = loaded.runners
             backends[(label, v)] = loaded.backend
             if loaded.built_s:
                 echo(f"{v} graphs: not stored in {m.directory}, built in memory from its fp32 graphs in {loaded.built_s:.2f}s")
@@ -250,7 +250,7 @@ def _declarations_match(report: Report, m: Manifest, entry, cfg) -> bool:
 def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed: int, atol: float | None, rtol: float | None) -> None:
     """Every graph on random inputs over a sweep of batch sizes and lengths, each session against PyTorch; the
     CPU fp32 session also against ONNX Runtime with its optimisations off (an optimiser fault shows there)."""
-    from toolkit.runtimes import onnxruntime as ort_runtime
+    from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session
 
     specs = m.specs()
     vocab = getattr(cfg, "vocab_size", 2)
@@ -260,7 +260,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
     rng = np.random.default_rng(seed)
     unoptimized = {}
     if ("cpu", "fp32") in sessions:
-        unoptimized = {name: ort_runtime.create_session(m.graph_path(name), "cpu", optimization="disabled") for name in specs}
+        unoptimized = {name: OrtRunner(create_session(m.graph_path(name), "cpu", optimization="disabled")) for name in specs}
     for i, sizes in enumerate(sweep_cases(getattr(cfg, "max_len", 64))):
         for name, spec in specs.items():
             feeds = encoder_integers(specs, name, sweep_inputs(spec, sizes, rng, vocab, i), sizes, rng, vocab, run_encoder)
@@ -269,7 +269,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
             outs = {}
             for (p, v), s in sessions.items():
                 try:
-                    outs[(p, v)] = run_ort(s[name], spec, feeds)
+                    outs[(p, v)] = run_graph(s[name], spec, feeds)
                 except RunFailure as e:
                     failed_run(report.rows, "sweep", spec, v, p, case, e)
             for (p, v), got in outs.items():
@@ -284,7 +284,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
                     report.probe_inputs = inputs  # the last graph's (the decoder of a translation model)
             if ("cpu", "fp32") in outs:
                 try:
-                    plain = run_ort(unoptimized[name], spec, feeds)
+                    plain = run_graph(unoptimized[name], spec, feeds)
                 except RunFailure as e:
                     failed_run(report.rows, "optimizer", spec, "fp32", "cpu", case, e)
                     continue

@@ -80,9 +80,9 @@ def verify_hf(model_dir: str | Path, hf_dir: str | Path, atol: float | None = No
     except Exception as e:  # a directory transformers cannot load is the verdict, not a crash
         report.rows.append(Row("static", GRAPH, "fp32", PROVIDER, "-", "from_pretrained", ok=False, detail=first_line(e)))
         return report
-    from toolkit import runtimes
+    from toolkit.runtimes import DEFAULT_RUNTIME, load
 
-    backend = runtimes.load(m, "onnxruntime", "cpu", "fp32").backend
+    backend = load(m, DEFAULT_RUNTIME, "cpu", "fp32").backend
     echo(f"comparing {hf_dir} (transformers {transformers.__version__}) with {model_dir}'s fp32 graphs (ONNX Runtime, CPU)")
     _sweep(report, m, model, backend(), seed, tol)
     normalization_rows(report, m, hf_dir, tokenizer)

@@ -13,7 +13,7 @@ import onnx
 from common import alternate
 from onnx import TensorProto, helper, numpy_helper
 
-from toolkit.runtimes.onnxruntime.helper_graphs import top_k_graph
+from toolkit.graphs.helper_graphs import top_k_graph
 from toolkit.runtimes.onnxruntime.sessions import create_session
 
 directory = sys.argv[1]

@@ -136,9 +136,10 @@ def _graphs(o: BenchOptions) -> None:
         click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
     click.echo(b.table(results))
-    if any(r.backend.startswith("ctranslate2") for r in results):
+    ct2_table = b.ct2_table(results)
+    if ct2_table:
         click.echo("\nCTranslate2 against tk (ONNX Runtime CPU), sentences/s:")
-        click.echo(b.ct2_table(results))
+        click.echo(ct2_table)
     if o.json_path:
         rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
         write_json(o.json_path, json.dumps(rows, indent=2) + "\n")
@@ -185,7 +186,8 @@ def _check_provider(provider: str | None, text_path: Path | None) -> None:
     if provider != "cuda":
         return
     from toolkit.core.errors import ProviderError
-    from toolkit.runtimes.onnxruntime import cuda_available, cuda_fix
+    from toolkit.runtimes.onnxruntime.cuda import cuda_fix
+    from toolkit.runtimes.onnxruntime.sessions import cuda_available
 
     if text_path:
         raise UsageError("--text compares with CTranslate2 on the CPU; drop --provider cuda (tk bench --provider cuda times the GPU)")

@@ -112,10 +112,13 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
                          if document is None else f"{what} rates lines of text; {input_path} is translated whole as a document: drop {what}")
     # Read (and decode) the references before translating, so a bad file fails in a second, not after the run.
     references = read_references(reference) if reference else None
-    if backend == "torch" and runtime == DEFAULT_RUNTIME:  # with another runtime open_model refuses the pair, torch unloaded
-        import toolkit.pytorch.torch_backend  # noqa: F401 (registers the "torch" backend that open_model loads)
+    reference_backends = None
+    if backend != DEFAULT_RUNTIME:  # the PyTorch model through the same loop, on the torch side
+        if runtime != DEFAULT_RUNTIME:
+            raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
+        from toolkit.pytorch.torch_backend import reference_backends
     with paused_gc():
-        t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, backend, runtime)
+        t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, runtime, reference_backends)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {t.variant}) on {t.where}; ready in {t.startup_s:.2f}s")

@@ -154,7 +154,7 @@ def _verify_hf(model_dir: Path, hf_dir: Path, atol, rtol, seed: int, sentences: 
 
 def _int8_layers(model_dir: Path, data_path) -> dict:
     from toolkit.core.manifest import load
-    from toolkit.runtimes.onnxruntime.variants import graph_source
+    from toolkit.graphs.variants import graph_source
     from toolkit.verify import int8_layers as layers
     from toolkit.verify.checks import held_out_sentences
 

@@ -224,7 +224,7 @@ class LoadedCt2:
     compute_type: str
     batch_loader: Callable[[], object] | None = None  # makes the translator for calls of several batches
     start: int | None = None  # the converted decoder start token (Ct2Backend.start)
-    sessions: dict = field(default_factory=dict)  # no ONNX graphs run
+    runners: dict = field(default_factory=dict)  # no ONNX graphs run
     built_s: float = 0.0
     runtime: str = RUNTIME
 

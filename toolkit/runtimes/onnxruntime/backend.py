@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, next_host_state, reorder_rows, take_rows, top_k_rows
 from toolkit.core.graphs import GraphSpec
-from toolkit.runtimes.onnxruntime.helper_graphs import selection_graph, top_k_graph
+from toolkit.graphs.helper_graphs import selection_graph, top_k_graph
 from toolkit.runtimes.onnxruntime.sessions import helper_session, session_provider
 
 

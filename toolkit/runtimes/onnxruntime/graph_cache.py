@@ -25,7 +25,7 @@ import onnxruntime as ort
 from toolkit.core.atomic import write_atomic
 from toolkit.core.errors import UsageError
 from toolkit.core.load_cache import FORMAT, directory, own_stat_key, read_json
-from toolkit.runtimes.onnxruntime.sessions import CPU_DISABLED_OPTIMIZERS
+from toolkit.graphs.optimize import CPU_DISABLED_OPTIMIZERS
 
 MAX_GRAPHS = 8  # optimised graphs kept (each is the graph plus its weights, prepacked and not)
 

@@ -13,10 +13,10 @@ import onnxruntime as ort
 
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN
-from toolkit.runtimes.onnxruntime import variants
+from toolkit.graphs import variants
 from toolkit.runtimes.onnxruntime.backend import OrtBackend
 from toolkit.runtimes.onnxruntime.graph_cache import cached_session
-from toolkit.runtimes.onnxruntime.sessions import create_session, session_provider
+from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session, session_provider
 
 
 @dataclass
@@ -31,6 +31,10 @@ class LoadedOnnxRuntime:
     threads: int | None = None  # intra-op threads of each CPU session, set by the registry's loader (None: not given, or CUDA)
     _stream_sessions: dict[str, ort.InferenceSession] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def runners(self) -> dict[str, OrtRunner]:
+        return {name: OrtRunner(s) for name, s in self.sessions.items()}
 
     def backend(self) -> OrtBackend:
         specs = self.manifest.specs()

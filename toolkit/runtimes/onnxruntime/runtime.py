@@ -9,10 +9,10 @@ import numpy as np
 from toolkit.core.batching import default_request_threads, default_threads
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import FAST_PLAIN, NAMES, PLAIN
-from toolkit.runtimes.io_check import check_sessions
+from toolkit.runtimes.io_check import check_runners
 from toolkit.runtimes.onnxruntime.cuda import PROVIDERS
 from toolkit.runtimes.onnxruntime.loading import LoadedOnnxRuntime, load_sessions
-from toolkit.runtimes.onnxruntime.sessions import create_session, cuda_available
+from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session, cuda_available
 from toolkit.runtimes.registry import GRAPHS, RuntimeSpec
 
 
@@ -21,7 +21,7 @@ def load(m: Manifest, provider: str, variant: str, *, allow_fallback: bool = Fal
     loaded = load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,
                            request_threads=request_threads)
     if check_io:
-        check_sessions(m, loaded.sessions)
+        check_runners(m, loaded.runners)
     loaded.threads = threads if loaded.provider == "cpu" else None  # a CUDA fallback's sessions run on CPU too
     return loaded
 
@@ -64,8 +64,8 @@ def threads_for(provider: str) -> tuple[int | None, int | None]:
 
 
 def graph_outputs(source: Path | bytes, provider: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = create_session(source, provider)
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    runner = OrtRunner(create_session(source, provider))
+    return dict(zip(runner.output_names, runner.run(feeds)))
 
 
 RUNTIME = RuntimeSpec(

@@ -1,6 +1,6 @@
 """The one place ONNX Runtime sessions are made, and their options: the sessions that run the graphs, the helper
-graphs' sessions, the CUDA probe and the sessions that write an optimised graph (the variants built offline,
-the start-up cache)."""
+graphs' sessions, the CUDA probe and the sessions that write the start-up cache's optimised graphs (the variants'
+offline optimiser is a graph tool: toolkit.graphs.optimize, whose disabled optimisers every CPU session shares)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,12 @@ import onnxruntime as ort
 
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.variants import describe
+from toolkit.graphs import optimize
+from toolkit.graphs.helper_graphs import probe_graph
+from toolkit.graphs.optimize import CPU_DISABLED_OPTIMIZERS
 from toolkit.runtimes.onnxruntime import cuda
 from toolkit.runtimes.onnxruntime.cuda import PROVIDERS
-from toolkit.runtimes.onnxruntime.helper_graphs import probe_graph
 
-# ONNX Runtime's CPU SkipLayerNormalization kernel is slower than the Add + LayerNormalization it
-# replaces: measured on the shipped Transformer at batch 64, the encoder runs in 11.9 ms instead of
-# 14.4 ms and a decoder step in 2.60 ms instead of 2.85 ms with this fusion off (onnxruntime 1.31).
-# FuseFp16InitializerToFp32NodeTransformer (level "all", fp16 graphs on the CPU only) crashes the process while
-# the session is made for the fp16 variant of a pre-LN Transformer on nn.MultiheadAttention (a segmentation fault,
-# onnxruntime 1.31; the same transform family fails sessions in microsoft/onnxruntime#26717). It only folds fp16
-# weights into float ones for a CPU without fp16 arithmetic, so fp32 and int8 graphs never meet it.
-CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion", "FuseFp16InitializerToFp32NodeTransformer")
 # fp32 means fp32: the CUDA provider rounds float32 matrix products to TF32 (10-bit mantissa) by default on
 # Ampere and later. Measured on an H100 with the shipped Transformer: TF32 gives errors of 6e-3 to 8e-3
 # against PyTorch (verify fails 126 of 356 checks), where the fp32 tolerance is 1e-4; the fp16 variant is the
@@ -34,14 +28,9 @@ ort.set_default_logger_severity(4)
 
 
 def session_options(optimization: str = "all", threads: int | None = None, spin: bool = True) -> ort.SessionOptions:
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
+    so = optimize.options(optimization)
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                                   "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                   "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[optimization]
     if threads:
         so.intra_op_num_threads = threads
     return so
@@ -104,20 +93,23 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
 
 
 def helper_session(graph: bytes, like: ort.InferenceSession, threads: int | None, spin: bool) -> ort.InferenceSession:
-    """A session of one of tk's helper graphs (toolkit.runtimes.onnxruntime.helper_graphs) on the providers of `like`."""
+    """A session of one of tk's helper graphs (toolkit.graphs.helper_graphs) on the providers of `like`."""
     return _new(graph, session_options(threads=threads, spin=spin), like.get_providers())
-
-
-def save_optimized(src: Path, dst: Path, level: str, weights_file: str | None = None) -> None:
-    """Saves the graph as ONNX Runtime's CPU provider would run it after `level` optimisations; with `weights_file`,
-    its weights go to that file beside `dst` (past protobuf's 2 GB)."""
-    so = session_options(level)
-    so.optimized_model_filepath = str(dst)
-    if weights_file is not None:
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", weights_file)
-        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    _new(src, so, [PROVIDERS["cpu"]], CPU_DISABLED_OPTIMIZERS)
 
 
 def session_provider(session: ort.InferenceSession) -> str:
     return "cuda" if session.get_providers()[0] == PROVIDERS["cuda"] else "cpu"
+
+
+class OrtRunner:
+    """An ONNX Runtime session as tk's GraphRunner (toolkit.runtimes.GraphRunner): the session itself stays
+    ONNX Runtime's, for the step backend's I/O binding."""
+
+    def __init__(self, session: ort.InferenceSession):
+        self.session = session
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.provider = session_provider(session)
+
+    def run(self, feeds: dict) -> list:
+        return self.session.run(None, feeds)

@@ -1,21 +1,8 @@
 """OpenVINO (its CPU plugin), every piece of it in this package:
 
-- engine.py   the exported graphs compiled by OpenVINO, behind the same step-backend interface as ONNX Runtime
+- engine.py   the exported graphs compiled by OpenVINO, behind tk's runner and step-backend interfaces
 - runtime.py  its declaration in the runtime registry (toolkit.runtimes.registry)
 
-Imports numpy and (lazily) openvino, never torch: this is a deployment path. The names below are the package's
-interface.
+Imports numpy and (lazily) openvino, never torch: this is a deployment path. Importers name the module that holds
+what they use.
 """
-
-from toolkit.runtimes.openvino.engine import (
-    CONFIG,
-    INSTALL,
-    LoadedOpenVINO,
-    OvBackend,
-    OvSession,
-    compile_graph,
-    load,
-    version,
-)
-
-__all__ = ["CONFIG", "INSTALL", "LoadedOpenVINO", "OvBackend", "OvSession", "compile_graph", "load", "version"]

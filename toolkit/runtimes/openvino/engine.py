@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -18,7 +17,7 @@ from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import describe
-from toolkit.runtimes.onnxruntime.variants import graph_source
+from toolkit.graphs.variants import graph_source
 
 INSTALL = "pip install 'tk-onnx-deploy[openvino]' (or pip install openvino), or use --runtime onnxruntime"
 
@@ -43,8 +42,8 @@ def version() -> str:
 
 
 class OvSession:
-    """One compiled graph, with the part of onnxruntime.InferenceSession that tk's checks call:
-    `run(None, feeds)` (outputs in the graph's order) and `get_inputs()`.
+    """One compiled graph, as tk's GraphRunner (toolkit.runtimes.GraphRunner): `run(feeds)` gives the outputs in the
+    graph's order; the output names are OpenVINO's, which may be those of the node that makes one.
 
     Forks share the compiled graph and one lock: at most one inference of a compiled graph runs at a
     time. Sibling infer requests of one compiled model, run synchronously from several decoding threads
@@ -57,16 +56,15 @@ class OvSession:
         self.compiled = compiled
         self.request = compiled.create_infer_request()
         self.input_names = input_names
+        self.output_names = [port.get_any_name() for port in compiled.outputs]
+        self.provider = "cpu"
         self.lock = lock or threading.Lock()
 
     def fork(self) -> OvSession:
         """The same compiled graph with its own infer request, behind the same lock."""
         return OvSession(self.compiled, self.input_names, self.lock)
 
-    def get_inputs(self) -> list[SimpleNamespace]:
-        return [SimpleNamespace(name=n) for n in self.input_names]
-
-    def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         # By position, not by name: a graph's outputs keep the ONNX order, while OpenVINO may name
         # them after the node that makes them (the fp16 graphs' output casts).
         inputs = {n: np.ascontiguousarray(v) for n, v in feeds.items()}
@@ -125,13 +123,13 @@ class OvBackend(StepBackend):
         return twin
 
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
-        outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
+        outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run({"src": src, "src_len": src_len})))
         outputs.update(src=src, src_len=src_len)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
         return HostState({n: outputs[n] for n in self.state_names}, self._reorder_memory.here())
 
     def step(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        named = dict(zip(self.decoder_spec.output_names, self.decoder.run(None, {"token": token, **state})))
+        named = dict(zip(self.decoder_spec.output_names, self.decoder.run({"token": token, **state})))
         return named["log_probs"], next_host_state(self.decoder_spec, state, named)
 
     def step_top_k(self, token: np.ndarray, state: dict[str, np.ndarray], k: int):
@@ -148,14 +146,14 @@ class OvBackend(StepBackend):
 @dataclass
 class LoadedOpenVINO:
     manifest: Manifest
-    sessions: dict[str, OvSession]
+    runners: dict[str, OvSession]
     provider: str = "cpu"
     built_s: float = 0.0
     runtime: str = "openvino"
 
     def backend(self) -> OvBackend:
         specs = self.manifest.specs()
-        return OvBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"])
+        return OvBackend(self.runners["encoder"], self.runners["decoder"], specs["encoder"], specs["decoder"])
 
 
 def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int | None = None) -> LoadedOpenVINO:
@@ -165,9 +163,9 @@ def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int
         raise ProviderError(f"--runtime openvino runs on OpenVINO's CPU plugin only, not provider {provider}; "
                             "use --provider cpu, or --runtime onnxruntime for CUDA")
     _openvino()
-    sessions, built = {}, 0.0
+    runners, built = {}, 0.0
     for name in m.graphs:
         source, seconds = graph_source(m, name, variant)
-        sessions[name] = compile_graph(source, threads)
+        runners[name] = compile_graph(source, threads)
         built += seconds
-    return LoadedOpenVINO(m, sessions, "cpu", built)
+    return LoadedOpenVINO(m, runners, "cpu", built)

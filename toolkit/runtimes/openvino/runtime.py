@@ -9,7 +9,7 @@ import numpy as np
 
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import NAMES
-from toolkit.runtimes.io_check import check_sessions
+from toolkit.runtimes.io_check import check_runners
 from toolkit.runtimes.openvino.engine import LoadedOpenVINO, compile_graph, version
 from toolkit.runtimes.openvino.engine import load as load_compiled
 from toolkit.runtimes.registry import GRAPHS, RuntimeSpec
@@ -20,13 +20,13 @@ def load(m: Manifest, provider: str, variant: str, *, allow_fallback: bool = Fal
     loaded = load_compiled(m, provider, variant, threads)
     if check_io:
         # Inputs only: OpenVINO may name an output after the node that makes it (the fp16 graphs' output casts).
-        check_sessions(m, loaded.sessions, outputs=False)
+        check_runners(m, loaded.runners, outputs=False)
     return loaded
 
 
 def graph_outputs(source: Path | bytes, provider: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = compile_graph(source)
-    return dict(zip([o.get_any_name() for o in session.compiled.outputs], session.run(None, feeds)))
+    runner = compile_graph(source)
+    return dict(zip(runner.output_names, runner.run(feeds)))
 
 
 RUNTIME = RuntimeSpec(name="openvino", runs=GRAPHS, load=load, version=version, providers=("cpu",), variants=NAMES,

@@ -446,8 +446,8 @@ def fuse(src: Path, dst: Path) -> int:
     """Writes `src` with its attention and same-input projections fused and its all-zero biases dropped (zero_bias.py)
     to `dst`, its weights beside it in DST.data (one protobuf message cannot hold 2 GB: an NLLB-1.3B-shaped decoder
     holds 3.5); returns the attention cores fused."""
-    from toolkit.runtimes.onnxruntime.graph_files import save_beside
-    from toolkit.runtimes.onnxruntime.zero_bias import drop_zero_biases
+    from toolkit.graphs.graph_files import save_beside
+    from toolkit.graphs.zero_bias import drop_zero_biases
 
     model = onnx.load(src)
     n = fuse_attention(model)

@@ -22,8 +22,8 @@ from toolkit.core import architectures
 from toolkit.core.errors import ToolkitError, first_line
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN, export_flag, get
-from toolkit.runtimes.onnxruntime import graph_files, int8_tables
-from toolkit.runtimes.onnxruntime.sessions import save_optimized
+from toolkit.graphs import graph_files, int8_tables
+from toolkit.graphs.optimize import save_optimized
 
 
 def _fp16(src: Path, dst: Path) -> None:
@@ -35,7 +35,7 @@ def _fp16(src: Path, dst: Path) -> None:
 
 def _fused(src: Path, dst: Path) -> Path:
     """The graph with its attention fused (attention_fusion.py), beside `dst`; the caller removes it (graph_files.remove)."""
-    from toolkit.runtimes.onnxruntime.attention_fusion import fuse
+    from toolkit.graphs.attention_fusion import fuse
 
     fused = dst.with_name(dst.name + ".fused.onnx")
     fuse(src, fused)
@@ -281,7 +281,7 @@ def graph_source(m: Manifest, graph: str, variant: str) -> tuple[Path | bytes, f
 
 @functools.lru_cache(maxsize=1)
 def builder_digest() -> str:
-    """A checksum of the code that builds variants (this module, the sessions that optimise, the attention fusion
+    """A checksum of the code that builds variants (this module, ONNX Runtime's offline optimiser, the attention fusion
     and the graph rewrites beside it), so that a cached copy of a built variant is trusted only while that code is
     unchanged. CRC-32 and the sizes, not sha256: it tells edits apart and guards against no adversary, and hashlib's
     OpenSSL took 2.5 ms of every `tk translate` start, where zlib is loaded already."""
@@ -289,7 +289,7 @@ def builder_digest() -> str:
 
     parts = []
     # Read, not imported: onnx loads slowly.
-    for name in ("variants.py", "sessions.py", "attention_fusion.py", "graph_files.py", "int8_tables.py", "zero_bias.py"):
+    for name in ("variants.py", "optimize.py", "attention_fusion.py", "graph_files.py", "int8_tables.py", "zero_bias.py"):
         data = Path(__file__).with_name(name).read_bytes()
         parts.append(f"{zlib.crc32(data):08x}{len(data):x}")
     return "-".join(parts)

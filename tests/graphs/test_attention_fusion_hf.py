@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from graphs.test_attention_fusion import _feeds, _interface, _run
 from hf_marian_fixture import fra_eng_lines
-from runtimes.test_attention_fusion import _feeds, _interface, _run
 from verify.test_planted_faults_hf import ARCHITECTURES, Architecture, exported_directory
 
 from toolkit.core import manifest
-from toolkit.runtimes.onnxruntime.attention_fusion import fuse_attention, fuse_projections
+from toolkit.graphs.attention_fusion import fuse_attention, fuse_projections
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from toolkit.runtimes.onnxruntime.variants import int8_graph
+from toolkit.graphs.variants import int8_graph
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from toolkit.runtimes.onnxruntime.zero_bias import drop_zero_biases
+from toolkit.graphs.zero_bias import drop_zero_biases
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The fused-attention rewrite (toolkit/runtimes/onnxruntime/attention_fusion.py): same function, same interface, fewer nodes."""
+"""The fused-attention rewrite (toolkit/graphs/attention_fusion.py): same function, same interface, fewer nodes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from toolkit.core import manifest
 from toolkit.core.declaration import transformer_layers
 from toolkit.deploy import attention_graphs
-from toolkit.runtimes.onnxruntime.attention_fusion import fuse_attention, fuse_projections
+from toolkit.graphs.attention_fusion import fuse_attention, fuse_projections
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "exported" / "transformer"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from toolkit.core import manifest
-from toolkit.runtimes.onnxruntime import graph_files, variants
+from toolkit.graphs import graph_files, variants
 
 pytestmark = pytest.mark.timeout(300)
 
