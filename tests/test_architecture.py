@@ -20,7 +20,7 @@ TORCH_FREE_MODULES = ("toolkit.bench.text",)  # `tk bench --text`: tk's API agai
 # pytorch (the reference, training, export) sits beside them and is never imported by deploy, runtimes or core;
 # verify holds the graphs to the PyTorch reference; bench times all of them; cli (with toolkit/__init__.py's
 # Translator) is the top.
-LAYERS = ({"core"}, {"convert"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"bench"}, {"cli", "toolkit"})
+LAYERS = ({"core"}, {"runtimes"}, {"deploy"}, {"corpus", "serve", "pytorch"}, {"verify"}, {"convert"}, {"bench"}, {"cli", "toolkit"})
 
 
 def module_name(path: Path, root: Path = REPO) -> str:
@@ -260,8 +260,12 @@ def write(m, tmp, echo):
     (tmp / "copied.json").write_bytes((m.directory / "manifest.json").read_bytes())
 
 
+def verify(m, tmp, written):
+    return None if (tmp / "copied.json").read_bytes() == (m.directory / "manifest.json").read_bytes() else "copied.json differs"
+
+
 WRITER = Writer("copy-manifest", lands=NewDirectory(owned=lambda out, m: {"copied.json"} if (out / "copied.json").exists() else None,
-                                                    what="a copied manifest (no copied.json)"), write=write)
+                                                    what="a copied manifest (no copied.json)"), write=write, verify=verify)
 """
 
 

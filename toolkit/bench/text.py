@@ -111,9 +111,10 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     import shutil
     import tempfile
 
+    from toolkit.convert import convert
+    from toolkit.convert import ctranslate2 as stored
     from toolkit.core.manifest import load
     from toolkit.runtimes import ctranslate2 as ct2
-    from toolkit.runtimes.ctranslate2 import stored
 
     if not ct2.available():
         raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
@@ -126,7 +127,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
         if stored.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
             tk_ct2_dir = Path(work) / "model"
             shutil.copytree(model_dir, tk_ct2_dir)
-            stored.add(tk_ct2_dir, echo=lambda s: None)
+            convert(stored.WRITER, tk_ct2_dir)
         hf = _run_peers(m, Path(work), sources, beams, requests, repeat, peers, peer_python, echo) if peers else {}
         for variant in variants:
             pair = _Pair(m, model_dir, tk_ct2_dir, str(ct2_dir), variant)
@@ -229,10 +230,10 @@ def _run_peers(m, work: Path, sources: list[str], beams, requests: int, repeat: 
     """The Hugging Face peers' results (toolkit.bench.hf_peers), over the model written with --to-hf."""
     import json
 
-    from toolkit.deploy.to_hf import write_hf
+    from toolkit.convert import convert, to_hf
 
     hf_dir = work / "hf"
-    write_hf(m.directory, hf_dir, False, echo=lambda s: None)
+    convert(to_hf.WRITER, m.directory, hf_dir)
     python = peer_python or sys.executable
     echo(f"Hugging Face peers ({', '.join(peers)}) on {python}, over the model written with --to-hf ...")
     request = {"hf_dir": str(hf_dir), "sources": sources, "beams": list(beams), "requests": requests, "repeat": repeat,

@@ -8,7 +8,7 @@ How a writer lands is declared too. `NewDirectory`: OUT is a directory of its ow
 of toolkit.convert.output (a source inside OUT, an OUT that is not the writer's kind, a non-empty one without --force)
 before any work, and renamed into place whole or entry by entry. `IntoModelDirectory`: files stored inside the exported
 directory and recorded in its manifest (--ctranslate2, variants, guarded int8), under the directory's lock; the manifest
-is rewritten only once every file is in place (output.store), so a failure or a kill leaves the old files and manifest.
+is rewritten only once every file is in place (outputs.store), so a failure or a kill leaves the old files and manifest.
 
 A writer is a module that declares `WRITER = Writer(...)` plus one line in toolkit.convert.registry.TABLE (or one
 `registry.register`). Torch-free; imports no writer (the registry imports the one asked for).
@@ -22,23 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolkit.convert import output
-from toolkit.core import manifest
-from toolkit.core.errors import UsageError
+from toolkit.core import manifest, outputs
+from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.core.manifest import FileRecord, Manifest
 
 Echo = Callable[[str], None]
-MODEL_DIRECTORY = "an exported model directory (one with manifest.json)"
 
 
 def load_model_directory(writer: Writer, source: Path) -> Manifest:
     """What tk's writers read: an exported model directory, refused in one line if SOURCE is not one."""
     if not (Path(source) / "manifest.json").is_file():
-        raise UsageError(f"{writer.option} needs {writer.reads}, not {source}; export the checkpoint first")
+        raise UsageError(f"{writer.option} needs an exported model directory (one with manifest.json), not {source}; "
+                         "export the checkpoint first")
     return manifest.load(source)
 
 
-def _accept(loaded: Any) -> None:
+def _accept(m: Manifest) -> None:
     """A writer with nothing to check beyond what load read."""
 
 
@@ -75,21 +74,20 @@ class IntoModelDirectory:
 
 @dataclass(frozen=True)
 class Writer:
-    """One writer, declared. name: "web" for `tk export DIR --web`; its option names it in every message. reads: what SOURCE
-    must be, for the refusal of any other. load(writer, source) -> what the other steps get (default: the model
-    directory's manifest). validate(loaded): refuses what this writer cannot write, in one line, before any work.
-    write(loaded, tmp, echo) fills the empty temporary directory; what it returns goes to the landing's `record`.
-    verify(loaded, tmp): checks what was written before it is moved into place (None: nothing to check). as_is: how it
-    takes the directory, for the refusal of export's other options ("converts the directory as it is"). next_step(source,
-    out) -> what to do with what was written, said once it is in place (None: nothing)."""
+    """One writer, declared. name: "web" for `tk export DIR --web`; its option names it in every message. Every writer
+    reads an exported model directory (its manifest m), every file of it as recorded. validate(m): refuses what this
+    writer cannot write, in one line, before any work. write(m, tmp, echo) fills the empty temporary directory; what it
+    returns goes to `verify` and to the landing's `record`. verify(m, tmp, written): the writer's own check of what it
+    wrote, before it is moved into place: the problem in a few words, which refuses the write in one line and lands
+    nothing, or None. as_is: how it takes the directory, for the refusal of export's other options ("converts the
+    directory as it is"). next_step(source, out) -> what to do with what was written, said once it is in place (None:
+    nothing)."""
 
     name: str
     lands: NewDirectory | IntoModelDirectory
-    write: Callable[[Any, Path, Echo], Any]
-    reads: str = MODEL_DIRECTORY
-    load: Callable[[Writer, Path], Any] = load_model_directory
-    validate: Callable[[Any], None] = _accept
-    verify: Callable[[Any, Path], None] | None = None
+    write: Callable[[Manifest, Path, Echo], Any]
+    verify: Callable[[Manifest, Path, Any], str | None]
+    validate: Callable[[Manifest], None] = _accept
     as_is: str = "converts the directory as it is"
     next_step: Callable[[Path, Path], str] | None = None
 
@@ -114,16 +112,14 @@ def convert(writer: Writer, source: Path, out: Path | None = None, force: bool =
 
 
 def _new_directory(writer: Writer, lands: NewDirectory, source: Path, out: Path, force: bool, echo: Echo) -> dict[str, int]:
-    output.refuse_source_inside(out, [source], writer.option)  # before reading the source: replacing OUT would delete it
-    loaded = writer.load(writer, source)
-    target = output.prepare(out, option=writer.option, sources=[source], force=force, owned=lambda d: lands.owned(d, loaded),
-                            what=lands.what, keep_foreign=lands.keep_foreign)
-    writer.validate(loaded)
+    outputs.refuse_source_inside(out, [source], writer.option)  # before reading the source: replacing OUT would delete it
+    m = load_model_directory(writer, source)
+    target = outputs.prepare(out, option=writer.option, sources=[source], force=force, owned=lambda d: lands.owned(d, m),
+                             what=lands.what, keep_foreign=lands.keep_foreign)
+    _validate(writer, m)
     kept: list[str] = []
-    with output.writing(target, skipped=kept.extend) as tmp:
-        writer.write(loaded, tmp, echo)
-        if writer.verify is not None:
-            writer.verify(loaded, tmp)
+    with outputs.writing(target, skipped=kept.extend) as tmp:
+        _verify(writer, m, tmp, writer.write(m, tmp, echo), out)
         written = files_in(tmp)
     for name in kept:
         echo(f"kept {out / name}: tk did not write it (tk's own {name} was not written)")
@@ -132,18 +128,17 @@ def _new_directory(writer: Writer, lands: NewDirectory, source: Path, out: Path,
 
 def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Path, force: bool, echo: Echo,
                           command: str | None) -> dict[str, int]:
-    writer.load(writer, source)  # a source that is no model directory is refused before its lock (which opens it)
+    load_model_directory(writer, source)  # a source that is no model directory is refused before its lock (which opens it)
     with manifest.locked(source):
-        m = writer.load(writer, source)  # read again under the lock: another command may have written it meanwhile
-        writer.validate(m)
+        m = load_model_directory(writer, source)  # read again under the lock: another command may have written it meanwhile
+        _validate(writer, m)
         present = lands.replaces(m)
         if present and not force:
             raise UsageError(f"{source} already has {present}; use --force to {lands.again}")
-        tmp = output.temporary_directory(source, lands.stage)
+        tmp = outputs.temporary_directory(source, lands.stage)
         try:
             written = writer.write(m, tmp, echo)
-            if writer.verify is not None:
-                writer.verify(m, tmp)
+            _verify(writer, m, tmp, written, source)
             records = {p.name: FileRecord(p.name, manifest.file_sha256(p), p.stat().st_size) for p in sorted(tmp.iterdir())}
             sizes = {name: r.bytes for name, r in records.items()}
 
@@ -151,10 +146,24 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
                 lands.record(m, written, records, command)
                 m.save()
 
-            output.store(tmp, source, record)
+            outputs.store(tmp, source, record)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return sizes
+
+
+def _validate(writer: Writer, m: Manifest) -> None:
+    """What the writer refuses, then every file of the directory as its manifest records it."""
+    writer.validate(m)
+    m.check_files()
+
+
+def _verify(writer: Writer, m: Manifest, tmp: Path, written: Any, where: Path) -> None:
+    """The writer's own check of what it wrote: a problem refuses it in one line, and nothing lands."""
+    problem = writer.verify(m, tmp, written)
+    if problem:
+        raise ToolkitError(f"{writer.option} checked what it wrote and refused it: {problem}; {where} was left as it was "
+                           "(a fault of the disk or of tk: run it again, and report it if it fails again)")
 
 
 def files_in(directory: Path) -> dict[str, int]:

@@ -24,16 +24,16 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from toolkit.convert import output
-from toolkit.core import architectures, manifest, variants
+from toolkit.core import architectures, manifest, outputs, variants
 from toolkit.core.data import CORPUS_SHA256
 from toolkit.core.declaration import Declaration
 from toolkit.core.errors import ToolkitError, UsageError, first_line, path_problem
 from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
-from toolkit.deploy.stored_variants import ExportOptions, add_variants, make_variant, wanted_variants  # noqa: F401 (re-exported)
+from toolkit.core.variants import ExportOptions, wanted_variants
 from toolkit.pytorch import adapter, checkpoint, hf_import, hf_marian, registry
+from toolkit.runtimes.onnxruntime.variants import build
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -305,9 +305,9 @@ def sources(opts: ExportOptions) -> list[str]:
     return [source[len(hf_import.PREFIX):] if source.startswith(hf_import.PREFIX) else source]
 
 
-def prepare_output(opts: ExportOptions) -> output.Output:
+def prepare_output(opts: ExportOptions) -> outputs.Output:
     """--out, checked before any work: --force replaces only a directory tk exported, holding nothing else."""
-    return output.prepare(opts.out, option="--out", sources=sources(opts), force=opts.force, owned=tk_entries,
+    return outputs.prepare(opts.out, option="--out", sources=sources(opts), force=opts.force, owned=tk_entries,
                           what="an exported tk model directory (no tk manifest.json)", keep_foreign=False)
 
 
@@ -341,7 +341,7 @@ def export(opts: ExportOptions, echo=print) -> Path:
         source = ckpt["hf"]
         declaration = Declaration(source.rules, source.tokenizer, origin="hf", placeholders=False).to_dict()
         declaration_stating(declaration, *opts.languages, where=str(source.directory))
-    with output.writing(target) as tmp:
+    with outputs.writing(target) as tmp:
         data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
         manifest.write(tmp, data)
     return opts.out
@@ -383,6 +383,13 @@ def export_graphs(tmp: Path, opts: ExportOptions, entry, cfg, model, echo) -> di
     return graphs
 
 
+def _variant_graph(tmp: Path, file: str, graph: str, variant: str) -> dict:
+    """Writes `variant` of the fp32 graph `file` beside it; its manifest record."""
+    dst = tmp / f"{graph}{variants.CATALOGUE[variant].suffix}.onnx"
+    build(tmp / file, dst, variant)
+    return {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
+
+
 def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
     graphs = export_graphs(tmp, opts, entry, cfg, model, echo)
     node_maps = [{"file": node_map_name(f"{name}.onnx"), "sha256": manifest.file_sha256(tmp / node_map_name(f"{name}.onnx"))}
@@ -391,7 +398,8 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
     made = {}
     for variant in wanted_variants(opts):
         echo(f"writing the {variant} variant ...")
-        made[variant] = {"graphs": make_variant(tmp, graphs, variant), **variants.CATALOGUE[variant].record()}
+        made[variant] = {"graphs": {name: _variant_graph(tmp, g["file"], name, variant) for name, g in graphs.items()},
+                         **variants.CATALOGUE[variant].record()}
     data = {
         "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
         "variants": made, "opset": opts.opset, "versions": versions(),
