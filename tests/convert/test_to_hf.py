@@ -184,10 +184,10 @@ def _swap_cross_kv(directory: Path) -> None:
 
 
 @pytest.mark.parametrize("fault", ["cross-attention K and V swapped", "channel permutation left out"])
-def test_verify_fails_on_a_planted_conversion_fault(cli, hf_dir, tmp_path, fault):
+def test_verify_fails_on_a_planted_conversion_fault(cli, hf_dir, tmp_path, fault, monkeypatch):
     from safetensors.numpy import save_file
 
-    from toolkit.convert.to_hf import marian_tensors
+    from toolkit.convert import to_hf
     from toolkit.core import manifest
     from toolkit.runtimes.ctranslate2 import graph_weights
 
@@ -197,7 +197,8 @@ def test_verify_fails_on_a_planted_conversion_fault(cli, hf_dir, tmp_path, fault
         _swap_cross_kv(bad)
     else:
         m = manifest.load(SHIPPED)
-        save_file(marian_tensors(graph_weights(m), m.config, permute=False), bad / "model.safetensors", metadata={"format": "pt"})
+        monkeypatch.setattr(to_hf, "channels", np.arange)  # tk's channel order kept: the permutation left out
+        save_file(to_hf.marian_tensors(graph_weights(m), m.config), bad / "model.safetensors", metadata={"format": "pt"})
     report = tmp_path / "report.json"
     result = cli("verify", SHIPPED, "--to-hf", bad, "--sentences", 0, "--json", report)
     line = one_line_error(result, 1)

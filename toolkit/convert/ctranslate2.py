@@ -58,15 +58,14 @@ def _verify(m: manifest.Manifest, tmp: Path, written: None) -> str | None:
     rules, (source, target), rng = m.rules(), (len(v) for v in vocabularies(m)), np.random.default_rng(0)
     src = [rng.integers(4, source, n).tolist() for n in PROBE]
     tgt = [rng.choice(np.setdiff1d(np.arange(4, target), forbidden_tokens(m)), n).tolist() for n in PROBE]
-    words = lambda seqs: [[str(t) for t in s] for s in seqs]  # noqa: E731
-    got = [np.array(r.log_probs) for r in translator.score_batch(words(src), words(tgt))]
+    got = translator.score_batch([list(map(str, s)) for s in src], [list(map(str, t)) for t in tgt])
     backend = runtimes.load(m, DEFAULT, "cpu", "fp32").backend()
     state, steps = backend.encode(*pad_batch(src, rules.pad)), []
     for token in pad_batch([[rules.start, *t] for t in tgt], rules.pad)[0].T:
-        log_probs, state = backend.step(token, state)
-        steps.append(log_probs)
-    ref = [np.stack(steps, axis=1)[i, np.arange(len(t) + 1), [*t, rules.end]] for i, t in enumerate(tgt)]
-    worst = max(float(np.abs(a - b).max()) if a.shape == b.shape else np.inf for a, b in zip(ref, got))
+        steps.append(backend.step(token, state))
+        state = steps[-1][1]
+    lp = np.stack([s[0] for s in steps], axis=1)
+    worst = max(float(np.abs(lp[i, np.arange(len(t) + 1), [*t, rules.end]] - g.log_probs).max()) for i, (t, g) in enumerate(zip(tgt, got)))
     return None if worst <= PROBE_TOLERANCE else f"CTranslate2 scores a probe {worst:.2g} away from the fp32 graphs' log-probabilities"
 
 
@@ -75,17 +74,10 @@ def _record(m: manifest.Manifest, written: None, files: dict[str, manifest.FileR
     m.converted = {**(m.converted or {}), RUNTIME: manifest.ConversionRecord(records, version(), command)}
 
 
-def _replaces(m: manifest.Manifest) -> str | None:
-    return "a CTranslate2 model" if RUNTIME in (m.converted or {}) else None
-
-
-def _next_step(source: Path, out: Path) -> str:
-    return f"check it with: tk verify {source} --runtime ctranslate2"
-
-
 # `tk export DIR --ctranslate2`: the conversion is stored in DIR (the manifest rewritten only once every file is in
 # place; on failure the old conversion, if any, stays as it was), under the directory's lock.
-WRITER = Writer(RUNTIME, lands=IntoModelDirectory(what="the CTranslate2 model", stage="tk-ct2", replaces=_replaces, again="convert it again",
+WRITER = Writer(RUNTIME, lands=IntoModelDirectory(what="the CTranslate2 model", stage="tk-ct2", again="convert it again",
+                                                  replaces=lambda m: "a CTranslate2 model" if RUNTIME in (m.converted or {}) else None,
                                                   record=_record),
                 validate=_check, write=_write, verify=_verify, as_is="converts the directory's fp32 weights as they are",
-                next_step=_next_step)
+                next_step=lambda source, out: f"check it with: tk verify {source} --runtime ctranslate2")

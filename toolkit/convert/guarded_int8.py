@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from toolkit.convert.pipeline import IntoModelDirectory, Writer, convert
+from toolkit.convert.pipeline import IntoModelDirectory, Writer
 from toolkit.core import manifest, variants
 from toolkit.runtimes.onnxruntime.variants import int8_graph
 
@@ -89,18 +89,9 @@ def describe(plan: dict[str, list[str]], table: list) -> str:
     return f"; layers kept in float (--keep-fp32 auto): {', '.join(kept)}" if kept else "; every layer int8 (--keep-fp32 auto kept none)"
 
 
-def add(directory: Path, bleu_within: float, force: bool = False, command: str = "", echo: Callable[[str], None] = print) -> Path:
-    """Stores the guarded int8 variant in an exported directory (as `tk export DIR --quantize int8` stores the
-    plain one), through the converter pipeline (toolkit.convert.convert): under the directory's lock, the graphs built
-    in a temporary directory inside and moved in, the manifest rewritten only once they are in place; on failure the
-    new graphs go and an int8 variant they replaced (--force) is put back."""
-    convert(writer(bleu_within), directory, None, force, echo, command)
-    echo(manifest.load(directory).stored["int8"].note.rsplit("; ", 1)[1])
-    return directory
-
-
 def writer(bleu_within: float) -> Writer:
-    """The guarded int8 variant's writer: the layers are chosen (on scratch copies) as it writes."""
+    """The guarded int8 variant's writer, stored as `tk export DIR --quantize int8` stores the plain one: the layers are
+    chosen (on scratch copies) as it writes."""
     def write(m: manifest.Manifest, tmp: Path, echo: Callable[[str], None]) -> tuple[dict, str, dict]:
         plan, table, judged = choose(m.directory, bleu_within, echo=echo)
         return graphs_with(m.directory, tmp, plan), describe(plan, table), judged

@@ -1,17 +1,13 @@
-"""The one converter pipeline: every writer of tk (`tk export DIR --to-hf/--ctranslate2/--web`, stored variants, the
-guarded int8 variant) is a `Writer` declaration, and `convert` runs it the same way, after CTranslate2's
-converters/converter.py (_load, validate, optimize, save):
+"""The one converter pipeline: every writer of tk (toolkit.convert's modules) is a `Writer` declaration, and `convert`
+runs it the same way, after CTranslate2's converters/converter.py (_load, validate, optimize, save):
 
     load -> validate -> write into a temporary directory -> verify -> move into place
 
-How a writer lands is declared too. `NewDirectory`: OUT is a directory of its own (--to-hf, --web), with every refusal
-of toolkit.convert.output (a source inside OUT, an OUT that is not the writer's kind, a non-empty one without --force)
-before any work, and renamed into place whole or entry by entry. `IntoModelDirectory`: files stored inside the exported
-directory and recorded in its manifest (--ctranslate2, variants, guarded int8), under the directory's lock; the manifest
-is rewritten only once every file is in place (outputs.store), so a failure or a kill leaves the old files and manifest.
-
-A writer is a module that declares `WRITER = Writer(...)` plus one line in toolkit.convert.registry.TABLE (or one
-`registry.register`). Torch-free; imports no writer (the registry imports the one asked for).
+Load and validate are shared (an exported model directory, every file as its manifest records it; then the writer's own
+refusals). Verify is each writer's own check of what it wrote; a problem refuses the write in one line and nothing
+lands. How a writer lands is declared: a `NewDirectory` of its own (--to-hf, --web; toolkit.core.outputs refuses and
+renames), or files stored `IntoModelDirectory` (--ctranslate2, variants, guarded int8) under its lock, the manifest
+rewritten only once every file is in place (outputs.store). Torch-free; imports no writer.
 """
 
 from __future__ import annotations
@@ -35,10 +31,6 @@ def load_model_directory(writer: Writer, source: Path) -> Manifest:
         raise UsageError(f"{writer.option} needs an exported model directory (one with manifest.json), not {source}; "
                          "export the checkpoint first")
     return manifest.load(source)
-
-
-def _accept(m: Manifest) -> None:
-    """A writer with nothing to check beyond what load read."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +79,7 @@ class Writer:
     lands: NewDirectory | IntoModelDirectory
     write: Callable[[Manifest, Path, Echo], Any]
     verify: Callable[[Manifest, Path, Any], str | None]
-    validate: Callable[[Manifest], None] = _accept
+    validate: Callable[[Manifest], None] = lambda m: None
     as_is: str = "converts the directory as it is"
     next_step: Callable[[Path, Path], str] | None = None
 
@@ -116,7 +108,8 @@ def _new_directory(writer: Writer, lands: NewDirectory, source: Path, out: Path,
     m = load_model_directory(writer, source)
     target = outputs.prepare(out, option=writer.option, sources=[source], force=force, owned=lambda d: lands.owned(d, m),
                              what=lands.what, keep_foreign=lands.keep_foreign)
-    _validate(writer, m)
+    writer.validate(m)
+    m.check_files()
     kept: list[str] = []
     with outputs.writing(target, skipped=kept.extend) as tmp:
         _verify(writer, m, tmp, writer.write(m, tmp, echo), out)
@@ -131,7 +124,8 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
     load_model_directory(writer, source)  # a source that is no model directory is refused before its lock (which opens it)
     with manifest.locked(source):
         m = load_model_directory(writer, source)  # read again under the lock: another command may have written it meanwhile
-        _validate(writer, m)
+        writer.validate(m)
+        m.check_files()
         present = lands.replaces(m)
         if present and not force:
             raise UsageError(f"{source} already has {present}; use --force to {lands.again}")
@@ -150,12 +144,6 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return sizes
-
-
-def _validate(writer: Writer, m: Manifest) -> None:
-    """What the writer refuses, then every file of the directory as its manifest records it."""
-    writer.validate(m)
-    m.check_files()
 
 
 def _verify(writer: Writer, m: Manifest, tmp: Path, written: Any, where: Path) -> None:

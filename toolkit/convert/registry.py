@@ -1,10 +1,7 @@
 """The writers `tk export DIR --NAME` offers, registered once: a name, the module whose `WRITER` (a
-toolkit.convert.Writer) declares it, and its option's help. A new writer is one module plus one line in TABLE (or
-one `register`); the export command makes an option of each line and runs the one asked for through
-toolkit.convert.convert.
-
-Imports no writer: `names()` reads the table, `get(name)` imports the one module asked for (each in this package, or
-a plug-in's anywhere), so `tk export --help` stays light.
+toolkit.convert.Writer) declares it, and its option's help. A new writer is one module plus one line in TABLE; the
+export command makes an option of each line and runs the one asked for through toolkit.convert.convert. Imports no
+writer: `get(name)` imports the one module asked for, so `tk export --help` stays light.
 """
 
 from __future__ import annotations
@@ -37,25 +34,9 @@ TABLE: dict[str, Entry] = {
                    help="On an exported Transformer: write it as a Hugging Face MarianMTModel directory DIR (safetensors, "
                         "config, generation config, tokenizer.json) that transformers loads with from_pretrained (--force replaces one)."),
 }
-_REGISTERED: dict[str, Writer] = {}
-
-
-def names() -> list[str]:
-    return [*TABLE, *(n for n in _REGISTERED if n not in TABLE)]
-
-
-def register(name: str, writer: Writer) -> None:
-    """Adds (or replaces) a writer at run time: a plug-in's, or a test's."""
-    _REGISTERED[name] = writer
-
-
-def unregister(name: str) -> None:
-    _REGISTERED.pop(name, None)
 
 
 def get(name: str) -> Writer:
-    if name in _REGISTERED:
-        return _REGISTERED[name]
     if name not in TABLE:
-        raise KeyError(f"no writer named {name!r}; known: {', '.join(names())}")
+        raise KeyError(f"no writer named {name!r}; known: {', '.join(TABLE)}")
     return importlib.import_module(TABLE[name].module).WRITER

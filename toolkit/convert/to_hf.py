@@ -72,12 +72,11 @@ def mappable(m: Manifest) -> None:
     m.translation_tokenizer()  # a usage error for a directory without a tokenizer (a --random-init export)
 
 
-def marian_tensors(weights: dict[str, np.ndarray], cfg: dict, permute: bool = True) -> dict[str, np.ndarray]:
+def marian_tensors(weights: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
     """tk's weights (names of models/transformer.py, as graph_weights reads them) as MarianMTModel's state dict, in the
-    names save_pretrained writes (the tied embedding once, as model.shared.weight). `permute=False` leaves the channel
-    permutation out (a planted fault the tests show `tk verify --to-hf` catches)."""
+    names save_pretrained writes (the tied embedding once, as model.shared.weight)."""
     d = cfg["num_hiddens"]
-    p = channels(d) if permute else np.arange(d)
+    p = channels(d)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     zeros = lambda n: np.zeros(n, dtype=np.float32)  # noqa: E731
     out: dict[str, np.ndarray] = {"model.shared.weight": f32(weights["embedding.weight"][:, p]),
@@ -362,18 +361,16 @@ def _verify(m: Manifest, tmp: Path, tensors: dict[str, np.ndarray]) -> str | Non
     from toolkit.core.tokenizers import open_tokenizer
 
     labels, texts = zip(*NORMALIZATION_TEXTS)
+    configs = {"config.json": marian_config(m.config), "generation_config.json": generation_config(m)}
     try:
         got = load_file(str(tmp / "model.safetensors"))
-        configs = {name: json.loads((tmp / name).read_text(encoding="utf-8")) for name in ("config.json", "generation_config.json")}
+        changed = [name for name, want in configs.items() if json.loads((tmp / name).read_text(encoding="utf-8")) != want]
         ids = [e.ids for e in Tokenizer.from_file(str(tmp / "tokenizer.json")).encode_batch(list(texts))]
     except Exception as e:  # noqa: BLE001 - a file that does not load back is the verdict
         return f"a written file does not load back ({first_line(e)})"
     wrong = sorted(set(tensors) ^ set(got)) or [k for k in tensors if not np.array_equal(tensors[k], got[k])]
-    if wrong:
-        return f"model.safetensors does not hold the graphs' weights ({wrong[0]})"
-    for name, want in (("config.json", marian_config(m.config)), ("generation_config.json", generation_config(m))):
-        if configs[name] != want:
-            return f"{name} does not read back as written"
+    if wrong or changed:
+        return f"model.safetensors does not hold the graphs' weights ({wrong[0]})" if wrong else f"{changed[0]} does not read back as written"
     differ = [label for label, a, b in zip(labels, open_tokenizer(m).encode(list(texts)), ids) if a != b]
     return f"tokenizer.json does not give tk's ids ({differ[0]})" if differ else None
 

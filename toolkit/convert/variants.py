@@ -4,6 +4,7 @@ A new export writes its variants itself (toolkit.pytorch.export), before its dir
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from toolkit.convert.pipeline import IntoModelDirectory, Writer
@@ -13,10 +14,9 @@ from toolkit.runtimes.onnxruntime import variants as built_variants
 
 
 def writer(opts: variants.ExportOptions, attention: dict | None) -> Writer:
-    """The writer of the variants `opts` asks for (and of the attention declaration, which writes no file), stored in
-    the directory from its own fp32 graphs (no checkpoint needed: how a fresh clone gets the int8 graphs of a shipped
-    model). `attention`: with opts.attention, the model's declaration of its attention outputs
-    (toolkit.pytorch.export.attention_declaration: the torch side makes it)."""
+    """The writer of the variants `opts` asks for (and of the attention declaration, which writes no file), from the
+    directory's own fp32 graphs (how a fresh clone gets a shipped model's int8 graphs). `attention`: with opts.attention,
+    the model's declaration of its attention outputs (toolkit.pytorch.export.attention_declaration makes it)."""
     wanted = variants.wanted_variants(opts)
 
     def validate(m: manifest.Manifest) -> None:
@@ -59,20 +59,14 @@ def writer(opts: variants.ExportOptions, attention: dict | None) -> Writer:
 
 
 def same_interface(m: manifest.Manifest, tmp: Path, made: dict[str, dict[str, str]]) -> str | None:
-    """verify: each variant's graph is an ONNX model (its weights inside) that takes and gives what the fp32 graph it
-    was built from does: the same inputs and outputs, by name and element type."""
+    """verify: each variant's graph is an ONNX model that takes and gives what the fp32 graph it was built from does:
+    the same inputs and outputs, by name and element type."""
     import onnx
 
-    def interface(path: Path, external: bool) -> list:
-        graph = onnx.load(str(path), load_external_data=external).graph
-        return [(v.name, v.type.tensor_type.elem_type) for v in (*graph.input, *graph.output)]
+    def interface(path: Path) -> list:
+        with contextlib.suppress(Exception):  # a graph onnx cannot read has no interface
+            graph = onnx.load(str(path), load_external_data=False).graph
+            return [(v.name, v.type.tensor_type.elem_type) for v in (*graph.input, *graph.output)]
 
-    for variant, graphs in made.items():
-        for name, file in graphs.items():
-            try:
-                same = interface(tmp / file, True) == interface(m.graph_path(name), False)
-            except Exception:  # noqa: BLE001 - a graph onnx cannot read is the verdict
-                same = False
-            if not same:
-                return f"{file} (the {variant} {name} graph) is not an ONNX graph with the fp32 graph's inputs and outputs"
-    return None
+    wrong = [(v, g, f) for v, graphs in made.items() for g, f in graphs.items() if interface(tmp / f) != interface(m.graph_path(g))]
+    return f"{wrong[0][2]} (the {wrong[0][0]} {wrong[0][1]} graph) is not an ONNX graph with the fp32 graph's inputs and outputs" if wrong else None

@@ -4,10 +4,7 @@ The site holds the model directory's fp32 graphs and their one weights file as t
 int8 graphs (stored in the directory, or built from the fp32 ones as `--variant int8` does),
 the tokenizer as JSON, the page and its JavaScript (toolkit/web/site), and onnxruntime-web's files
 vendored from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with its license.
-Any static file server serves it. Reads the exported directory only: torch-free. The tokenizer is written as the
-JSON that the browser's tokenizer (toolkit/web/site/tokenizer.mjs) reads, from the shipped tokenizer.model through
-the sentencepiece package's own protobuf description, so pieces, scores, piece types and the normaliser's flags are
-the model's, not a re-derivation.
+Any static file server serves it. Reads the exported directory only: torch-free.
 
 The page's files are package data of toolkit (the wheel carries toolkit/web: the site, package.json and
 package-lock.json), found through importlib.resources, so an installed tk writes the site as a clone does.
@@ -45,8 +42,8 @@ def ort_web_version() -> str:
 
 
 def tokenizer_json(model_path: Path) -> dict:
-    """Pieces as [piece, score, type] (sentencepiece's type numbers), the normaliser's flags,
-    and whether byte fallback is on."""
+    """The tokenizer as toolkit/web/site/tokenizer.mjs reads it, through sentencepiece's own protobuf description (the
+    model's pieces as [piece, score, type], the normaliser's flags, byte fallback), not a re-derivation."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     proto = pb.ModelProto()

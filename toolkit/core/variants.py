@@ -56,8 +56,6 @@ FAST_PLAIN = {"cpu": "optimized", "cuda": PLAIN}
 
 @dataclass
 class ExportOptions:
-    """What `tk export` was asked: a checkpoint's export (toolkit.pytorch.export), or variants added to an exported
-    directory (toolkit.convert.variants)."""
 
     out: Path
     checkpoint: str | None = None

@@ -383,13 +383,6 @@ def export_graphs(tmp: Path, opts: ExportOptions, entry, cfg, model, echo) -> di
     return graphs
 
 
-def _variant_graph(tmp: Path, file: str, graph: str, variant: str) -> dict:
-    """Writes `variant` of the fp32 graph `file` beside it; its manifest record."""
-    dst = tmp / f"{graph}{variants.CATALOGUE[variant].suffix}.onnx"
-    build(tmp / file, dst, variant)
-    return {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
-
-
 def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, echo) -> dict:
     graphs = export_graphs(tmp, opts, entry, cfg, model, echo)
     node_maps = [{"file": node_map_name(f"{name}.onnx"), "sha256": manifest.file_sha256(tmp / node_map_name(f"{name}.onnx"))}
@@ -398,8 +391,11 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
     made = {}
     for variant in wanted_variants(opts):
         echo(f"writing the {variant} variant ...")
-        made[variant] = {"graphs": {name: _variant_graph(tmp, g["file"], name, variant) for name, g in graphs.items()},
-                         **variants.CATALOGUE[variant].record()}
+        made[variant] = {"graphs": {}, **variants.CATALOGUE[variant].record()}
+        for name, g in graphs.items():
+            dst = tmp / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
+            build(tmp / g["file"], dst, variant)
+            made[variant]["graphs"][name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
     data = {
         "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
         "variants": made, "opset": opts.opset, "versions": versions(),

@@ -1,5 +1,5 @@
-"""CTranslate2: a tk Transformer converted to CTranslate2 (spec), stored in its model directory (stored: `tk export DIR
---ctranslate2`) and run as `--runtime ctranslate2` (engine). Torch-free; ctranslate2 is imported only when used.
+"""CTranslate2: a tk Transformer converted to CTranslate2 (spec), stored in its model directory (toolkit.convert's `tk
+export DIR --ctranslate2`) and run as `--runtime ctranslate2` (engine). Torch-free; ctranslate2 is imported only when used.
 """
 
 from toolkit.runtimes.ctranslate2.engine import (
