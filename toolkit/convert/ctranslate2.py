@@ -15,7 +15,7 @@ import numpy as np
 
 from toolkit.convert.pipeline import IntoModelDirectory, Writer
 from toolkit.core import manifest
-from toolkit.core.errors import UsageError, first_line
+from toolkit.core.errors import UsageError
 from toolkit.runtimes.ctranslate2.engine import INSTALL_HINT, RUNTIME, available, forbidden_tokens, load_translator, version
 from toolkit.runtimes.ctranslate2.spec import check_converted, vocabularies
 from toolkit.runtimes.ctranslate2.spec import convert as convert_weights
@@ -50,11 +50,8 @@ def _verify(m: manifest.Manifest, tmp: Path, written: None) -> str | None:
     from toolkit.runtimes.registry import DEFAULT
 
     files = {p.name.removeprefix(PREFIX): p.read_bytes() for p in sorted(tmp.iterdir())}
-    try:
-        check_converted(m, files, {name: tmp / f"{PREFIX}{name}" for name in files})
-        translator = load_translator(str(tmp), files, device="cpu", compute_type="float32", intra_threads=1)
-    except UsageError as e:
-        return first_line(e)
+    check_converted(m, files, {name: tmp / f"{PREFIX}{name}" for name in files})
+    translator = load_translator(str(tmp), files, device="cpu", compute_type="float32", intra_threads=1)
     rules, (source, target), rng = m.rules(), (len(v) for v in vocabularies(m)), np.random.default_rng(0)
     src = [rng.integers(4, source, n).tolist() for n in PROBE]
     tgt = [rng.choice(np.setdiff1d(np.arange(4, target), forbidden_tokens(m)), n).tolist() for n in PROBE]

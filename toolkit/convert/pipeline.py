@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.core import manifest, outputs
-from toolkit.core.errors import ToolkitError, UsageError
+from toolkit.core.errors import ToolkitError, UsageError, first_line
 from toolkit.core.manifest import FileRecord, Manifest
 
 Echo = Callable[[str], None]
@@ -51,11 +51,10 @@ class IntoModelDirectory:
     """Lands as files stored inside the model directory it reads, recorded in its manifest.
 
     what: what it stores, as the export's summary names it ("the CTranslate2 model"). stage: the temporary directory's
-    name inside the model directory (`.STAGE.new.PID-XXXXXXXX`). replaces(m): what the
-    directory already holds that this writer would replace ("a CTranslate2 model"), None if nothing; `again` says
-    what --force does then ("convert it again"). record(m, written, files, command): records the landed files (name ->
-    FileRecord) in the manifest m, given what `write` returned and the command line that asked; convert saves the
-    manifest once every file is in place."""
+    name inside the model directory (`.STAGE.new.PID-XXXXXXXX`). replaces(m): what the directory already holds that
+    this writer would replace ("a CTranslate2 model"), None if nothing; `again` says what --force does then ("convert it
+    again"). record(m, written, files, command): records the landed files (name -> FileRecord) in the manifest m, given
+    what `write` returned and the command line that asked; convert saves the manifest once every file is in place."""
 
     what: str
     stage: str
@@ -66,14 +65,12 @@ class IntoModelDirectory:
 
 @dataclass(frozen=True)
 class Writer:
-    """One writer, declared. name: "web" for `tk export DIR --web`; its option names it in every message. Every writer
-    reads an exported model directory (its manifest m), every file of it as recorded. validate(m): refuses what this
-    writer cannot write, in one line, before any work. write(m, tmp, echo) fills the empty temporary directory; what it
-    returns goes to `verify` and to the landing's `record`. verify(m, tmp, written): the writer's own check of what it
-    wrote, before it is moved into place: the problem in a few words, which refuses the write in one line and lands
-    nothing, or None. as_is: how it takes the directory, for the refusal of export's other options ("converts the
-    directory as it is"). next_step(source, out) -> what to do with what was written, said once it is in place (None:
-    nothing)."""
+    """One writer, declared. name: "web" for `tk export DIR --web`; its option names it in every message. validate(m):
+    refuses what this writer cannot write from the model directory's manifest m, in one line, before any work. write(m,
+    tmp, echo) fills the empty temporary directory; what it returns goes to `verify` and to the landing's `record`.
+    verify(m, tmp, written): the writer's own check of what it wrote, before it lands: the problem in a few words, or
+    None. as_is: how it takes the directory, for the refusal of export's other options ("converts the directory as it
+    is"). next_step(source, out) -> what to do with what was written, once it is in place (None: nothing)."""
 
     name: str
     lands: NewDirectory | IntoModelDirectory
@@ -148,7 +145,10 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
 
 def _verify(writer: Writer, m: Manifest, tmp: Path, written: Any, where: Path) -> None:
     """The writer's own check of what it wrote: a problem refuses it in one line, and nothing lands."""
-    problem = writer.verify(m, tmp, written)
+    try:
+        problem = writer.verify(m, tmp, written)
+    except Exception as e:  # noqa: BLE001 - a file that does not load back is the check's verdict too
+        problem = f"what it wrote does not load back ({first_line(e)})"
     if problem:
         raise ToolkitError(f"{writer.option} checked what it wrote and refused it: {problem}; {where} was left as it was "
                            "(a fault of the disk or of tk: run it again, and report it if it fails again)")
