@@ -111,8 +111,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     import shutil
     import tempfile
 
-    from toolkit.convert import convert
-    from toolkit.convert import ctranslate2 as stored
+    from toolkit.convert import convert, ctranslate2
     from toolkit.core.manifest import load
     from toolkit.runtimes import ctranslate2 as ct2
 
@@ -124,10 +123,10 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
         ct2_dir = Path(work) / "ct2"
         ct2.convert(m, ct2_dir)
         tk_ct2_dir = model_dir
-        if stored.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
+        if ctranslate2.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
             tk_ct2_dir = Path(work) / "model"
             shutil.copytree(model_dir, tk_ct2_dir)
-            convert(stored.WRITER, tk_ct2_dir)
+            convert(ctranslate2.WRITER, tk_ct2_dir)
         hf = _run_peers(m, Path(work), sources, beams, requests, repeat, peers, peer_python, echo) if peers else {}
         for variant in variants:
             pair = _Pair(m, model_dir, tk_ct2_dir, str(ct2_dir), variant)

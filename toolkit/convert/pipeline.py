@@ -110,7 +110,7 @@ def _new_directory(writer: Writer, lands: NewDirectory, source: Path, out: Path,
     kept: list[str] = []
     with outputs.writing(target, skipped=kept.extend) as tmp:
         _verify(writer, m, tmp, writer.write(m, tmp, echo), out)
-        written = files_in(tmp)
+        written = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
     for name in kept:
         echo(f"kept {out / name}: tk did not write it (tk's own {name} was not written)")
     return {name: size for name, size in written.items() if Path(name).parts[0] not in kept}
@@ -153,7 +153,3 @@ def _verify(writer: Writer, m: Manifest, tmp: Path, written: Any, where: Path) -
         raise ToolkitError(f"{writer.option} checked what it wrote and refused it: {problem}; {where} was left as it was "
                            "(a fault of the disk or of tk: run it again, and report it if it fails again)")
 
-
-def files_in(directory: Path) -> dict[str, int]:
-    """Every file under `directory`, by its path relative to it, with its size."""
-    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}

@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.convert import to_hf
-from toolkit.convert.to_hf import NORMALIZATION_TEXTS
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
 from toolkit.core.errors import UsageError, first_line
@@ -176,7 +175,7 @@ def normalization_rows(report: Report, m: Manifest, hf_dir: Path, tokenizer=None
     from toolkit.core.tokenizer import normalize
     from toolkit.core.tokenizers import open_tokenizer
 
-    labels, texts = zip(*NORMALIZATION_TEXTS)
+    labels, texts = zip(*to_hf.NORMALIZATION_TEXTS)
     want = open_tokenizer(m).encode(list(texts))
     if tokenizer is None:
         from transformers import AutoTokenizer
