@@ -322,7 +322,7 @@ def test_verify_fails_when_marian_vocabulary_was_tampered_with(cli, hf_dir, tmp_
     assert all(r["ok"] for r in rows if "AutoTokenizer" in r["output"] or r["check"] != "tokenizer")
 
 
-def test_the_normalization_texts_tokenize_alike_in_the_written_directory(hf_dir):
+def test_the_normalization_texts_tokenize_alike_in_the_written_directory(hf_dir, hf):
     """The untampered directory: AutoTokenizer and MarianTokenizer (on tk-normalized text) give tk's ids on every
     normalization text, and those texts cover what tk's normalize folds."""
     from toolkit.convert.to_hf import NORMALIZATION_TEXTS
@@ -332,7 +332,7 @@ def test_the_normalization_texts_tokenize_alike_in_the_written_directory(hf_dir)
     from toolkit.verify.report import Report
 
     report = Report(str(SHIPPED), 0)
-    normalization_rows(report, manifest.load(SHIPPED), hf_dir)
+    normalization_rows(report, manifest.load(SHIPPED), hf_dir, hf[1])
     assert report.rows and all(r.ok for r in report.rows), [r.detail for r in report.rows if not r.ok]
     assert {r.output for r in report.rows} == {"normalization ids (AutoTokenizer)", "normalization ids (MarianTokenizer, tk-normalized text)"}
     texts = [t for _, t in NORMALIZATION_TEXTS]

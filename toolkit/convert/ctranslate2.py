@@ -16,9 +16,8 @@ import numpy as np
 from toolkit.convert.pipeline import IntoModelDirectory, Writer
 from toolkit.core import manifest
 from toolkit.core.errors import UsageError
+from toolkit.runtimes.ctranslate2 import spec
 from toolkit.runtimes.ctranslate2.engine import INSTALL_HINT, RUNTIME, available, forbidden_tokens, load_translator, version
-from toolkit.runtimes.ctranslate2.spec import check_converted, vocabularies
-from toolkit.runtimes.ctranslate2.spec import convert as convert_weights
 
 PREFIX = f"{RUNTIME}."
 PROBE = (9, 4, 1)  # the probe's sentence lengths (sources and targets alike): a ragged batch
@@ -36,7 +35,7 @@ def _write(m: manifest.Manifest, tmp: Path, echo: Callable[[str], None]) -> None
     echo("converting the fp32 weights to CTranslate2 ...")
     converted = tmp / RUNTIME
     converted.mkdir()
-    convert_weights(m, converted)
+    spec.convert(m, converted)
     for path in sorted(converted.iterdir()):
         path.rename(tmp / f"{PREFIX}{path.name}")
     converted.rmdir()
@@ -50,9 +49,9 @@ def _verify(m: manifest.Manifest, tmp: Path, written: None) -> str | None:
     from toolkit.runtimes.registry import DEFAULT
 
     files = {p.name.removeprefix(PREFIX): p.read_bytes() for p in sorted(tmp.iterdir())}
-    check_converted(m, files, {name: tmp / f"{PREFIX}{name}" for name in files})
+    spec.check_converted(m, files, {name: tmp / f"{PREFIX}{name}" for name in files})
     translator = load_translator(str(tmp), files, device="cpu", compute_type="float32", intra_threads=1)
-    rules, (source, target), rng = m.rules(), (len(v) for v in vocabularies(m)), np.random.default_rng(0)
+    rules, (source, target), rng = m.rules(), (len(v) for v in spec.vocabularies(m)), np.random.default_rng(0)
     src = [rng.integers(4, source, n).tolist() for n in PROBE]
     tgt = [rng.choice(np.setdiff1d(np.arange(4, target), forbidden_tokens(m)), n).tolist() for n in PROBE]
     got = translator.score_batch([list(map(str, s)) for s in src], [list(map(str, t)) for t in tgt])

@@ -35,11 +35,10 @@ def load_model_directory(writer: Writer, source: Path) -> Manifest:
 
 @dataclass(frozen=True)
 class NewDirectory:
-    """Lands as a directory of its own at OUT.
-
-    owned(OUT, loaded): the entries of an existing OUT that tk wrote (what --force replaces); None when OUT is not a
-    directory this writer makes (--force will not touch it). what: such a directory, for the refusal ("a tk web site
-    (no model.json)"). keep_foreign: entries tk did not write are kept (True) or refused by name (False)."""
+    """Lands as a directory of its own at OUT. owned(OUT, m): the entries of an existing OUT that tk wrote (what
+    --force replaces); None when OUT is not a directory this writer makes (--force will not touch it). what: such a
+    directory, for the refusal ("a tk web site (no model.json)"). keep_foreign: entries tk did not write are kept
+    (True) or refused by name (False)."""
 
     owned: Callable[[Path, Any], set[str] | None]
     what: str
@@ -48,13 +47,12 @@ class NewDirectory:
 
 @dataclass(frozen=True)
 class IntoModelDirectory:
-    """Lands as files stored inside the model directory it reads, recorded in its manifest.
-
-    what: what it stores, as the export's summary names it ("the CTranslate2 model"). stage: the temporary directory's
-    name inside the model directory (`.STAGE.new.PID-XXXXXXXX`). replaces(m): what the directory already holds that
-    this writer would replace ("a CTranslate2 model"), None if nothing; `again` says what --force does then ("convert it
-    again"). record(m, written, files, command): records the landed files (name -> FileRecord) in the manifest m, given
-    what `write` returned and the command line that asked; convert saves the manifest once every file is in place."""
+    """Lands as files stored inside the model directory it reads, recorded in its manifest. what: what it stores, as
+    the export's summary names it ("the CTranslate2 model"). stage: the temporary directory's name inside the model
+    directory (`.STAGE.new.PID-XXXXXXXX`). replaces(m): what the directory already holds that this writer would
+    replace ("a CTranslate2 model"), None if nothing; `again` says what --force does then ("convert it again").
+    record(m, written, files, command): records the landed files (name -> FileRecord) in the manifest m, given what
+    `write` returned and the command line that asked; convert saves the manifest once every file is in place."""
 
     what: str
     stage: str
@@ -131,7 +129,6 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
             written = writer.write(m, tmp, echo)
             _verify(writer, m, tmp, written, source)
             records = {p.name: FileRecord(p.name, manifest.file_sha256(p), p.stat().st_size) for p in sorted(tmp.iterdir())}
-            sizes = {name: r.bytes for name, r in records.items()}
 
             def record() -> None:
                 lands.record(m, written, records, command)
@@ -140,7 +137,7 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
             outputs.store(tmp, source, record)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return sizes
+    return {name: r.bytes for name, r in records.items()}
 
 
 def _verify(writer: Writer, m: Manifest, tmp: Path, written: Any, where: Path) -> None:

@@ -16,7 +16,6 @@ kinds of evidence are compared with tk's fp32 graphs of DIR on ONNX Runtime (CPU
   generate   generate's greedy tokens (the directory's generation config) are tk's greedy tokens on the same
              sentences; a sentence may part only at a near-tie (the two tokens within twice the tolerance on the
              graphs), which the two engines' rounding may break either way.
-
 torch and transformers are imported when it runs: `tk export --to-hf` (toolkit.convert.to_hf) needs neither.
 """
 
@@ -167,20 +166,16 @@ NORMALIZATION_FAST = "normalization ids (AutoTokenizer)"
 NORMALIZATION_SLOW = "normalization ids (MarianTokenizer, tk-normalized text)"
 
 
-def normalization_rows(report: Report, m: Manifest, hf_dir: Path, tokenizer=None) -> None:
+def normalization_rows(report: Report, m: Manifest, hf_dir: Path, tokenizer) -> None:
     """tk's ids against the directory's tokenizers on NORMALIZATION_TEXTS, one row per text and tokenizer (a failing
-    row names the text and both id lists): AutoTokenizer (tokenizer.json) on the text as it is, and, where the
-    directory holds Marian's spm files, MarianTokenizer (add_special_tokens=False) on the text tk's normalize gives,
-    since MarianTokenizer has no NFKC or whitespace step of its own (docs/models.md says so to its users)."""
+    row names the text and both id lists): AutoTokenizer (`tokenizer`, from tokenizer.json) on the text as it is, and,
+    where the directory holds Marian's spm files, MarianTokenizer (add_special_tokens=False) on the text tk's
+    normalize gives, since MarianTokenizer has no NFKC or whitespace step of its own (docs/models.md says so)."""
     from toolkit.core.tokenizer import normalize
     from toolkit.core.tokenizers import open_tokenizer
 
     labels, texts = zip(*to_hf.NORMALIZATION_TEXTS)
     want = open_tokenizer(m).encode(list(texts))
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     _compare_ids(report, NORMALIZATION_FAST, "AutoTokenizer", labels, texts, want, lambda: tokenizer(list(texts))["input_ids"])
     if not (hf_dir / "source.spm").is_file():
         return

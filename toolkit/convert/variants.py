@@ -49,12 +49,9 @@ def writer(opts: variants.ExportOptions, attention: dict | None) -> Writer:
         if opts.attention:
             m.attention = attention
 
-    def replaces(m: manifest.Manifest) -> str | None:
-        present = [v for v in wanted if v in m.stored]
-        return f"the {', '.join(present)} variant" if present else None
-
-    return Writer("quantize", lands=IntoModelDirectory(what="the variants", stage="tk-variants", replaces=replaces, again="rebuild it",
-                                                       record=record),
+    present = lambda m: [v for v in wanted if v in m.stored]  # noqa: E731
+    return Writer("quantize", lands=IntoModelDirectory(what="the variants", stage="tk-variants", again="rebuild it", record=record,
+                                                       replaces=lambda m: f"the {', '.join(present(m))} variant" if present(m) else None),
                   validate=validate, write=write, verify=same_interface)
 
 
