@@ -322,8 +322,12 @@ def write(m, tmp, echo):
     (tmp / "copied.json").write_bytes((m.directory / "manifest.json").read_bytes())
 
 
+def verify(m, tmp, written):
+    return None if (tmp / "copied.json").read_bytes() == (m.directory / "manifest.json").read_bytes() else "copied.json differs"
+
+
 WRITER = Writer("copy-manifest", lands=NewDirectory(owned=lambda out, m: {"copied.json"} if (out / "copied.json").exists() else None,
-                                                    what="a copied manifest (no copied.json)"), write=write)
+                                                    what="a copied manifest (no copied.json)"), write=write, verify=verify)
 """
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.convert import output
+from toolkit.core import outputs
 
 TK_ENTRIES = {"a.txt", "vendor", "stale.txt"}  # what tk wrote in OUT; the user's notes.txt is not among them
 EVERY_STEP = "replace,rename,mkdir,rmdir,unlink"  # every call that changes a directory
@@ -48,10 +48,10 @@ def old_output(parent: Path, users_file: bool) -> Path:
 
 
 def write(out: Path, version: str) -> None:
-    """A write of OUT as `tk export --to-hf OUT --force` makes it (output.prepare, output.writing)."""
-    target = output.prepare(out, option="--to-hf", sources=[], force=True, owned=lambda d: TK_ENTRIES, what="a test output",
+    """A write of OUT as `tk export --to-hf OUT --force` makes it (outputs.prepare, outputs.writing)."""
+    target = outputs.prepare(out, option="--to-hf", sources=[], force=True, owned=lambda d: TK_ENTRIES, what="a test output",
                             keep_foreign=True)
-    with output.writing(target) as tmp:
+    with outputs.writing(target) as tmp:
         (tmp / "a.txt").write_text(f"{version} a")
         (tmp / "vendor").mkdir()
         (tmp / "vendor" / "c.txt").write_text(f"{version} c")
@@ -97,7 +97,7 @@ def after_the_next_sweep(parent: Path, scratch: Path) -> dict[str, str] | None:
     kill left is kept for the rest of the test); None: no OUT."""
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(parent, scratch, symlinks=True)
-    output.sweep(scratch, "OUT")
+    outputs.sweep(scratch, "OUT")
     return files(scratch / "OUT") if (scratch / "OUT").is_dir() else None
 
 
@@ -150,8 +150,8 @@ def test_the_next_write_puts_a_killed_writer_s_old_output_back_before_its_checks
     existing OUT (before its work, not at its end), and the old output is back in place."""
     out = old_output(tmp_path, users_file=False)
     assert killed_write(out, "new", "replace", 1)
-    with pytest.raises(output.UsageError, match="already exists; use --force"):
-        output.prepare(out, option="--to-hf", sources=[], force=False, owned=lambda d: TK_ENTRIES, what="a test output",
+    with pytest.raises(outputs.UsageError, match="already exists; use --force"):
+        outputs.prepare(out, option="--to-hf", sources=[], force=False, owned=lambda d: TK_ENTRIES, what="a test output",
                        keep_foreign=True)
     assert files(out) == content("old", False)
 
@@ -163,11 +163,11 @@ def test_a_conversion_killed_before_its_manifest_lists_its_files_leaves_the_file
     (model / "decoder.onnx").write_text("old graph")
 
     def convert() -> None:  # its new graph stored, then killed in `record`, before the manifest lists it
-        tmp = output.temporary_directory(model, "tk-variants")
+        tmp = outputs.temporary_directory(model, "tk-variants")
         (tmp / "decoder.onnx").write_text("new graph")
-        output.store(tmp, model, lambda: os.kill(os.getpid(), signal.SIGKILL))
+        outputs.store(tmp, model, lambda: os.kill(os.getpid(), signal.SIGKILL))
 
     assert in_a_process_killed_after("replace", 0, convert)  # 0: no kill but the one in `record`
-    output.sweep(model, "tk-variants")  # what the next conversion of M does first, under M's lock
+    outputs.sweep(model, "tk-variants")  # what the next conversion of M does first, under M's lock
     assert (model / "decoder.onnx").read_text() == "old graph"
     assert sorted(p.name for p in model.iterdir()) == ["decoder.onnx", "manifest.json"]

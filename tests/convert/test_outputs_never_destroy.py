@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import one_line_error
 
-from toolkit.convert import output
-from toolkit.core import atomic, history
+from toolkit.core import atomic, history, outputs
 from toolkit.core.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,7 +199,7 @@ def test_an_exported_directory_gets_the_umask_s_mode_not_0700(cli, tmp_path, uma
     old = os.umask(umask)
     try:
         result = cli("export", "nw", "--random-init", "--out", tmp_path / "model")
-        made = output.temporary_directory(tmp_path, "site")  # what --to-hf, --web and the stores fill
+        made = outputs.temporary_directory(tmp_path, "site")  # what --to-hf, --web and the stores fill
     finally:
         os.umask(old)
     assert result.exit_code == 0, result.output

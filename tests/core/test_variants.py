@@ -9,7 +9,7 @@ import pytest
 
 from toolkit import cli
 from toolkit.core import variants
-from toolkit.deploy.stored_variants import ExportOptions, wanted_variants
+from toolkit.core.variants import ExportOptions, wanted_variants
 from toolkit.verify.compare import tolerance
 
 

@@ -118,7 +118,7 @@ def test_decoder_layers_reach_the_model_graphs_cache_check_and_converters():
     kind, cache = manifest.MODELS["transformer"]
     assert cache(config) == self_attention_cache(1) and cache({**config, "decoder_layers": 3}) != cache(config)
     # CTranslate2 and Hugging Face take the two depths as they are.
-    from toolkit.deploy import to_hf
+    from toolkit.convert import to_hf
 
     hf = to_hf.marian_config({**config, "max_len": 64})
     assert (hf["encoder_layers"], hf["decoder_layers"]) == (3, 1)

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ctranslate2", reason="the ct2 extra (in dev) installs ctranslate2")
 
-from helpers import one_line_error  # noqa: E402
+from helpers import one_line_error, store_unchecked_ct2  # noqa: E402
 
 from toolkit.core import manifest  # noqa: E402
 from toolkit.core.decode_options import DecodeOptions  # noqa: E402
@@ -55,7 +55,7 @@ def test_verify_passes_and_a_swapped_key_value_half_fails_it(converted, tmp_path
     assert result.exit_code == 0, result.output
     assert "score " in result.output and "4/4 identical to the ONNX graphs'" in result.output
 
-    from toolkit.runtimes.ctranslate2 import spec, stored
+    from toolkit.runtimes.ctranslate2 import spec
 
     faulty = tmp_path / "faulty"
     shutil.copytree(converted, faulty)
@@ -68,7 +68,7 @@ def test_verify_passes_and_a_swapped_key_value_half_fails_it(converted, tmp_path
         return w
 
     monkeypatch.setattr(spec, "graph_weights", swapped)
-    stored.add(faulty, force=True, echo=lambda s: None)
+    store_unchecked_ct2(faulty)
     result = cli("verify", faulty, "--runtime", "ctranslate2", "--sentences", 0)
     assert result.exit_code == 1, result.output
     score_rows = [line for line in result.output.splitlines() if line.startswith("score")]

@@ -112,10 +112,10 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     import shutil
     import tempfile
 
+    from toolkit.convert import convert, ctranslate2
     from toolkit.core.manifest import load
     from toolkit.runtimes.ctranslate2 import engine as ct2
-    from toolkit.runtimes.ctranslate2 import stored
-    from toolkit.runtimes.ctranslate2.spec import convert
+    from toolkit.runtimes.ctranslate2.spec import convert as ct2_convert
 
     if not ct2.available():
         raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
@@ -123,12 +123,12 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     rows: list[TextRow] = []
     with tempfile.TemporaryDirectory(prefix="tk-text-bench-") as work:
         ct2_dir = Path(work) / "ct2"
-        convert(m, ct2_dir)
+        ct2_convert(m, ct2_dir)
         tk_ct2_dir = model_dir
-        if stored.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
+        if ctranslate2.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
             tk_ct2_dir = Path(work) / "model"
             shutil.copytree(model_dir, tk_ct2_dir)
-            stored.add(tk_ct2_dir, echo=lambda s: None)
+            convert(ctranslate2.WRITER, tk_ct2_dir)
         hf = _run_peers(m, Path(work), sources, beams, requests, repeat, peers, peer_python, echo) if peers else {}
         for variant in variants:
             pair = _Pair(m, model_dir, tk_ct2_dir, str(ct2_dir), variant)
@@ -231,10 +231,10 @@ def _run_peers(m, work: Path, sources: list[str], beams, requests: int, repeat: 
     """The Hugging Face peers' results (toolkit.bench.hf_peers), over the model written with --to-hf."""
     import json
 
-    from toolkit.deploy.to_hf import write_hf
+    from toolkit.convert import convert, to_hf
 
     hf_dir = work / "hf"
-    write_hf(m.directory, hf_dir, False, echo=lambda s: None)
+    convert(to_hf.WRITER, m.directory, hf_dir)
     python = peer_python or sys.executable
     echo(f"Hugging Face peers ({', '.join(peers)}) on {python}, over the model written with --to-hf ...")
     request = {"hf_dir": str(hf_dir), "sources": sources, "beams": list(beams), "requests": requests, "repeat": repeat,

@@ -1,6 +1,5 @@
-"""Writing converted outputs, one pipeline for every writer of tk (toolkit.convert.pipeline: load, validate, write to a
-temporary directory, verify, move into place); the output-directory step they all take (toolkit.convert.output); and
-the table of the writers `tk export DIR --NAME` offers (toolkit.convert.registry)."""
+"""Every writer of tk, one module each (to_hf, web, ctranslate2, variants, guarded_int8), run by the one converter
+pipeline (toolkit.convert.pipeline); the writers `tk export DIR --NAME` offers are toolkit.convert.registry's table."""
 
 from toolkit.convert.pipeline import IntoModelDirectory, NewDirectory, Writer, convert
 

@@ -1,10 +1,7 @@
 """The writers `tk export DIR --NAME` offers, registered once: a name, the module whose `WRITER` (a
-toolkit.convert.Writer) declares it, and its option's help. A new writer is one module plus one line in TABLE (or
-one `register`); the export command makes an option of each line and runs the one asked for through
-toolkit.convert.convert.
-
-Imports no writer: `names()` reads the table, `get(name)` imports the one module asked for (a writer may live in any
-layer above this one: deploy, a runtime's package), so `tk export --help` and the deploy path stay light.
+toolkit.convert.Writer) declares it, and its option's help. A new writer is one module plus one line in TABLE; the
+export command makes an option of each line and runs the one asked for through toolkit.convert.convert. Imports no
+writer: `get(name)` imports the one module asked for, so `tk export --help` stays light.
 """
 
 from __future__ import annotations
@@ -27,35 +24,19 @@ class Entry:
 
 # name -> entry. The name is the option: `tk export DIR --to-hf OUT`; the order is `tk export --help`'s.
 TABLE: dict[str, Entry] = {
-    "ctranslate2": Entry("toolkit.runtimes.ctranslate2.stored", takes_dir=False,
+    "ctranslate2": Entry("toolkit.convert.ctranslate2", takes_dir=False,
                          help="On an exported Transformer: also store its weights converted for CTranslate2, for --runtime ctranslate2 "
                               "(float32; int8 is chosen at load; --force converts again)."),
-    "web": Entry("toolkit.deploy.web_site", takes_dir=True,
+    "web": Entry("toolkit.convert.web", takes_dir=True,
                  help="On an exported directory: write a static site to DIR that translates in the browser (needs onnxruntime-web: "
                       "`npm ci --prefix toolkit/web` in a clone; an installed tk names its own folder; --force replaces an existing site)."),
-    "to-hf": Entry("toolkit.deploy.to_hf", takes_dir=True,
+    "to-hf": Entry("toolkit.convert.to_hf", takes_dir=True,
                    help="On an exported Transformer: write it as a Hugging Face MarianMTModel directory DIR (safetensors, "
                         "config, generation config, tokenizer.json) that transformers loads with from_pretrained (--force replaces one)."),
 }
-_REGISTERED: dict[str, Writer] = {}
-
-
-def names() -> list[str]:
-    return [*TABLE, *(n for n in _REGISTERED if n not in TABLE)]
-
-
-def register(name: str, writer: Writer) -> None:
-    """Adds (or replaces) a writer at run time: a plug-in's, or a test's."""
-    _REGISTERED[name] = writer
-
-
-def unregister(name: str) -> None:
-    _REGISTERED.pop(name, None)
 
 
 def get(name: str) -> Writer:
-    if name in _REGISTERED:
-        return _REGISTERED[name]
     if name not in TABLE:
-        raise KeyError(f"no writer named {name!r}; known: {', '.join(names())}")
+        raise KeyError(f"no writer named {name!r}; known: {', '.join(TABLE)}")
     return importlib.import_module(TABLE[name].module).WRITER

@@ -54,6 +54,29 @@ SPEED = {"cpu": "int8", "cuda": "fp16"}
 FAST_PLAIN = {"cpu": "optimized", "cuda": PLAIN}
 
 
+@dataclass
+class ExportOptions:
+
+    out: Path
+    checkpoint: str | None = None
+    model: str | None = None  # with random_init: a registry name
+    random_init: bool = False
+    seed: int = 0
+    opset: int = 18
+    fp16: bool = False
+    optimize: bool = False
+    quantize: str | None = None  # a quantised variant's name
+    attention: bool = False  # on an exported directory: record the attention variant's declaration
+    force: bool = False
+    command: str = ""
+    languages: tuple[str, str] | None = None  # --source-lang/--target-lang: checked against an import before it exports
+
+
+def wanted_variants(opts: ExportOptions) -> list[str]:
+    """The variants whose export option (declared in the catalogue) is set."""
+    return [v for v in BUILT if getattr(opts, CATALOGUE[v].export_option[0]) == CATALOGUE[v].export_option[1]]
+
+
 def get(name: str) -> Variant:
     """The catalogue entry; an unknown name is a usage error listing the known ones."""
     try:

@@ -24,15 +24,15 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from toolkit.convert import output
-from toolkit.core import architectures, manifest, variants
+from toolkit.core import architectures, manifest, outputs, variants
 from toolkit.core.data import CORPUS_SHA256
 from toolkit.core.declaration import Declaration
 from toolkit.core.errors import ToolkitError, UsageError, first_line, path_problem
 from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
-from toolkit.deploy.stored_variants import ExportOptions, add_variants, make_variant, wanted_variants  # noqa: F401 (re-exported)
+from toolkit.core.variants import ExportOptions, wanted_variants
+from toolkit.graphs.variants import build
 from toolkit.pytorch import adapter, checkpoint, hf_import, hf_marian, registry
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
@@ -305,9 +305,9 @@ def sources(opts: ExportOptions) -> list[str]:
     return [source[len(hf_import.PREFIX):] if source.startswith(hf_import.PREFIX) else source]
 
 
-def prepare_output(opts: ExportOptions) -> output.Output:
+def prepare_output(opts: ExportOptions) -> outputs.Output:
     """--out, checked before any work: --force replaces only a directory tk exported, holding nothing else."""
-    return output.prepare(opts.out, option="--out", sources=sources(opts), force=opts.force, owned=tk_entries,
+    return outputs.prepare(opts.out, option="--out", sources=sources(opts), force=opts.force, owned=tk_entries,
                           what="an exported tk model directory (no tk manifest.json)", keep_foreign=False)
 
 
@@ -341,7 +341,7 @@ def export(opts: ExportOptions, echo=print) -> Path:
         source = ckpt["hf"]
         declaration = Declaration(source.rules, source.tokenizer, origin="hf", placeholders=False).to_dict()
         declaration_stating(declaration, *opts.languages, where=str(source.directory))
-    with output.writing(target) as tmp:
+    with outputs.writing(target) as tmp:
         data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
         manifest.write(tmp, data)
     return opts.out
@@ -391,7 +391,11 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
     made = {}
     for variant in wanted_variants(opts):
         echo(f"writing the {variant} variant ...")
-        made[variant] = {"graphs": make_variant(tmp, graphs, variant), **variants.CATALOGUE[variant].record()}
+        made[variant] = {"graphs": {}, **variants.CATALOGUE[variant].record()}
+        for name, g in graphs.items():
+            dst = tmp / f"{name}{variants.CATALOGUE[variant].suffix}.onnx"
+            build(tmp / g["file"], dst, variant)
+            made[variant]["graphs"][name] = {"file": dst.name, "sha256": manifest.file_sha256(dst), "bytes": dst.stat().st_size}
     data = {
         "model": entry.name, "kind": entry.kind, "config": dataclasses.asdict(cfg), "graphs": graphs,
         "variants": made, "opset": opts.opset, "versions": versions(),

@@ -12,7 +12,7 @@ reads a converted copy of the weights is checked by the verify function its decl
 This module runs the command; the pieces are report.py (Row, Report), compare.py (tolerances, error
 statistics, running a graph), checks.py (static, sweep inputs, real decodes, translations, weights),
 render.py (the table), record.py (JSON, verdict, manifest summary), localize.py (the first divergent node),
-attention.py, int8_layers.py and guarded_int8.py (int8 that keeps its worst layers in float).
+attention.py and int8_layers.py (what each layer loses to int8; toolkit.convert.guarded_int8 keeps the worst in float).
 """
 
 from __future__ import annotations

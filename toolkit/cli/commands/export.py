@@ -80,7 +80,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         return _convert(Path(source), force, asked, any((out, random_init, fp16, optimize, quantize, attention)))
     pair = _pair(source_lang, target_lang)
 
-    from toolkit.deploy.stored_variants import ExportOptions
+    from toolkit.core.variants import ExportOptions
 
     if keep_fp32 and (quantize != "int8" or not is_model_dir):
         raise UsageError("--keep-fp32 auto chooses int8 layers of an exported directory: "
@@ -110,25 +110,24 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
 
 def _add_to(directory: Path, opts, keep_fp32: str | None, bleu_within: float, languages_only: bool) -> Path:
     """The variants asked for, added to an exported directory in place (nothing when only its languages are stated)."""
-    from toolkit.deploy.stored_variants import add_variants
+    from toolkit.convert import convert, guarded_int8, variants
+    from toolkit.core import manifest
 
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
     if languages_only:
         return directory
     declared = None
     if opts.attention:  # the model's own declaration of its attention outputs: the torch side
-        from toolkit.core import manifest
         from toolkit.pytorch.export import attention_declaration
 
         m = manifest.load(directory)
         declared = attention_declaration(m.model, m.config).get("attention")
-    if not keep_fp32:
-        return add_variants(directory, opts, echo=echo, attention=declared)
-    from toolkit.verify import guarded_int8
-
-    if opts.fp16 or opts.optimize or opts.attention:
-        add_variants(directory, opts, echo=echo, attention=declared)
-    return guarded_int8.add(directory, bleu_within, opts.force, opts.command, echo=echo)
+    if not keep_fp32 or opts.fp16 or opts.optimize or opts.attention:
+        convert(variants.writer(opts, declared), directory, None, opts.force, echo, opts.command)
+    if keep_fp32:  # int8 with the layers it hurts most kept in float; the note says which
+        convert(guarded_int8.writer(bleu_within), directory, None, opts.force, echo, opts.command)
+        echo(manifest.load(directory).stored["int8"].note.rsplit("; ", 1)[1])
+    return directory
 
 
 def is_hf_directory(source: str) -> bool:

@@ -137,9 +137,9 @@ def _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_la
 def _verify_hf(model_dir: Path, hf_dir: Path, atol, rtol, seed: int, sentences: int, data_path, json_path) -> None:
     import time
 
+    from toolkit.convert.to_hf_parity import verify_hf
     from toolkit.verify.record import raise_on_failure, write_json
     from toolkit.verify.render import render
-    from toolkit.verify.to_hf import verify_hf
 
     start = time.time()
     report = verify_hf(model_dir, hf_dir, atol, rtol, seed, sentences, data_path, echo=lambda m: click.echo(m, err=True))

@@ -69,7 +69,7 @@ def fastest(candidates: list, seconds):
     return min(candidates, key=times.__getitem__)
 
 
-def _load_translator(source: str, files: dict[str, bytes] | None, **args):
+def load_translator(source: str, files: dict[str, bytes] | None, **args):
     """A ctranslate2.Translator, loaded from a short-lived thread: on 2 cores CTranslate2's OpenMP workers stop
     spinning once the process holds more OpenMP threads than cores, and it then runs 2 to 5 times slower;
     quantising at load on the main thread creates such threads."""
@@ -104,7 +104,7 @@ class Ct2Translator:
         self.translator = None
 
     def __enter__(self) -> Ct2Translator:
-        self.translator = _load_translator(self.model_dir, None, **self.args)
+        self.translator = load_translator(self.model_dir, None, **self.args)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -294,10 +294,10 @@ def load(m: Manifest, provider: str = "cpu", variant: str = PLAIN, threads: int 
                          f"(quantised at load), not {variant}")
     files = stored_files(m)
     n = threads or min(cores(), 4)
-    translator = _load_translator(str(m.directory), files, device=provider, compute_type=compute, intra_threads=n)
+    translator = load_translator(str(m.directory), files, device=provider, compute_type=compute, intra_threads=n)
     loader = None
     if threads is None and provider == "cpu" and n > 1:
-        loader = lambda: _load_translator(str(m.directory), files, device=provider, compute_type=compute,  # noqa: E731
+        loader = lambda: load_translator(str(m.directory), files, device=provider, compute_type=compute,  # noqa: E731
                                           intra_threads=1, inter_threads=n)
     return LoadedCt2(m, translator, provider, compute, loader, start=_converted_start(files))
 

@@ -19,7 +19,7 @@ where OUT is missing; `.NAME.aside.*` (entries moved aside one by one, by a merg
 directory) go back into the directory holding it, in place of the new entries that took their names. A directory
 moved aside is renamed `.NAME.gone.*` before it is deleted, so a kill half way through the deletion leaves nothing
 that would be put back.
-Torch-free: the deploy side writes through it.
+Torch-free: the PyTorch export (`--out`) and every writer of toolkit.convert write through it.
 """
 
 from __future__ import annotations

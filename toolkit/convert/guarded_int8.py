@@ -5,7 +5,7 @@ a budget of fp32's.
 The layers are ranked once (toolkit.verify.int8_layers: each quantised alone, its error in the log-probabilities);
 then plain int8 is tried, then int8 with the worst layer in float, the two worst, and so on. Each candidate
 is written into a scratch copy of the directory and judged there, so the directory itself is only written
-with the graphs that passed.
+with the graphs that passed: the write's check holds the graphs stored to the digests of the ones judged.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from toolkit.convert import IntoModelDirectory, Writer, convert
+from toolkit.convert.pipeline import IntoModelDirectory, Writer
 from toolkit.core import manifest, variants
 from toolkit.graphs.variants import int8_graph
 
@@ -48,8 +48,9 @@ def greedy_bleu(directory: Path, variant: str, english: list[str], references: l
     return float(bleu_chrf(out, references)["bleu"])
 
 
-def choose(directory: Path, budget: float, data=None, echo: Callable[[str], None] = print) -> tuple[dict[str, list[str]], list]:
-    """The layers to keep in float per graph, and the layer table they were chosen from."""
+def choose(directory: Path, budget: float, data=None, echo: Callable[[str], None] = print) -> tuple[dict[str, list[str]], list, dict]:
+    """The layers to keep in float per graph, the layer table they were chosen from, and the sha256 of each graph of
+    the int8 variant judged last (the one chosen, or the last tried when none passed: every layer kept), by graph."""
     from toolkit.core import data as data_mod
     from toolkit.verify import int8_layers
     from toolkit.verify.run import verify
@@ -78,7 +79,8 @@ def choose(directory: Path, budget: float, data=None, echo: Callable[[str], None
             return not report.failures and fp32_bleu - bleu <= budget
 
         plan = int8_layers.auto_keep(table, accept, echo)
-    return plan, table
+        judged = {g: f.sha256 for g, f in manifest.load(scratch).stored["int8"].graphs.items()}
+    return plan, table, judged
 
 
 def describe(plan: dict[str, list[str]], table: list) -> str:
@@ -87,28 +89,27 @@ def describe(plan: dict[str, list[str]], table: list) -> str:
     return f"; layers kept in float (--keep-fp32 auto): {', '.join(kept)}" if kept else "; every layer int8 (--keep-fp32 auto kept none)"
 
 
-def add(directory: Path, bleu_within: float, force: bool = False, command: str = "", echo: Callable[[str], None] = print) -> Path:
-    """Stores the guarded int8 variant in an exported directory (as `tk export DIR --quantize int8` stores the
-    plain one), through the converter pipeline (toolkit.convert.convert): under the directory's lock, the graphs built
-    in a temporary directory inside and moved in, the manifest rewritten only once they are in place; on failure the
-    new graphs go and an int8 variant they replaced (--force) is put back."""
-    convert(writer(bleu_within), directory, None, force, echo, command)
-    echo(manifest.load(directory).stored["int8"].note.rsplit("; ", 1)[1])
-    return directory
-
-
 def writer(bleu_within: float) -> Writer:
-    """The guarded int8 variant's writer: the layers are chosen (on scratch copies) as it writes."""
-    def write(m: manifest.Manifest, tmp: Path, echo: Callable[[str], None]) -> tuple[dict, str]:
-        plan, table = choose(m.directory, bleu_within, echo=echo)
-        return graphs_with(m.directory, tmp, plan), describe(plan, table)
+    """The guarded int8 variant's writer, stored as `tk export DIR --quantize int8` stores the plain one: the layers are
+    chosen (on scratch copies) as it writes."""
+    def write(m: manifest.Manifest, tmp: Path, echo: Callable[[str], None]) -> tuple[dict, str, dict]:
+        plan, table, judged = choose(m.directory, bleu_within, echo=echo)
+        return graphs_with(m.directory, tmp, plan), describe(plan, table), judged
 
-    def record(m: manifest.Manifest, written: tuple[dict, str], files: dict[str, manifest.FileRecord], command: str | None) -> None:
-        made, kept = written
+    def record(m: manifest.Manifest, written: tuple[dict, str, dict], files: dict[str, manifest.FileRecord], command: str | None) -> None:
+        made, kept, _ = written
         entry = variants.CATALOGUE["int8"].record()
         entry["note"] += kept
         m.stored["int8"] = manifest.VariantRecord(graphs={g: files[f["file"]] for g, f in made.items()}, **entry, command=command)
 
     return Writer("keep-fp32", lands=IntoModelDirectory(what="the int8 variant", stage="tk-variants", again="rebuild it", record=record,
                                                         replaces=lambda m: "the int8 variant" if "int8" in m.stored else None),
-                  validate=lambda m: m.check_files(), write=write)
+                  write=write, verify=judged_graphs)
+
+
+def judged_graphs(m: manifest.Manifest, tmp: Path, written: tuple[dict, str, dict]) -> str | None:
+    """verify: the int8 graphs stored are, byte for byte, the ones verify and the BLEU budget judged (the int8 builder
+    is deterministic: the same fp32 graph and layers give the same file)."""
+    made, _, judged = written
+    differ = [f["file"] for g, f in made.items() if manifest.file_sha256(tmp / f["file"]) != judged.get(g)]
+    return f"{differ[0]} is not the graph that was judged" if differ else None

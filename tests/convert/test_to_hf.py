@@ -184,15 +184,21 @@ def _swap_cross_kv(directory: Path) -> None:
 
 
 @pytest.mark.parametrize("fault", ["cross-attention K and V swapped", "channel permutation left out"])
-def test_verify_fails_on_a_planted_conversion_fault(cli, hf_dir, tmp_path, fault):
-    from toolkit.deploy.to_hf import write_hf
+def test_verify_fails_on_a_planted_conversion_fault(cli, hf_dir, tmp_path, fault, monkeypatch):
+    from safetensors.numpy import save_file
+
+    from toolkit.convert import to_hf
+    from toolkit.core import manifest
+    from toolkit.runtimes.ctranslate2.spec import graph_weights
 
     bad = tmp_path / "bad"
+    shutil.copytree(hf_dir, bad)
     if fault.startswith("cross"):
-        shutil.copytree(hf_dir, bad)
         _swap_cross_kv(bad)
     else:
-        write_hf(SHIPPED, bad, permute=False)
+        m = manifest.load(SHIPPED)
+        monkeypatch.setattr(to_hf, "channels", np.arange)  # tk's channel order kept: the permutation left out
+        save_file(to_hf.marian_tensors(graph_weights(m), m.config), bad / "model.safetensors", metadata={"format": "pt"})
     report = tmp_path / "report.json"
     result = cli("verify", SHIPPED, "--to-hf", bad, "--sentences", 0, "--json", report)
     line = one_line_error(result, 1)
@@ -316,16 +322,17 @@ def test_verify_fails_when_marian_vocabulary_was_tampered_with(cli, hf_dir, tmp_
     assert all(r["ok"] for r in rows if "AutoTokenizer" in r["output"] or r["check"] != "tokenizer")
 
 
-def test_the_normalization_texts_tokenize_alike_in_the_written_directory(hf_dir):
+def test_the_normalization_texts_tokenize_alike_in_the_written_directory(hf_dir, hf):
     """The untampered directory: AutoTokenizer and MarianTokenizer (on tk-normalized text) give tk's ids on every
     normalization text, and those texts cover what tk's normalize folds."""
+    from toolkit.convert.to_hf import NORMALIZATION_TEXTS
+    from toolkit.convert.to_hf_parity import normalization_rows
     from toolkit.core import manifest
     from toolkit.core.tokenizer import normalize
     from toolkit.verify.report import Report
-    from toolkit.verify.to_hf import NORMALIZATION_TEXTS, normalization_rows
 
     report = Report(str(SHIPPED), 0)
-    normalization_rows(report, manifest.load(SHIPPED), hf_dir)
+    normalization_rows(report, manifest.load(SHIPPED), hf_dir, hf[1])
     assert report.rows and all(r.ok for r in report.rows), [r.detail for r in report.rows if not r.ok]
     assert {r.output for r in report.rows} == {"normalization ids (AutoTokenizer)", "normalization ids (MarianTokenizer, tk-normalized text)"}
     texts = [t for _, t in NORMALIZATION_TEXTS]

@@ -16,26 +16,22 @@ kinds of evidence are compared with tk's fp32 graphs of DIR on ONNX Runtime (CPU
   generate   generate's greedy tokens (the directory's generation config) are tk's greedy tokens on the same
              sentences; a sentence may part only at a near-tie (the two tokens within twice the tolerance on the
              graphs), which the two engines' rounding may break either way.
+torch and transformers are imported when it runs: `tk export --to-hf` (toolkit.convert.to_hf) needs neither.
 """
 
 from __future__ import annotations
 
 import json
-import unicodedata
 import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from toolkit.convert import to_hf
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decoding import greedy
 from toolkit.core.errors import UsageError, first_line
 from toolkit.core.manifest import Manifest
-from toolkit.deploy import to_hf
-from toolkit.verify.checks import held_out_sentences, prefix_log_probs
-from toolkit.verify.compare import compare, tolerance, top1
-from toolkit.verify.hf_parity import generated_tokens
 from toolkit.verify.report import Report, Row
 
 # (batch, source length, target length): one token each, a padded batch, the longest source (every position of the
@@ -49,8 +45,12 @@ def verify_hf(model_dir: str | Path, hf_dir: str | Path, atol: float | None = No
               sentences: int = 16, data: str | Path | None = None, echo=print) -> Report:
     import transformers
 
+    from toolkit.verify.checks import held_out_sentences
+    from toolkit.verify.compare import tolerance
+
     m = manifest_mod.load(model_dir)
     to_hf.mappable(m)
+    m.check_files()
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise UsageError(f"--to-hf {hf_dir} does not exist; write it with `tk export {model_dir} --to-hf {hf_dir}`")
@@ -128,6 +128,10 @@ def _static(report: Report, m: Manifest, hf_dir: Path) -> None:
 
 def _sweep(report: Report, m: Manifest, model, backend, seed: int, tol: tuple[float, float]) -> None:
     """Teacher-forced log-probabilities at every SHAPES case: the graphs one step at a time, transformers in one pass."""
+    import torch
+
+    from toolkit.verify.compare import compare, top1
+
     rules, vocab, max_len = m.rules(), m.config["vocab_size"], m.max_len
     rng = np.random.default_rng(seed)
     for b, s, t in SHAPES:
@@ -158,44 +162,20 @@ def _sweep(report: Report, m: Manifest, model, backend, seed: int, tol: tuple[fl
         report.rows.append(row)
 
 
-# Text on which tk's normalize (NFKC; runs of whitespace, as str.split sees it, to one space; stripped) changes what
-# the tokenizer sees. Corpus sentences tokenize alike with or without a normalizer, so only text like this shows a
-# tokenizer.json whose normalizer was dropped or changed. Each kind is named in the report; none holds the quotes,
-# dashes, brackets or colons sacremoses (when installed) would rewrite for MarianTokenizer.
-NORMALIZATION_TEXTS = (
-    ("whitespace runs", "I  am   home."),
-    ("leading and trailing spaces", "  Go home now.  "),
-    ("tabs and newlines", "Tom\tis\there.\r\n"),
-    ("no-break and other spaces", "Wait\u00a0 here,\u2009\u2009please \u3000now\u2028sir\u202f!"),  # NFKC alone leaves runs
-    ("fullwidth letters", "Ｉ ａｍ ｈｏｍｅ．"),
-    ("fullwidth digits", "Room １２３, floor ４."),
-    ("ligatures", "The ﬁrst ﬂight was ﬁne."),
-    ("superscripts and fractions", "Add ½ cup, x² times."),
-    ("composed accents", "Café crème à Noël."),
-    ("decomposed accents", unicodedata.normalize("NFD", "Café crème à Noël.")),
-    ("emoji", "I love it 🙂👍🏽!"),
-    ("empty", ""),
-    ("spaces only", "   "),
-    ("whitespace only", "\t\n\u00a0\u3000"),
-)
 NORMALIZATION_FAST = "normalization ids (AutoTokenizer)"
 NORMALIZATION_SLOW = "normalization ids (MarianTokenizer, tk-normalized text)"
 
 
-def normalization_rows(report: Report, m: Manifest, hf_dir: Path, tokenizer=None) -> None:
+def normalization_rows(report: Report, m: Manifest, hf_dir: Path, tokenizer) -> None:
     """tk's ids against the directory's tokenizers on NORMALIZATION_TEXTS, one row per text and tokenizer (a failing
-    row names the text and both id lists): AutoTokenizer (tokenizer.json) on the text as it is, and, where the
-    directory holds Marian's spm files, MarianTokenizer (add_special_tokens=False) on the text tk's normalize gives,
-    since MarianTokenizer has no NFKC or whitespace step of its own (docs/models.md says so to its users)."""
+    row names the text and both id lists): AutoTokenizer (`tokenizer`, from tokenizer.json) on the text as it is, and,
+    where the directory holds Marian's spm files, MarianTokenizer (add_special_tokens=False) on the text tk's
+    normalize gives, since MarianTokenizer has no NFKC or whitespace step of its own (docs/models.md says so)."""
     from toolkit.core.tokenizer import normalize
     from toolkit.core.tokenizers import open_tokenizer
 
-    labels, texts = zip(*NORMALIZATION_TEXTS)
+    labels, texts = zip(*to_hf.NORMALIZATION_TEXTS)
     want = open_tokenizer(m).encode(list(texts))
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     _compare_ids(report, NORMALIZATION_FAST, "AutoTokenizer", labels, texts, want, lambda: tokenizer(list(texts))["input_ids"])
     if not (hf_dir / "source.spm").is_file():
         return
@@ -236,7 +216,11 @@ def _shown(text: str, limit: int = 40) -> str:
 
 def _generate(report: Report, m: Manifest, model, tokenizer, backend, english: list[str], tol: tuple[float, float]) -> None:
     """AutoTokenizer's ids and text against tk's tokenizer, then generate's greedy tokens against tk's greedy loop."""
+    import torch
+
     from toolkit.core.tokenizers import open_tokenizer
+    from toolkit.verify.checks import prefix_log_probs
+    from toolkit.verify.hf_parity import generated_tokens
 
     rules, n = m.rules(), len(english)
     tk_tok = open_tokenizer(m)

@@ -20,11 +20,10 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from toolkit.convert import NewDirectory, Writer, convert
+from toolkit.convert.pipeline import NewDirectory, Writer
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
 from toolkit.core.errors import UsageError
-from toolkit.deploy.web_tokenizer import write_tokenizer_json
 
 WEB = resources.files("toolkit") / "web"  # a clone's toolkit/web, or the installed package's
 SITE = WEB / "site"
@@ -40,6 +39,35 @@ def ort_web_version() -> str:
     if missing or not package.is_file():
         raise UsageError(f"onnxruntime-web is not installed in {ORT_DIST.parents[1]}; {NPM_FIX}")
     return json.loads(package.read_text(encoding="utf-8"))["version"]
+
+
+def tokenizer_json(model_path: Path) -> dict:
+    """The tokenizer as toolkit/web/site/tokenizer.mjs reads it, through sentencepiece's own protobuf description (the
+    model's pieces as [piece, score, type], the normaliser's flags, byte fallback), not a re-derivation."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    try:
+        proto.ParseFromString(Path(model_path).read_bytes())
+    except Exception as e:  # a truncated or foreign file: protobuf raises DecodeError
+        raise UsageError(f"tokenizer {model_path} is unreadable or corrupt ({type(e).__name__}); re-export the model directory") from None
+    if proto.trainer_spec.model_type != pb.TrainerSpec.UNIGRAM:
+        raise UsageError(f"tokenizer {model_path} is not a unigram model; the browser tokenizer implements unigram only")
+    norm = proto.normalizer_spec
+    if norm.precompiled_charsmap:
+        # A character map (nmt_nfkc and the like) would need its own JavaScript port; tk trains with "identity".
+        raise UsageError(f"tokenizer {model_path} uses the '{norm.name}' normalisation rule; the browser tokenizer supports 'identity' only")
+    return {
+        "pieces": [[p.piece, p.score, p.type] for p in proto.pieces],
+        "byte_fallback": proto.trainer_spec.byte_fallback,
+        "normalizer": {"name": norm.name, "add_dummy_prefix": norm.add_dummy_prefix,
+                       "remove_extra_whitespaces": norm.remove_extra_whitespaces,
+                       "escape_whitespaces": norm.escape_whitespaces},
+    }
+
+
+def write_tokenizer_json(model_path: Path, out: Path) -> None:
+    out.write_text(json.dumps(tokenizer_json(model_path), ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
 
 
 # int8 runs on onnxruntime-web's WebAssembly backend and its graphs are a third of fp32's; fp16
@@ -84,11 +112,10 @@ def _check(m: manifest_mod.Manifest) -> None:
     m.translation_tokenizer()
     ort_web_version()
     site_model(m)
-    m.check_files()
 
 
-def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> None:
-    """write: the site into `tmp` (moved into place by toolkit.convert.convert)."""
+def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> dict:
+    """write: the site into `tmp` (moved into place by toolkit.convert.convert); returns model.json's content."""
     version, model = ort_web_version(), site_model(m)
     fp32 = model["variants"]["fp32"]
     echo(f"writing the web site for {m.directory} (onnxruntime-web {version}) ...")
@@ -100,13 +127,32 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
                 _write_graph(m, graph, variant, tmp / name)
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
     write_tokenizer_json(m.translation_tokenizer(), tmp / model["tokenizer"])
-    (tmp / "model.json").write_text(json.dumps({**model, "onnxruntime_web": version}, indent=1), encoding="utf-8")
+    model["onnxruntime_web"] = version
+    (tmp / "model.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
     for f in SITE.iterdir():  # package data: read through importlib.resources, not from a path of the clone
         (tmp / f.name).write_bytes(f.read_bytes())
     (tmp / "vendor").mkdir()
     for f in ORT_FILES:
         shutil.copyfile(ORT_DIST / f, tmp / "vendor" / f)
     (tmp / "vendor" / "LICENSE-onnxruntime-web.txt").write_bytes((WEB / "LICENSE-onnxruntime-web.txt").read_bytes())
+    return model
+
+
+def _verify(m: manifest_mod.Manifest, site: Path, model: dict) -> str | None:
+    """verify: model.json reads back as written; every file it names is there, each variant's of the size it says; the
+    page's files and onnxruntime-web's are there as shipped; tokenizer.json is the export of the directory's tokenizer."""
+    read = lambda name: json.loads((site / name).read_text(encoding="utf-8"))  # noqa: E731
+    if read("model.json") != model:
+        return "model.json does not read back as written"
+    for variant, entry in model["variants"].items():
+        names = [*entry["graphs"].values(), entry["weights"]]
+        if sum((site / f).stat().st_size for f in names if f and (site / f).is_file()) != entry["bytes"]:
+            return f"the {variant} graphs are not all there at the size model.json gives"
+    shipped = {f.name: f.read_bytes() for f in SITE.iterdir()} | {f"vendor/{f}": (ORT_DIST / f).read_bytes() for f in ORT_FILES}
+    differ = sorted(name for name, data in shipped.items() if not (site / name).is_file() or (site / name).read_bytes() != data)
+    if differ:
+        return f"{differ[0]} is not the shipped file"
+    return None if read(model["tokenizer"]) == tokenizer_json(m.translation_tokenizer()) else "tokenizer.json is not the directory's tokenizer"
 
 
 def _next_step(source: Path, site: Path) -> str:
@@ -118,12 +164,7 @@ def _next_step(source: Path, site: Path) -> str:
 # `tk export DIR --web SITE`. With --force, a site's entries are replaced and anything else there (.git, CNAME) kept.
 WRITER = Writer("web", lands=NewDirectory(owned=lambda site, m: site_entries(site, m, site_model(m)), what="a tk web site (no model.json)",
                                           keep_foreign=True),
-                validate=_check, write=_write, as_is="writes a site from the directory as it is", next_step=_next_step)
-
-
-def export_web(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None) -> dict[str, int]:
-    """Writes the site to out through the converter pipeline (toolkit.convert.convert); returns {file: bytes}."""
-    return convert(WRITER, model_dir, out, force, echo)
+                validate=_check, write=_write, verify=_verify, as_is="writes a site from the directory as it is", next_step=_next_step)
 
 
 def site_entries(site: Path, m: manifest_mod.Manifest, model: dict) -> set[str] | None:

@@ -34,14 +34,13 @@ import importlib
 import json
 import re
 import sys
+import unicodedata
 from collections.abc import Callable
-from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from toolkit.convert import NewDirectory, Writer, convert
+from toolkit.convert.pipeline import NewDirectory, Writer
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError
@@ -71,15 +70,13 @@ def mappable(m: Manifest) -> None:
     if m.rules() != manifest_mod.Declaration().decoding:
         raise UsageError(f"{m.directory} declares decoding rules of its own; --to-hf writes tk's rules only")
     m.translation_tokenizer()  # a usage error for a directory without a tokenizer (a --random-init export)
-    m.check_files()  # every file there, with the recorded sha256
 
 
-def marian_tensors(weights: dict[str, np.ndarray], cfg: dict, permute: bool = True) -> dict[str, np.ndarray]:
+def marian_tensors(weights: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
     """tk's weights (names of models/transformer.py, as graph_weights reads them) as MarianMTModel's state dict, in the
-    names save_pretrained writes (the tied embedding once, as model.shared.weight). `permute=False` leaves the channel
-    permutation out (a planted fault the tests show `tk verify --to-hf` catches)."""
+    names save_pretrained writes (the tied embedding once, as model.shared.weight)."""
     d = cfg["num_hiddens"]
-    p = channels(d) if permute else np.arange(d)
+    p = channels(d)
     f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
     zeros = lambda n: np.zeros(n, dtype=np.float32)  # noqa: E731
     out: dict[str, np.ndarray] = {"model.shared.weight": f32(weights["embedding.weight"][:, p]),
@@ -312,8 +309,9 @@ def missing_packages() -> list[str]:
     return missing
 
 
-def _write(m: Manifest, tmp: Path, echo: Callable[[str], None], permute: bool = True) -> None:
-    """write: the MarianMTModel directory's files into `tmp` (moved into place by toolkit.convert.convert)."""
+def _write(m: Manifest, tmp: Path, echo: Callable[[str], None]) -> dict[str, np.ndarray]:
+    """write: the MarianMTModel directory's files into `tmp` (moved into place by toolkit.convert.convert); returns
+    the tensors written, for the check."""
     from safetensors.numpy import save_file
 
     from toolkit.runtimes.ctranslate2.spec import graph_weights
@@ -321,27 +319,64 @@ def _write(m: Manifest, tmp: Path, echo: Callable[[str], None], permute: bool = 
     echo(f"reading the weights of {m.directory}'s fp32 graphs ...")
     weights = graph_weights(m)
     check_positions(weights, m.config)
-    save_file(marian_tensors(weights, m.config, permute), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tensors = marian_tensors(weights, m.config)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     dump = lambda d: (json.dumps(d, indent=2) + "\n").encode("utf-8")  # noqa: E731
     files = {**tokenizer_files(m), "config.json": dump(marian_config(m.config)), "generation_config.json": dump(generation_config(m)),
              "README.md": model_card(m)}
     for name, data in files.items():
         (tmp / name).write_bytes(data)
+    return tensors
+
+
+# Text on which tk's normalize (NFKC; runs of whitespace, as str.split sees it, to one space; stripped) changes what
+# the tokenizer sees. Corpus sentences tokenize alike with or without a normalizer, so only text like this shows a
+# tokenizer.json whose normalizer was dropped or changed. Each kind is named in the report; none holds the quotes,
+# dashes, brackets or colons sacremoses (when installed) would rewrite for MarianTokenizer.
+NORMALIZATION_TEXTS = (
+    ("whitespace runs", "I  am   home."),
+    ("leading and trailing spaces", "  Go home now.  "),
+    ("tabs and newlines", "Tom\tis\there.\r\n"),
+    ("no-break and other spaces", "Wait\u00a0 here,\u2009\u2009please \u3000now\u2028sir\u202f!"),  # NFKC alone leaves runs
+    ("fullwidth letters", "Ｉ ａｍ ｈｏｍｅ．"),
+    ("fullwidth digits", "Room １２３, floor ４."),
+    ("ligatures", "The ﬁrst ﬂight was ﬁne."),
+    ("superscripts and fractions", "Add ½ cup, x² times."),
+    ("composed accents", "Café crème à Noël."),
+    ("decomposed accents", unicodedata.normalize("NFD", "Café crème à Noël.")),
+    ("emoji", "I love it 🙂👍🏽!"),
+    ("empty", ""),
+    ("spaces only", "   "),
+    ("whitespace only", "\t\n\u00a0\u3000"),
+)
+
+
+def _verify(m: Manifest, tmp: Path, tensors: dict[str, np.ndarray]) -> str | None:
+    """verify: model.safetensors, reloaded, holds the graphs' weights as mapped; the configs read back as written;
+    tokenizer.json gives tk's ids on NORMALIZATION_TEXTS (`tk verify --to-hf` runs the model itself in transformers)."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    from toolkit.core.tokenizers import open_tokenizer
+
+    labels, texts = zip(*NORMALIZATION_TEXTS)
+    configs = {"config.json": marian_config(m.config), "generation_config.json": generation_config(m)}
+    got = load_file(str(tmp / "model.safetensors"))
+    changed = [name for name, want in configs.items() if json.loads((tmp / name).read_text(encoding="utf-8")) != want]
+    ids = [e.ids for e in Tokenizer.from_file(str(tmp / "tokenizer.json")).encode_batch(list(texts))]
+    wrong = sorted(set(tensors) ^ set(got)) or [k for k in tensors if not np.array_equal(tensors[k], got[k])]
+    if wrong or changed:
+        return f"model.safetensors does not hold the graphs' weights ({wrong[0]})" if wrong else f"{changed[0]} does not read back as written"
+    differ = [label for label, a, b in zip(labels, open_tokenizer(m).encode(list(texts)), ids) if a != b]
+    return f"tokenizer.json does not give tk's ids ({differ[0]})" if differ else None
 
 
 # `tk export DIR --to-hf OUT`. With --force in a MarianMTModel directory that holds more (a git clone: .git, a
 # user's README), only tk's files are replaced and the rest is kept.
 WRITER = Writer("to-hf", lands=NewDirectory(owned=lambda out, m: hf_entries(out), keep_foreign=True,
                                             what="a Hugging Face MarianMTModel directory (no marian config.json)"),
-                validate=_requirements, write=_write, next_step=lambda source, out: f"check it with: tk verify {source} --to-hf {out}")
-
-
-def write_hf(model_dir: Path, out: Path, force: bool = False, echo: Callable[[str], None] = lambda s: None,
-             permute: bool = True) -> dict[str, int]:
-    """Writes the MarianMTModel directory through the converter pipeline (toolkit.convert.convert); returns {file: bytes}
-    of the files written. `permute=False` leaves the channel permutation out (a planted fault for the tests)."""
-    writer = WRITER if permute else replace(WRITER, write=partial(_write, permute=False))
-    return convert(writer, model_dir, out, force, echo)
+                validate=_requirements, write=_write, verify=_verify,
+                next_step=lambda source, out: f"check it with: tk verify {source} --to-hf {out}")
 
 
 def is_hf_directory(path: Path) -> bool:

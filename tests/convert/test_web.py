@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from toolkit.convert.web import SITE, write_tokenizer_json
 from toolkit.core import data
 from toolkit.core.batching import GUARDED, DecodeOptions, decode_ids
 from toolkit.core.decoding import pad_batch
@@ -27,8 +28,6 @@ from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import BOS, Tokenizer
 from toolkit.core.variants import CATALOGUE
 from toolkit.deploy.translate import open_model, translate_batch
-from toolkit.deploy.web_site import SITE
-from toolkit.deploy.web_tokenizer import write_tokenizer_json
 from toolkit.verify.compare import compare
 
 # Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
@@ -130,7 +129,7 @@ def test_the_web_export_refuses_bad_input_in_one_line(cli, tmp_path, monkeypatch
     for args, words in cases:
         r = cli(*args)
         assert r.exit_code == 2 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
-    monkeypatch.setattr("toolkit.deploy.web_site.ORT_DIST", tmp_path / "no-npm-ci" / "dist")
+    monkeypatch.setattr("toolkit.convert.web.ORT_DIST", tmp_path / "no-npm-ci" / "dist")
     r = cli("export", SHIPPED, "--web", site)
     assert r.exit_code == 2 and "npm ci --prefix" in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not site.exists()
