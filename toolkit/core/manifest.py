@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
-from toolkit.core.architectures import ARCHITECTURES
+from toolkit.core.architectures import ARCHITECTURES, SEQ2SEQ
 from toolkit.core.architectures import GRAPHS as ARCHITECTURE_GRAPHS
 from toolkit.core.atomic import exclusive, write_atomic
 from toolkit.core.declaration import Declaration, DecodingRules
@@ -230,7 +230,7 @@ class Manifest:
 
     def translation_tokenizer(self) -> Path:
         """The tokenizer of a translation model; a usage error for any other directory."""
-        if self.kind != "seq2seq":
+        if self.kind != SEQ2SEQ:
             raise UsageError(f"{self.directory} holds a '{self.model}' graph, not a translation model; "
                              "use exported/transformer or exported/seq2seq")
         path = self.tokenizer_path()

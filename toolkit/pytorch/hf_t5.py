@@ -1,5 +1,6 @@
 """Hugging Face T5ForConditionalGeneration in (T5, T5 v1.1, Flan-T5; MT5ForConditionalGeneration for mT5):
-`tk export hf:DIR --out OUT`, the builder of architecture "t5" (toolkit.core.architectures).
+`tk export hf:DIR --out OUT`, the builder of toolkit.core.entries.t5 (what it shares with the BART family:
+toolkit.pytorch.bart_family's LayerCache, HfSource, write_files).
 
 `T5ForTk` computes tk's graphs (an encoder graph with every decoder layer's cross keys/values, a one-step decoder over
 per-layer self-attention caches) by calling the model's own T5Block modules, so the exported nodes carry transformers'
@@ -60,11 +61,11 @@ from toolkit.core.errors import UsageError
 from toolkit.core.graphs import FLOAT, SRC, GraphSpec, TensorSpec, decoder_graph
 from toolkit.core.manifest import SIZES, size_problem
 from toolkit.pytorch import hf_files
+from toolkit.pytorch.bart_family import HfSource, LayerCache, beams, read_configs
 from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
 from toolkit.pytorch.hf_layers import call_layer
-from toolkit.pytorch.hf_marian import HfSource, _LayerCache, write_files
+from toolkit.pytorch.registry import ModelEntry
 
-__all__ = ["T5Settings", "T5ForTk", "build", "graphs", "read", "write_files", "task_prefixes"]
 MODEL_CLASSES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
 # The activations transformers' ACT2FN gives T5's feed-forward that tk exports; "gated-" before one: the gated form.
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_fast", "silu", "swish", "gelu_pytorch_tanh")
@@ -174,8 +175,8 @@ def graphs(settings: T5Settings) -> list[GraphSpec]:
     return [encoder, decoder_graph(past, cross, settings.vocab_size)]
 
 
-class _T5LayerCache(_LayerCache):
-    """_LayerCache (self-attention grows by one position, cross-attention returns the encoder graph's keys/values)
+class _T5LayerCache(LayerCache):
+    """LayerCache (self-attention grows by one position, cross-attention returns the encoder graph's keys/values)
     plus the length T5Attention reads before it computes the relative bias: the past positions, from the cache's
     shape, so the exported graph derives the step's position from its dynamic past_len axis."""
 
@@ -354,11 +355,8 @@ def _tokenizer(directory: Path, settings: T5Settings, prefixes: dict[str, str], 
 
 def read(source: str | Path) -> HfSource:
     """Reads `hf:DIR` (or DIR): config, generation config, weights and the tokenizer files."""
-    directory = hf_files.directory_of(source)
-    config = hf_files.read_json(directory, "config.json", what="model and tokenizer")
-    generation = hf_files.read_json(directory, "generation_config.json", required=False) or {}
+    directory, config, generation, tok_config = read_configs(source, "model and tokenizer")
     settings, rules = settings_from(config, generation, directory)
-    tok_config = hf_files.read_json(directory, "tokenizer_config.json", required=False) or {}
     tokenizer, note = _tokenizer(directory, settings, task_prefixes(config, directory), tok_config)
     model_class = MODEL_CLASSES[settings.model_type]
     state, origin, files = hf_files.read_weights(directory, model_class)
@@ -381,6 +379,7 @@ def read(source: str | Path) -> HfSource:
     model = build(settings)
     model.hf.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     model.eval()
-    beams = generation.get("num_beams", config.get("num_beams", 1))
-    return HfSource(directory, settings, rules, model, files, tokenizer, beams if type(beams) is int and beams >= 1 else 1,
-                    architecture="t5", tokenizer_type=note)
+    return HfSource(directory, settings, rules, model, files, tokenizer, beams(config, generation), "t5", note)
+
+
+MODEL = ModelEntry("t5", T5Settings, build, graphs)
