@@ -101,7 +101,8 @@ def test_every_size_of_every_registered_model_has_a_bound_its_defaults_keep():
     from toolkit.core.manifest import SIZES
     from toolkit.pytorch import registry
 
-    for name, entry in registry.REGISTRY.items():
+    for entry in registry.entries():
+        name = entry.name
         sizes = [f.name for f in dataclasses.fields(entry.config_cls) if type(f.default) is int and f.name != "pad_id"]
         assert set(sizes) <= set(SIZES), (name, set(sizes) - set(SIZES))
         registry.check_config(name, entry.config())

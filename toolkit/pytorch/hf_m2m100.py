@@ -59,6 +59,11 @@ class M2M100ForTk(FamilyForTk):
         return stack.embed_tokens(ids) + _positions(stack.embed_positions, ids, past)
 
 
+def settings_from(config: dict, generation: dict, where: Path) -> tuple[M2M100Settings, DecodingRules, int | None]:
+    """tk's settings, the end rules and the configured forced first token (None: none) from the two configs."""
+    return bart_family.settings_from(M2M100Settings, config, generation, where)
+
+
 LANGUAGE_TOKEN = re.compile(r"__([a-z]{2,3}(?:_[A-Za-z]+)?)__|([a-z]{2,3}_[A-Z][A-Za-z]{1,3})")
 
 
@@ -139,7 +144,7 @@ def _m2m100_language_tokens(tok_config: dict, vocab_len: int) -> dict[int, str]:
 def read(source: str | Path) -> HfSource:
     """Reads `hf:DIR` (or DIR): config, generation config, weights and the tokenizer files."""
     directory, config, generation, tok_config = bart_family.read_configs(source, "model and tokenizer")
-    settings, rules, forced = bart_family.settings_from(M2M100Settings, config, generation, directory)
+    settings, rules, forced = settings_from(config, generation, directory)
     tokenizer, note = _tokenizer(directory, tok_config, settings, forced)
     rules = DecodingRules(**{**rules.to_dict(), "forced_first": tokenizer.languages[tokenizer.target_lang]})
     model, files = bart_family.load_weights(M2M100ForTk, settings, directory, bart_family.tied(settings))
