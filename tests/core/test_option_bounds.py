@@ -98,7 +98,7 @@ def test_a_config_size_beyond_its_bound_is_one_line_before_anything_is_allocated
 
 
 def test_every_size_of_every_registered_model_has_a_bound_its_defaults_keep():
-    from toolkit.core.manifest import SIZES
+    from toolkit.core.architectures import SIZES
     from toolkit.pytorch import registry
 
     for entry in registry.entries():

@@ -28,6 +28,35 @@ GRAPHS = {SEQ2SEQ: ("encoder", "decoder"), MODULE: ("model",)}
 # Every graph path tk has runs the ONNX graphs of an encoder-decoder in tk's cache layout; CTranslate2 and the browser
 # read their own formats, converted per architecture.
 GRAPH_PATHS = dict.fromkeys(("export", "verify", "int8", "cuda", "openvino"))
+# The largest model tk builds, trains and loads: the bounds of every size a config states, checked before anything is
+# allocated: in a manifest as it is read (a max_len of 100000 crashed translate, toolkit.core.manifest), and by the
+# registry in every config it builds (`tk train --set`, a checkpoint's), so that whatever tk trains, its manifest
+# accepts. Transformer-big (d_model 1024, d_ff 4096, 16 heads, 6 layers: 209M parameters at a 32k vocabulary) fits; a
+# Transformer at every bound at once has 537M parameters, about 9 GB to train with Adam. Here the fields several
+# architectures share; a field of one architecture alone is bounded by its entry (`sizes`). Every integer field of a
+# registered config is bounded (a test checks).
+SIZES = {
+    # 4 special tokens and at least one piece; at most NLLB-200's 256,206 and mBART-50's 250,054, with room.
+    "vocab_size": (5, 262144),
+    "num_hiddens": (1, 1024),
+    "embed_size": (1, 1024),
+    "ffn_num_hiddens": (1, 4096),
+    "num_heads": (1, 64),
+    "num_layers": (1, 48),  # T5-xl and NLLB-3.3B have 24 per stack
+    "max_len": (2, 1024),  # BOS and one token at least
+    # The imports' (opus-mt-*-big: d_model 1024, ffn 4096, 16 heads, 6 layers).
+    "d_model": (1, 1024),
+    "encoder_layers": (1, 48),
+    "decoder_layers": (1, 48),
+    "encoder_attention_heads": (1, 64),
+    "decoder_attention_heads": (1, 64),
+    "encoder_ffn_dim": (1, 8192),
+    "decoder_ffn_dim": (1, 8192),
+    "max_position_embeddings": (2, 4096),
+    "pad_token_id": (0, 262143),
+    "eos_token_id": (0, 262143),
+    "decoder_start_token_id": (0, 262143),
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,8 @@ class Architecture:
     figure: str | None = None
     # A model the repository ships in exported/<name>: "default" (what Translator() loads), "example", or None.
     shipped: str | None = None
+    # The bounds (low, high) of its config's own size fields, beside the shared SIZES.
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def supports(self, path: str) -> bool:
         return path in self.paths and self.paths[path] is None
@@ -101,6 +132,7 @@ def register(arch: Architecture) -> Architecture:
         raise UsageError(f"architecture {arch.name}: {unknown[0]!r} is not a path ({', '.join(PATHS)})")
     ARCHITECTURES[arch.name] = arch
     TOKENIZERS.update(arch.own_tokenizers)  # the kinds a declaration may name from now on
+    SIZES.update(arch.sizes)
     return arch
 
 

@@ -265,7 +265,8 @@ def check_sizes(settings: object, where: str, activations: tuple[str, ...], targ
     activation tk exports, heads that divide d_model, special and suppressed token ids inside the target vocabulary."""
     from dataclasses import asdict
 
-    from toolkit.core.manifest import SIZES, size_problem
+    from toolkit.core.architectures import SIZES
+    from toolkit.core.manifest import size_problem
 
     for key, value in asdict(settings).items():
         problem = size_problem(key, value) if key in SIZES else None

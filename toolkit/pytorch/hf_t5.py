@@ -56,10 +56,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from toolkit.core.architectures import SIZES
 from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_key
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import FLOAT, SRC, GraphSpec, TensorSpec, decoder_graph
-from toolkit.core.manifest import SIZES, size_problem
+from toolkit.core.manifest import size_problem
 from toolkit.pytorch import hf_files
 from toolkit.pytorch.bart_family import HfSource, LayerCache, beams, read_configs
 from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from toolkit.core import architectures
+from toolkit.core.architectures import SIZES
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec, TensorSpec
-from toolkit.core.manifest import SIZES, size_problem
+from toolkit.core.manifest import size_problem
 
 
 @dataclass
@@ -119,7 +120,7 @@ def parse_value(key: str, raw: object, kind: type):
 
 def check_config(model: str, cfg: object, where: str = "config") -> None:
     """Sizes a model can actually be built and trained with, each within the bounds a manifest accepts
-    (manifest.SIZES); checked before any work starts and before anything is allocated (`--set num_layers=1e20`
+    (architectures.SIZES); checked before any work starts and before anything is allocated (`--set num_layers=1e20`
     grew memory at 170 MB/s, `--set max_len=100000000` asked for a 25 GB table)."""
     values = dataclasses.asdict(cfg)
     for key, value in values.items():

@@ -9,4 +9,4 @@ ENTRY = register(Architecture(
     origin=HF, hf_model_types=("marian",), hf_class="MarianMTModel", builder="toolkit.pytorch.hf_marian",
     paths={**GRAPH_PATHS, "ctranslate2": None},
     own_tokenizers={"marian": TokenizerKind("toolkit.core.tokenizers:MarianTokenizer", needs_vocab=True)},
-    ctranslate2={"pre_norm": False, "position_offset": 0}))
+    ctranslate2={"pre_norm": False, "position_offset": 0}, sizes={"decoder_vocab_size": (5, 262144)}))

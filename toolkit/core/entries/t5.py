@@ -19,4 +19,7 @@ ENTRY = register(Architecture(
                               "int8 on CPU"},
     # A task prefix per pair instead of language codes (toolkit.core.tokenizers.t5_pair).
     own_tokenizers={"t5": TokenizerKind("toolkit.core.tokenizers:T5SourceTokenizer", task_prefixes=True)},
-    ctranslate2={"relative_bias": True}))
+    ctranslate2={"relative_bias": True},
+    # per-head key size, feed-forward width, relative-position buckets
+    sizes={"d_kv": (1, 1024), "d_ff": (1, 16384), "relative_attention_num_buckets": (2, 1024),
+           "relative_attention_max_distance": (2, 65536)}))
