@@ -122,6 +122,13 @@ def source_mask(src_len: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(keep, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
 
 
+def suppress_mask(hf: nn.Module, settings) -> torch.Tensor:
+    """0 per output token, -inf for the tokens the generation config forbids (settings.suppressed())."""
+    mask = torch.zeros(hf.lm_head.out_features)
+    mask[settings.suppressed()] = float("-inf")
+    return mask
+
+
 class FamilyForTk(nn.Module):
     """A BART-family model's computation split as tk's graphs are: `encode` (source -> memory and every decoder
     layer's cross keys/values) and `decode_step` (one token against the self-attention cache). Holds the Hugging Face
@@ -136,9 +143,7 @@ class FamilyForTk(nn.Module):
         if self.bias:
             self.register_buffer("final_logits_bias", hf.final_logits_bias)
         self.settings = settings
-        mask = torch.zeros(hf.lm_head.out_features)
-        mask[settings.suppressed()] = float("-inf")
-        self.register_buffer("suppress", mask, persistent=False)
+        self.register_buffer("suppress", suppress_mask(hf, settings), persistent=False)
         object.__setattr__(self, "hf", hf)  # the whole model, for generate(); not a second submodule
 
     @classmethod

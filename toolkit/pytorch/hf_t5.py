@@ -62,7 +62,7 @@ from toolkit.core.errors import UsageError
 from toolkit.core.graphs import FLOAT, SRC, GraphSpec, TensorSpec, decoder_graph
 from toolkit.core.manifest import size_problem
 from toolkit.pytorch import hf_files
-from toolkit.pytorch.bart_family import HfSource, LayerCache, beams, read_configs
+from toolkit.pytorch.bart_family import HfSource, LayerCache, beams, read_configs, source_mask, suppress_mask
 from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
 from toolkit.pytorch.hf_layers import call_layer
 from toolkit.pytorch.registry import ModelEntry
@@ -193,21 +193,13 @@ class T5ForTk(nn.Module):
         super().__init__()
         self.shared, self.encoder, self.decoder, self.lm_head = hf.shared, hf.encoder, hf.decoder, hf.lm_head
         self.settings = settings
-        mask = torch.zeros(hf.lm_head.out_features)
-        mask[settings.suppressed()] = float("-inf")
-        self.register_buffer("suppress", mask, persistent=False)
+        self.register_buffer("suppress", suppress_mask(hf, settings), persistent=False)
         object.__setattr__(self, "hf", hf)  # the whole model, for generate(); not a second submodule
-
-    @staticmethod
-    def _mask(src_len: torch.Tensor, n: int) -> torch.Tensor:
-        """(batch, 1, 1, n): 0 over a source's tokens, the float minimum over its padding (transformers' eager mask)."""
-        keep = torch.arange(n, device=src_len.device)[None, :] < src_len[:, None]
-        return torch.where(keep, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
 
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> dict[str, torch.Tensor]:
         enc = self.encoder
         x = enc.embed_tokens(src)
-        mask = self._mask(src_len, src.shape[1])
+        mask = source_mask(src_len, src.shape[1])
         bias = None  # block 0 computes the bidirectional relative bias; the others reuse it, as T5Stack does
         positions = torch.arange(src.shape[1], device=src.device)
         for block in enc.block:
@@ -224,7 +216,7 @@ class T5ForTk(nn.Module):
     def decode_step(self, token: torch.Tensor, cache: dict[str, torch.Tensor]):
         dec = self.decoder
         x = dec.embed_tokens(token[:, None])
-        cross_mask = self._mask(cache["src_len"], cache[layer_key("cross_k", 0)].shape[2])
+        cross_mask = source_mask(cache["src_len"], cache[layer_key("cross_k", 0)].shape[2])
         self_bias = cross_bias = None  # computed by block 0 (the causal bias of position `past`), reused after
         past = cache[layer_key("self_k", 0)].shape[2]
         positions = torch.arange(past, past + 1, device=token.device)
