@@ -10,5 +10,5 @@ ENTRY = register(Architecture(
     "end </s> forced at the limit, generate's beam rule (M2M100 and NLLB-200)",
     origin=HF, hf_model_types=("m2m_100",), hf_class="M2M100ForConditionalGeneration",
     builder="toolkit.pytorch.hf_m2m100", paths={**GRAPH_PATHS, "ctranslate2": None},
-    own_tokenizers={"m2m100": TokenizerKind("toolkit.core.tokenizers:SpmVocabTokenizer", needs_vocab=True)},
+    own_tokenizers={"m2m100": TokenizerKind("toolkit.core.tokenizers:SpmVocabTokenizer.load", needs_vocab=True)},
     ctranslate2={"pre_norm": True, "position_offset": 2}))

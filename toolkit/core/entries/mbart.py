@@ -12,5 +12,5 @@ ENTRY = register(Architecture(
     builder="toolkit.pytorch.hf_mbart",
     paths={**GRAPH_PATHS, "ctranslate2": None,
            "web": "the browser site runs tk's own tokenizer and rules; translate an imported mBART with tk translate or tk serve"},
-    own_tokenizers={"mbart": TokenizerKind("toolkit.core.tokenizers:FairseqSpmTokenizer")},
+    own_tokenizers={"mbart": TokenizerKind("toolkit.core.tokenizers:FairseqSpmTokenizer.load")},
     ctranslate2={"pre_norm": True, "position_offset": 2, "layernorm_embedding": True}))

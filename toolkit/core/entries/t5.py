@@ -18,7 +18,7 @@ ENTRY = register(Architecture(
                               "transformers clamps them, an fp16 graph cannot): use the fp32 graphs, or --quantize "
                               "int8 on CPU"},
     # A task prefix per pair instead of language codes (toolkit.core.tokenizers.t5_pair).
-    own_tokenizers={"t5": TokenizerKind("toolkit.core.tokenizers:T5SourceTokenizer", task_prefixes=True)},
+    own_tokenizers={"t5": TokenizerKind("toolkit.core.tokenizers:T5SourceTokenizer.load", task_prefixes=True)},
     ctranslate2={"relative_bias": True},
     # per-head key size, feed-forward width, relative-position buckets
     sizes={"d_kv": (1, 1024), "d_ff": (1, 16384), "relative_attention_num_buckets": (2, 1024),
