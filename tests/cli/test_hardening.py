@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import one_line_error
 
-from toolkit.core import manifest
+from toolkit.core import architectures, manifest
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import checkpoint, registry
 
@@ -120,9 +120,9 @@ def test_the_shipped_manifests_load_and_the_schema_knows_every_registered_model(
         m = manifest.load(SHIPPED / name)
         assert manifest.schema_problem(m.to_dict()) is None
     entries = registry.entries()
-    assert set(manifest.MODELS) == {entry.name for entry in entries}
+    assert set(architectures.ARCHITECTURES) == {entry.name for entry in entries}
     for entry in entries:
-        assert manifest.MODELS[entry.name][0] == entry.kind
+        assert architectures.get(entry.name).kind == entry.kind
 
 
 @pytest.mark.parametrize("setting, expected", [

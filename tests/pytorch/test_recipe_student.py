@@ -19,7 +19,7 @@ from toolkit.models.transformer import Transformer, TransformerConfig
 
 import toolkit.pytorch.train
 from toolkit.cli import main
-from toolkit.core import copydata, data, manifest, noise
+from toolkit.core import architectures, copydata, data, manifest, noise
 from toolkit.core.declaration import self_attention_cache, transformer_layers
 from toolkit.deploy import names
 from toolkit.pytorch import checkpoint, registry, tk_models
@@ -115,7 +115,7 @@ def test_decoder_layers_reach_the_model_graphs_cache_check_and_converters():
     # The decoder's cache follows decoder_layers in the manifest check; a manifest that says otherwise is refused.
     config = dataclasses.asdict(cfg)
     assert transformer_layers(config) == (3, 1)
-    kind, cache = manifest.MODELS["transformer"]
+    cache = architectures.get("transformer").cache
     assert cache(config) == self_attention_cache(1) and cache({**config, "decoder_layers": 3}) != cache(config)
     # CTranslate2 and Hugging Face take the two depths as they are.
     from toolkit.deploy import to_hf

@@ -29,12 +29,9 @@ GRAPHS = {SEQ2SEQ: ("encoder", "decoder"), MODULE: ("model",)}
 # read their own formats, converted per architecture.
 GRAPH_PATHS = dict.fromkeys(("export", "verify", "int8", "cuda", "openvino"))
 # The largest model tk builds, trains and loads: the bounds of every size a config states, checked before anything is
-# allocated: in a manifest as it is read (a max_len of 100000 crashed translate, toolkit.core.manifest), and by the
-# registry in every config it builds (`tk train --set`, a checkpoint's), so that whatever tk trains, its manifest
-# accepts. Transformer-big (d_model 1024, d_ff 4096, 16 heads, 6 layers: 209M parameters at a 32k vocabulary) fits; a
-# Transformer at every bound at once has 537M parameters, about 9 GB to train with Adam. Here the fields several
-# architectures share; a field of one architecture alone is bounded by its entry (`sizes`). Every integer field of a
-# registered config is bounded (a test checks).
+# allocated, in a manifest as it is read (a max_len of 100000 crashed translate) and in every config the registry builds
+# (`tk train --set`, a checkpoint's). Transformer-big (209M parameters at a 32k vocabulary) fits; a Transformer at every
+# bound has 537M (9 GB to train with Adam). Fields several architectures share; an entry bounds its own (`sizes`).
 SIZES = {
     # 4 special tokens and at least one piece; at most NLLB-200's 256,206 and mBART-50's 250,054, with room.
     "vocab_size": (5, 262144),

@@ -439,9 +439,6 @@ def load(directory: str | Path) -> Manifest:
     return Manifest.from_dict(directory, data)
 
 
-# The models a manifest may name: kind and the cache each decoder carries from step to step, as each architecture
-# declares them (toolkit.core.architectures, torch-free on purpose: translate reads manifests).
-MODELS = {a.name: (a.kind, a.cache) for a in ARCHITECTURES.values()}
 GRAPHS = {kind: set(names) for kind, names in ARCHITECTURE_GRAPHS.items()}
 SHA256 = re.compile(r"[0-9a-f]{64}")
 DTYPES = {"float32", "float16", "int64"}

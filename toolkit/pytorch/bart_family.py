@@ -4,19 +4,18 @@ encoder-decoder of transformers' own layers, computed as tk's graphs are, and th
 `FamilyForTk` computes tk's graphs (an encoder graph that also computes every decoder layer's cross-attention keys
 and values once, a one-step decoder over per-layer self-attention caches) with the model's own modules, so the
 exported nodes carry transformers' module paths (model.decoder.layers.1.fc1) and `tk verify --localize` names them. A
-member says only what differs: its settings (the config fields its computation depends on, `FamilySettings`), its
-embedding (`embed`: token scaling, positions, a layer norm over them) and its transformers class; the final layer norm
-of each stack and the output bias final_logits_bias are used where the model has them. The decoder forbids the tokens
-the generation config forbids, as generate does.
+member says only what differs: its settings (`FamilySettings`: the config fields its computation depends on), its
+embedding (`embed`) and its transformers classes; each stack's final layer norm and the output bias final_logits_bias
+are used where the model has them.
 
-A Hugging Face directory is untrusted input: weights come from model.safetensors (or its shards), never from an
-unpickled pytorch_model.bin (hf_files.read_weights); no code from the directory runs (the model is built from
-transformers' own class, whatever config.json names), and no file outside it is read. Whatever would pass export and
-fail later is refused at export in one line naming the file and the field or tensor (hf_files).
+A Hugging Face directory is untrusted input: weights come from safetensors only (hf_files.read_weights), no code from
+the directory runs (the model is transformers' own class, whatever config.json names), no file outside it is read,
+and whatever would pass export and fail later is refused at export in one line naming the file and the field.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -29,7 +28,7 @@ from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec, encoder_decoder_graphs
 from toolkit.pytorch import hf_files
-from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, meta_shapes
+from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
 from toolkit.pytorch.hf_layers import call_layer
 
 ACTIVATIONS = ("swish", "silu", "gelu", "relu", "gelu_new", "gelu_fast", "tanh", "sigmoid")
@@ -84,9 +83,14 @@ class FamilySettings:
         return [int(t) for t in self.suppress_tokens.split(",") if t]
 
     def check(self, where: str) -> None:
-        """Refuses, before anything is allocated, a config tk cannot build (hf_files.check_sizes)."""
-        field, name = self.OUTPUT_VOCAB
-        hf_files.check_sizes(self, where, ACTIVATIONS, getattr(self, field), name)
+        """Refuses, before anything is allocated, a config tk cannot build (hf_files.check_sizes), an activation tk
+        does not export, heads that do not divide d_model."""
+        hf_files.check_sizes(self, where, getattr(self, self.OUTPUT_VOCAB[0]), self.OUTPUT_VOCAB[1])
+        if self.activation_function not in ACTIVATIONS:
+            raise UsageError(f"{where}: activation_function {self.activation_function!r} is not one tk exports ({', '.join(ACTIVATIONS)})")
+        for heads in (self.encoder_attention_heads, self.decoder_attention_heads):
+            if self.d_model % heads:
+                raise UsageError(f"{where}: d_model {self.d_model} is not divisible by {heads} attention heads")
 
     def graphs(self) -> list[GraphSpec]:
         """Its graphs in tk's cache layout (toolkit.core.graphs)."""
@@ -248,6 +252,76 @@ def tied(settings: FamilySettings) -> set[str]:
 def beams(config: dict, generation: dict) -> int:
     value = generation.get("num_beams", config.get("num_beams", 1))
     return value if type(value) is int and value >= 1 else 1
+
+
+# ---- the multilingual members' language codes (M2M100/NLLB, mBART) ------------------------------------------------
+
+LANGUAGE_TOKEN = re.compile(r"__([a-z]{2,3}(?:_[A-Za-z]+)?)__|([a-z]{2,3}_[A-Z][A-Za-z]{1,3})")
+
+
+def language_codes(tokens: dict[int, str], size: int, where: Path) -> dict[str, int]:
+    """The code users type -> its token id, from the added special tokens that spell a language (`__en__`, `eng_Latn`)."""
+    codes = {}
+    for i, text in tokens.items():
+        found = LANGUAGE_TOKEN.fullmatch(text) if isinstance(text, str) else None
+        if found:
+            if not 0 <= i < size:
+                raise UsageError(f"{where}: language token {text!r} has id {i}, outside the model's vocabulary of {size}")
+            codes[found.group(1) or found.group(2)] = i
+    if not codes:
+        raise UsageError(f"{where}: no language tokens (such as __en__ or eng_Latn); tk imports multilingual M2M100 and NLLB models")
+    return codes
+
+
+def default_language(tok_config: dict, key: str, codes: dict[str, int], fallback: int | None) -> str:
+    """The language the model's own files name (tokenizer_config.json's src_lang/tgt_lang, or the forced token)."""
+    value = tok_config.get(key)
+    if isinstance(value, str):
+        value = value.strip("_") if value.strip("_") in codes else value
+        if value in codes:
+            return value
+    by_id = {i: c for c, i in codes.items()}
+    return by_id.get(fallback) or ("en" if "en" in codes else "eng_Latn" if "eng_Latn" in codes else sorted(codes)[0])
+
+
+def saved_language_tokens(tok_config: dict) -> dict[int, str] | None:
+    """The added tokens tokenizer_config.json saves (added_tokens_decoder), where some spell a language; else None."""
+    saved = tok_config.get("added_tokens_decoder")
+    if isinstance(saved, dict):
+        found = {int(i): t.get("content") for i, t in saved.items() if str(i).isdigit() and isinstance(t, dict)}
+        if any(isinstance(c, str) and LANGUAGE_TOKEN.fullmatch(c) for c in found.values()):
+            return found
+    return None
+
+
+def multilingual_tokenizer(directory: Path, tok_config: dict, settings: FamilySettings, forced: int | None,
+                           files_of=None) -> tuple[TokenizerDeclaration, str]:
+    """A multilingual member's tokenizer, checked: tokenizer.json where the model ships one (its language codes as
+    added tokens), else `files_of(directory, tok_config, settings)`'s (kind, files, pieces -> ids, language tokens,
+    note); the default languages are those its files name (the target: the forced token's)."""
+    if inside(directory, "tokenizer.json").is_file():
+        from toolkit.core.tokenizers import load_tokenizer_json
+
+        path = directory / "tokenizer.json"
+        tok = load_tokenizer_json(path, "save the model's tokenizer again (tokenizer.save_pretrained(DIR))")
+        vocab = tok.get_vocab(with_added_tokens=True)
+        top = max(vocab.values(), default=0)
+        if top >= settings.vocab_size:
+            raise UsageError(f"{path}: token id {top} is outside the model's vocabulary of {settings.vocab_size} (config.json vocab_size)")
+        added = {i: t.content for i, t in tok.get_added_tokens_decoder().items() if t.special}
+        kind, files, unk_piece = "tokenizer.json", {"source": "tokenizer.json"}, vocab
+        note = "tokenizer.json (the tokenizers library)"
+    else:
+        kind, files, unk_piece, added, note = files_of(directory, tok_config, settings)
+    codes = language_codes(added, settings.vocab_size, directory)
+    unk = unk_piece.get("<unk>")
+    if unk is None:
+        raise UsageError(f"{directory}: the tokenizer has no <unk> token")
+    suffix = bool(tok_config.get("legacy_behaviour", False))
+    declared = TokenizerDeclaration(kind=kind, **files, unk=unk, languages=codes, lang_suffix=suffix,
+                                    source_lang=default_language(tok_config, "src_lang", codes, None),
+                                    target_lang=default_language(tok_config, "tgt_lang", codes, forced))
+    return declared, note
 
 
 @dataclass

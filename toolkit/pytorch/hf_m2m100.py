@@ -14,17 +14,16 @@ tokenizer.json (NLLB's, run by the `tokenizers` library) with its `eng_Latn` cod
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from toolkit.core.declaration import DecodingRules, TokenizerDeclaration
+from toolkit.core.declaration import DecodingRules
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import bart_family, hf_files
-from toolkit.pytorch.bart_family import FamilyForTk, FamilySettings, HfSource
+from toolkit.pytorch.bart_family import FamilyForTk, FamilySettings, HfSource, multilingual_tokenizer, saved_language_tokens
 from toolkit.pytorch.hf_files import inside
 from toolkit.pytorch.registry import ModelEntry
 
@@ -64,88 +63,32 @@ def settings_from(config: dict, generation: dict, where: Path) -> tuple[M2M100Se
     return bart_family.settings_from(M2M100Settings, config, generation, where)
 
 
-LANGUAGE_TOKEN = re.compile(r"__([a-z]{2,3}(?:_[A-Za-z]+)?)__|([a-z]{2,3}_[A-Z][A-Za-z]{1,3})")
+def _spm_files(directory: Path, tok_config: dict, settings: M2M100Settings) -> tuple:
+    """M2M100Tokenizer's sentencepiece.bpe.model + vocab.json, checked: (kind, files, pieces -> ids, language tokens,
+    note)."""
+    for name in ("sentencepiece.bpe.model", "vocab.json"):
+        if not inside(directory, name).is_file():
+            raise UsageError(f"{directory} has no tokenizer.json nor {name}; save the model's tokenizer beside it "
+                             "(tokenizer.save_pretrained(DIR))")
+    vocab = hf_files.vocabulary(directory, "vocab.json", settings.vocab_size, "vocab_size")
+    hf_files.sentencepiece(directory / "sentencepiece.bpe.model", "an M2M100 directory holds M2M100Tokenizer's sentencepiece.bpe.model")
+    # Its language tokens: saved in tokenizer_config.json, else its rule (`__xx__` of the named language_codes list,
+    # numbered after vocab.json).
+    added = saved_language_tokens(tok_config)
+    if added is None:
+        from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
-
-def _language_codes(tokens: dict[int, str], size: int, where: Path) -> dict[str, int]:
-    """The code users type -> its token id, from the added special tokens that spell a language (`__en__`, `eng_Latn`)."""
-    codes = {}
-    for i, text in tokens.items():
-        found = LANGUAGE_TOKEN.fullmatch(text) if isinstance(text, str) else None
-        if found:
-            if not 0 <= i < size:
-                raise UsageError(f"{where}: language token {text!r} has id {i}, outside the model's vocabulary of {size}")
-            codes[found.group(1) or found.group(2)] = i
-    if not codes:
-        raise UsageError(f"{where}: no language tokens (such as __en__ or eng_Latn); tk imports multilingual M2M100 and NLLB models")
-    return codes
-
-
-def _default(tok_config: dict, key: str, codes: dict[str, int], fallback: int | None) -> str:
-    """The language the model's own files name (tokenizer_config.json's src_lang/tgt_lang, or the forced token)."""
-    value = tok_config.get(key)
-    if isinstance(value, str):
-        value = value.strip("_") if value.strip("_") in codes else value
-        if value in codes:
-            return value
-    by_id = {i: c for c, i in codes.items()}
-    return by_id.get(fallback) or ("en" if "en" in codes else "eng_Latn" if "eng_Latn" in codes else sorted(codes)[0])
-
-
-def _tokenizer(directory: Path, tok_config: dict, settings: M2M100Settings, forced: int | None) -> tuple[TokenizerDeclaration, str]:
-    """The tokenizer files (tokenizer.json where the model ships one, else sentencepiece.bpe.model + vocab.json), checked."""
-    if inside(directory, "tokenizer.json").is_file():
-        from toolkit.core.tokenizers import load_tokenizer_json
-
-        path = directory / "tokenizer.json"
-        tok = load_tokenizer_json(path, "save the model's tokenizer again (tokenizer.save_pretrained(DIR))")
-        vocab = tok.get_vocab(with_added_tokens=True)
-        top = max(vocab.values(), default=0)
-        if top >= settings.vocab_size:
-            raise UsageError(f"{path}: token id {top} is outside the model's vocabulary of {settings.vocab_size} (config.json vocab_size)")
-        added = {i: t.content for i, t in tok.get_added_tokens_decoder().items() if t.special}
-        kind, files, unk_piece = "tokenizer.json", {"source": "tokenizer.json"}, vocab
-        note = "tokenizer.json (the tokenizers library)"
-    else:
-        for name in ("sentencepiece.bpe.model", "vocab.json"):
-            if not inside(directory, name).is_file():
-                raise UsageError(f"{directory} has no tokenizer.json nor {name}; save the model's tokenizer beside it "
-                                 "(tokenizer.save_pretrained(DIR))")
-        unk_piece = hf_files.vocabulary(directory, "vocab.json", settings.vocab_size, "vocab_size")
-        hf_files.sentencepiece(directory / "sentencepiece.bpe.model", "an M2M100 directory holds M2M100Tokenizer's sentencepiece.bpe.model")
-        added = _m2m100_language_tokens(tok_config, len(unk_piece))
-        kind, files = "m2m100", {"source": "sentencepiece.bpe.model", "vocab": "vocab.json"}
-        note = "M2M100Tokenizer (sentencepiece.bpe.model, vocab.json)"
-    codes = _language_codes(added, settings.vocab_size, directory)
-    unk = unk_piece.get("<unk>")
-    if unk is None:
-        raise UsageError(f"{directory}: the tokenizer has no <unk> token")
-    suffix = bool(tok_config.get("legacy_behaviour", False))
-    declared = TokenizerDeclaration(kind=kind, **files, unk=unk, languages=codes, lang_suffix=suffix,
-                                    source_lang=_default(tok_config, "src_lang", codes, None),
-                                    target_lang=_default(tok_config, "tgt_lang", codes, forced))
-    return declared, note
-
-
-def _m2m100_language_tokens(tok_config: dict, vocab_len: int) -> dict[int, str]:
-    """M2M100Tokenizer's language tokens: its added_tokens_decoder where saved, else its rule (`__xx__` of the named
-    language_codes list, numbered after vocab.json)."""
-    saved = tok_config.get("added_tokens_decoder")
-    if isinstance(saved, dict):
-        found = {int(i): t.get("content") for i, t in saved.items() if str(i).isdigit() and isinstance(t, dict)}
-        if any(isinstance(c, str) and LANGUAGE_TOKEN.fullmatch(c) for c in found.values()):
-            return found
-    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
-
-    codes = FAIRSEQ_LANGUAGE_CODES.get(tok_config.get("language_codes", "m2m100"), FAIRSEQ_LANGUAGE_CODES["m2m100"])
-    return {vocab_len + i: f"__{c}__" for i, c in enumerate(codes)}
+        codes = FAIRSEQ_LANGUAGE_CODES.get(tok_config.get("language_codes", "m2m100"), FAIRSEQ_LANGUAGE_CODES["m2m100"])
+        added = {len(vocab) + i: f"__{c}__" for i, c in enumerate(codes)}
+    files = {"source": "sentencepiece.bpe.model", "vocab": "vocab.json"}
+    return "m2m100", files, vocab, added, "M2M100Tokenizer (sentencepiece.bpe.model, vocab.json)"
 
 
 def read(source: str | Path) -> HfSource:
     """Reads `hf:DIR` (or DIR): config, generation config, weights and the tokenizer files."""
     directory, config, generation, tok_config = bart_family.read_configs(source, "model and tokenizer")
     settings, rules, forced = settings_from(config, generation, directory)
-    tokenizer, note = _tokenizer(directory, tok_config, settings, forced)
+    tokenizer, note = multilingual_tokenizer(directory, tok_config, settings, forced, _spm_files)
     rules = DecodingRules(**{**rules.to_dict(), "forced_first": tokenizer.languages[tokenizer.target_lang]})
     model, files = bart_family.load_weights(M2M100ForTk, settings, directory, bart_family.tied(settings))
     return HfSource(directory, settings, rules, model, files, tokenizer, bart_family.beams(config, generation), "m2m100", note)

@@ -28,10 +28,16 @@ from pathlib import Path
 from toolkit.core.declaration import DecodingRules, TokenizerDeclaration
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import bart_family, hf_files
-from toolkit.pytorch.bart_family import FamilyForTk, FamilySettings, HfSource
+from toolkit.pytorch.bart_family import (
+    FamilyForTk,
+    FamilySettings,
+    HfSource,
+    default_language,
+    language_codes,
+    multilingual_tokenizer,
+    saved_language_tokens,
+)
 from toolkit.pytorch.hf_files import generation_fields, inside
-from toolkit.pytorch.hf_m2m100 import LANGUAGE_TOKEN, _default, _language_codes
-from toolkit.pytorch.hf_m2m100 import _tokenizer as _json_tokenizer
 from toolkit.pytorch.registry import ModelEntry
 
 # The tokenizer classes that put the source's code first (mBART-50); every other mBART tokenizer puts it last.
@@ -86,11 +92,9 @@ def _fairseq_language_tokens(tok_config: dict, pieces: int, codes_first: bool) -
     """The language tokens of a sentencepiece.bpe.model tokenizer: its saved added_tokens_decoder where it has them,
     else the class's rule (its FAIRSEQ_LANGUAGE_CODES numbered after the SentencePiece pieces, shifted by fairseq's
     offset of 1)."""
-    saved = tok_config.get("added_tokens_decoder")
-    if isinstance(saved, dict):
-        found = {int(i): t.get("content") for i, t in saved.items() if str(i).isdigit() and isinstance(t, dict)}
-        if any(isinstance(c, str) and LANGUAGE_TOKEN.fullmatch(c) for c in found.values()):
-            return found
+    saved = saved_language_tokens(tok_config)
+    if saved is not None:
+        return saved
     if codes_first:
         from transformers.models.mbart50.tokenization_mbart50 import FAIRSEQ_LANGUAGE_CODES
     else:
@@ -113,10 +117,10 @@ def _spm_tokenizer(directory: Path, tok_config: dict, settings: MBartSettings, c
         raise UsageError(f"{path}: its {pieces} pieces (ids up to {pieces}) do not fit the model's vocabulary of "
                          f"{settings.vocab_size} (config.json vocab_size)")
     added = _fairseq_language_tokens(tok_config, pieces, codes_first)
-    codes = _language_codes(added, settings.vocab_size, directory)
+    codes = language_codes(added, settings.vocab_size, directory)
     declared = TokenizerDeclaration(kind="mbart", source="sentencepiece.bpe.model", unk=3, languages=codes,
-                                    lang_suffix=not codes_first, source_lang=_default(tok_config, "src_lang", codes, None),
-                                    target_lang=_default(tok_config, "tgt_lang", codes, None))
+                                    lang_suffix=not codes_first, source_lang=default_language(tok_config, "src_lang", codes, None),
+                                    target_lang=default_language(tok_config, "tgt_lang", codes, None))
     name = "MBart50Tokenizer" if codes_first else "MBartTokenizer"
     return declared, f"{name} (sentencepiece.bpe.model, fairseq ids)"
 
@@ -149,7 +153,7 @@ def read(source: str | Path) -> HfSource:
     settings, rules, forced = settings_from(config, generation, directory)
     codes_first = _codes_first(directory, tok_config)
     if inside(directory, "tokenizer.json").is_file():
-        tokenizer, note = _json_tokenizer(directory, tok_config, settings, forced)
+        tokenizer, note = multilingual_tokenizer(directory, tok_config, settings, forced)
         tokenizer = dataclasses.replace(tokenizer, lang_suffix=not codes_first)
         note = f"{'MBart50Tokenizer' if codes_first else 'MBartTokenizer'} ({note})"
     else:

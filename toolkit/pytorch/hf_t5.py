@@ -56,11 +56,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from toolkit.core.architectures import SIZES
 from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_key
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import FLOAT, SRC, GraphSpec, TensorSpec, decoder_graph
-from toolkit.core.manifest import size_problem
 from toolkit.pytorch import hf_files
 from toolkit.pytorch.bart_family import HfSource, LayerCache, beams, read_configs, source_mask, suppress_mask
 from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
@@ -132,11 +130,7 @@ class T5Settings:
 
 def _check(settings: T5Settings, where: str) -> None:
     """Refuses, before anything is allocated, a config tk cannot build: sizes within the manifest's bounds (T5's
-    own among them), a feed-forward tk exports, token ids inside the vocabulary."""
-    for key, value in vars(settings).items():
-        problem = size_problem(key, value) if key in SIZES else None
-        if problem:
-            raise UsageError(f"{where}: {problem}")
+    own among them), token ids inside the vocabulary, a feed-forward tk exports."""
     proj = settings.feed_forward_proj
     if proj.count("-") > 1 or ("-" in proj and not proj.startswith("gated-")) or settings.activation() not in ACTIVATIONS:
         raise UsageError(f"{where}: feed_forward_proj {proj!r} is not one tk exports ({', '.join(ACTIVATIONS)}, each "
@@ -145,9 +139,7 @@ def _check(settings: T5Settings, where: str) -> None:
         raise UsageError(f"{where}: layer_norm_epsilon must be between 0 and 1, got {settings.layer_norm_epsilon}")
     if settings.model_type not in MODEL_CLASSES:
         raise UsageError(f"{where}: model_type {settings.model_type!r} is not a T5 ({', '.join(MODEL_CLASSES)})")
-    for t in [settings.pad_token_id, settings.eos_token_id, settings.decoder_start_token_id, *settings.suppressed()]:
-        if not 0 <= t < settings.vocab_size:
-            raise UsageError(f"{where}: token id {t} is outside the vocabulary of {settings.vocab_size}")
+    hf_files.check_sizes(settings, where, settings.vocab_size)
 
 
 def _hf_model(settings: T5Settings) -> nn.Module:

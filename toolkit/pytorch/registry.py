@@ -157,11 +157,6 @@ def entries() -> list[ModelEntry]:
     return [get(name) for name in architectures.ARCHITECTURES]
 
 
-def trainable() -> list[str]:
-    """The registered models that `tk train` can train."""
-    return [e.name for e in entries() if e.train is not None]
-
-
 # ---- graph wrappers: the modules that torch.onnx.export traces ------------------------------
 # Each takes `*inputs` in declared order, so one dynamic_shapes layout fits them all.
 
@@ -206,7 +201,8 @@ class ModuleGraph(nn.Module):
 
 
 class AttentionGraph(nn.Module):
-    """A graph's module with the attention weights of the same call appended to its outputs."""
+    """A graph's module with the attention weights of the same call appended to its outputs: the PyTorch reference of
+    the attention variant of `spec` (the base spec, without the extra outputs)."""
 
     def __init__(self, entry: ModelEntry, model: nn.Module, spec: GraphSpec):
         super().__init__()
@@ -214,11 +210,6 @@ class AttentionGraph(nn.Module):
 
     def forward(self, *inputs):
         return (*self.inner(*inputs), *self.read(self.model, self.graph, inputs[0].shape[0]))
-
-
-def attention_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Module:
-    """The PyTorch reference of the attention variant of `spec` (the base spec, without the extra outputs)."""
-    return AttentionGraph(entry, model, spec)
 
 
 def graph_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Module:

@@ -162,7 +162,7 @@ def train(opts: TrainOptions, echo=print) -> dict:
         raise UsageError(f"--preset {opts.preset} is a recipe for {' and '.join(owners)} only; use --preset tiny or base")
     entry = registry.get(opts.model)
     if entry.train is None:
-        raise UsageError(f"model '{opts.model}' has no training task; train one of: {', '.join(registry.trainable())}")
+        raise UsageError(f"model '{opts.model}' has no training task; train one of: {', '.join(e.name for e in registry.entries() if e.train)}")
     check_settings(opts, entry)
     check_out_dir(opts.out)
     if opts.threads:
