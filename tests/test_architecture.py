@@ -5,6 +5,7 @@ others) imports it back; function-level and type-only imports included."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -368,32 +369,65 @@ def test_a_new_writer_is_one_module_plus_one_registration(tmp_path, monkeypatch)
     assert convert(writer, source, tmp_path / "out", force=True) == files
 
 
-def test_an_architecture_is_one_entry_plus_its_builder(tmp_path):
-    """Each model tk knows is one entry of toolkit.core.architectures (torch-free), which the manifest checks read: a
-    new one registered there (here a copy of marian's under another name) is a model a manifest may name at once, with
-    its cache layout checked; the toolkit branches on no imported architecture's name outside the entries' modules."""
-    import dataclasses
-    import re
+def architecture_homes() -> dict[str, set[Path]]:
+    """Each registered architecture's name -> the files that may spell it: its entry module (the one module of
+    toolkit/core/entries/ whose text holds the name as a string) and its builder module (the entry's pointer); a name
+    that is also a manifest word (a graph kind, a declaration origin) also in the one module declaring that word."""
+    from toolkit.core import architectures, declaration
 
+    entries = {p: strings_in(p) for p in (TOOLKIT / "core" / "entries").glob("*.py") if p.name != "__init__.py"}
+    homes = {}
+    for name, arch in architectures.ARCHITECTURES.items():
+        own = [p for p, strings in entries.items() if name in strings]
+        assert len(own) == 1, f"{name}: spelled by entry modules {own}"
+        homes[name] = {own[0], REPO / (arch.builder.replace(".", "/") + ".py")}
+        homes[name] |= {TOOLKIT / "core" / "architectures.py"} if name in architectures.GRAPHS else set()
+        homes[name] |= {TOOLKIT / "core" / "declaration.py"} if name in declaration.ORIGINS else set()
+        assert all(p.is_file() for p in homes[name]), homes[name]
+    return homes
+
+
+def strings_in(path: Path) -> dict[str, int]:
+    """Each string constant of a Python file, with a line it stands on."""
+    return {(node.value): node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def architecture_names_outside(files, homes: dict[str, set[Path]]) -> list[str]:
+    """file:line of each string that is a registered architecture's name, in a file that is none of its homes."""
+    return [f"{p.relative_to(next(q for q in p.parents if q.name == 'toolkit').parent)}:{line} {name!r}"
+            for p in files for name, line in strings_in(p).items() if name in homes and p not in homes[name]]
+
+
+def test_an_architecture_is_named_only_by_its_entry_and_its_builder(tmp_path):
+    """Each model tk knows is one module of toolkit/core/entries/ (torch-free; found by toolkit.core.architectures at
+    import, nothing lists them) plus its builder module (its ModelEntry: config class, build, graphs); the rest of the toolkit
+    asks the entries and names no registered architecture as a string, in a comparison, a dict key or a path (the
+    shipped model's folder is the entry shipped as the default; bench's shapes name their entry's module).
+
+    Checked that it fails: a line `if m.model == "marian": pass` planted in a copy of toolkit/deploy/pictures.py is
+    found (below), and so was each of the places this test was written to remove (tokenizer kinds, CTranslate2's layout
+    table, the presets, the shipped folder name)."""
     from toolkit.core import architectures, manifest
     from toolkit.pytorch import registry
 
-    assert set(registry.REGISTRY) == set(architectures.ARCHITECTURES)  # every torch builder has its entry
+    assert {e.name for e in registry.entries()} == set(architectures.ARCHITECTURES)  # every entry's builder has its MODEL
+    homes = architecture_homes()
+    files = sorted(TOOLKIT.rglob("*.py"))
+    assert architecture_names_outside([p for p in files if "node_modules" not in p.parts], homes) == []
+    planted = tmp_path / "toolkit" / "deploy" / "pictures.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text((TOOLKIT / "deploy" / "pictures.py").read_text(encoding="utf-8") + "\nif m.model == 'marian':\n    pass\n")
+    assert [f.split(" ")[1] for f in architecture_names_outside([planted], homes)] == ["'marian'"]
+
     new = dataclasses.replace(architectures.get("marian"), name="marian_copy", hf_model_types=())
     architectures.register(new)
     try:
-        cache = sorted(architectures.self_attention_cache(1))
         data = {"model": "marian_copy", "kind": "seq2seq", "config": {"decoder_layers": 1}, "graphs": {}}
         assert "graphs ['decoder', 'encoder']" in manifest.schema_problem(data)  # known: its graphs are asked for
-        assert cache == ["self_k_0", "self_v_0"]
     finally:
         del architectures.ARCHITECTURES["marian_copy"]
     assert "unknown model type 'marian_copy'" in manifest.schema_problem(data)
-    own = {TOOLKIT / "core" / "architectures.py"} | {TOOLKIT / "pytorch" / f"hf_{n}.py" for n in architectures.ARCHITECTURES}
-    branches = [f"{p.relative_to(REPO)}:{i}" for p in sorted(TOOLKIT.rglob("*.py")) if p not in own
-                for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-                if re.search(r"model\s*(==|!=)\s*[\"'](marian|m2m100)[\"']", line)]
-    assert branches == []
 
 
 def test_the_tests_mirror_the_package():

@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import one_line_error
 
-from toolkit.core import manifest
+from toolkit.core import architectures, manifest
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import checkpoint, registry
 
@@ -119,9 +119,10 @@ def test_the_shipped_manifests_load_and_the_schema_knows_every_registered_model(
     for name in ("transformer", "seq2seq", "nw"):
         m = manifest.load(SHIPPED / name)
         assert manifest.schema_problem(m.to_dict()) is None
-    assert set(manifest.MODELS) == set(registry.REGISTRY)
-    for name, entry in registry.REGISTRY.items():
-        assert manifest.MODELS[name][0] == entry.kind
+    entries = registry.entries()
+    assert set(architectures.ARCHITECTURES) == {entry.name for entry in entries}
+    for entry in entries:
+        assert architectures.get(entry.name).kind == entry.kind
 
 
 @pytest.mark.parametrize("setting, expected", [

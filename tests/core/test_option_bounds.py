@@ -98,10 +98,11 @@ def test_a_config_size_beyond_its_bound_is_one_line_before_anything_is_allocated
 
 
 def test_every_size_of_every_registered_model_has_a_bound_its_defaults_keep():
-    from toolkit.core.manifest import SIZES
+    from toolkit.core.architectures import SIZES
     from toolkit.pytorch import registry
 
-    for name, entry in registry.REGISTRY.items():
+    for entry in registry.entries():
+        name = entry.name
         sizes = [f.name for f in dataclasses.fields(entry.config_cls) if type(f.default) is int and f.name != "pad_id"]
         assert set(sizes) <= set(SIZES), (name, set(sizes) - set(SIZES))
         registry.check_config(name, entry.config())

@@ -65,12 +65,12 @@ def _hf(make: Callable[[Path, list[tuple[str, str]]], object]) -> Callable[[Path
     tokenizer files and declaration written into the model directory as `tk export hf:DIR` writes them."""
 
     def build(folder: Path, pairs: list[tuple[str, str]]) -> None:
-        from toolkit.pytorch import hf_import, hf_marian
+        from toolkit.pytorch import bart_family, hf_import
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             make(folder / "hf", pairs)
-        sections = hf_marian.write_files(hf_import.read(folder / "hf"), folder)
+        sections = bart_family.write_files(hf_import.read(folder / "hf"), folder)
         (folder / "sections.json").write_text(json.dumps({k: sections[k] for k in ("declaration", "tokenizer")}))
 
     return build

@@ -20,7 +20,7 @@ from toolkit.pytorch.reference import load_reference
 SIZES = [(1, 1), (5, 2), (1, EXAMPLE_SIZES["src_len"]), (5, 11), (2, 24)]
 
 
-@pytest.mark.parametrize("name", sorted(n for n, e in registry.REGISTRY.items() if e.random_init))
+@pytest.mark.parametrize("name", sorted(e.name for e in registry.entries() if e.random_init))
 @pytest.mark.slow
 def test_every_registered_model_matches_pytorch_at_unseen_sizes(name, random_export):
     directory = random_export(name)
@@ -40,7 +40,7 @@ def test_every_registered_model_matches_pytorch_at_unseen_sizes(name, random_exp
                 np.testing.assert_allclose(g, w.numpy(), atol=1e-5, rtol=1e-4, err_msg=f"{name}/{spec.name}/{out_name} {sizes}")
 
 
-@pytest.mark.parametrize("name", sorted(n for n, e in registry.REGISTRY.items() if e.random_init))
+@pytest.mark.parametrize("name", sorted(e.name for e in registry.entries() if e.random_init))
 def test_every_axis_is_named_and_symbolic(name, random_export):
     m = manifest.load(random_export(name))
     for spec in m.specs().values():

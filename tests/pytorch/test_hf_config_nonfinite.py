@@ -25,8 +25,7 @@ NON_FINITE = [math.nan, math.inf, -math.inf, 10**400]
 
 def _settings_class(module) -> type:
     """The builder's settings dataclass: the fields it reads from config.json."""
-    (name,) = [n for n in module.__all__ if n.endswith("Settings")]
-    return getattr(module, name)
+    return module.MODEL.config_cls
 
 
 def _float_fields() -> list[tuple[str, str]]:

@@ -236,7 +236,7 @@ def test_a_wrong_shaped_tensor_is_refused_in_one_line_before_building(cli, mbart
     state = load_file(str(bad / "model.safetensors"))
     state["model.decoder.layers.1.fc1.weight"] = state["model.decoder.layers.1.fc1.weight"][:, :-1].contiguous()
     save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
-    monkeypatch.setattr(hf_mbart, "build", lambda settings: pytest.fail("built before the shapes were checked"))
+    monkeypatch.setattr(hf_mbart.MBartForTk, "build", lambda settings: pytest.fail("built before the shapes were checked"))
     error = one_line_error(cli("export", f"hf:{bad}", "--out", tmp_path / "out"), 2)
     assert "model.decoder.layers.1.fc1.weight has shape (64, 31), the config gives (64, 32)" in error
 

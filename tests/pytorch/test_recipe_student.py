@@ -19,10 +19,10 @@ from toolkit.models.transformer import Transformer, TransformerConfig
 
 import toolkit.pytorch.train
 from toolkit.cli import main
-from toolkit.core import copydata, data, manifest, noise
+from toolkit.core import architectures, copydata, data, manifest, noise
 from toolkit.core.declaration import self_attention_cache, transformer_layers
 from toolkit.deploy import names
-from toolkit.pytorch import checkpoint, registry
+from toolkit.pytorch import checkpoint, registry, tk_models
 from toolkit.pytorch.train import PRESETS, TrainOptions, config_fields
 
 # Minutes of work in all: left out of the fast tier (pytest -m 'not slow').
@@ -101,10 +101,10 @@ def test_decoder_layers_reach_the_model_graphs_cache_check_and_converters():
     cfg = entry.config(vocab_size=50, num_hiddens=16, ffn_num_hiddens=32, num_heads=2, num_layers=3, decoder_layers=1)
     model = Transformer(cfg)
     assert (len(model.encoder_blocks), len(model.decoder_blocks)) == (3, 1)
-    encoder, decoder = registry.transformer_graphs(cfg)
+    encoder, decoder = tk_models.transformer_graphs(cfg)
     assert set(decoder.updates.values()) == self_attention_cache(1)
     assert [t.name for t in encoder.outputs] == ["memory", "cross_k_0", "cross_v_0"]
-    attention = registry.transformer_attention(cfg)
+    attention = tk_models.transformer_attention(cfg)
     assert (len(attention["encoder"]), len(attention["decoder"])) == (3, 2)
     # --set decoder_layers=N is parsed as an integer and bounded like num_layers.
     assert entry.parse_overrides({"decoder_layers": "2"}, {}) == {"decoder_layers": 2}
@@ -115,7 +115,7 @@ def test_decoder_layers_reach_the_model_graphs_cache_check_and_converters():
     # The decoder's cache follows decoder_layers in the manifest check; a manifest that says otherwise is refused.
     config = dataclasses.asdict(cfg)
     assert transformer_layers(config) == (3, 1)
-    kind, cache = manifest.MODELS["transformer"]
+    cache = architectures.get("transformer").cache
     assert cache(config) == self_attention_cache(1) and cache({**config, "decoder_layers": 3}) != cache(config)
     # CTranslate2 and Hugging Face take the two depths as they are.
     from toolkit.convert import to_hf

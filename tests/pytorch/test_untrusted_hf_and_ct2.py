@@ -160,7 +160,7 @@ def test_weights_of_other_shapes_than_the_config_are_refused_before_the_model_is
     def never(settings):
         raise AssertionError(f"the model was built before its weights' shapes were checked: {settings}")
 
-    monkeypatch.setattr(hf_marian, "build", never)
+    monkeypatch.setattr(hf_marian.MarianForTk, "build", never)
     bad = _copy(untrained_hf, tmp_path)
     _edit_json(bad / "config.json", vocab_size=262144, decoder_vocab_size=262144, d_model=1024, encoder_layers=48, decoder_layers=48,
                encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096,

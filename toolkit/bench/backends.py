@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from toolkit.core import architectures
 from toolkit.core.batching import DecodeOptions, decode_ids
+from toolkit.core.declaration import TK
 from toolkit.core.decoding import Hypothesis, pad_batch
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
@@ -165,7 +167,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     echo(f"{registry.DEFAULT}: " + describe_settings(tk_setting, "intra-op threads", "decoding streams")
          + f" ({'given' if given else 'the fastest measured'}; --threads and --streams set them)")
     if ct2 is None:
-        ct2 = ct2_engine.available() and m.model == "transformer" and not m.config.get("pre_ln")
+        ct2 = ct2_engine.available() and own_transformer(m) and not m.config.get("pre_ln")
     ct2_dir = None
     if ct2:
         if not ct2_engine.available():
@@ -205,7 +207,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     if ct2_dir is not None:
         ct2_dir.cleanup()
     row = next((r for r in results if r.backend == f"{registry.DEFAULT} cpu" and r.search == "greedy" and r.batch == max(batch_sizes)), None)
-    if notes is not None and row is not None and m.model == "transformer":
+    if notes is not None and row is not None and own_transformer(m):
         per_src, per_tgt = matmul_flops_per_token(m.config)
         flops = per_src * sum(len(s) for s in src) + per_tgt * row.tokens
         peak = sgemm_peak_gflops()
@@ -241,6 +243,15 @@ def _load_rows(spec: registry.RuntimeSpec, m, providers: list[str], variants: li
                 continue
             if loaded.built_s:
                 echo(f"{spec.name} {p} {v}: graphs built in memory from the fp32 graphs in {loaded.built_s:.2f}s")
+
+
+def own_transformer(m) -> bool:
+    """Whether the model is tk's own Transformer: the entry of tk's training that CTranslate2 runs (the one the
+    FLOPs count below and CTranslate2's default place in the bench are for)."""
+    from toolkit.runtimes.ctranslate2.runtime import RUNTIME as CT2
+
+    arch = architectures.ARCHITECTURES.get(m.model)
+    return arch is not None and arch.origin == TK and arch.supports(CT2.name)
 
 
 def matmul_flops_per_token(cfg: dict) -> tuple[float, float]:

@@ -22,13 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from toolkit.core import architectures
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ToolkitError
+from toolkit.core.shipped import DEFAULT
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORTED = REPO / "exported"
-SHIPPED = ("transformer", "seq2seq", "nw")
-MODULES = ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention")
+SHIPPED = tuple(architectures.shipped("default") + architectures.shipped("example"))
+MODULES = tuple(a.name for a in architectures.ARCHITECTURES.values() if a.kind == architectures.MODULE and not a.shipped)
 PARTS = ("verify", "translation", "token_parity", "bench", "memory", "copy_profile", "serve")
 
 
@@ -92,7 +94,7 @@ def run_translation(provider: str, sentences: int, echo, exported: Path = EXPORT
     from toolkit.deploy.api import Translator
 
     english, refs = challenge_english(sentences, challenge)
-    model = exported / "transformer"
+    model = exported / DEFAULT
     cpu = Translator(model, "cpu").translate(english)
     out = {"sentences": len(english), "cpu fp32": {"bleu": round(bleu_chrf(cpu, refs)["bleu"], 2)}}
     for variant in precisions(provider):
@@ -125,7 +127,7 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
     from toolkit.pytorch.torch_backend import TorchBackend
     from toolkit.runtimes.onnxruntime.loading import load_sessions
 
-    m = manifest_mod.load(exported / "transformer")
+    m = manifest_mod.load(exported / DEFAULT)
     _, _, model, _ = load_reference(m)
     specs = m.specs()
     english, _ = challenge_english(sentences, challenge)
@@ -192,7 +194,7 @@ def run_memory(provider: str, echo, exported: Path = EXPORTED, batch: int = 64) 
         return {"skipped": "device memory is measured on cuda only"}
     out = {}
     for engine, variant in [("pytorch", "fp32"), *[("onnxruntime", v) for v in precisions(provider)]]:
-        run = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(exported / "transformer"), engine, variant, str(batch)],
+        run = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(exported / DEFAULT), engine, variant, str(batch)],
                              capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         line = next((ln for ln in run.stdout.splitlines() if ln.startswith("MEMORY ")), None)
         out[f"{engine} {variant}"] = json.loads(line[7:]) if line else {"error": (run.stderr.strip().splitlines() or ["no output"])[-1]}
@@ -211,7 +213,7 @@ def run_copy_profile(provider: str, echo, exported: Path = EXPORTED, sentences: 
     from toolkit.runtimes.onnxruntime.sessions import create_session
     from toolkit.verify.checks import held_out_sentences
 
-    m = manifest_mod.load(exported / "transformer")
+    m = manifest_mod.load(exported / DEFAULT)
     specs = m.specs()
     english, _ = held_out_sentences(sentences)
     src = source_ids(m, english)
@@ -251,7 +253,7 @@ def run_serve(provider: str, sentences: int, echo, exported: Path = EXPORTED, ch
     from toolkit.bench.serve_load import bench_serve
 
     english, _ = challenge_english(sentences, challenge)
-    results = bench_serve(exported / "transformer", english, clients, 1, ["--provider", provider], echo=echo)
+    results = bench_serve(exported / DEFAULT, english, clients, 1, ["--provider", provider], echo=echo)
     rows = [{**r.__dict__, "throughput": round(r.throughput, 1)} for r in results]
     for r in rows:
         echo(f"serve {provider} {r['mode']}: {r['throughput']} sentences/s, p99 {r['p99_ms']:.1f} ms, mean batch {r['mean_batch']:.1f}")
@@ -261,7 +263,7 @@ def run_serve(provider: str, sentences: int, echo, exported: Path = EXPORTED, ch
 def run_bench(provider: str, sentences: int, echo, exported: Path = EXPORTED) -> list[dict]:
     from toolkit.bench.backends import bench
 
-    results = bench(exported / "transformer", sentences, (1, 64, 256), (1, 4), providers=(provider,), textbook=False,
+    results = bench(exported / DEFAULT, sentences, (1, 64, 256), (1, 4), providers=(provider,), textbook=False,
                     variants=precisions(provider), echo=echo, ct2=False)
     return [{k: v for k, v in r.__dict__.items() if k != "outputs"} | {"sentences_per_s": round(r.sentences / r.seconds, 1)}
             for r in results]

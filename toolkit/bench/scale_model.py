@@ -16,6 +16,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.core.architectures import Architecture
+from toolkit.core.entries import m2m100, marian
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -29,14 +32,14 @@ class Shape:
     vocab: int  # shared and tied (Marian: <pad> last, as opus-mt's: CTranslate2's converter drops it)
     positions: int = 512
     init_std: float = 0.02
-    arch: str = "marian"  # or "m2m100": pre-LN with final layer norms, relu, no final_logits_bias
+    arch: Architecture = marian.ENTRY  # or m2m100.ENTRY: pre-LN with final layer norms, relu, no final_logits_bias
 
     def parameters(self) -> int:
         """Weights, the tied embedding counted once (positions are sinusoids, not weights)."""
         d, f = self.d_model, self.ffn
         enc = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
         dec = 8 * d * d + 8 * d + 2 * d * f + f + d + 6 * d
-        if self.arch == "m2m100":  # the two stacks' final layer norms; no final_logits_bias
+        if self.arch is m2m100.ENTRY:  # the two stacks' final layer norms; no final_logits_bias
             return self.vocab * d + self.layers * (enc + dec) + 4 * d
         return self.vocab * d + self.layers * (enc + dec) + self.vocab
 
@@ -48,12 +51,12 @@ SHAPES = {
     # than a trained model's: wide gaps between the best tokens, so float rounding never picks another one.
     "tiny": Shape("tiny", d_model=32, layers=2, heads=4, ffn=64, vocab=400, positions=64, init_std=0.2),
     # facebook/nllb-200-distilled-600M's config (M2M100 architecture): 615M weights, 2.5 GB in fp32.
-    "nllb-600m": Shape("nllb-600m", d_model=1024, layers=12, heads=16, ffn=4096, vocab=256206, positions=1024, arch="m2m100"),
+    "nllb-600m": Shape("nllb-600m", d_model=1024, layers=12, heads=16, ffn=4096, vocab=256206, positions=1024, arch=m2m100.ENTRY),
     # facebook/nllb-200-distilled-1.3B's: 1.37B weights, 5.5 GB in fp32 (beyond protobuf's 2 GB: external data).
-    "nllb-1.3b": Shape("nllb-1.3b", d_model=1024, layers=24, heads=16, ffn=8192, vocab=256206, positions=1024, arch="m2m100"),
+    "nllb-1.3b": Shape("nllb-1.3b", d_model=1024, layers=24, heads=16, ffn=8192, vocab=256206, positions=1024, arch=m2m100.ENTRY),
     # The M2M100 path's smoke test.
     "tiny-m2m100": Shape("tiny-m2m100", d_model=32, layers=2, heads=4, ffn=64, vocab=400, positions=64, init_std=0.2,
-                         arch="m2m100"),
+                         arch=m2m100.ENTRY),
 }
 
 # M2M100Tokenizer's tokens after vocab.json: 100 language codes, then 8 made-up words (its num_madeup_words).
@@ -102,7 +105,7 @@ def build(shape: Shape, out: Path, seed: int = 0, forced_end: bool = False) -> P
     """Writes the Hugging Face directory of `shape` into `out` (created; must not exist yet); returns `out`.
     `forced_end`: the end token forced at the length limit, as opus-mt's config does (off for the bench: each engine
     then decodes exactly the tokens asked, and no step more)."""
-    if shape.arch == "m2m100":
+    if shape.arch is m2m100.ENTRY:
         return _build_m2m100(shape, out, seed)
     import torch
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.convert.pipeline import NewDirectory, Writer
+from toolkit.core import architectures
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.declaration import transformer_layers
 from toolkit.core.errors import UsageError
@@ -53,6 +54,10 @@ SPECIALS = {PAD: "<pad>", UNK: "<unk>", BOS: "<s>", EOS: "</s>"}
 LEADING = 1 << 20  # tokenizer.json's decoder strips up to this many leading spaces: all of them
 
 
+# The entry of the Hugging Face architecture this writer maps onto; a model is written only if its entry names it.
+MARIAN = next(a for a in architectures.ARCHITECTURES.values() if a.hf_class == "MarianMTModel")
+
+
 def channels(d: int) -> np.ndarray:
     """Marian's channel c holds tk's channel channels(d)[c]: tk's sine channels (even) first, then its cosines (odd)."""
     return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
@@ -60,7 +65,7 @@ def channels(d: int) -> np.ndarray:
 
 def mappable(m: Manifest) -> None:
     """A one-line usage error for a model directory this conversion cannot write exactly."""
-    if m.model != "transformer":
+    if getattr(architectures.ARCHITECTURES.get(m.model), "writes_hf", None) != MARIAN.hf_class:
         raise UsageError(f"{m.directory} holds a '{m.model}' model; --to-hf writes tk's Transformer only "
                          "(exported/transformer or another `tk export` of a transformer checkpoint)")
     if m.config.get("pre_ln"):
@@ -131,7 +136,7 @@ def check_positions(weights: dict[str, np.ndarray], cfg: dict) -> None:
 def marian_config(cfg: dict) -> dict:
     (encoder_layers, decoder_layers), heads, ffn = transformer_layers(cfg), cfg["num_heads"], cfg["ffn_num_hiddens"]
     return {
-        "architectures": ["MarianMTModel"], "model_type": "marian",
+        "architectures": [MARIAN.hf_class], "model_type": MARIAN.hf_model_types[0],
         "vocab_size": cfg["vocab_size"], "decoder_vocab_size": cfg["vocab_size"], "d_model": cfg["num_hiddens"],
         "encoder_layers": encoder_layers, "decoder_layers": decoder_layers, "encoder_attention_heads": heads, "decoder_attention_heads": heads,
         "encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "activation_function": "relu",
@@ -385,4 +390,4 @@ def is_hf_directory(path: Path) -> bool:
         data = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and data.get("model_type") == "marian"
+    return isinstance(data, dict) and data.get("model_type") in MARIAN.hf_model_types

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from toolkit.convert.pipeline import NewDirectory, Writer
+from toolkit.core import architectures
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
 from toolkit.core.errors import UsageError
@@ -109,6 +110,7 @@ def _check(m: manifest_mod.Manifest) -> None:
     if declared.kind != "sentencepiece" or declared.source_end or m.rules() != manifest_mod.Declaration().decoding:
         raise UsageError(f"{m.directory} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
                          "tk's tokenizer and rules only (serve it with tk serve instead)")
+    architectures.get(m.model).check("web")
     m.translation_tokenizer()
     ort_web_version()
     site_model(m)

@@ -1,26 +1,59 @@
-"""Every architecture tk exports, declared once and registered by name (torch-free: the manifest checks, translate and
-verify read it; toolkit/pytorch/ holds only the builders it names).
+"""Every architecture tk exports, one torch-free module each in toolkit/core/entries/, found and registered at import.
 
 An entry states what the rest of tk would otherwise branch on a model's name for: its graphs (kind), the decoder cache
-it carries from step to step (the layout, from its config), the config fields its size rules need, its tokenizer,
-its decoding rules in words, where it comes from (tk's training, a Hugging Face directory, your own code), the
-`model_type` of a Hugging Face config.json it imports, the module that builds it, and which paths support it. Adding
-an architecture is one `register(Architecture(...))` here plus its builder module (tests/test_architecture.py shows it).
+it carries from step to step (from its config), the config fields its size rules need, its tokenizer (and the
+tokenizer kinds only it uses), its decoding rules in words, where it comes from (tk's training, a Hugging Face
+directory, your own code), the `model_type` of a Hugging Face config.json it imports, its CTranslate2 layout, which
+paths support it (each path asks `entry.check(path)`), and the one module that builds it (toolkit/pytorch/ or
+models/: its MODEL, the torch side's config class, build, graphs and attention). Adding an architecture is a new module
+in toolkit/core/entries/ plus its builder module (docs/architecture.md has the recipe).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from toolkit.core.declaration import self_attention_cache, transformer_layers
+from toolkit.core.declaration import ADAPTER, HF, TK, TOKENIZERS, TokenizerKind, self_attention_cache  # noqa: F401
 from toolkit.core.errors import UsageError
 
 # The paths an architecture may support, as docs/models.md's table names them.
 PATHS = ("export", "verify", "int8", "cuda", "openvino", "ctranslate2", "web")
+# The graph layouts a manifest's "kind" names; the second coincides with one architecture's name (tk's GRU).
 SEQ2SEQ, MODULE = "seq2seq", "module"
 GRAPHS = {SEQ2SEQ: ("encoder", "decoder"), MODULE: ("model",)}
+# Every graph path tk has runs the ONNX graphs of an encoder-decoder in tk's cache layout; CTranslate2 and the browser
+# read their own formats, converted per architecture.
+GRAPH_PATHS = dict.fromkeys(("export", "verify", "int8", "cuda", "openvino"))
+# The largest model tk builds, trains and loads: the bounds of every size a config states, checked before anything is
+# allocated, in a manifest as it is read (a max_len of 100000 crashed translate) and in every config the registry builds
+# (`tk train --set`, a checkpoint's). Transformer-big (209M parameters at a 32k vocabulary) fits; a Transformer at every
+# bound has 537M (9 GB to train with Adam). Fields several architectures share; an entry bounds its own (`sizes`).
+SIZES = {
+    # 4 special tokens and at least one piece; at most NLLB-200's 256,206 and mBART-50's 250,054, with room.
+    "vocab_size": (5, 262144),
+    "num_hiddens": (1, 1024),
+    "embed_size": (1, 1024),
+    "ffn_num_hiddens": (1, 4096),
+    "num_heads": (1, 64),
+    "num_layers": (1, 48),  # T5-xl and NLLB-3.3B have 24 per stack
+    "max_len": (2, 1024),  # BOS and one token at least
+    # The imports' (opus-mt-*-big: d_model 1024, ffn 4096, 16 heads, 6 layers).
+    "d_model": (1, 1024),
+    "encoder_layers": (1, 48),
+    "decoder_layers": (1, 48),
+    "encoder_attention_heads": (1, 64),
+    "decoder_attention_heads": (1, 64),
+    "encoder_ffn_dim": (1, 8192),
+    "decoder_ffn_dim": (1, 8192),
+    "max_position_embeddings": (2, 4096),
+    "pad_token_id": (0, 262143),
+    "eos_token_id": (0, 262143),
+    "decoder_start_token_id": (0, 262143),
+}
 
 
 @dataclass(frozen=True)
@@ -34,13 +67,27 @@ class Architecture:
     required: tuple[str, ...] = ()  # config fields the cache and the size rules cannot do without
     tokenizer: tuple[str, ...] = ()  # the TokenizerDeclaration kinds it ships with
     decoding: str = ""  # its decoding rules, in words (start token, forced first token, beam rule)
-    origin: str = "tk"  # "tk" (trained by tk), "hf" (imported from a Hugging Face directory), "adapter" (your code)
+    origin: str = TK  # TK (trained by tk), HF (imported from a Hugging Face directory), ADAPTER (your code)
     hf_model_types: tuple[str, ...] = ()  # config.json model_type values `tk export hf:DIR` imports as this entry
-    hf_class: str | None = None  # the transformers class its reference and `generate` are (origin "hf")
-    builder: str = ""  # the torch module that builds it (toolkit/pytorch/), imported only by the torch side
+    hf_class: str | None = None  # the transformers class its reference and `generate` are (origin HF)
+    builder: str = ""  # the torch module that builds it (its MODEL, or MODELS by name), imported only by the torch side
     paths: dict[str, str | None] = field(default_factory=dict)
     # Variants (toolkit.core.variants) it must not run, each with the one line that refuses it; any other runs.
     refused_variants: dict[str, str] = field(default_factory=dict)
+    # Tokenizer kinds no other architecture uses, declared here (toolkit.core.declaration.TokenizerKind).
+    own_tokenizers: dict[str, TokenizerKind] = field(default_factory=dict)
+    # How CTranslate2 lays it out (toolkit.runtimes.ctranslate2.hf_spec): an import's Layout fields, or
+    # {"relative_bias": True} for a T5-like one; None: tk's own conversion (or none, per paths).
+    ctranslate2: dict | None = None
+    # The Hugging Face architecture `tk export DIR --to-hf` writes this one as (None: it writes none).
+    writes_hf: Architecture | None = None
+    # How `tk attention` draws it: "heads" (per-head self- and cross-attention), "bahdanau" (one cross-attention per
+    # step), "kernel" (weights over training points); None: it draws nothing.
+    figure: str | None = None
+    # A model the repository ships in exported/<name>: "default" (what Translator() loads), "example", or None.
+    shipped: str | None = None
+    # The bounds (low, high) of its config's own size fields, beside the shared SIZES.
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def supports(self, path: str) -> bool:
         return path in self.paths and self.paths[path] is None
@@ -64,11 +111,14 @@ ARCHITECTURES: dict[str, Architecture] = {}
 
 
 def check_variant(model: str, variant: str) -> None:
-    """Refuses, in the entry's own line, a variant the model's architecture must not run (T5 in float16); a model no
-    entry declares is left to the manifest's own checks."""
+    """Refuses, in the entry's own line, a variant the model's architecture must not run (T5 in float16), or a path
+    (int8, cuda) it does not support; a model no entry declares is left to the manifest's own checks."""
     arch = ARCHITECTURES.get(model)
-    if arch is not None and variant in arch.refused_variants:
+    if arch is None:
+        return
+    if variant in arch.refused_variants:
         raise UsageError(arch.refused_variants[variant])
+    arch.check("int8" if "int8" in variant else "cuda" if "fp16" in variant else "export")
 
 
 def register(arch: Architecture) -> Architecture:
@@ -78,6 +128,8 @@ def register(arch: Architecture) -> Architecture:
     if unknown:
         raise UsageError(f"architecture {arch.name}: {unknown[0]!r} is not a path ({', '.join(PATHS)})")
     ARCHITECTURES[arch.name] = arch
+    TOKENIZERS.update(arch.own_tokenizers)  # the kinds a declaration may name from now on
+    SIZES.update(arch.sizes)
     return arch
 
 
@@ -89,7 +141,12 @@ def get(name: str) -> Architecture:
 
 def imported(name: str) -> bool:
     """Whether a model of this name came from a Hugging Face directory (its reference is transformers')."""
-    return name in ARCHITECTURES and ARCHITECTURES[name].origin == "hf"
+    return name in ARCHITECTURES and ARCHITECTURES[name].origin == HF
+
+
+def shipped(role: str) -> list[str]:
+    """The architectures whose model the repository ships in exported/ in this role ("default", "example")."""
+    return [a.name for a in ARCHITECTURES.values() if a.shipped == role]
 
 
 def for_hf_model_type(model_type: object, where: str) -> Architecture:
@@ -102,7 +159,7 @@ def for_hf_model_type(model_type: object, where: str) -> Architecture:
     raise UsageError(f"{where} has model_type {model_type!r}; tk imports {known} from Hugging Face")
 
 
-def _declared_state(graphs: object) -> set[str]:
+def declared_state(graphs: object) -> set[str]:
     """The decoder cache an adapter's config declares (its graphs as JSON); empty when that is malformed."""
     try:
         specs = json.loads(graphs) if isinstance(graphs, str) else None
@@ -112,60 +169,11 @@ def _declared_state(graphs: object) -> set[str]:
         return set()
 
 
-def _hf_cache(config: dict) -> set[str]:
+def hf_cache(config: dict) -> set[str]:
+    """An imported encoder-decoder's decoder cache in tk's layout: a key and a value per decoder layer."""
     return self_attention_cache(config["decoder_layers"])
 
 
-# Every graph path tk has runs the ONNX graphs of an encoder-decoder in tk's cache layout; CTranslate2 and the browser
-# read their own formats, converted per architecture.
-_ALL = dict.fromkeys(("export", "verify", "int8", "cuda", "openvino"))
-_TK_SEQ2SEQ = {**_ALL, "web": None}
-_HF = "tk export hf:DIR"
-
-register(Architecture(
-    "transformer", SEQ2SEQ, lambda c: self_attention_cache(transformer_layers(c)[1]), ("num_layers",), ("sentencepiece",),
-    "start <bos>, end <eos>, GNMT length penalty (alpha 0.6)", builder="toolkit.models.transformer",
-    paths={**_TK_SEQ2SEQ, "ctranslate2": None}))
-register(Architecture(
-    "seq2seq", SEQ2SEQ, lambda c: {"state"}, (), ("sentencepiece",), "start <bos>, end <eos>, GNMT length penalty",
-    builder="toolkit.models.seq2seq", paths=_TK_SEQ2SEQ))
-register(Architecture(
-    "adapter", SEQ2SEQ, lambda c: _declared_state(c.get("graphs")), (), ("sentencepiece",),
-    "tk's rules over the graphs your function declared", origin="adapter", builder="toolkit.pytorch.adapter",
-    paths=_ALL))
-register(Architecture(
-    "marian", SEQ2SEQ, _hf_cache, ("decoder_layers",), ("marian",),
-    "start decoder_start_token_id (pad), end </s> forced at the limit, generate's beam rule and length penalty",
-    origin="hf", hf_model_types=("marian",), hf_class="MarianMTModel", builder="toolkit.pytorch.hf_marian",
-    paths={**_ALL, "ctranslate2": None}))
-register(Architecture(
-    "m2m100", SEQ2SEQ, _hf_cache, ("decoder_layers",), ("m2m100", "tokenizer.json"),
-    "source [lang] text </s>; start </s> (decoder_start_token_id), the target language's token forced first, "
-    "end </s> forced at the limit, generate's beam rule (M2M100 and NLLB-200)",
-    origin="hf", hf_model_types=("m2m_100",), hf_class="M2M100ForConditionalGeneration",
-    builder="toolkit.pytorch.hf_m2m100",
-    paths={**_ALL, "ctranslate2": None}))
-register(Architecture(
-    "mbart", SEQ2SEQ, _hf_cache, ("decoder_layers",), ("mbart", "tokenizer.json"),
-    "mBART-50: source [lang] text </s>, start </s>, the target language's token forced first; mBART-cc25: source "
-    "text </s> [lang], the decoder started with the target language's token; end </s> forced at the limit, generate's "
-    "beam rule", origin="hf", hf_model_types=("mbart",), hf_class="MBartForConditionalGeneration",
-    builder="toolkit.pytorch.hf_mbart",
-    paths={**_ALL, "ctranslate2": None,
-           "web": "the browser site runs tk's own tokenizer and rules; translate an imported mBART with tk translate or tk serve"}))
-for _name in ("masked_softmax", "dot_attention", "additive_attention", "multihead_attention", "nw"):
-    register(Architecture(_name, MODULE, builder="toolkit.models.attention",
-                          paths={"export": None, "verify": None, "int8": None, "cuda": None, "openvino": None}))
-register(Architecture(
-    "t5", SEQ2SEQ, _hf_cache, ("decoder_layers",), ("t5",),
-    "source [task prefix of the chosen pair] text </s>; start <pad> (decoder_start_token_id 0), end </s>, no forced first "
-    "token, generate's beam rule and length penalty (T5, T5 v1.1, Flan-T5, mT5)",
-    origin="hf", hf_model_types=("t5", "mt5"), hf_class="T5ForConditionalGeneration", builder="toolkit.pytorch.hf_t5",
-    paths={**_ALL, "ctranslate2": None,
-           "web": "the browser site runs tk's own tokenizer and rules; translate an imported T5 with tk translate or tk serve"},
-    # transformers clamps T5's hidden states when it runs in float16 because its feed-forward outputs pass float16's
-    # 65,504 (T5 v1.1, Flan-T5 and mT5 were trained in bfloat16; CTranslate2 #1074 reports the garbage): a plain
-    # float16 graph has no such clamp, so tk does not make one.
-    refused_variants={"fp16": "a T5 model's activations overflow float16 (its feed-forward outputs pass 65,504; "
-                              "transformers clamps them, an fp16 graph cannot): use the fp32 graphs, or --quantize "
-                              "int8 on CPU"}))
+_ENTRIES = importlib.import_module("toolkit.core.entries")
+for _module in sorted(m.name for m in pkgutil.iter_modules(_ENTRIES.__path__)):  # each module registers its entries
+    importlib.import_module(f"{_ENTRIES.__name__}.{_module}")

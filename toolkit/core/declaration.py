@@ -20,8 +20,28 @@ TK_PAD, TK_UNK, TK_BOS, TK_EOS = 0, 1, 2, 3
 PENALTIES = ("gnmt", "hf")
 # A language code as users type it: en, pt-BR, zh-Hans, eng_Latn, fr_XX.
 LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[-_](?:[A-Z][a-z]{3}|[A-Z]{2}|[A-Z][a-z]{3}))?")
-# "words": a word-level vocabulary (toolkit.core.word_vocab); "t5": T5Tokenizer with task prefixes (toolkit.pytorch.hf_t5)
-TOKENIZERS = ("sentencepiece", "marian", "m2m100", "tokenizer.json", "words", "mbart", "t5")
+# Where a model comes from (the declaration's "origin"): trained by tk, imported from a Hugging Face directory, or
+# your own code (whose architecture, toolkit.core.entries.adapter, bears the same name).
+TK, HF, ADAPTER = "tk", "hf", "adapter"
+ORIGINS = (TK, HF, ADAPTER)
+
+
+@dataclass(frozen=True)
+class TokenizerKind:
+    """One kind of tokenizer a declaration may name: `loader` ("module:callable") opens it as
+    loader(directory, declared, rules); `needs_vocab`: its pieces are looked up in a vocab file; `task_prefixes`: a
+    pair is chosen by a task prefix on the source (T5), not by language codes."""
+
+    loader: str | None = None  # None: tk's SentencePiece model (toolkit.core.tokenizers.open_tokenizer)
+    needs_vocab: bool = False
+    task_prefixes: bool = False
+
+
+# Every kind a declaration may name: here those more than one architecture ships with ("words": a word-level
+# vocabulary, toolkit.core.word_vocab; "tokenizer.json": the tokenizers library's); a kind only one architecture uses
+# is declared by its entry (own_tokenizers) and added here when it registers (toolkit.core.architectures).
+TOKENIZERS = {"sentencepiece": TokenizerKind(), "tokenizer.json": TokenizerKind("toolkit.core.tokenizers:JsonTokenizer.load"),
+              "words": TokenizerKind("toolkit.core.tokenizers:word_tokenizer")}
 
 
 @dataclass(frozen=True)
@@ -119,8 +139,8 @@ class TokenizerDeclaration:
     kind: str = "sentencepiece"
     source: str = "tokenizer.model"  # files in the model directory
     target: str | None = None  # None: the source's
-    vocab: str | None = None  # "marian": pieces -> ids
-    target_vocab: str | None = None  # "marian" with separate vocabularies
+    vocab: str | None = None  # a kind that needs_vocab: pieces -> ids
+    target_vocab: str | None = None  # the same, when the sides have separate vocabularies
     unk: int = TK_UNK
     # A multilingual model's language codes (the code users type, "en" or "eng_Latn") -> the token that marks it, the
     # defaults its own files name, and where the source's code goes: before the text (M2M100, NLLB) or after its end
@@ -132,7 +152,7 @@ class TokenizerDeclaration:
     # The end token appended to every source (a model trained on `text </s>`, as d2l's and Marian's are); tk's own
     # SentencePiece models append none. Marian's layout always appends it, whatever this says.
     source_end: bool = False
-    # A T5's task prefixes (kind "t5"): "en-fr" -> "translate English to French: ", from config.json's
+    # A T5's task prefixes (a kind of task_prefixes): "en-fr" -> "translate English to French: ", from config.json's
     # task_specific_params; the chosen pair's prefix goes before every source (none when no pair is chosen).
     prefixes: dict | None = None
     # T5Tokenizer's <extra_id_N> sentinels after a spiece.model's pieces (N = 0 the last id), kept whole in the text
@@ -145,13 +165,13 @@ class TokenizerDeclaration:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "/" in value or "\\" in value or value in ("", ".", "..")):
                 raise UsageError(f"declaration.tokenizer.{name} must be a file name inside the model directory, got {value!r}; re-export")
-        if self.kind in ("marian", "m2m100") and self.vocab is None:
+        if TOKENIZERS[self.kind].needs_vocab and self.vocab is None:
             raise UsageError(f"declaration.tokenizer: a {self.kind} tokenizer needs its vocab file; re-export")
         if not isinstance(self.source_end, bool):
             raise UsageError(f"declaration.tokenizer.source_end must be true or false, got {self.source_end!r}; re-export")
         if type(self.extra_ids) is not int or not 0 <= self.extra_ids <= 1000:
             raise UsageError(f"declaration.tokenizer.extra_ids must be a whole number from 0 to 1000, got {self.extra_ids!r}; re-export")
-        if self.prefixes is not None or self.kind == "t5":
+        if self.prefixes is not None or TOKENIZERS[self.kind].task_prefixes:
             t5 = _t5_prefixes_problem(self.prefixes, self.source_lang, self.target_lang)
             if t5:
                 raise UsageError(f"declaration.tokenizer.{t5}")
@@ -224,7 +244,7 @@ class Declaration:
 
     decoding: DecodingRules = TK_RULES
     tokenizer: TokenizerDeclaration = TokenizerDeclaration()
-    origin: str = "tk"  # "tk" (trained by tk), "hf" (imported from a Hugging Face directory), "adapter"
+    origin: str = TK  # one of ORIGINS
     # Trained to copy placeholder symbols and to see all-caps text lower-cased (tk's training noise): then tk protects
     # numbers, URLs and --keep terms with placeholders and folds the case of shouted lines. Another model gets the
     # text as it is, cleaned and split into sentences.
@@ -238,10 +258,10 @@ class Declaration:
     def from_dict(cls, data: object, where: str) -> Declaration:
         if not isinstance(data, dict) or set(data) - {"decoding", "tokenizer", "origin", "placeholders"}:
             raise UsageError(f"{where}: 'declaration' must be an object of decoding, tokenizer, origin and placeholders; re-export")
-        origin = data.get("origin", "tk")
-        if origin not in ("tk", "hf", "adapter"):
-            raise UsageError(f"{where}: declaration.origin must be tk, hf or adapter, got {origin!r}; re-export")
-        placeholders = data.get("placeholders", origin == "tk")
+        origin = data.get("origin", TK)
+        if origin not in ORIGINS:
+            raise UsageError(f"{where}: declaration.origin must be {', '.join(ORIGINS[:-1])} or {ORIGINS[-1]}, got {origin!r}; re-export")
+        placeholders = data.get("placeholders", origin == TK)
         if not isinstance(placeholders, bool):
             raise UsageError(f"{where}: declaration.placeholders must be true or false; re-export")
         return cls(DecodingRules.from_dict(data.get("decoding", {}), where),

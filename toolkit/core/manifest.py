@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
-from toolkit.core.architectures import ARCHITECTURES
+from toolkit.core.architectures import ARCHITECTURES, SEQ2SEQ, SIZES
 from toolkit.core.architectures import GRAPHS as ARCHITECTURE_GRAPHS
 from toolkit.core.atomic import exclusive, write_atomic
 from toolkit.core.declaration import Declaration, DecodingRules
@@ -230,7 +230,7 @@ class Manifest:
 
     def translation_tokenizer(self) -> Path:
         """The tokenizer of a translation model; a usage error for any other directory."""
-        if self.kind != "seq2seq":
+        if self.kind != SEQ2SEQ:
             raise UsageError(f"{self.directory} holds a '{self.model}' graph, not a translation model; "
                              "use exported/transformer or exported/seq2seq")
         path = self.tokenizer_path()
@@ -439,9 +439,6 @@ def load(directory: str | Path) -> Manifest:
     return Manifest.from_dict(directory, data)
 
 
-# The models a manifest may name: kind and the cache each decoder carries from step to step, as each architecture
-# declares them (toolkit.core.architectures, torch-free on purpose: translate reads manifests).
-MODELS = {a.name: (a.kind, a.cache) for a in ARCHITECTURES.values()}
 GRAPHS = {kind: set(names) for kind, names in ARCHITECTURE_GRAPHS.items()}
 SHA256 = re.compile(r"[0-9a-f]{64}")
 DTYPES = {"float32", "float16", "int64"}
@@ -543,45 +540,6 @@ def schema_problem(data: dict) -> str | None:
         if key in data and data[key] is not None and not isinstance(data[key], dict):
             return f"'{key}' must be an object"
     return None
-
-
-# The largest model tk builds, trains and loads: the bounds of every size a config states, checked before anything is
-# allocated: here in a manifest as it is read (a max_len of 100000 crashed translate), and by the registry in every
-# config it builds (`tk train --set`, a checkpoint's), so that whatever tk trains, its manifest accepts. Transformer-big
-# (d_model 1024, d_ff 4096, 16 heads, 6 layers: 209M parameters at a 32k vocabulary) fits; a Transformer at every
-# bound at once has 537M parameters, about 9 GB to train with Adam. Every integer field of a registered config is here
-# (a test checks).
-SIZES = {
-    # 4 special tokens and at least one piece; at most NLLB-200's 256,206 and mBART-50's 250,054, with room.
-    "vocab_size": (5, 262144),
-    "num_hiddens": (1, 1024),
-    "embed_size": (1, 1024),
-    "ffn_num_hiddens": (1, 4096),
-    "num_heads": (1, 64),
-    "num_layers": (1, 48),  # T5-xl and NLLB-3.3B have 24 per stack
-    "max_len": (2, 1024),  # BOS and one token at least
-    "query_size": (1, 1024),
-    # An imported Marian's (toolkit.pytorch.hf_marian.MarianSettings); opus-mt-*-big: d_model 1024, ffn 4096, 16 heads, 6 layers.
-    "decoder_vocab_size": (5, 262144),
-    "d_model": (1, 1024),
-    "encoder_layers": (1, 48),
-    "decoder_layers": (1, 48),
-    "encoder_attention_heads": (1, 64),
-    "decoder_attention_heads": (1, 64),
-    "encoder_ffn_dim": (1, 8192),
-    "decoder_ffn_dim": (1, 8192),
-    "max_position_embeddings": (2, 4096),
-    "pad_token_id": (0, 262143),
-    "eos_token_id": (0, 262143),
-    "decoder_start_token_id": (0, 262143),
-    # An imported T5's own (toolkit.pytorch.hf_t5): per-head key size, feed-forward width, relative-position buckets.
-    "d_kv": (1, 1024),
-    "d_ff": (1, 16384),
-    "relative_attention_num_buckets": (2, 1024),
-    "relative_attention_max_distance": (2, 65536),
-    "key_size": (1, 1024),
-    "value_size": (1, 1024),
-}
 
 
 def size_problem(key: str, value: object, name: str | None = None) -> str | None:

@@ -2,7 +2,7 @@
 
 $TK_MODEL first; else the model installed with tk (the wheel carries exported/transformer as
 toolkit/shipped/transformer, see pyproject.toml); else a clone's exported/transformer (an editable
-install). Torch-free.
+install). The folder is named after the architecture whose entry is shipped as the default. Torch-free.
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from toolkit.core.architectures import shipped
+
 _PACKAGE = Path(__file__).resolve().parents[1]  # toolkit/
-INSTALLED = _PACKAGE / "shipped" / "transformer"
-CLONE = _PACKAGE.parent / "exported" / "transformer"
+DEFAULT = shipped("default")[0]
+INSTALLED = _PACKAGE / "shipped" / DEFAULT
+CLONE = _PACKAGE.parent / "exported" / DEFAULT
 
 
 def default_model() -> Path:

@@ -8,14 +8,17 @@ layout is read here with sentencepiece and json alone, to the same ids and text 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import re
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sentencepiece as spm
 
-from toolkit.core.declaration import Declaration, TokenizerDeclaration
+from toolkit.core import architectures  # noqa: F401 (its entries add their tokenizer kinds to TOKENIZERS)
+from toolkit.core.declaration import TOKENIZERS, Declaration, TokenizerDeclaration
 from toolkit.core.errors import DataError, UsageError, first_line
 from toolkit.core.tokenizer import TextTokenizer, Tokenizer
 
@@ -26,28 +29,20 @@ MAX_VOCAB_BYTES = 64 << 20  # a vocab.json is about 1 MB at 58k pieces; anything
 
 
 def open_tokenizer(m) -> TextTokenizer:
-    """The tokenizer of the translation model in manifest `m` (a usage error for any other directory): one of the kinds
-    toolkit.core.declaration.TOKENIZERS names, each a TextTokenizer."""
+    """The tokenizer of the translation model in manifest `m` (a usage error for any other directory): the loader of
+    the kind its declaration names (toolkit.core.declaration.TOKENIZERS), each a TextTokenizer."""
     path = m.translation_tokenizer()
     declared = m.declared().tokenizer
-    if declared.kind == "marian":
-        return MarianTokenizer.load(m.directory, declared, m.rules().end, m.rules().pad)
-    if declared.kind == "m2m100":
-        return SpmVocabTokenizer.load(m.directory, declared, m.rules())
-    if declared.kind == "tokenizer.json":
-        return JsonTokenizer.load(m.directory, declared, m.rules())
-    if declared.kind == "mbart":
-        return FairseqSpmTokenizer.load(m.directory, declared, m.rules())
-    if declared.kind == "t5":
-        return T5SourceTokenizer.load(m.directory, declared, m.rules())
-    if declared.kind == "words":
-        return word_tokenizer(m.directory, declared)
+    loader = TOKENIZERS[declared.kind].loader
+    if loader is not None:
+        module, _, name = loader.partition(":")
+        return attrgetter(name)(importlib.import_module(module))(m.directory, declared, m.rules())
     if declared.source_end:
         return source_end_tokenizer(path, m.rules().end)
     return Tokenizer.load(path)
 
 
-def word_tokenizer(directory: Path, declared: TokenizerDeclaration):
+def word_tokenizer(directory: Path, declared: TokenizerDeclaration, rules=None):
     """An adapter's word-level vocabulary (toolkit.core.word_vocab): plain JSON, split by its declared rule."""
     from toolkit.core.word_vocab import WordTokenizer
 
@@ -110,12 +105,12 @@ class MarianTokenizer(TextTokenizer):
         self.special = {unk, end, pad}
 
     @classmethod
-    def load(cls, directory: Path, declared: TokenizerDeclaration, end: int, pad: int) -> MarianTokenizer:
+    def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> MarianTokenizer:
         source = _load_spm(directory / declared.source)
         target = _load_spm(directory / (declared.target or declared.source))
         vocab = read_vocab(directory / declared.vocab)
         target_vocab = read_vocab(directory / declared.target_vocab) if declared.target_vocab else None
-        return cls(source, target, vocab, target_vocab, declared.unk, end, pad)
+        return cls(source, target, vocab, target_vocab, declared.unk, rules.end, rules.pad)
 
     @property
     def vocab_size(self) -> int:
@@ -181,7 +176,7 @@ def choose_languages(m: Manifest, source_lang: str | None, target_lang: str | No
     does not know, or any code for a model of one other pair, is one line. The one place a pair is chosen: tk translate,
     translate-corpus, evaluate, verify, serve and the Python API all come here."""
     declared = m.declared().tokenizer
-    if declared.kind == "t5":
+    if TOKENIZERS[declared.kind].task_prefixes:
         return t5_pair(m, source_lang, target_lang)
     if declared.languages is None:
         if source_lang is None and target_lang is None:
@@ -216,7 +211,7 @@ def with_languages(m, tokenizer, source_lang: str | None, target_lang: str | Non
     chosen = choose_languages(m, source_lang, target_lang)
     if chosen is m:
         return m, tokenizer
-    if chosen.declared().tokenizer.kind == "t5":  # no language code: the pair's task prefix
+    if TOKENIZERS[chosen.declared().tokenizer.kind].task_prefixes:  # no language code: the pair's task prefix
         return chosen, tokenizer.for_pair(chosen.declared().tokenizer)
     return chosen, tokenizer.for_source(chosen.declared().tokenizer.source_lang)
 
@@ -481,7 +476,7 @@ FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's ids 0 to 3
 
 
 class FairseqSpmTokenizer(LanguageTokenizer):
-    """mBART's sentencepiece.bpe.model (MBartTokenizer, MBart50Tokenizer; kind "mbart"): fairseq's ids, the
+    """mBART's sentencepiece.bpe.model (MBartTokenizer, MBart50Tokenizer): fairseq's ids, the
     SentencePiece model's shifted by one (fairseq puts <s> 0, <pad> 1, </s> 2, <unk> 3 first; the SentencePiece
     model's own <unk>, id 0, is fairseq's 3), the language codes after the pieces, then <mask>."""
 

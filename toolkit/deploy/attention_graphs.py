@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from toolkit.core import architectures
 from toolkit.core.errors import ToolkitError, UsageError
 from toolkit.core.graphs import GraphSpec, TensorSpec, with_outputs
 from toolkit.core.manifest import Manifest
@@ -204,7 +205,7 @@ def translate(directory: str | Path, sentences: list[str], provider: str = "cpu"
     from toolkit.core.tokenizer import Tokenizer
 
     m = manifest_mod.load(directory)
-    if m.kind != "seq2seq" or m.tokenizer_path() is None:
+    if m.kind != architectures.SEQ2SEQ or m.tokenizer_path() is None:
         raise UsageError(f"{directory} is not a trained translation model; use exported/transformer or exported/seq2seq")
     if not sentences or not all(s.strip() for s in sentences):
         raise UsageError("give a non-empty English sentence to translate, e.g. tk attention exported/transformer \"I'm home.\"")
@@ -246,7 +247,7 @@ def nadaraya_watson(directory: str | Path, step: float = 0.1) -> dict[str, np.nd
     from toolkit.runtimes.onnxruntime.sessions import create_session
 
     m = manifest_mod.load(directory)
-    if m.model != "nw":
+    if architectures.get(m.model).figure != "kernel":
         raise UsageError(f"{directory} holds a '{m.model}' model, not the kernel regression; use exported/nw")
     m.check_files()
     points = m.directory / "train_points.npz"

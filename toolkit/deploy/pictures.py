@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from toolkit.core import architectures
 from toolkit.core.atomic import check_output_path, save_with
 from toolkit.core.errors import UsageError
 
@@ -90,7 +91,7 @@ def _heads(name: str, weights: np.ndarray, what: str, layer: int) -> list[tuple[
 def translation_figures(att, path: Path) -> list[Path]:
     """The figures of one translated sentence (toolkit.deploy.attention_graphs.Attention)."""
     caption = f"{att.model}: \u201c{att.sentence}\u201d \u2192 \u201c{att.translation}\u201d"
-    if att.model == "seq2seq":
+    if architectures.get(att.model).figure == "bahdanau":
         return [heatmap_grid(f"{caption}\nBahdanau attention of each output piece over the source",
                              [("decoder step (rows) over source pieces (columns)", att.weights["cross_attention"])], 1,
                              att.target, att.source, path)]

@@ -39,7 +39,7 @@ import sentencepiece as spm
 import torch
 from torch import nn
 
-from toolkit.core.declaration import Declaration, DecodingRules, TokenizerDeclaration
+from toolkit.core.declaration import ADAPTER, Declaration, DecodingRules, TokenizerDeclaration
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
 from toolkit.core.errors import UsageError, first_line
@@ -47,6 +47,7 @@ from toolkit.core.graphs import SRC, GraphSpec, TensorSpec, decoder_graph, make_
 from toolkit.core.word_vocab import FILE as WORD_VOCAB_FILE
 from toolkit.core.word_vocab import TARGET_FILE as TARGET_WORD_VOCAB_FILE
 from toolkit.core.word_vocab import WordVocab
+from toolkit.pytorch.registry import ModelEntry
 
 DIMS = ("batch", "src_len", "past_len")
 # The example batch the contract is checked on before export (all distinct and >= 2, as the exporter's own sizes are,
@@ -215,7 +216,7 @@ def _tensor(name: str, dims: tuple, integer: frozenset[str], fill: str = "normal
 
 
 def graphs(adapter: Seq2SeqAdapter, target: str) -> list[GraphSpec]:
-    """The encoder and decoder declarations of an adapter, in tk's layout (toolkit.pytorch.registry._decoder_graph)."""
+    """The encoder and decoder declarations of an adapter, in tk's layout (toolkit.core.graphs.decoder_graph)."""
     if not adapter.encoder_outputs or not adapter.decoder_state:
         raise UsageError(f"{target}(): encoder_outputs and decoder_state must each name at least one tensor")
     clash = {"src", "src_len", "token", "log_probs"} & (set(adapter.encoder_outputs) | set(adapter.decoder_state))
@@ -341,7 +342,7 @@ def write_files(adapter: Seq2SeqAdapter, settings: AdapterSettings, tmp: Path) -
         (tmp / file).write_bytes(Path(adapter.tokenizer).read_bytes())
         unk = max(spm.SentencePieceProcessor(model_file=str(tmp / file)).unk_id(), 0)
     declared = TokenizerDeclaration(kind, file, target=target_file, unk=unk, source_end=adapter.source_end)
-    declaration = Declaration(rules, declared, origin="adapter", placeholders=False)
+    declaration = Declaration(rules, declared, origin=ADAPTER, placeholders=False)
     return {"declaration": declaration.to_dict(),
             "tokenizer": {"file": file, "sha256": file_sha256(tmp / file), "type": what},
             "special_tokens": {"pad": rules.pad, "bos": rules.start, "eos": rules.end, "unk": unk}, "extra_files": extra}
@@ -352,3 +353,6 @@ def build(settings: AdapterSettings) -> nn.Module:
     import code. The reference is given explicitly (`tk verify DIR --checkpoint MODULE:FUNCTION`)."""
     raise UsageError(f"this model was exported from {settings.target}; tk runs no code a model directory names: "
                      f"give it yourself with --checkpoint {settings.target}")
+
+
+MODEL = ModelEntry("adapter", AdapterSettings, build, lambda cfg: cfg.specs(), random_init=False)

@@ -26,14 +26,14 @@ import torch
 
 from toolkit.core import architectures, manifest, outputs, variants
 from toolkit.core.data import CORPUS_SHA256
-from toolkit.core.declaration import Declaration
+from toolkit.core.declaration import ADAPTER, HF, Declaration
 from toolkit.core.errors import ToolkitError, UsageError, first_line, path_problem
 from toolkit.core.graphs import GraphSpec, make_inputs
 from toolkit.core.node_map import node_map_name
 from toolkit.core.tokenizer import BOS, EOS, PAD, UNK
 from toolkit.core.variants import ExportOptions, wanted_variants
 from toolkit.graphs.variants import build
-from toolkit.pytorch import adapter, checkpoint, hf_import, hf_marian, registry
+from toolkit.pytorch import adapter, bart_family, checkpoint, hf_import, registry
 
 # Sizes of the example inputs traced at export: all distinct and >= 2, so the
 # exporter can neither specialise an axis to 0/1 nor conclude two axes are equal.
@@ -268,10 +268,10 @@ def load_model(opts: ExportOptions):
         return entry, cfg, entry.build(cfg).eval(), None
     if str(opts.checkpoint).startswith(hf_import.PREFIX):
         source = hf_import.read(opts.checkpoint)
-        return registry.get(source.architecture), source.settings, source.model, {"hf": source}
+        return registry.get(source.architecture), source.settings, source.model, {HF: source}
     if adapter.is_target(str(opts.checkpoint)):
         own, settings = adapter.load(str(opts.checkpoint))
-        return registry.get("adapter"), settings, own.model, {"adapter": own}
+        return adapter.MODEL, settings, own.model, {ADAPTER: own}
     ckpt = checkpoint.load(opts.checkpoint)
     entry, cfg, model = checkpoint.build_model(ckpt)
     return entry, cfg, model, ckpt
@@ -333,13 +333,14 @@ def export(opts: ExportOptions, echo=print) -> Path:
     if opts.opset < 18:
         raise UsageError(f"--opset {opts.opset} is too old; the dynamo exporter needs opset 18 or newer")
     entry, cfg, model, ckpt = load_model(opts)
+    architectures.get(entry.name).check("export")
     for variant in wanted_variants(opts):  # before minutes of export: a variant this architecture must not run
         architectures.check_variant(entry.name, variant)
-    if opts.languages and ckpt is not None and "hf" in ckpt:  # a pair the import cannot state: refused before minutes of export
+    if opts.languages and ckpt is not None and HF in ckpt:  # a pair the import cannot state: refused before minutes of export
         from toolkit.core.tokenizers import declaration_stating
 
-        source = ckpt["hf"]
-        declaration = Declaration(source.rules, source.tokenizer, origin="hf", placeholders=False).to_dict()
+        source = ckpt[HF]
+        declaration = Declaration(source.rules, source.tokenizer, origin=HF, placeholders=False).to_dict()
         declaration_stating(declaration, *opts.languages, where=str(source.directory))
     with outputs.writing(target) as tmp:
         data = write_directory(tmp, opts, entry, cfg, model, ckpt, echo)
@@ -404,17 +405,17 @@ def write_directory(tmp: Path, opts: ExportOptions, entry, cfg, model, ckpt, ech
         **attention_declaration(entry.name, dataclasses.asdict(cfg)),
         "extra_files": node_maps,
     }
-    if entry.kind == "seq2seq":  # tk's own rules, declared like any other model's (an import's replace them below)
+    if entry.kind == architectures.SEQ2SEQ:  # tk's own rules, declared like any other model's (an import's replace them below)
         data["declaration"] = Declaration().to_dict()
-    if ckpt is not None and "adapter" in ckpt:
-        data.update(adapter.write_files(ckpt["adapter"], cfg, tmp))
+    if ckpt is not None and ADAPTER in ckpt:
+        data.update(adapter.write_files(ckpt[ADAPTER], cfg, tmp))
         data["extra_files"] = node_maps + data["extra_files"]  # a target word list, hashed as every file is
         data["checkpoint"] = {"path": cfg.target, "weights_sha256": checkpoint.weights_sha256(model)}
-    elif ckpt is not None and "hf" in ckpt:
-        data.update(hf_marian.write_files(ckpt["hf"], tmp))
+    elif ckpt is not None and HF in ckpt:
+        data.update(bart_family.write_files(ckpt[HF], tmp))
         data["extra_files"] = node_maps + data["extra_files"]
-        data["checkpoint"] = ckpt["hf"].record(checkpoint.weights_sha256(model))
-        data["checkpoint"]["path"] = portable_path(ckpt["hf"].directory)
+        data["checkpoint"] = ckpt[HF].record(checkpoint.weights_sha256(model))
+        data["checkpoint"]["path"] = portable_path(ckpt[HF].directory)
     elif ckpt is None:
         # Rebuilt by verify from the seed; the weights digest proves it got the same model.
         data["checkpoint"] = {"random_init": True, "seed": opts.seed, "weights_sha256": checkpoint.weights_sha256(model)}

@@ -260,22 +260,18 @@ def _check_float(name: str, value: float, where: Path) -> None:
         raise UsageError(f"{where}/config.json: {name} must be a number from {low:g} to {high:g}, got {value!r:.40}")
 
 
-def check_sizes(settings: object, where: str, activations: tuple[str, ...], target_vocab: int, vocab_name: str) -> None:
-    """Refuses, before anything is allocated, settings tk cannot build: sizes within the manifest's bounds, an
-    activation tk exports, heads that divide d_model, special and suppressed token ids inside the target vocabulary."""
+def check_sizes(settings: object, where: str, target_vocab: int, vocab_name: str = "vocabulary") -> None:
+    """Refuses, before anything is allocated, settings tk cannot build: sizes within the bounds tk builds
+    (toolkit.core.architectures.SIZES), special and suppressed token ids inside the target vocabulary."""
     from dataclasses import asdict
 
-    from toolkit.core.manifest import SIZES, size_problem
+    from toolkit.core.architectures import SIZES
+    from toolkit.core.manifest import size_problem
 
     for key, value in asdict(settings).items():
         problem = size_problem(key, value) if key in SIZES else None
         if problem:
             raise UsageError(f"{where}: {problem}")
-    if settings.activation_function not in activations:
-        raise UsageError(f"{where}: activation_function {settings.activation_function!r} is not one tk exports ({', '.join(activations)})")
-    for heads in (settings.encoder_attention_heads, settings.decoder_attention_heads):
-        if settings.d_model % heads:
-            raise UsageError(f"{where}: d_model {settings.d_model} is not divisible by {heads} attention heads")
     for t in [settings.pad_token_id, settings.eos_token_id, settings.decoder_start_token_id, *settings.suppressed()]:
         if not 0 <= t < target_vocab:
             raise UsageError(f"{where}: token id {t} is outside the {vocab_name} of {target_vocab}")

@@ -1,9 +1,7 @@
 """Hugging Face MBartForConditionalGeneration in (mBART-cc25 and its fine-tunes, mBART-50): `tk export hf:DIR --out
-OUT`, the builder of architecture "mbart" (toolkit.core.architectures).
+OUT`, the builder of toolkit.core.entries.mbart, a member of the BART family (toolkit.pytorch.bart_family).
 
-`MBartForTk` computes tk's graphs (an encoder graph with every decoder layer's cross keys/values, a one-step decoder
-over per-layer self-attention caches) with the model's own modules, so the exported nodes carry transformers' module
-paths and `tk verify --localize` names them: its scaled embeddings (MBartScaledWordEmbedding scales itself), its learned
+What is mBART's own: its scaled embeddings (MBartScaledWordEmbedding scales itself), its learned
 positions (MBartLearnedPositionalEmbedding, rows offset by 2), `layernorm_embedding` after embeddings and positions, its
 pre-LN layers, the final `layer_norm` of encoder and decoder, the tied output layer and its `final_logits_bias` (zeros
 in the released checkpoints, so an exporter that drops it goes unnoticed until a fine-tune sets it).
@@ -24,134 +22,41 @@ languages) is not imported: its model_type is refused in one line naming what tk
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import nn
-
-from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_key
+from toolkit.core.declaration import DecodingRules, TokenizerDeclaration
 from toolkit.core.errors import UsageError
-from toolkit.pytorch import hf_files
-from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
-from toolkit.pytorch.hf_layers import call_layer
-from toolkit.pytorch.hf_m2m100 import LANGUAGE_TOKEN, _default, _language_codes
-from toolkit.pytorch.hf_m2m100 import _tokenizer as _json_tokenizer
-from toolkit.pytorch.hf_marian import ACTIVATIONS, HfSource, _heads, _LayerCache, write_files
+from toolkit.pytorch import bart_family, hf_files
+from toolkit.pytorch.bart_family import (
+    FamilyForTk,
+    FamilySettings,
+    HfSource,
+    default_language,
+    language_codes,
+    multilingual_tokenizer,
+    saved_language_tokens,
+)
+from toolkit.pytorch.hf_files import generation_fields, inside
+from toolkit.pytorch.registry import ModelEntry
 
-__all__ = ["MBartSettings", "MBartForTk", "build", "read", "write_files"]
-MODEL_CLASS = "MBartForConditionalGeneration"
 # The tokenizer classes that put the source's code first (mBART-50); every other mBART tokenizer puts it last.
 PREFIX_CLASSES = ("MBart50Tokenizer", "MBart50TokenizerFast")
 
 
 @dataclass
-class MBartSettings:
-    """What tk keeps of an MBartConfig: every field its computation depends on (the manifest's "config")."""
+class MBartSettings(FamilySettings):
+    """What tk keeps of an MBartConfig (FamilySettings' fields and defaults); decoder_start_token_id is the decoder's
+    first input tk uses by default (see read: cc25's is a language code)."""
 
-    vocab_size: int = 128
-    d_model: int = 32
-    encoder_layers: int = 2
-    decoder_layers: int = 2
-    encoder_attention_heads: int = 4
-    decoder_attention_heads: int = 4
-    encoder_ffn_dim: int = 64
-    decoder_ffn_dim: int = 64
-    activation_function: str = "gelu"
-    scale_embedding: bool = False
-    tie_word_embeddings: bool = True
-    max_position_embeddings: int = 64
-    pad_token_id: int = 1
-    eos_token_id: int = 2
-    decoder_start_token_id: int = 2  # the decoder's first input tk uses by default (see read: cc25's is a language code)
-    max_len: int = 64  # tk's positions bound: max_position_embeddings
-    suppress_tokens: str = ""  # comma-separated ids the decoder graph gives -inf
-    dropout: float = 0.0
-
-    # tk's own fields, not MBartConfig's
-    OWN = ("max_len", "suppress_tokens")
-
-    def hf_config(self):
-        from transformers import MBartConfig
-
-        keep = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.OWN}
-        config = MBartConfig(**keep, forced_eos_token_id=self.eos_token_id, attention_dropout=0.0, activation_dropout=0.0,
-                             encoder_layerdrop=0.0, decoder_layerdrop=0.0)
-        config._attn_implementation = "eager"
-        return config
-
-    def suppressed(self) -> list[int]:
-        return [int(t) for t in self.suppress_tokens.split(",") if t]
+    CONFIG, MODEL_CLASS = "MBartConfig", "MBartForConditionalGeneration"
 
 
-def _check(settings: MBartSettings, where: str) -> None:
-    """Refuses, before anything is allocated, a config tk cannot build (hf_files.check_sizes: one shared vocabulary)."""
-    hf_files.check_sizes(settings, where, ACTIVATIONS, settings.vocab_size, "vocabulary")
+class MBartForTk(FamilyForTk):
+    """mBART as tk's graphs: the family's own computation (learned positions, layernorm_embedding, final layer norms,
+    final_logits_bias: zeros in the released checkpoints, so an exporter that drops it goes unnoticed until a
+    fine-tune sets it)."""
 
-
-def build(settings: MBartSettings) -> MBartForTk:
-    """An MBartForConditionalGeneration of these settings, randomly initialised (weights are loaded after), for tk."""
-    from transformers import MBartForConditionalGeneration
-
-    _check(settings, "config")
-    return MBartForTk(MBartForConditionalGeneration(settings.hf_config()).eval(), settings)
-
-
-class MBartForTk(nn.Module):
-    """MBart's computation split as tk's graphs are (see the module's docstring); holds the Hugging Face model's own
-    modules under their own names (model, lm_head, final_logits_bias), so parameter names are transformers'."""
-
-    def __init__(self, hf: nn.Module, settings: MBartSettings):
-        super().__init__()
-        self.model, self.lm_head = hf.model, hf.lm_head
-        # The same tensor as the model's buffer: loading the directory's weights into `hf` sets it here too.
-        self.register_buffer("final_logits_bias", hf.final_logits_bias)
-        self.settings = settings
-        mask = torch.zeros(hf.lm_head.out_features)
-        mask[settings.suppressed()] = float("-inf")
-        self.register_buffer("suppress", mask, persistent=False)
-        object.__setattr__(self, "hf", hf)  # the whole model, for generate(); not a second submodule
-
-    @staticmethod
-    def _mask(src_len: torch.Tensor, n: int) -> torch.Tensor:
-        """(batch, 1, 1, n): 0 over a source's tokens, the float minimum over its padding (transformers' eager mask)."""
-        keep = torch.arange(n, device=src_len.device)[None, :] < src_len[:, None]
-        return torch.where(keep, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
-
-    def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> dict[str, torch.Tensor]:
-        enc = self.model.encoder
-        # Positions count from 0 whatever the padding (MBartLearnedPositionalEmbedding adds its offset of 2 itself).
-        x = enc.layernorm_embedding(enc.embed_tokens(src) + enc.embed_positions(src))
-        mask = self._mask(src_len, src.shape[1])
-        for layer in enc.layers:
-            x = call_layer(layer, x, mask)
-        x = enc.layer_norm(x)
-        out = {"memory": x, "src_len": src_len}
-        for i, layer in enumerate(self.model.decoder.layers):
-            att = layer.encoder_attn
-            out[layer_key("cross_k", i)], out[layer_key("cross_v", i)] = _heads(att, x, att.k_proj), _heads(att, x, att.v_proj)
-        return out
-
-    def decode_step(self, token: torch.Tensor, cache: dict[str, torch.Tensor]):
-        dec = self.model.decoder
-        past = cache[layer_key("self_k", 0)].shape[2]
-        ids = token[:, None]
-        x = dec.layernorm_embedding(dec.embed_tokens(ids) + dec.embed_positions(ids, past))
-        cross_mask = self._mask(cache["src_len"], cache[layer_key("cross_k", 0)].shape[2])
-        new = {}
-        for i, layer in enumerate(dec.layers):
-            sk, sv, ck, cv = (layer_key(name, i) for name in ("self_k", "self_v", "cross_k", "cross_v"))
-            layer_cache = _LayerCache(cache[sk], cache[sv], cache[ck], cache[cv])
-            # No causal mask: the cache holds only earlier positions; the encoder states are a stand-in (the cache
-            # returns the encoder graph's keys/values).
-            x = call_layer(layer, x, None, x, encoder_attention_mask=cross_mask, layer_cache=layer_cache)
-            new[sk], new[sv] = layer_cache.new_k, layer_cache.new_v
-        logits = self.lm_head(dec.layer_norm(x)[:, 0]) + self.final_logits_bias
-        # As generate: log-softmax first, then the forbidden tokens at -inf (the others are not renormalised).
-        return torch.log_softmax(logits, dim=-1) + self.suppress, {**cache, **new}
-
-
-# ---- reading a Hugging Face directory -----------------------------------------------------------------------------
 
 def _start_fallback(name: str, config: dict) -> object:
     """generate's decoder start when the configs give none: bos_token_id (MBartConfig's default 0)."""
@@ -162,17 +67,7 @@ def settings_from(config: dict, generation: dict, where: Path) -> tuple[MBartSet
     """tk's settings, the end rules and the configured forced first token (None: none) from the two configs."""
     # A null field is an unset one (mbart-large-cc25's config.json writes decoder_start_token_id: null).
     gen = {k: v for k, v in generation_fields(config, generation).items() if v is not None}
-    values = hf_files.config_values(MBartSettings, config, gen, where, MBartSettings.OWN, _start_fallback)
-    origin = lambda key: f"{where}/{'generation_config.json' if key in generation else 'config.json'}"  # noqa: E731
-    suppress = forbidden(gen, origin)
-    settings = MBartSettings(**values, max_len=min(values["max_position_embeddings"], 1024),
-                             suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
-    _check(settings, f"{where}/config.json")
-    first = gen.get("forced_bos_token_id")
-    if first is not None and (type(first) is not int or not 0 <= first < settings.vocab_size):
-        raise UsageError(f"{origin('forced_bos_token_id')}: forced_bos_token_id must be a token id below {settings.vocab_size}, got {first!r:.40}")
-    rules = hf_files.end_rules(settings, config, gen, origin, where)
-    return settings, rules, first
+    return bart_family.settings_from(MBartSettings, config, generation, where, _start_fallback, gen)
 
 
 def _codes_first(directory: Path, tok_config: dict) -> bool:
@@ -197,11 +92,9 @@ def _fairseq_language_tokens(tok_config: dict, pieces: int, codes_first: bool) -
     """The language tokens of a sentencepiece.bpe.model tokenizer: its saved added_tokens_decoder where it has them,
     else the class's rule (its FAIRSEQ_LANGUAGE_CODES numbered after the SentencePiece pieces, shifted by fairseq's
     offset of 1)."""
-    saved = tok_config.get("added_tokens_decoder")
-    if isinstance(saved, dict):
-        found = {int(i): t.get("content") for i, t in saved.items() if str(i).isdigit() and isinstance(t, dict)}
-        if any(isinstance(c, str) and LANGUAGE_TOKEN.fullmatch(c) for c in found.values()):
-            return found
+    saved = saved_language_tokens(tok_config)
+    if saved is not None:
+        return saved
     if codes_first:
         from transformers.models.mbart50.tokenization_mbart50 import FAIRSEQ_LANGUAGE_CODES
     else:
@@ -224,10 +117,10 @@ def _spm_tokenizer(directory: Path, tok_config: dict, settings: MBartSettings, c
         raise UsageError(f"{path}: its {pieces} pieces (ids up to {pieces}) do not fit the model's vocabulary of "
                          f"{settings.vocab_size} (config.json vocab_size)")
     added = _fairseq_language_tokens(tok_config, pieces, codes_first)
-    codes = _language_codes(added, settings.vocab_size, directory)
+    codes = language_codes(added, settings.vocab_size, directory)
     declared = TokenizerDeclaration(kind="mbart", source="sentencepiece.bpe.model", unk=3, languages=codes,
-                                    lang_suffix=not codes_first, source_lang=_default(tok_config, "src_lang", codes, None),
-                                    target_lang=_default(tok_config, "tgt_lang", codes, None))
+                                    lang_suffix=not codes_first, source_lang=default_language(tok_config, "src_lang", codes, None),
+                                    target_lang=default_language(tok_config, "tgt_lang", codes, None))
     name = "MBart50Tokenizer" if codes_first else "MBartTokenizer"
     return declared, f"{name} (sentencepiece.bpe.model, fairseq ids)"
 
@@ -256,34 +149,20 @@ def _decoding(settings: MBartSettings, rules: DecodingRules, tokenizer: Tokenize
 
 def read(source: str | Path) -> HfSource:
     """Reads `hf:DIR` (or DIR): config, generation config, weights and the tokenizer files."""
-    directory = hf_files.directory_of(source)
-    config = hf_files.read_json(directory, "config.json", what="model and tokenizer")
-    generation = hf_files.read_json(directory, "generation_config.json", required=False) or {}
+    directory, config, generation, tok_config = bart_family.read_configs(source, "model and tokenizer")
     settings, rules, forced = settings_from(config, generation, directory)
-    tok_config = hf_files.read_json(directory, "tokenizer_config.json", required=False) or {}
     codes_first = _codes_first(directory, tok_config)
     if inside(directory, "tokenizer.json").is_file():
-        tokenizer, note = _json_tokenizer(directory, tok_config, settings, forced)
+        tokenizer, note = multilingual_tokenizer(directory, tok_config, settings, forced)
         tokenizer = dataclasses.replace(tokenizer, lang_suffix=not codes_first)
         note = f"{'MBart50Tokenizer' if codes_first else 'MBartTokenizer'} ({note})"
     else:
         tokenizer, note = _spm_tokenizer(directory, tok_config, settings, codes_first)
     settings, rules, tokenizer = _decoding(settings, rules, tokenizer, codes_first, forced, config, generation)
-    state, origin, files = hf_files.read_weights(directory, MODEL_CLASS)
-    from transformers import MBartForConditionalGeneration
+    # Besides the tied entries: the output bias, which transformers starts at zero when absent.
+    optional = bart_family.tied(settings) | {"final_logits_bias"}
+    model, files = bart_family.load_weights(MBartForTk, settings, directory, optional)
+    return HfSource(directory, settings, rules, model, files, tokenizer, bart_family.beams(config, generation), "mbart", note)
 
-    _check(settings, "config")
-    own = meta_shapes(lambda: MBartForConditionalGeneration(settings.hf_config()))
-    # Tied to model.shared (saved once, under one of the names); the output bias transformers starts at zero when absent.
-    optional = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "final_logits_bias"}
-    optional |= {"lm_head.weight"} if settings.tie_word_embeddings else set()
-    if "model.shared.weight" not in state:
-        optional.add("model.shared.weight")
-    check_weights(own, optional, state, origin, directory, MODEL_CLASS)
-    model = build(settings)
-    model.hf.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    model.hf.tie_weights()
-    model.eval()
-    beams = generation.get("num_beams", config.get("num_beams", 1))
-    return HfSource(directory, settings, rules, model, files, tokenizer, beams if type(beams) is int and beams >= 1 else 1,
-                    architecture="mbart", tokenizer_type=note)
+
+MODEL = ModelEntry("mbart", MBartSettings, MBartForTk.build, MBartSettings.graphs)

@@ -1,5 +1,6 @@
 """Hugging Face T5ForConditionalGeneration in (T5, T5 v1.1, Flan-T5; MT5ForConditionalGeneration for mT5):
-`tk export hf:DIR --out OUT`, the builder of architecture "t5" (toolkit.core.architectures).
+`tk export hf:DIR --out OUT`, the builder of toolkit.core.entries.t5 (what it shares with the BART family:
+toolkit.pytorch.bart_family's LayerCache, HfSource, write_files).
 
 `T5ForTk` computes tk's graphs (an encoder graph with every decoder layer's cross keys/values, a one-step decoder over
 per-layer self-attention caches) by calling the model's own T5Block modules, so the exported nodes carry transformers'
@@ -58,13 +59,12 @@ from torch import nn
 from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_key
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import FLOAT, SRC, GraphSpec, TensorSpec, decoder_graph
-from toolkit.core.manifest import SIZES, size_problem
 from toolkit.pytorch import hf_files
+from toolkit.pytorch.bart_family import HfSource, LayerCache, beams, read_configs, source_mask, suppress_mask
 from toolkit.pytorch.hf_files import check_weights, forbidden, generation_fields, inside, meta_shapes
 from toolkit.pytorch.hf_layers import call_layer
-from toolkit.pytorch.hf_marian import HfSource, _LayerCache, write_files
+from toolkit.pytorch.registry import ModelEntry
 
-__all__ = ["T5Settings", "T5ForTk", "build", "graphs", "read", "write_files", "task_prefixes"]
 MODEL_CLASSES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
 # The activations transformers' ACT2FN gives T5's feed-forward that tk exports; "gated-" before one: the gated form.
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_fast", "silu", "swish", "gelu_pytorch_tanh")
@@ -130,11 +130,7 @@ class T5Settings:
 
 def _check(settings: T5Settings, where: str) -> None:
     """Refuses, before anything is allocated, a config tk cannot build: sizes within the manifest's bounds (T5's
-    own among them), a feed-forward tk exports, token ids inside the vocabulary."""
-    for key, value in vars(settings).items():
-        problem = size_problem(key, value) if key in SIZES else None
-        if problem:
-            raise UsageError(f"{where}: {problem}")
+    own among them), token ids inside the vocabulary, a feed-forward tk exports."""
     proj = settings.feed_forward_proj
     if proj.count("-") > 1 or ("-" in proj and not proj.startswith("gated-")) or settings.activation() not in ACTIVATIONS:
         raise UsageError(f"{where}: feed_forward_proj {proj!r} is not one tk exports ({', '.join(ACTIVATIONS)}, each "
@@ -143,9 +139,7 @@ def _check(settings: T5Settings, where: str) -> None:
         raise UsageError(f"{where}: layer_norm_epsilon must be between 0 and 1, got {settings.layer_norm_epsilon}")
     if settings.model_type not in MODEL_CLASSES:
         raise UsageError(f"{where}: model_type {settings.model_type!r} is not a T5 ({', '.join(MODEL_CLASSES)})")
-    for t in [settings.pad_token_id, settings.eos_token_id, settings.decoder_start_token_id, *settings.suppressed()]:
-        if not 0 <= t < settings.vocab_size:
-            raise UsageError(f"{where}: token id {t} is outside the vocabulary of {settings.vocab_size}")
+    hf_files.check_sizes(settings, where, settings.vocab_size)
 
 
 def _hf_model(settings: T5Settings) -> nn.Module:
@@ -174,8 +168,8 @@ def graphs(settings: T5Settings) -> list[GraphSpec]:
     return [encoder, decoder_graph(past, cross, settings.vocab_size)]
 
 
-class _T5LayerCache(_LayerCache):
-    """_LayerCache (self-attention grows by one position, cross-attention returns the encoder graph's keys/values)
+class _T5LayerCache(LayerCache):
+    """LayerCache (self-attention grows by one position, cross-attention returns the encoder graph's keys/values)
     plus the length T5Attention reads before it computes the relative bias: the past positions, from the cache's
     shape, so the exported graph derives the step's position from its dynamic past_len axis."""
 
@@ -191,21 +185,13 @@ class T5ForTk(nn.Module):
         super().__init__()
         self.shared, self.encoder, self.decoder, self.lm_head = hf.shared, hf.encoder, hf.decoder, hf.lm_head
         self.settings = settings
-        mask = torch.zeros(hf.lm_head.out_features)
-        mask[settings.suppressed()] = float("-inf")
-        self.register_buffer("suppress", mask, persistent=False)
+        self.register_buffer("suppress", suppress_mask(hf, settings), persistent=False)
         object.__setattr__(self, "hf", hf)  # the whole model, for generate(); not a second submodule
-
-    @staticmethod
-    def _mask(src_len: torch.Tensor, n: int) -> torch.Tensor:
-        """(batch, 1, 1, n): 0 over a source's tokens, the float minimum over its padding (transformers' eager mask)."""
-        keep = torch.arange(n, device=src_len.device)[None, :] < src_len[:, None]
-        return torch.where(keep, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
 
     def encode(self, src: torch.Tensor, src_len: torch.Tensor) -> dict[str, torch.Tensor]:
         enc = self.encoder
         x = enc.embed_tokens(src)
-        mask = self._mask(src_len, src.shape[1])
+        mask = source_mask(src_len, src.shape[1])
         bias = None  # block 0 computes the bidirectional relative bias; the others reuse it, as T5Stack does
         positions = torch.arange(src.shape[1], device=src.device)
         for block in enc.block:
@@ -222,7 +208,7 @@ class T5ForTk(nn.Module):
     def decode_step(self, token: torch.Tensor, cache: dict[str, torch.Tensor]):
         dec = self.decoder
         x = dec.embed_tokens(token[:, None])
-        cross_mask = self._mask(cache["src_len"], cache[layer_key("cross_k", 0)].shape[2])
+        cross_mask = source_mask(cache["src_len"], cache[layer_key("cross_k", 0)].shape[2])
         self_bias = cross_bias = None  # computed by block 0 (the causal bias of position `past`), reused after
         past = cache[layer_key("self_k", 0)].shape[2]
         positions = torch.arange(past, past + 1, device=token.device)
@@ -354,11 +340,8 @@ def _tokenizer(directory: Path, settings: T5Settings, prefixes: dict[str, str], 
 
 def read(source: str | Path) -> HfSource:
     """Reads `hf:DIR` (or DIR): config, generation config, weights and the tokenizer files."""
-    directory = hf_files.directory_of(source)
-    config = hf_files.read_json(directory, "config.json", what="model and tokenizer")
-    generation = hf_files.read_json(directory, "generation_config.json", required=False) or {}
+    directory, config, generation, tok_config = read_configs(source, "model and tokenizer")
     settings, rules = settings_from(config, generation, directory)
-    tok_config = hf_files.read_json(directory, "tokenizer_config.json", required=False) or {}
     tokenizer, note = _tokenizer(directory, settings, task_prefixes(config, directory), tok_config)
     model_class = MODEL_CLASSES[settings.model_type]
     state, origin, files = hf_files.read_weights(directory, model_class)
@@ -381,6 +364,7 @@ def read(source: str | Path) -> HfSource:
     model = build(settings)
     model.hf.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     model.eval()
-    beams = generation.get("num_beams", config.get("num_beams", 1))
-    return HfSource(directory, settings, rules, model, files, tokenizer, beams if type(beams) is int and beams >= 1 else 1,
-                    architecture="t5", tokenizer_type=note)
+    return HfSource(directory, settings, rules, model, files, tokenizer, beams(config, generation), "t5", note)
+
+
+MODEL = ModelEntry("t5", T5Settings, build, graphs)

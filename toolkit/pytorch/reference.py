@@ -11,6 +11,7 @@ import onnx.numpy_helper
 import torch
 
 from toolkit.core import architectures
+from toolkit.core.declaration import ADAPTER
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import CheckpointRecord, Manifest
 from toolkit.pytorch import checkpoint, registry
@@ -52,7 +53,7 @@ def load_reference(m: Manifest, echo=lambda s: None, checkpoint_path: str | Path
         raise UsageError(f"{m.directory}/manifest.json: checkpoint.seed must be an integer in [0, 2^32); re-export")
     if architectures.imported(m.model):
         return _hf_reference(m, entry, cfg, record, echo, checkpoint_path)
-    if m.model == "adapter":
+    if architectures.get(m.model).origin == ADAPTER:
         return _adapter_reference(m, entry, cfg, record, echo, checkpoint_path)
     if checkpoint_path is not None:
         # Given explicitly: its own digest is checked at load, and verify compares it with the graphs' weights.

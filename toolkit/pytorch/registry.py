@@ -1,37 +1,30 @@
-"""The one registry of models: config, builder, and exportable graphs of each.
+"""The torch side of every architecture: the ModelEntry its builder module declares (config class, build, graphs,
+attention), found through the architecture's entry (toolkit.core.architectures), and the modules the exporter traces.
 
-Adding a model means adding a class to models/ and one `@register` entry here;
-`tk train`, `tk export`, `tk verify` and `tk translate` all work from it.
+`tk train`, `tk export`, `tk verify` and `tk translate` all work from `get(name)`; no architecture is named here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
+from toolkit.core import architectures
+from toolkit.core.architectures import SIZES
 from toolkit.core.errors import UsageError
-from toolkit.core.graphs import FLOAT, INT, SRC, GraphSpec, TensorSpec, decoder_graph, encoder_decoder_graphs
-from toolkit.core.manifest import SIZES, size_problem
-from toolkit.models.attention import AdditiveAttention, DotProductAttention, MultiHeadAttention, masked_softmax
-from toolkit.models.kernel_regression import NWKernelRegression
-from toolkit.models.seq2seq import Seq2SeqAttention, Seq2SeqConfig
-from toolkit.models.transformer import Transformer, TransformerConfig, layer_key
-from toolkit.pytorch import hf_m2m100, hf_mbart, hf_t5
-from toolkit.pytorch.adapter import AdapterSettings
-from toolkit.pytorch.adapter import build as adapter_build
-from toolkit.pytorch.hf_marian import MarianSettings
-from toolkit.pytorch.hf_marian import build as hf_build
+from toolkit.core.graphs import GraphSpec, TensorSpec
+from toolkit.core.manifest import size_problem
 
 
 @dataclass
 class ModelEntry:
     name: str
-    kind: str  # "seq2seq": encoder + decoder step graphs; "module": one standalone graph
     config_cls: type
     build: Callable[[object], nn.Module]
     graphs: Callable[[object], list[GraphSpec]]
@@ -45,6 +38,14 @@ class ModelEntry:
     read_attention: Callable[[nn.Module, str, int], list] | None = None
     # Whether `build(config)` makes the model (with random weights): not for an adapter, whose code only its user names.
     random_init: bool = True
+    # Training settings per `tk train --preset` (over train.PRESETS' sizes), and the presets that are its recipe alone.
+    presets: dict[str, dict] = field(default_factory=dict)
+    recipes: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """Its graphs' layout, as its architecture's entry declares it."""
+        return architectures.get(self.name).kind
 
     def config(self, **overrides) -> object:
         known = {f.name for f in dataclasses.fields(self.config_cls)}
@@ -119,7 +120,7 @@ def parse_value(key: str, raw: object, kind: type):
 
 def check_config(model: str, cfg: object, where: str = "config") -> None:
     """Sizes a model can actually be built and trained with, each within the bounds a manifest accepts
-    (manifest.SIZES); checked before any work starts and before anything is allocated (`--set num_layers=1e20`
+    (architectures.SIZES); checked before any work starts and before anything is allocated (`--set num_layers=1e20`
     grew memory at 170 MB/s, `--set max_len=100000000` asked for a 25 GB table)."""
     values = dataclasses.asdict(cfg)
     for key, value in values.items():
@@ -143,174 +144,17 @@ def _divisor_near(n: int, k: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
 
 
-REGISTRY: dict[str, ModelEntry] = {}
-
-
-def trainable() -> list[str]:
-    """The registered models that `tk train` can train."""
-    return [name for name, e in REGISTRY.items() if e.train is not None]
-
-
-def register(entry: ModelEntry) -> ModelEntry:
-    REGISTRY[entry.name] = entry
-    return entry
-
-
 def get(name: str) -> ModelEntry:
-    if name not in REGISTRY:
-        raise UsageError(f"unknown model '{name}'; choose one of: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]
+    """The ModelEntry of architecture `name`, from the builder module its entry names (MODEL, or MODELS by name)."""
+    if name not in architectures.ARCHITECTURES:
+        raise UsageError(f"unknown model '{name}'; choose one of: {', '.join(sorted(architectures.ARCHITECTURES))}")
+    module = importlib.import_module(architectures.ARCHITECTURES[name].builder)
+    return getattr(module, "MODELS", {}).get(name) or module.MODEL
 
 
-# ---- seq2seq models: an encoder graph and a one-step decoder graph (toolkit.core.graphs) -------
-
-def transformer_graphs(cfg: TransformerConfig) -> list[GraphSpec]:
-    return encoder_decoder_graphs(cfg.num_hiddens, cfg.decoder_layers, cfg.num_heads, cfg.vocab_size)
-
-
-def marian_graphs(cfg: MarianSettings) -> list[GraphSpec]:
-    return encoder_decoder_graphs(cfg.d_model, cfg.decoder_layers, cfg.decoder_attention_heads, cfg.decoder_vocab_size)
-
-
-def hf_graphs(cfg) -> list[GraphSpec]:
-    """An imported encoder-decoder's graphs in tk's cache layout (toolkit.core.architectures' "hf" entries)."""
-    return encoder_decoder_graphs(cfg.d_model, cfg.decoder_layers, cfg.decoder_attention_heads, cfg.vocab_size)
-
-
-def seq2seq_graphs(cfg: Seq2SeqConfig) -> list[GraphSpec]:
-    memory = TensorSpec("memory", FLOAT, ("batch", "src_len", cfg.num_hiddens))
-    state = TensorSpec("state", FLOAT, (cfg.num_layers, "batch", cfg.num_hiddens))
-    encoder = GraphSpec("encoder", SRC, (memory, state))
-    decoder = decoder_graph((state,), (memory,), cfg.vocab_size)
-    return [encoder, decoder]
-
-
-def transformer_attention(cfg: TransformerConfig) -> dict[str, tuple[TensorSpec, ...]]:
-    """Encoder self-attention per layer over the source; per decoder step, each layer's self-attention
-    over the target prefix (the cache plus the new position) and its cross-attention over the source."""
-    h = cfg.num_heads
-    encoder = tuple(TensorSpec(layer_key("encoder_attention", i), FLOAT, ("batch", h, "src_len", "src_len")) for i in range(cfg.num_layers))
-    decoder = tuple(TensorSpec(layer_key(n, i), FLOAT, ("batch", h, k)) for i in range(cfg.decoder_layers)
-                    for n, k in (("self_attention", "past_len+1"), ("cross_attention", "src_len")))
-    return {"encoder": encoder, "decoder": decoder}
-
-
-def read_transformer_attention(model: Transformer, graph: str, batch: int) -> list:
-    if graph == "encoder":
-        return list(model.encoder_attention_weights)
-    return [att.attention.attention_weights.reshape(batch, model.cfg.num_heads, -1) for block in model.decoder_blocks
-            for att in (block.self_attention, block.cross_attention)]
-
-
-def seq2seq_attention(cfg: Seq2SeqConfig) -> dict[str, tuple[TensorSpec, ...]]:
-    """Bahdanau attention of each decoder step over the source."""
-    return {"encoder": (), "decoder": (TensorSpec("cross_attention", FLOAT, ("batch", "src_len")),)}
-
-
-def read_seq2seq_attention(model: Seq2SeqAttention, graph: str, batch: int) -> list:
-    return [] if graph == "encoder" else [model.decoder.attention.attention_weights.reshape(batch, -1)]
-
-
-# The encoder-decoder Transformer (post-LN; --pre-ln for pre-LN).
-register(ModelEntry("transformer", "seq2seq", TransformerConfig, Transformer, transformer_graphs, train="translation",
-                    attention=transformer_attention, read_attention=read_transformer_attention))
-# Hugging Face MarianMTModel (the OPUS-MT family), imported with `tk export hf:DIR` (toolkit.pytorch.hf_marian).
-register(ModelEntry("marian", "seq2seq", MarianSettings, hf_build, marian_graphs))
-# Hugging Face M2M100ForConditionalGeneration (M2M-100, NLLB-200), imported with `tk export hf:DIR` (toolkit.pytorch.hf_m2m100).
-register(ModelEntry("m2m100", "seq2seq", hf_m2m100.M2M100Settings, hf_m2m100.build, hf_graphs))
-# Hugging Face MBartForConditionalGeneration (mBART-cc25, mBART-50), imported with `tk export hf:DIR` (toolkit.pytorch.hf_mbart).
-register(ModelEntry("mbart", "seq2seq", hf_mbart.MBartSettings, hf_mbart.build, hf_graphs))
-# Hugging Face T5ForConditionalGeneration (T5, Flan-T5, mT5), imported with `tk export hf:DIR` (toolkit.pytorch.hf_t5): its
-# own graph declaration, since T5's per-head size d_kv is not d_model / heads.
-register(ModelEntry("t5", "seq2seq", hf_t5.T5Settings, hf_t5.build, hf_t5.graphs))
-# Your own encoder-decoder, exported with `tk export MODULE:FUNCTION` (toolkit.pytorch.adapter): its graphs as it declared them.
-register(ModelEntry("adapter", "seq2seq", AdapterSettings, adapter_build, lambda cfg: cfg.specs(), random_init=False))
-# GRU encoder + Bahdanau-attention GRU decoder.
-register(ModelEntry("seq2seq", "seq2seq", Seq2SeqConfig, Seq2SeqAttention, seq2seq_graphs, train="translation",
-                    attention=seq2seq_attention, read_attention=read_seq2seq_attention))
-
-
-# ---- standalone attention modules: one graph each --------------------------------------------
-
-@dataclass
-class AttentionConfig:
-    query_size: int = 8
-    key_size: int = 8
-    value_size: int = 6
-    num_hiddens: int = 16
-    num_heads: int = 4
-
-
-@dataclass
-class KernelRegressionConfig:
-    learn_width: bool = True
-
-
-def _qkv(q: int, k: int, v: int) -> tuple[TensorSpec, ...]:
-    return (TensorSpec("queries", FLOAT, ("batch", "n_q", q)), TensorSpec("keys", FLOAT, ("batch", "n_kv", k)),
-            TensorSpec("values", FLOAT, ("batch", "n_kv", v)), TensorSpec("valid_lens", INT, ("batch", "n_q"), "lengths:n_kv"))
-
-
-def _attention_outputs(v: int, weight_dims: tuple) -> tuple[TensorSpec, ...]:
-    return (TensorSpec("output", FLOAT, ("batch", "n_q", v)), TensorSpec("attention_weights", FLOAT, weight_dims))
-
-
-def _module_graph(inputs, outputs) -> list[GraphSpec]:
-    return [GraphSpec("model", tuple(inputs), tuple(outputs))]
-
-
-def _with_weights(model, *inputs):
-    out = model(*inputs)
-    return out, model.attention_weights
-
-
-class _MaskedSoftmax(nn.Module):
-    """masked_softmax has no parameters; a module gives it the same export path as the rest."""
-
-    def forward(self, scores, valid_lens):
-        return masked_softmax(scores, valid_lens)
-
-
-register(ModelEntry(
-    "masked_softmax", "module", AttentionConfig, lambda c: _MaskedSoftmax(),
-    lambda c: _module_graph(
-        (TensorSpec("scores", FLOAT, ("batch", "n_q", "n_kv")), TensorSpec("valid_lens", INT, ("batch", "n_q"), "lengths:n_kv")),
-        (TensorSpec("weights", FLOAT, ("batch", "n_q", "n_kv")),)),
-    run=lambda m, s, v: (m(s, v),)))
-
-register(ModelEntry(
-    "dot_attention", "module", AttentionConfig, lambda c: DotProductAttention(dropout=0.0),
-    lambda c: _module_graph(_qkv(c.query_size, c.query_size, c.value_size),
-                            _attention_outputs(c.value_size, ("batch", "n_q", "n_kv"))),
-    run=_with_weights))
-
-register(ModelEntry(
-    "additive_attention", "module", AttentionConfig,
-    lambda c: AdditiveAttention(c.query_size, c.key_size, c.num_hiddens, dropout=0.0),
-    lambda c: _module_graph(_qkv(c.query_size, c.key_size, c.value_size),
-                            _attention_outputs(c.value_size, ("batch", "n_q", "n_kv"))),
-    run=_with_weights))
-
-
-def _mha_run(model: MultiHeadAttention, q, k, v, valid_lens):
-    out = model(q, k, v, valid_lens)
-    w = model.attention.attention_weights
-    return out, w.reshape(q.shape[0], model.num_heads, *w.shape[1:])
-
-
-register(ModelEntry(
-    "multihead_attention", "module", AttentionConfig,
-    lambda c: MultiHeadAttention(c.num_hiddens, c.num_heads, dropout=0.0),
-    lambda c: _module_graph(_qkv(c.num_hiddens, c.num_hiddens, c.num_hiddens),
-                            _attention_outputs(c.num_hiddens, ("batch", c.num_heads, "n_q", "n_kv"))),
-    run=_mha_run))
-
-register(ModelEntry(
-    "nw", "module", KernelRegressionConfig, lambda c: NWKernelRegression(c.learn_width),
-    lambda c: _module_graph(
-        (TensorSpec("queries", FLOAT, ("n_q",)), TensorSpec("keys", FLOAT, ("n_q", "n_kv")), TensorSpec("values", FLOAT, ("n_q", "n_kv"))),
-        (TensorSpec("output", FLOAT, ("n_q",)), TensorSpec("attention_weights", FLOAT, ("n_q", "n_kv")))),
-    run=_with_weights, train="regression"))
+def entries() -> list[ModelEntry]:
+    """Every architecture's ModelEntry (imports every builder)."""
+    return [get(name) for name in architectures.ARCHITECTURES]
 
 
 # ---- graph wrappers: the modules that torch.onnx.export traces ------------------------------
@@ -357,7 +201,8 @@ class ModuleGraph(nn.Module):
 
 
 class AttentionGraph(nn.Module):
-    """A graph's module with the attention weights of the same call appended to its outputs."""
+    """A graph's module with the attention weights of the same call appended to its outputs: the PyTorch reference of
+    the attention variant of `spec` (the base spec, without the extra outputs)."""
 
     def __init__(self, entry: ModelEntry, model: nn.Module, spec: GraphSpec):
         super().__init__()
@@ -367,13 +212,8 @@ class AttentionGraph(nn.Module):
         return (*self.inner(*inputs), *self.read(self.model, self.graph, inputs[0].shape[0]))
 
 
-def attention_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Module:
-    """The PyTorch reference of the attention variant of `spec` (the base spec, without the extra outputs)."""
-    return AttentionGraph(entry, model, spec)
-
-
 def graph_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Module:
     """The nn.Module whose forward is exactly the graph `spec` declares."""
-    if entry.kind == "module":
+    if entry.kind == architectures.MODULE:
         return ModuleGraph(model, entry.run)
     return EncoderGraph(model, spec) if spec.name == "encoder" else DecoderGraph(model, spec)

@@ -47,15 +47,8 @@ PRESETS = {
                     epochs=32, max_tokens=6000, lr=1e-3, warmup=2000, eval_sentences=500, noise=True, average_last=6,
                     label_smoothing=0.1, copy_rate=0.08),
 }
-# Presets that describe one model only; `tk train OTHER --preset NAME` is refused.
-PRESET_MODELS = {"student": ("transformer",)}
-# What differs per model from the size preset. The Transformer keeps the paper's schedule and
-# averages its last epochs; the GRU halves its rate when validation loss stalls and stops early.
-MODEL_PRESETS = {
-    ("transformer", "base"): dict(epochs=30, average_last=5),
-    ("seq2seq", "base"): dict(num_hiddens=224, embed_size=224, num_layers=2, tie_embeddings=True, dropout=0.2,
-                              epochs=30, lr=1e-3, warmup=500, schedule="plateau", patience=3),
-}
+# What differs per model from the size preset, and the presets that are one model's recipe alone, are its builder's
+# (registry.ModelEntry.presets and .recipes).
 # Training settings `--set` accepts besides the model's config fields, with their types.
 SETTINGS = {"epochs": int, "max_tokens": int, "lr": float, "warmup": int, "eval_sentences": int, "limit_pairs": int,
             "average_last": int, "patience": int, "label_smoothing": float, "copy_rate": float,
@@ -95,7 +88,7 @@ class TrainOptions:
     def setting(self, key: str):
         value = {"epochs": self.epochs, "lr": self.lr, "limit_pairs": self.limit_pairs, "noise": self.noise}.get(key)
         if value is None:
-            preset = {**PRESETS[self.preset], **MODEL_PRESETS.get((self.model, self.preset), {})}
+            preset = {**PRESETS[self.preset], **registry.get(self.model).presets.get(self.preset, {})}
             value = self.overrides.get(key, preset.get(key))
         return value
 
@@ -164,12 +157,12 @@ def train(opts: TrainOptions, echo=print) -> dict:
     """Runs training as configured; returns the final metrics."""
     if opts.preset not in PRESETS:
         raise UsageError(f"unknown preset '{opts.preset}'; choose one of: {', '.join(PRESETS)}")
-    if opts.model not in PRESET_MODELS.get(opts.preset, (opts.model,)):
-        raise UsageError(f"--preset {opts.preset} is a recipe for {' and '.join(PRESET_MODELS[opts.preset])} only; "
-                         "use --preset tiny or base")
+    owners = [e.name for e in registry.entries() if opts.preset in e.recipes]
+    if owners and opts.model not in owners:
+        raise UsageError(f"--preset {opts.preset} is a recipe for {' and '.join(owners)} only; use --preset tiny or base")
     entry = registry.get(opts.model)
     if entry.train is None:
-        raise UsageError(f"model '{opts.model}' has no training task; train one of: {', '.join(registry.trainable())}")
+        raise UsageError(f"model '{opts.model}' has no training task; train one of: {', '.join(e.name for e in registry.entries() if e.train)}")
     check_settings(opts, entry)
     check_out_dir(opts.out)
     if opts.threads:

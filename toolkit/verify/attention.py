@@ -77,7 +77,7 @@ def verify_attention(m: Manifest, entry: registry.ModelEntry, model: torch.nn.Mo
     tol = tolerance("fp32", atol, rtol)
     for name, spec in specs.items():
         report.rows += static_check(attention_graphs.graph_source(m, name), spec, VARIANT)
-    modules = {name: registry.attention_module(entry, model, base[name]) for name in specs}
+    modules = {name: registry.AttentionGraph(entry, model, base[name]) for name in specs}
     vocab, max_len = getattr(cfg, "vocab_size", 2), getattr(cfg, "max_len", 64)
     for provider in providers:
         sessions = attention_graphs.load_sessions(m, provider)

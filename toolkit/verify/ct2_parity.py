@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from toolkit.core import architectures
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.decode_options import DecodeOptions
 from toolkit.core.decoding import translate_ids
@@ -73,7 +74,7 @@ def verify_ct2(directory: str | Path, provider: str = "cpu", variants: list[str]
     for v, c in loaded.items():
         tol = tolerance(v, atol, rtol)
         for (b, n, t), (src, tgt) in zip(SHAPES, cases):
-            ref = _torch_scores(model, src, tgt, rules, None if m.model == "transformer" else specs)
+            ref = _torch_scores(model, src, tgt, rules, specs if architectures.imported(m.model) else None)
             got = [np.array(r.log_probs, dtype=np.float64) for r in c.translator.score_batch(_words(src), _words(tgt))]
             _score_row(report, v, label, f"batch={b} src<={n} tgt<={t}", ref, got, tol)
     _decode(report, m, model, loaded, label, sentences, data, atol, rtol, echo)

@@ -148,6 +148,7 @@ def verify(directory: str | Path, provider: str = "cpu", variants: list[str] | N
     # A FIFO or a device in a file's place stops the run before anything opens it (a FIFO blocks for ever, /dev/zero
     # never ends); a missing or modified file is a failed check, with the rest still checked.
     m.check_kinds()
+    architectures.get(m.model).check("verify")
     try:
         m.check_files()
     except UsageError as e:
@@ -317,7 +318,7 @@ def _decode(report: Report, m: Manifest, model, cfg, sessions: dict, backends: d
     from toolkit.pytorch.torch_backend import TorchBackend
 
     tok_path = m.tokenizer_path()
-    if m.kind != "seq2seq" or tok_path is None or sentences <= 0:
+    if m.kind != architectures.SEQ2SEQ or tok_path is None or sentences <= 0:
         return []
     specs = m.specs()
     max_len = getattr(cfg, "max_len", 64)

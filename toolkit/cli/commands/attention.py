@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from toolkit.cli.commands.options import TakesModel, provider_option
+from toolkit.core import architectures
 from toolkit.core.errors import UsageError
 
 
@@ -38,7 +39,7 @@ def attention(model_dir, text, output_path, json_path, provider):
     out = output_path or Path(f"attention-{m.model}.png")
     pictures.check_picture_path(out, "-o")
     writable_file(json_path, "--json")
-    if m.model == "nw":
+    if architectures.get(m.model).figure == "kernel":
         if text:
             raise UsageError("exported/nw takes no sentence: it draws its test grid's attention over its training points")
         nw = attention_graphs.nadaraya_watson(model_dir)

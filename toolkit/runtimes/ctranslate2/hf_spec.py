@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from toolkit.core import architectures
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 
@@ -35,16 +36,15 @@ class Layout:
     layernorm_embedding: bool = False  # mBART: a layer norm over the embeddings and positions, before the layers
 
 
-LAYOUTS = {"marian": Layout(pre_norm=False, position_offset=0), "m2m100": Layout(pre_norm=True, position_offset=2),
-           "mbart": Layout(pre_norm=True, position_offset=2, layernorm_embedding=True)}
+def layout(m: Manifest) -> dict | None:
+    """The CTranslate2 layout the model's architecture entry declares (a Layout's fields, or relative_bias for a
+    T5-like one); None: not an import this module converts."""
+    arch = architectures.ARCHITECTURES.get(m.model)
+    return arch.ctranslate2 if arch is not None else None
 
 # transformers' activation names as CTranslate2's (its converter's _SUPPORTED_ACTIVATIONS, the ones these models use).
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_python": "GELU", "gelu_new": "GELUTanh", "gelu_fast": "GELUTanh",
                 "gelu_pytorch_tanh": "GELUTanh", "swish": "SWISH", "silu": "SWISH"}
-
-
-# The imports this module converts: the BART family by layout, and T5.
-CONVERTS = (*LAYOUTS, "t5")
 
 
 def _t5_activation(cfg: dict) -> tuple[str | None, bool]:
@@ -57,7 +57,7 @@ def _t5_activation(cfg: dict) -> tuple[str | None, bool]:
 
 def conversion_problem(m: Manifest) -> str | None:
     """Why an import of a supported architecture still cannot be converted, or None."""
-    activation = _t5_activation(m.config)[0] if m.model == "t5" else m.config.get("activation_function")
+    activation = _t5_activation(m.config)[0] if layout(m).get("relative_bias") else m.config.get("activation_function")
     if activation not in _ACTIVATIONS:
         return (f"{m.directory}'s activation {activation!r} has no CTranslate2 counterpart tk maps; "
                 "use --runtime onnxruntime (the default)")
@@ -133,13 +133,13 @@ def model_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
     common_spec, ts = specs
     if problem := conversion_problem(m):
         raise UsageError(problem)
-    if m.model == "t5":
+    if layout(m).get("relative_bias"):
         return _t5_spec(m, w, specs)
-    cfg, layout = m.config, LAYOUTS[m.model]
+    cfg, layout_of = m.config, Layout(**layout(m))
     activation = getattr(common_spec.Activation, _ACTIVATIONS[cfg["activation_function"]])
     spec = ts.TransformerSpec.from_config((cfg["encoder_layers"], cfg["decoder_layers"]), cfg["encoder_attention_heads"],
-                                          pre_norm=layout.pre_norm, activation=activation,
-                                          layernorm_embedding=layout.layernorm_embedding)
+                                          pre_norm=layout_of.pre_norm, activation=activation,
+                                          layernorm_embedding=layout_of.layernorm_embedding)
     spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default, which transformers' BART family uses
     _tokens(spec, m)
     if w is None:
@@ -148,13 +148,13 @@ def model_spec(m: Manifest, w: dict[str, np.ndarray] | None, specs):
     head = _first(w, "lm_head.weight", "model.decoder.embed_tokens.weight", "model.shared.weight")
     for stack, stack_spec in (("encoder", spec.encoder), ("decoder", spec.decoder)):
         stack_spec.scale_embeddings = scale
-        stack_spec.position_encodings.encodings = _positions(w, stack, layout.position_offset)
+        stack_spec.position_encodings.encodings = _positions(w, stack, layout_of.position_offset)
         embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
         # Tied models store the embedding once, as the output projection's weight.
         embeddings.weight = _first(w, f"model.{stack}.embed_tokens.weight", "model.shared.weight", "lm_head.weight")
-        if layout.layernorm_embedding:
+        if layout_of.layernorm_embedding:
             _norm(stack_spec.layernorm_embedding, w, f"model.{stack}.layernorm_embedding")
-        if layout.pre_norm:
+        if layout_of.pre_norm:
             _norm(stack_spec.layer_norm, w, f"model.{stack}.layer_norm")
         _layers(stack_spec, w, stack, stack == "decoder")
     spec.decoder.projection.weight = np.ascontiguousarray(head, dtype=np.float32)

@@ -126,7 +126,7 @@ def conversion_problem(m: Manifest) -> str | None:
     refusal = arch.refusal("ctranslate2") if arch else f"CTranslate2 does not run a '{m.model}' model"
     if refusal:
         return f"{m.directory}: {refusal}" + ("" if "--runtime onnxruntime" in refusal else "; use --runtime onnxruntime (the default)")
-    if m.model in hf_spec.CONVERTS:
+    if hf_spec.layout(m) is not None:
         return hf_spec.conversion_problem(m)
     if m.config.get("pre_ln"):
         return (f"{m.directory} is a pre-LN Transformer; tk converts post-LN Transformers to CTranslate2 only: "
@@ -145,7 +145,7 @@ def _spec(m: Manifest, w: dict[str, np.ndarray] | None):
     """The directory's spec with the weights `w` (None: its config only), built by the model's own converter."""
     from toolkit.runtimes.ctranslate2 import hf_spec
 
-    if m.model in hf_spec.CONVERTS:
+    if hf_spec.layout(m) is not None:
         return hf_spec.model_spec(m, w, _specs())
     spec = _tk_transformer(m)
     return spec if w is None else _tk_transformer_weights(spec, w)

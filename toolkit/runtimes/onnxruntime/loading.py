@@ -11,6 +11,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from toolkit.core import architectures
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN
 from toolkit.graphs import variants
@@ -59,6 +60,8 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
     decoder spins (two sessions' spinning workers take the cores from each other). Concurrent streams get sessions
     of `threads` threads each, made at their first use: one pool shared by several streams oversubscribes the cores.
     """
+    if provider == "cuda":
+        architectures.get(m.model).check("cuda")
     requests = bool(request_threads) and provider == "cpu"
 
     def create(path, *args, graph: str = "", **kw) -> ort.InferenceSession:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from toolkit.core import architectures
 from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, next_host_state, reorder_rows, take_rows, top_k_rows
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
@@ -162,6 +163,7 @@ def load(m: Manifest, provider: str = "cpu", variant: str = "fp32", threads: int
     if provider not in ("cpu", None):
         raise ProviderError(f"--runtime openvino runs on OpenVINO's CPU plugin only, not provider {provider}; "
                             "use --provider cpu, or --runtime onnxruntime for CUDA")
+    architectures.get(m.model).check("openvino")
     _openvino()
     runners, built = {}, 0.0
     for name in m.graphs:
