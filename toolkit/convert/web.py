@@ -106,12 +106,12 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
 
 def _check(m: manifest_mod.Manifest) -> None:
     """validate: tk's tokenizer and rules (the page runs only those), one weights file, onnxruntime-web installed."""
+    m.translation_tokenizer()  # first: a model that does not translate is told so, as tk translate tells it
     declared = m.declared().tokenizer  # source_end: the page's tokenizer appends no end token to the source
     if declared.kind != "sentencepiece" or declared.source_end or m.rules() != manifest_mod.Declaration().decoding:
         raise UsageError(f"{m.directory} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
                          "tk's tokenizer and rules only (serve it with tk serve instead)")
     architectures.get(m.model).check("web")
-    m.translation_tokenizer()
     ort_web_version()
     site_model(m)
 
