@@ -156,10 +156,14 @@ def test_every_tokenizer_kind_has_a_case():
 
 
 def _word_ids(m: manifest_mod.Manifest, tokenizer, word: str) -> list[int]:
-    """The ids of `word` as the tokenizer encodes it, without the language codes and end tokens it adds."""
+    """The ids of `word` as the tokenizer encodes it after another word (a byte-level BPE marks a word's leading space,
+    which a word alone lacks), without the ids it adds before the text (a start token) or after it (language codes,
+    end tokens)."""
     rules = m.rules()
     added = {rules.start, rules.end, rules.pad, *(m.declared().tokenizer.languages or {}).values()}
-    return [i for i in tokenizer.encode([word])[0] if i not in added]
+    before, ids = tokenizer.encode(["a", f"a {word}"])
+    same = next((k for k, (x, y) in enumerate(zip(before, ids)) if x != y), len(before))
+    return [i for i in ids[same:] if i not in added]
 
 
 def _looping_word(m: manifest_mod.Manifest, tokenizer, kind: str) -> list[int]:
