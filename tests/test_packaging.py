@@ -199,3 +199,12 @@ def test_the_wheel_carries_the_browser_site_and_tk_export_web_works_from_it(inst
         shipped = site / ("vendor" if path.name.startswith("LICENSE") else "") / path.name
         assert shipped.read_bytes() == (REPO / name).read_bytes(), name
     assert (site / "vendor" / "ort-wasm-simd-threaded.wasm").is_file() and json.loads((site / "model.json").read_text())["variants"]
+
+
+@pytest.mark.timeout(420)  # the first test to ask builds and installs the wheel
+def test_the_base_install_tokenizes_every_kind_without_torch(installed):
+    """Every tokenizer kind a model directory declares runs on the base install: Moses tokenisation (sacremoses, an
+    imported FSMT's) and the tokenizers library (a tokenizer.json) come with it, not with the torch extra."""
+    code = "import sacremoses, tokenizers, sentencepiece, sys; print('torch' in sys.modules)"
+    done = installed.run(str(installed.bin_dir / "python"), "-c", code)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr

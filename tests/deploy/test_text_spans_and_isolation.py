@@ -96,7 +96,7 @@ def test_word_end_keeps_the_shortest_output_that_ends_on_a_whole_word():
     from toolkit.core.decoding import word_end
 
     pieces = {1: "▁Les", 2: "▁t", 3: "aux", 4: "▁post", 5: ",", 6: "al"}
-    begins = lambda i: pieces[i][0] in "▁,"  # noqa: E731
+    begins = lambda a, b: pieces[b][0] in "▁,"  # noqa: E731
     # Cut inside "postaux": the next copy's ▁post shows where the word ends.
     assert word_end([1, 2, 3, 4], [3, 4, 3], begins) == [1, 2, 3, 4, 3]
     # A loop inside one word ("postalalal"): the unfinished word is dropped, not cut.
@@ -104,6 +104,27 @@ def test_word_end_keeps_the_shortest_output_that_ends_on_a_whole_word():
     assert word_end([4, 6], [6, 6], begins) == [4, 6]  # a single word: kept as it is, never emptied
     assert word_end([1, 5], [5, 5, 5], begins) == [1, 5]  # at a word's end already
     assert word_end([1, 2], [], begins) == [1, 2]  # nothing cut off: not a loop's cut
+
+
+def test_word_end_cuts_where_pieces_mark_a_words_end():
+    """End-of-word BPE (subword-nmt's, fairseq's) marks the last piece of a word ("aux</w>"), not the first: the
+    boundary after a piece is said by that piece."""
+    from toolkit.core.decoding import word_end
+    from toolkit.core.tokenizer import TextTokenizer
+
+    class EndMarked(TextTokenizer):
+        pieces = {1: "les</w>", 2: "t", 3: "aux</w>", 4: "post", 5: ",</w>", 6: "al"}
+        vocab_size, encode, decode = 7, None, None
+
+        def piece(self, token: int) -> str:
+            return self.pieces[token]
+
+    tok = EndMarked()
+    assert [tok.ends_word(i) for i in range(1, 7)] == [True, False, True, False, True, False]
+    # "les t aux</w> post aux</w> post": cut after "post", the next copy's "aux</w>" ends the word
+    assert word_end([1, 2, 3, 4], [3, 4, 3], tok.boundary) == [1, 2, 3, 4, 3]
+    assert word_end([1, 4, 6], [6, 6, 6], tok.boundary) == [1]  # "postalalal" never ends: dropped, not cut
+    assert word_end([1, 3], [3, 3], tok.boundary) == [1, 3]  # at a word's end already
 
 
 def test_the_guarded_translation_is_made_of_whole_words_of_the_unguarded_one(shipped):

@@ -5,11 +5,13 @@ model's tokenizer whether each token begins a word. Each kind a model directory 
 (toolkit.core.declaration.TOKENIZERS) has a case here, built as its import writes it (a Hugging Face directory read by
 tk's own import code, its tokenizer files and declaration written as `tk export hf:DIR` writes them), and is
 translated with the default options by a scripted model that repeats one word of two to four pieces, out of step with
-the words, so the guard's cut lands inside a word and the translation must end on the whole word.
+the words, so the guard's cut lands inside a word and the translation must end on the whole word. An architecture's
+own test module (tests/pytorch/test_hf_*.py) adds the cases of its tokenizer kinds in a TOKENIZER_CASES of its own.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from collections.abc import Callable
@@ -121,6 +123,10 @@ CASES: dict[str, tuple[str, Callable[[Path, list[tuple[str, str]]], None]]] = {
     "t5-spiece": ("t5", _hf(_t5(mt5=False))),
     "t5-tokenizer.json": ("t5", _hf(_t5(mt5=True))),
 }
+for _module in sorted(Path(__file__).parents[1].glob("pytorch/test_hf_*.py")):  # an architecture's own cases
+    if "TOKENIZER_CASES" in _module.read_text(encoding="utf-8"):
+        for _case, (_kind, _make) in importlib.import_module(f"pytorch.{_module.stem}").TOKENIZER_CASES.items():
+            CASES[_case] = (_kind, _hf(_make))
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +156,14 @@ def test_every_tokenizer_kind_has_a_case():
 
 
 def _word_ids(m: manifest_mod.Manifest, tokenizer, word: str) -> list[int]:
-    """The ids of `word` as the tokenizer encodes it, without the language codes and end tokens it adds."""
+    """The ids of `word` as the tokenizer encodes it after another word (a byte-level BPE marks a word's leading space,
+    which a word alone lacks), without the ids it adds before the text (a start token) or after it (language codes,
+    end tokens)."""
     rules = m.rules()
     added = {rules.start, rules.end, rules.pad, *(m.declared().tokenizer.languages or {}).values()}
-    return [i for i in tokenizer.encode([word])[0] if i not in added]
+    before, ids = tokenizer.encode(["a", f"a {word}"])
+    same = next((k for k, (x, y) in enumerate(zip(before, ids)) if x != y), len(before))
+    return [i for i in ids[same:] if i not in added]
 
 
 def _looping_word(m: manifest_mod.Manifest, tokenizer, kind: str) -> list[int]:

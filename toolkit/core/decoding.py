@@ -231,20 +231,21 @@ def loop_cut(tokens: np.ndarray) -> np.ndarray:
     return cut
 
 
-def word_end(tokens: list[int], rest: list[int], begins_word: Callable[[int], bool]) -> list[int]:
+def word_end(tokens: list[int], rest: list[int], boundary: Callable[[int, int], bool]) -> list[int]:
     """What a hypothesis the loop guard stopped keeps, ending on a whole word: loop_cut keeps one copy of the repeated
     group, and a group found out of step with the words ("aux ▁post" in "▁post aux ▁post aux ▁post") ended the output
-    mid-word ("Les taux post"). The shortest output that holds that copy and ends where a word begins (in the copies cut
-    off: "Les taux postaux"), else the output without its unfinished last word, else the copy as it is (a single word).
-    Every runtime's guard ends here (toolkit.deploy.translate applies it, with the tokenizer's pieces)."""
+    mid-word ("Les taux post"). The shortest output that holds that copy and ends at a word boundary (`boundary(a, b)`:
+    one lies between ids a and b; in the copies cut off: "Les taux postaux"), else the output without its unfinished
+    last word, else the copy as it is (a single word). Every runtime's guard ends here (toolkit.deploy.translate
+    applies it, with the tokenizer's pieces: TextTokenizer.boundary)."""
     if not rest:
         return tokens
     full = tokens + rest
-    for p in range(len(tokens), len(full)):
-        if begins_word(full[p]):
+    for p in range(max(len(tokens), 1), len(full)):
+        if boundary(full[p - 1], full[p]):
             return full[:p]
     for q in range(len(tokens) - 1, 0, -1):
-        if begins_word(tokens[q]):
+        if boundary(tokens[q - 1], tokens[q]):
             return tokens[:q]
     return tokens
 

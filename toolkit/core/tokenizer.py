@@ -36,6 +36,7 @@ def normalize(text: str) -> str:
 
 
 WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word ("▁maison")
+WORD_END = "</w>"  # end-of-word BPE's mark (subword-nmt's, fairseq's) of a piece that ends a word ("maison</w>")
 
 
 def piece_begins_word(piece: str) -> bool:
@@ -47,9 +48,10 @@ def piece_begins_word(piece: str) -> bool:
 
 class TextTokenizer(ABC):
     """What translation asks of a model's tokenizer, whatever its kind (toolkit.core.tokenizers.open_tokenizer opens
-    each): text to ids, ids to text, and whether an output id begins a word, where a translation the loop guard stops
-    may end (toolkit.core.decoding.word_end). Every kind answers from its own pieces, so a kind that cannot answer
-    fails when it is made, not when the guard first cuts a translation."""
+    each): text to ids, ids to text, and whether a word boundary lies between two output ids, where a translation the
+    loop guard stops may end (toolkit.core.decoding.word_end): a piece that begins a word (SentencePiece's ▁, a
+    byte-level BPE's Ġ) or one that ends a word (end-of-word BPE's </w>) says so. Every kind answers from its own
+    pieces, so a kind that cannot answer fails when it is made, not when the guard first cuts a translation."""
 
     @property
     @abstractmethod
@@ -69,6 +71,14 @@ class TextTokenizer(ABC):
     def begins_word(self, token: int) -> bool:
         """Whether output id `token` begins a word (piece_begins_word of its piece)."""
         return piece_begins_word(self.piece(token))
+
+    def ends_word(self, token: int) -> bool:
+        """Whether output id `token` ends a word: its piece ends with end-of-word BPE's </w>."""
+        return self.piece(token).endswith(WORD_END)
+
+    def boundary(self, before: int, after: int) -> bool:
+        """Whether a word boundary lies between output ids `before` and `after`: a cut there leaves whole words."""
+        return self.ends_word(before) or self.begins_word(after)
 
 
 class Tokenizer(TextTokenizer):

@@ -20,7 +20,7 @@ import sentencepiece as spm
 from toolkit.core import architectures  # noqa: F401 (its entries add their tokenizer kinds to TOKENIZERS)
 from toolkit.core.declaration import TOKENIZERS, Declaration, TokenizerDeclaration
 from toolkit.core.errors import DataError, UsageError, first_line
-from toolkit.core.tokenizer import TextTokenizer, Tokenizer
+from toolkit.core.tokenizer import WORD_START, TextTokenizer, Tokenizer
 
 if TYPE_CHECKING:  # the annotations only: the manifest module is not needed to tokenize
     from toolkit.core.manifest import Manifest
@@ -429,9 +429,10 @@ def _tokenizers_call(run, path: Path, text: str):
                         "own tokenizer.json") from None
 
 
-def json_encode(tok, text: str, path: Path) -> list[int]:
-    """The ids of `text` by a tokenizer.json, none of its special tokens added (a panic: _tokenizers_call)."""
-    return _tokenizers_call(lambda: tok.encode(text, add_special_tokens=False).ids, path, text)
+def json_encode(tok, text: str, path: Path, special: bool = False) -> list[int]:
+    """The ids of `text` by a tokenizer.json, its post-processor's special tokens added only when `special` (a panic:
+    _tokenizers_call)."""
+    return _tokenizers_call(lambda: tok.encode(text, add_special_tokens=special).ids, path, text)
 
 
 def json_decode(tok, ids: list[int], path: Path) -> str:
@@ -441,13 +442,16 @@ def json_decode(tok, ids: list[int], path: Path) -> str:
 
 class JsonTokenizer(LanguageTokenizer):
     """A tokenizer.json (NLLB's), run by the `tokenizers` library with no special tokens of its own; the language code
-    and end token placed as the model's tokenizer places them."""
+    and end token placed as the model's tokenizer places them (a model without language codes: as the file's own
+    post-processor places its special tokens, `<s> text </s>` in a byte-level BPE's)."""
 
     def __init__(self, tok, declared: TokenizerDeclaration, rules, path: Path | None = None):
         special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}  # an AddedToken has no id of its own
         super().__init__(declared, rules.end, rules.pad, declared.unk, special)
         self.tok, self.path = tok, path or Path(declared.source)
         self.pieces = {i: p for p, i in tok.get_vocab(with_added_tokens=True).items()}
+        if type(tok.pre_tokenizer).__name__ == "ByteLevel":  # GPT-2's byte-level BPE writes a word's leading space "Ġ"
+            self.pieces = {i: WORD_START + p[1:] if p[:1] == "\u0120" else p for i, p in self.pieces.items()}
 
     @classmethod
     def load(cls, directory: Path, declared: TokenizerDeclaration, rules) -> JsonTokenizer:
@@ -460,6 +464,11 @@ class JsonTokenizer(LanguageTokenizer):
 
     def _pieces_ids(self, text: str) -> list[int]:
         return json_encode(self.tok, text, self.path)
+
+    def _ids(self, text: str) -> list[int]:
+        if self.languages or not text:
+            return super()._ids(text)
+        return json_encode(self.tok, text, self.path, special=True)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [json_decode(self.tok, [i for i in seq if i not in self.special], self.path).strip() for seq in ids]

@@ -286,8 +286,8 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
             warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
             if truncated is not None and lineno not in truncated:
                 truncated.append(lineno)
-    begins = t.tokenizer.begins_word  # every kind of tokenizer answers it from its own pieces (TextTokenizer)
-    results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, begins)) if h.rest else h for h in nbest]
+    boundary = t.tokenizer.boundary  # every kind of tokenizer answers it from its own pieces (TextTokenizer)
+    results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, boundary)) if h.rest else h for h in nbest]
                for nbest in retried(backend, ids, decode_ids(backend, ids, opts, done), opts)]
     # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
     texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))

@@ -369,7 +369,7 @@ def attention_declaration(model: str, config: dict) -> dict:
 def export_graphs(tmp: Path, opts: ExportOptions, entry, cfg, model, echo) -> dict:
     """Each graph exported into `tmp` and run at a second size against PyTorch (check_sizes); their manifest records."""
     max_len = getattr(cfg, "max_len", 64)
-    vocab = min(getattr(cfg, "vocab_size", 2), getattr(cfg, "decoder_vocab_size", 1 << 30))  # ids valid on both sides
+    vocab = registry.token_bound(cfg)
     graphs = {}
     specs = {spec.name: spec for spec in entry.graphs(cfg)}
     encoder_module = registry.graph_module(entry, model, specs["encoder"]) if "encoder" in specs else None

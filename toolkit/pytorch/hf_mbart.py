@@ -15,8 +15,7 @@ Both end with </s> forced at the length limit and follow generate's beam rule.
 
 Tokenizer files: a tokenizer.json (run by the `tokenizers` library, as transformers 5 runs it), else the
 sentencepiece.bpe.model (tk's "mbart" kind: fairseq's ids, the SentencePiece model's shifted by one, the language codes
-after the SentencePiece vocabulary, then <mask>). BART (post-LN, no final layer norms, GPT-2 byte-level BPE, no
-languages) is not imported: its model_type is refused in one line naming what tk imports.
+after the SentencePiece vocabulary, then <mask>).
 """
 
 from __future__ import annotations

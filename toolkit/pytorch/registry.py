@@ -217,3 +217,9 @@ def graph_module(entry: ModelEntry, model: nn.Module, spec: GraphSpec) -> nn.Mod
     if entry.kind == architectures.MODULE:
         return ModuleGraph(model, entry.run)
     return EncoderGraph(model, spec) if spec.name == "encoder" else DecoderGraph(model, spec)
+
+
+def token_bound(cfg: object) -> int:
+    """The ids every graph of a model of this config embeds: below the smaller vocabulary where the source and the
+    target have their own (random inputs at export and verify stay below it)."""
+    return min(getattr(cfg, "vocab_size", 2), getattr(cfg, "decoder_vocab_size", 1 << 30))

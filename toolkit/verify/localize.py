@@ -222,7 +222,7 @@ def localize(m: Manifest, entry, model, cfg, graph: str, variant: str, provider:
         digest = m.checkpoint.weights_sha256 if m.checkpoint else ""
         key = (entry.name, repr(cfg), digest, graph) if digest else None
         ref, where = traced_values(registry.graph_module(entry, model, spec), spec, feeds, getattr(cfg, "max_len", 64),
-                                   getattr(cfg, "vocab_size", 2), key)
+                                   registry.token_bound(cfg), key)
     else:
         from toolkit.core.variants import get
 

@@ -254,7 +254,7 @@ def _sweep(report: Report, m: Manifest, entry, model, cfg, sessions: dict, seed:
     from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session
 
     specs = m.specs()
-    vocab = getattr(cfg, "vocab_size", 2)
+    vocab = registry.token_bound(cfg)
     modules = {name: registry.graph_module(entry, model, spec) for name, spec in specs.items()}
     # Integer encoder outputs the decoder takes (valid lengths) are fed the encoder's own values, never random ones.
     run_encoder = (lambda feeds: run_torch(modules["encoder"], specs["encoder"], feeds)) if "encoder" in specs else None
