@@ -52,7 +52,7 @@ def main() -> None:
                             "differ": [(i, a, b) for i, (a, b) in enumerate(zip(onnx, ct2)) if a != b]}
         m = manifest.load(model)
         src = [s[: m.max_len] for s in open_tokenizer(m).encode(lines)]
-        opts = DecodeOptions(max_len=m.max_output_len, rules=m.rules())
+        opts = DecodeOptions.bare(max_len=m.max_output_len, rules=m.rules())
         onnx_backend = runtimes.load(m, "onnxruntime", "cpu", "fp32").backend()
         onnx = [h[0] for h in decode_ids(onnx_backend, src, opts)]
         ct2 = [h[0] for h in decode_ids(runtimes.load(m, "ctranslate2", "cpu", "fp32").backend(), src, opts)]

@@ -76,7 +76,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     vocab = specs["decoder"].outputs[0].dims[-1]  # log_probs (batch, vocab)
     src = [[int(t) for t in rng.integers(2, vocab - 2, 24)] + [m.rules().end] for _ in range(args.batch)]
-    opts = DecodeOptions(beam=args.beam, batch_size=args.batch, max_len=args.tokens, streams=1, rules=m.rules())
+    opts = DecodeOptions.bare(beam=args.beam, batch_size=args.batch, max_len=args.tokens, streams=1, rules=m.rules())
     for _ in range(args.warm):
         decode_ids(backend, src, opts)
     runs_before = calls["_run_host"]  # decoder runs of the warm-up decodes

@@ -171,7 +171,7 @@ def static_server(root: Path) -> Iterator[str]:
 
 def options(m, **kw) -> DecodeOptions:
     """What tk translate decodes with: the model's limits and the guards."""
-    return DecodeOptions(**{"max_len": m.max_len, "max_src_len": m.max_len, **GUARDED, **kw})
+    return DecodeOptions.bare(**{"max_len": m.max_len, "max_src_len": m.max_len, **GUARDED, **kw})
 
 
 # In-page timing of a decode: tokens and the milliseconds it took.
@@ -202,8 +202,8 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
     ort_1 = time.perf_counter() - start
     beam = [n[0] for n in decode_ids(model.backend(), ids[:8] + runaway, options(model.manifest, beam=4, batch_size=16))]
     guarded = [n[0] for n in decode_ids(model.backend(), runaway, options(model.manifest, batch_size=16))]
-    unguarded = decode_ids(model.backend(), runaway, DecodeOptions(max_len=model.manifest.max_len, batch_size=16))
-    loop_cut = DecodeOptions(max_len=model.manifest.max_len, max_len_a=2.0, batch_size=16)
+    unguarded = decode_ids(model.backend(), runaway, DecodeOptions.bare(max_len=model.manifest.max_len, batch_size=16))
+    loop_cut = DecodeOptions.bare(max_len=model.manifest.max_len, max_len_a=2.0, batch_size=16)
     assert all(len(g.tokens) < len(u[0].tokens) for g, u in zip(guarded, unguarded))
     assert [g.tokens for g in guarded[:5]] != [n[0].tokens for n in decode_ids(model.backend(), runaway[:5], loop_cut)]
     # The length guard seldom binds before the loop guard; a tight one (0.4 x source + 1, rounded up) cuts most sentences.

@@ -30,10 +30,10 @@ from toolkit.core.errors import UsageError
 def test_decode_options_refuse_what_the_decoding_loop_cannot_run_with_wherever_they_are_built(fields, expected):
     # Built directly, as tk serve, tk bench and tk evaluate build them, not only through the API.
     with pytest.raises(UsageError) as e:
-        DecodeOptions(**fields)
+        DecodeOptions.bare(**fields)
     assert expected in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 120
     with pytest.raises(UsageError):  # a copy with a bad value is refused too
-        dataclasses.replace(DecodeOptions(), **fields)
+        dataclasses.replace(DecodeOptions.bare(), **fields)
 
 
 def test_for_model_fills_the_defaults_and_caps_max_len_at_the_model():

@@ -50,8 +50,8 @@ SOURCES = [[s, 3, 4][: 1 + s % 3] for s in range(20, 44)]
 def test_streams_give_the_same_hypotheses_and_really_run_concurrently(beam):
     one_log, three_log = [], []
     opts = dict(beam=beam, batch_size=2, max_len=12)
-    one = decode_ids(Counting(one_log), SOURCES, DecodeOptions(**opts))
-    three = decode_ids(Counting(three_log), SOURCES, DecodeOptions(**opts, streams=3))
+    one = decode_ids(Counting(one_log), SOURCES, DecodeOptions.bare(**opts))
+    three = decode_ids(Counting(three_log), SOURCES, DecodeOptions.bare(**opts, streams=3))
     assert [[(h.tokens, round(h.score, 5)) for h in n] for n in three] == [[(h.tokens, round(h.score, 5)) for h in n] for n in one]
     assert sorted(s for _, s in three_log) == sorted(s for _, s in one_log)  # every batch decoded exactly once
     assert len({t for t, _ in three_log}) > 1 and len({t for t, _ in one_log}) == 1
@@ -61,7 +61,7 @@ def test_a_failing_stream_raises_its_error_and_stops_the_others():
     log = []
     with pytest.raises(RuntimeError, match="planted failure"):
         # The failing source is the longest, so its batch is among the first taken.
-        decode_ids(Counting(log), [[13, 3, 4, 5]] + SOURCES * 4, DecodeOptions(batch_size=1, max_len=12, streams=2))
+        decode_ids(Counting(log), [[13, 3, 4, 5]] + SOURCES * 4, DecodeOptions.bare(batch_size=1, max_len=12, streams=2))
     assert len(log) < len(SOURCES) * 4  # the other stream did not go on through all its batches
 
 
@@ -125,7 +125,7 @@ def test_streams_take_the_longest_batches_first_so_the_end_waits_on_short_ones()
     # other streams idle while it decodes alone.
     log = []
     sources = [[20 + n] + [3] * n for n in range(8)]  # source n is n + 1 tokens long
-    decode_ids(Counting(log), sources, DecodeOptions(batch_size=2, max_len=12, streams=2))
+    decode_ids(Counting(log), sources, DecodeOptions.bare(batch_size=2, max_len=12, streams=2))
     first_tokens = [s for _, s in log]
     assert first_tokens[:2] == [26, 24] or first_tokens[:2] == [24, 26]  # the two longest batches start first
     assert first_tokens[-1] == 20  # the shortest batch is the last one taken
@@ -184,7 +184,7 @@ def test_each_call_borrows_the_same_forks_and_calls_at_once_get_their_own():
             return made[-1]
 
     backend = Forking([])
-    opts = DecodeOptions(beam=3, batch_size=2, max_len=12, streams=2)
+    opts = DecodeOptions.bare(beam=3, batch_size=2, max_len=12, streams=2)
     first = decode_ids(backend, SOURCES, opts)
     assert decode_ids(backend, SOURCES, opts) == first and len(made) == 2
     # Two calls at the same time never share a fork: the second borrows new ones while the first holds its own.

@@ -26,7 +26,7 @@ def shipped():
 
 
 def one(model, text: str, **opts) -> str:
-    return translate_batch(model, [text], DecodeOptions(max_len=64, **{**GUARDED, **opts}))[0][0].text
+    return translate_batch(model, [text], DecodeOptions.bare(max_len=64, **{**GUARDED, **opts}))[0][0].text
 
 
 # ---- placeholders -------------------------------------------------------------------------
@@ -132,10 +132,10 @@ def test_no_split_sends_the_line_whole(shipped):
     from toolkit.core.textprep import TextOptions
 
     line = "I'm home. Where is the station? I lost."
-    whole = translate_batch(shipped, [line], DecodeOptions(max_len=64, **GUARDED), text=TextOptions(split=False))[0][0]
-    split = translate_batch(shipped, [line], DecodeOptions(max_len=64, **GUARDED))[0][0]
+    whole = translate_batch(shipped, [line], DecodeOptions.bare(max_len=64, **GUARDED), text=TextOptions(split=False))[0][0]
+    split = translate_batch(shipped, [line], DecodeOptions.bare(max_len=64, **GUARDED))[0][0]
     assert whole.source_tokens == split.source_tokens  # same pieces, one decode instead of three
-    raw = translate_batch(shipped, [line], DecodeOptions(max_len=64, **GUARDED), text=TextOptions(enabled=False))[0][0]
+    raw = translate_batch(shipped, [line], DecodeOptions.bare(max_len=64, **GUARDED), text=TextOptions(enabled=False))[0][0]
     assert whole.text == raw.text != split.text  # the flag reaches translate_batch: one sentence, decoded whole
     assert len(textprep.prepare(line)) == 3 and len(textprep.prepare(line, split=False)) == 1
 

@@ -39,7 +39,7 @@ def shipped():
 def _translate(model, texts, **kwargs):
     from toolkit.deploy.translate import translate_batch
 
-    return [n[0].text for n in translate_batch(model, texts, DecodeOptions(max_len=64, **GUARDED), **kwargs)]
+    return [n[0].text for n in translate_batch(model, texts, DecodeOptions.bare(max_len=64, **GUARDED), **kwargs)]
 
 
 # ---- --keep terms and the other spans ------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_the_guarded_translation_is_made_of_whole_words_of_the_unguarded_one(shi
         if not any("loop guard" in w for w in warned):
             continue
         cut += 1
-        bare = translate_batch(shipped, [line], DecodeOptions(max_len=64, **{**GUARDED, "loop_guard": False}))[0][0].text
+        bare = translate_batch(shipped, [line], DecodeOptions.bare(max_len=64, **{**GUARDED, "loop_guard": False}))[0][0].text
         assert guarded and set(guarded.split()) <= set(bare.split()), (guarded, bare)
     assert cut  # the guard cut at least one line: the property was looked at
 
@@ -156,7 +156,7 @@ def test_ctranslate2s_guard_cuts_where_tks_loop_does_and_keeps_the_same_rest(tok
         def score_batch(self, src, tgt):
             return [type("R", (), {"log_probs": [-0.01] * len(tgt[0])})()]
 
-    opts = DecodeOptions(max_len=64, loop_guard=True)
+    opts = DecodeOptions.bare(max_len=64, loop_guard=True)
     tk = greedy(Scripted(tokens, 20), [[4, 4], [4]], 64, loop_guard=True)  # batched and single-row loops alike
     tk_one = greedy(Scripted(tokens, 20), [[4]], 64, loop_guard=True)[0]
     ct2 = Ct2Backend(Scores(), EOS)._hypothesis([4], tokens, -1.0, 64, 64, opts)
@@ -281,7 +281,7 @@ def test_a_sentence_tk_fails_on_fails_only_itself_in_evaluate(shipped, expected,
 
     _poison_decoding(monkeypatch, shipped)
     said: list[str] = []
-    got = translated(shipped, LINES, DecodeOptions(max_len=64, **GUARDED), echo=said.append, what="test_split greedy")
+    got = translated(shipped, LINES, DecodeOptions.bare(max_len=64, **GUARDED), echo=said.append, what="test_split greedy")
     assert got == [*expected[:2], "", *expected[3:]]
     assert len(said) == 1 and said[0].startswith("warning: test_split greedy sentence 3: RuntimeError in tk")
 

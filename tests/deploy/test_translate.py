@@ -46,8 +46,8 @@ def test_file_order_and_line_count_are_preserved(cli, tiny_export, english, tmp_
 def test_batched_output_equals_one_sentence_at_a_time(model, english):
     ids = model.tokenizer.encode(english)
     backend = model.backend()
-    batched = decode_ids(backend, ids, DecodeOptions(batch_size=64, max_len=model.manifest.max_len))
-    single = decode_ids(backend, ids, DecodeOptions(batch_size=1, max_len=model.manifest.max_len))
+    batched = decode_ids(backend, ids, DecodeOptions.bare(batch_size=64, max_len=model.manifest.max_len))
+    single = decode_ids(backend, ids, DecodeOptions.bare(batch_size=1, max_len=model.manifest.max_len))
     assert [h[0].tokens for h in batched] == [h[0].tokens for h in single]
 
 
@@ -357,8 +357,8 @@ def test_the_cuda_io_binding_path_decodes_as_the_cpu_host_path(model, english):
     host, bound = model.backend(), model.backend()
     bound = OrtBackend(bound.encoder, bound.decoder, bound.encoder_spec, bound.decoder_spec, io_binding=True)
     assert not host.io_binding
-    for opts in (DecodeOptions(batch_size=8, max_len=model.manifest.max_len),
-                 DecodeOptions(beam=4, n_best=2, batch_size=8, max_len=model.manifest.max_len, loop_guard=True)):
+    for opts in (DecodeOptions.bare(batch_size=8, max_len=model.manifest.max_len),
+                 DecodeOptions.bare(beam=4, n_best=2, batch_size=8, max_len=model.manifest.max_len, loop_guard=True)):
         got = [[(h.tokens, round(h.score, 4)) for h in n] for n in decode_ids(bound, ids, opts)]
         assert got == [[(h.tokens, round(h.score, 4)) for h in n] for n in decode_ids(host, ids, opts)]
 

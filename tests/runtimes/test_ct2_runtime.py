@@ -106,7 +106,7 @@ def test_greedy_gives_tks_tokens_stops_and_scores_guards_included(converted, cha
                                     "the the the the the the the the the the"]
     src = open_tokenizer(m).encode(lines)
     # Batches of 8: a call of several batches, which runs on CTranslate2's batch-parallel copy where there are cores.
-    onnx, ct2 = _greedy_both(m, src, DecodeOptions(max_len=m.max_output_len, rules=m.rules(), batch_size=8, **guards))
+    onnx, ct2 = _greedy_both(m, src, DecodeOptions.bare(max_len=m.max_output_len, rules=m.rules(), batch_size=8, **guards))
     stops = {h.stopped for h in onnx}
     # Each way a decode ends is covered: the end token unguarded (a sentence may also run to the model's limit), the
     # length and loop guards guarded (an output short enough may still end on its end token there).

@@ -29,10 +29,10 @@ def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_ou
 
     m = manifest_mod.load(SHIPPED)
     src = Tokenizer.load(m.tokenizer_path()).encode(held_out)
-    opts = DecodeOptions(batch_size=16, max_len=m.max_len)
+    opts = DecodeOptions.bare(batch_size=16, max_len=m.max_len)
     ort = [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime").backend(), src, opts)]
     # Three streams, each with its own infer requests on the same compiled graphs (tk translate's default is one per core).
-    streams = DecodeOptions(batch_size=16, max_len=m.max_len, streams=3)
+    streams = DecodeOptions.bare(batch_size=16, max_len=m.max_len, streams=3)
     ov = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src, streams)]
     assert len(held_out) == 48 and max(map(len, ort)) >= 8  # long enough to reach the cache lengths that once broke
     assert ov == ort
@@ -40,7 +40,7 @@ def test_openvino_translates_the_held_out_split_with_onnxruntimes_tokens(held_ou
     ort8 = [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime", "cpu", "int8").backend(), src, opts)]
     ov8 = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino", "cpu", "int8").backend(), src, opts)]
     assert sum(a == b for a, b in zip(ort8, ov8)) >= 46
-    beam = DecodeOptions(beam=4, batch_size=16, max_len=m.max_len)
+    beam = DecodeOptions.bare(beam=4, batch_size=16, max_len=m.max_len)
     assert ([h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src[:16], beam)]
             == [h[0].tokens for h in decode_ids(runtimes.load(m, "onnxruntime").backend(), src[:16], beam)])
 
@@ -144,7 +144,7 @@ def test_openvino_runs_one_inference_of_a_compiled_graph_at_a_time(held_out):
         s.request = Counting(s.request, id(s.compiled))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(type(loaded.runners["decoder"]), "fork", counting_fork)
-        out = decode_ids(loaded.backend(), src, DecodeOptions(batch_size=4, max_len=m.max_len, streams=3))
+        out = decode_ids(loaded.backend(), src, DecodeOptions.bare(batch_size=4, max_len=m.max_len, streams=3))
     assert len(out) == len(src) and all(h[0].tokens for h in out)
     # The encoder and the decoder are two compiled graphs: one stream may encode while another decodes.
     assert sorted(most.values()) == [1, 1]
@@ -162,7 +162,7 @@ first = None
 for i in range(int(sys.argv[2])):
     faulthandler.dump_traceback_later(60, exit=True)  # a round that hangs prints every thread's stack and exits 1
     tokens = [h[0].tokens for h in decode_ids(runtimes.load(m, "openvino").backend(), src,
-                                              DecodeOptions(batch_size=2, max_len=m.max_len, streams=3))]
+                                              DecodeOptions.bare(batch_size=2, max_len=m.max_len, streams=3))]
     first = first or tokens
     assert tokens == first, f"round {i} decoded other tokens"
 faulthandler.cancel_dump_traceback_later()

@@ -194,7 +194,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             torch_rows = [(n, b, 1) for n, b in backends.items() if n.startswith("pytorch cached")]
             others = [(n, b, 1) for n, b in backends.items() if not n.startswith("pytorch cached")]
             for name, backend, k in [*torch_rows, *[(n, b[t], n_streams) for n, b in ort_backends.items()], *others]:
-                opts = DecodeOptions(beam=beam, batch_size=batch, max_len=m.max_output_len, streams=k, rules=m.rules())
+                opts = DecodeOptions.bare(beam=beam, batch_size=batch, max_len=m.max_output_len, streams=k, rules=m.rules())
                 fn = lambda be=backend, o=opts: [h[0].tokens for h in decode_ids(be, src, o)]
                 runs.append((name, search, batch, fn))
             if ct2_dir is not None:
@@ -330,7 +330,7 @@ def describe_settings(settings: dict[int, tuple[int, int]], intra: str, inter: s
 def _time_tk(backend, src: list[list[int]], batch_sizes, max_len: int, streams: int = 1) -> float:
     start = time.perf_counter()
     for b in batch_sizes:
-        decode_ids(backend, src, DecodeOptions(beam=1, batch_size=b, max_len=max_len, streams=streams))
+        decode_ids(backend, src, DecodeOptions.bare(beam=1, batch_size=b, max_len=max_len, streams=streams))
     return time.perf_counter() - start
 
 

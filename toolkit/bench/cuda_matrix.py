@@ -132,7 +132,7 @@ def run_token_parity(provider: str, sentences: int, echo, exported: Path = EXPOR
     specs = m.specs()
     english, _ = challenge_english(sentences, challenge)
     src = source_ids(m, english)
-    opts = DecodeOptions(beam=1, batch_size=64, max_len=m.max_len)
+    opts = DecodeOptions.bare(beam=1, batch_size=64, max_len=m.max_len)
     ids = lambda backend: [h[0].tokens for h in decode_ids(backend, src, opts)]
     refs = {"pytorch cpu": ids(TorchBackend(model, specs["encoder"], specs["decoder"])),
             "onnxruntime cpu fp32": ids(load_sessions(m, "cpu", "fp32").backend())}
@@ -183,7 +183,7 @@ def probe_backend(model_dir: Path, engine: str, variant: str, batch: int):
         backend = load_sessions(m, "cuda", variant).backend()
     english, _ = held_out_sentences(batch)
     src = source_ids(m, english)
-    decode_ids(backend, src, DecodeOptions(beam=1, batch_size=batch, max_len=m.max_len))
+    decode_ids(backend, src, DecodeOptions.bare(beam=1, batch_size=batch, max_len=m.max_len))
     return backend, batch
 
 
@@ -227,7 +227,7 @@ def run_copy_profile(provider: str, echo, exported: Path = EXPORTED, sentences: 
                 encoder = create_session(graph_source(m, "encoder", variant)[0], provider)
                 decoder = create_session(graph_source(m, "decoder", variant)[0], provider, configure=configure)
                 backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"], io_binding=binding)
-                decode_ids(backend, src, DecodeOptions(beam=1, batch_size=sentences, max_len=m.max_len))
+                decode_ids(backend, src, DecodeOptions.bare(beam=1, batch_size=sentences, max_len=m.max_len))
                 events = json.loads(Path(decoder.end_profiling()).read_text())
                 runs = [e for e in events if e.get("name") == "model_run"]
                 copies: dict[str, int] = {}

@@ -69,7 +69,7 @@ class _Tk:
         # No language forced first, as the peers decode the bench's model (its generation config forces none; tk's
         # default would force the tokenizer's tgt_lang), so every engine takes the same steps.
         rules = dataclasses.replace(self.m.rules(), forced_first=None)
-        opts = DecodeOptions(beam=beam, batch_size=batch, max_len=self.tokens, streams=self.streams, rules=rules)
+        opts = DecodeOptions.bare(beam=beam, batch_size=batch, max_len=self.tokens, streams=self.streams, rules=rules)
         return [h[0].tokens for h in decode_ids(self.backend, src, opts)]
 
 

@@ -56,8 +56,8 @@ class Declared:
         return given / self.per if self.per != 1 else given
 
 
-# The user-facing decoding options and their one default regime: guards on (what tk translate, tk serve and the API use
-# unless told otherwise). DecodeOptions' own defaults are the bare loop's, for measurements of the model itself.
+# The decoding options and their one default regime: guards on (what tk translate, tk serve, the API and DecodeOptions
+# use unless told otherwise; DecodeOptions.bare is the model's own decode, for measurements of the model itself).
 OPTIONS = (
     Declared("beam", int, 1, 1, MAX_BEAM, "Beam size; 1 is greedy search.", caps=(("serve", SERVE_MAX_BEAM),)),
     Declared("n_best", int, 1, 1, MAX_BEAM, "Print N hypotheses per line as 'index ||| text ||| score'.", ("translate", "serve", "api"),
@@ -130,11 +130,11 @@ class DecodeOptions:
     max_tokens: int | None = None  # or a budget of padded source tokens per batch
     max_src_len: int | None = None  # sources longer than the model's positions are cut to this (in decode_ids, only there)
     # Guards: each output is at most max_len_a * source tokens + max_len_b long (None: only
-    # max_len), and a hypothesis that starts repeating itself is stopped. Off in training-time
-    # evaluation, so that they never hide what the model itself does.
-    max_len_a: float | None = None
-    max_len_b: int = 10
-    loop_guard: bool = False
+    # max_len), and a hypothesis that starts repeating itself is stopped. On by default, as declared above;
+    # `bare` turns them off for what measures the model itself (verify, bench, training-time evaluation).
+    max_len_a: float | None = DECLARED["max_len_a"].default
+    max_len_b: int = DECLARED["max_len_b"].default
+    loop_guard: bool = DECLARED["loop_guard"].default
     # Batches decoded at the same time, each in its own thread with its own backend over the same
     # sessions (CTranslate2's inter_threads). Small batches leave cores idle between a step's
     # matrix multiplies; a second stream fills them. Results do not depend on it.
@@ -142,6 +142,12 @@ class DecodeOptions:
     # The model's decoding rules (toolkit.core.declaration.DecodingRules: start and end tokens, length penalty);
     # None: tk's. translate_batch sets them from the model directory, so every way in decodes a model by its own.
     rules: object | None = None
+
+    @classmethod
+    def bare(cls, **given: object) -> DecodeOptions:
+        """The model's own decode, no length or loop guard (unless given): what verify, the benchmarks and training-time
+        evaluation run, so that a guard never hides what the model itself does."""
+        return cls(**{"max_len_a": None, "loop_guard": False, **given})
 
     def __post_init__(self) -> None:
         problem = self.problem()

@@ -773,7 +773,7 @@ def final_metrics(model, entry, cfg, tokenizer, valid_pairs, valid_examples, max
     english, refs = data.references(valid_pairs)
     english, refs = english[:n_sentences], refs[:n_sentences]
     backend = TorchBackend(model, *entry.graphs(cfg))
-    hyps = translate_texts(backend, tokenizer, english, DecodeOptions(max_len=cfg.max_len, max_src_len=cfg.max_len))
+    hyps = translate_texts(backend, tokenizer, english, DecodeOptions.bare(max_len=cfg.max_len, max_src_len=cfg.max_len))
     scores = bleu_chrf(hyps, refs)
     return {"valid_loss": evaluate_loss(model, valid_examples, max_tokens), "valid_bleu": scores["bleu"],
             "valid_chrf": scores["chrf"], "bleu_sentences": len(english)}

@@ -143,7 +143,7 @@ def _decode(report: Report, m, model, loaded: dict, label: str, sentences: int, 
     rules, out_len = m.rules(), m.max_output_len
     specs = m.specs()
     ref_backend = TorchBackend(model, specs["encoder"], specs["decoder"])
-    opts = DecodeOptions(max_len=out_len, rules=rules)
+    opts = DecodeOptions.bare(max_len=out_len, rules=rules)
     for v, c in loaded.items():
         onnx_variant = v if v in m.variants() or v in ("int8", "optimized") else "fp32"
         # tk's loop as translate runs it: a multilingual model's target language forced first, as CTranslate2 is told to.

@@ -96,7 +96,7 @@ class Probe:
         backend = _sessions(m, self.fp32)
         rules = m.rules()
         self.src = [s[: m.max_len] or [rules.end] for s in open_tokenizer(m).encode(list(sentences))]
-        hyps = decode_ids(backend, self.src, DecodeOptions(max_len=m.max_output_len - 1, rules=rules))
+        hyps = decode_ids(backend, self.src, DecodeOptions.bare(max_len=m.max_output_len - 1, rules=rules))
         self.targets = [h[0].tokens for h in hyps]
         self.reference = forced_log_probs(backend, self.src, self.targets, rules)
 
