@@ -255,7 +255,7 @@ def test_tensors_only_pytorch_weights_are_refused_too(cli, shared, tmp_path):
 
 
 @pytest.mark.parametrize("spoil, expected", [
-    (lambda d: _edit_json(d / "config.json", model_type="bert"), "has model_type 'bert'; tk imports M2M100ForConditionalGeneration"),
+    (lambda d: _edit_json(d / "config.json", model_type="bert"), "has model_type 'bert'; tk imports BartForConditionalGeneration"),
     (lambda d: (d / "vocab.json").unlink(), "has no vocab.json; save the MarianTokenizer beside the model"),
     (lambda d: _shard_index(d, "../outside.safetensors"), "refusing file name '../outside.safetensors'"),
     (lambda d: _link_out(d), "outside the Hugging Face directory; copy the file into it"),

@@ -47,10 +47,15 @@ def _tokenizer(directory: Path, settings: BartSettings) -> TokenizerDeclaration:
     return TokenizerDeclaration(kind="tokenizer.json", source="tokenizer.json", unk=vocab["<unk>"])
 
 
+def settings_from(config: dict, generation: dict, where: Path) -> tuple[BartSettings, object, int | None]:
+    """BART's settings, decoding rules and forced first token from config.json and generation_config.json, checked."""
+    return bart_family.settings_from(BartSettings, config, generation, where)
+
+
 def read(source: str | Path) -> HfSource:
     """Reads `hf:DIR` (or DIR): config, generation config, weights and tokenizer.json."""
     directory, config, generation, _ = bart_family.read_configs(source, "model and tokenizer")
-    settings, rules, forced = bart_family.settings_from(BartSettings, config, generation, directory)
+    settings, rules, forced = settings_from(config, generation, directory)
     tokenizer = _tokenizer(directory, settings)
     # Besides the tied entries: the output bias, which transformers starts at zero when absent.
     model, files = bart_family.load_weights(FamilyForTk, settings, directory, bart_family.tied(settings) | {"final_logits_bias"})
