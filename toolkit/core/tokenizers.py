@@ -477,10 +477,6 @@ class JsonTokenizer(LanguageTokenizer):
         return self.pieces.get(token, "")
 
 
-def _added(tok) -> list:
-    return list(tok.get_added_tokens_decoder().values())
-
-
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's ids 0 to 3
 
 
