@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from toolkit.bench.text import timed
 from toolkit.core import architectures
 from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.declaration import TK
@@ -272,14 +273,8 @@ def sgemm_peak_gflops(n: int = 1024, repeat: int = 5) -> float:
     """Best float32 GEMM rate of this machine (numpy's BLAS, all cores), measured now."""
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     a @ a
-    best = min(_timed(lambda: a @ a) for _ in range(repeat))
+    best = min(timed(lambda: a @ a) for _ in range(repeat))
     return 2 * n**3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 class Ct2Run:
