@@ -45,10 +45,6 @@ def is_temporary(name: str) -> bool:
 
 def pid_alive(pid: int) -> bool:
     """Whether the writer with this process id may still run (another user's process counts as running)."""
-    return _alive(pid)
-
-
-def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -69,7 +65,7 @@ def remove_stale_temporaries(directory: Path) -> None:
         return
     _swept.add(key)
     try:
-        leftovers = [p for p in directory.iterdir() if (m := _TEMPORARY.fullmatch(p.name)) and not _alive(int(m.group(1)))]
+        leftovers = [p for p in directory.iterdir() if (m := _TEMPORARY.fullmatch(p.name)) and not pid_alive(int(m.group(1)))]
     except OSError:
         return
     for path in leftovers:
