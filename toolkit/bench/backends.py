@@ -177,7 +177,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
         convert(m, ct2_dir.name)
         ct2_setting = best_settings(batch_sizes, ct2_threads, lambda c, b: _time_ct2(
             ct2_dir.name, c, src[: probe_size(b)], [b], m.max_len))
-        echo(f"ctranslate2 {ctranslate2_version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
+        echo(f"ctranslate2 {ct2_engine.version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
              + f" ({'given' if ct2_threads else 'the fastest measured'}; --ct2-threads sets them)")
     ort_backends: dict[str, dict[int, object]] = {}  # name -> intra-op threads -> backend
     for spec in chosen:
@@ -338,12 +338,6 @@ def _time_ct2(model_dir: str, threads: tuple[int, int], src: list[list[int]], ba
         for b in batch_sizes:
             tr.translate_ids(src, 1, max_len, b)
         return time.perf_counter() - start
-
-
-def ctranslate2_version() -> str:
-    import ctranslate2
-
-    return ctranslate2.__version__
 
 
 def ct2_table(results: list[Result]) -> str:
