@@ -367,8 +367,6 @@ def ct2_table(results: list[Result]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-
-
 def bench_variants(m, provider: str, wanted: list[str] | None) -> list[str]:
     """fp32, the provider's fastest fp32-precision and speed variants, and every variant the directory stores for it; or `wanted`."""
     if wanted is not None:

@@ -144,7 +144,6 @@ class MarianTokenizer(TextTokenizer):
         return self.pieces.get(token, "")
 
 
-
 # ---- multilingual models: a language code on the source, the target's token forced first --------------------------
 
 # ISO 639-1 codes people type, to the ISO 639-3 prefix of NLLB's codes (eng_Latn); mBART's (en_XX) and M2M100's (en)
