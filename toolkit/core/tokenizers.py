@@ -125,9 +125,6 @@ class MarianTokenizer(TextTokenizer):
         pieces = code + self.source.encode(text, out_type=str)
         return [self.vocab.get(p, self.unk) for p in pieces] + [self.end]
 
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return [self._ids(t) for t in texts]
-
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.join_with.decode_pieces([p for p in map(self._piece, seq) if p]).replace("\u2581", " ").strip() for seq in ids]
 
@@ -240,9 +237,6 @@ class LanguageTokenizer(TextTokenizer):
         lang = self.languages[self.source_lang]
         ids = self._pieces_ids(text)
         return ids + [self.end, lang] if self.declared.lang_suffix else [lang] + ids + [self.end]
-
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return [self._ids(t) for t in texts]
 
 
 class SpmVocabTokenizer(LanguageTokenizer):
@@ -595,9 +589,6 @@ class T5SourceTokenizer(TextTokenizer):
                 ids += self.spm.encode(text[start:found.start()]) + [self.size + self.extra - 1 - n]
                 start = found.end()
         return ids + self.spm.encode(text[start:]) + [self.end]
-
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return [self._ids(t) for t in texts]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         if self.tok is not None:
