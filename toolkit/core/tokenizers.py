@@ -231,6 +231,9 @@ class LanguageTokenizer(TextTokenizer):
     def _pieces_ids(self, text: str) -> list[int]:
         raise NotImplementedError
 
+    def piece(self, token: int) -> str:
+        return self.pieces.get(token, "")  # each kind's output pieces by id
+
     def _ids(self, text: str) -> list[int]:
         if not text:
             return []  # an empty line stays empty
@@ -260,9 +263,6 @@ class SpmVocabTokenizer(LanguageTokenizer):
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.spm.decode([self.pieces[i] for i in seq if i not in self.special and i in self.pieces]).strip() for seq in ids]
-
-    def piece(self, token: int) -> str:
-        return self.pieces.get(token, "")
 
 
 # ---- tokenizer.json: untrusted input run by the `tokenizers` library's Rust code -------------------------------------
@@ -465,9 +465,6 @@ class JsonTokenizer(LanguageTokenizer):
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [json_decode(self.tok, [i for i in seq if i not in self.special], self.path).strip() for seq in ids]
-
-    def piece(self, token: int) -> str:
-        return self.pieces.get(token, "")
 
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's ids 0 to 3
