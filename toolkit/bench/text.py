@@ -254,8 +254,6 @@ def _run_peers(m, work: Path, sources: list[str], beams, requests: int, repeat: 
 
 def _peer_engines(hf: dict, key: str, tk: list[str] | None, references: list[str] | None) -> list[Engine]:
     """The peers' engines for a file row (key: the beam) or the requests row (key "requests")."""
-    import statistics
-
     out = []
     for name, r in hf.items():
         if "error" in r:
