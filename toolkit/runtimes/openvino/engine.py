@@ -146,7 +146,6 @@ class LoadedOpenVINO:
     runners: dict[str, OvSession]
     provider: str = "cpu"
     built_s: float = 0.0
-    runtime: str = "openvino"
 
     def backend(self) -> OvBackend:
         specs = self.manifest.specs()
