@@ -149,10 +149,10 @@ def test_a_manifest_stating_a_size_beyond_its_bound_is_corrupt_in_one_line(cli, 
 
 def test_a_manifest_nested_100k_deep_is_one_line_not_a_recursion_error(cli, tmp_path):
     from toolkit.core import manifest
-    from toolkit.pytorch.export import is_model_directory
+    from toolkit.pytorch.export import tk_entries
 
     model = _manifest_dir(tmp_path, '{"format": "tk-export/1", "metrics": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(UsageError, match="manifest.json is corrupt: its JSON nests too deeply to read; re-export"):
         manifest.load(model)
     assert "nests too deeply" in _one_line_error(cli("translate", "Go.", "--model", model), 2)
-    assert not is_model_directory(model)  # export --force treats it as no tk model directory, without a traceback
+    assert tk_entries(model) is None  # export --force treats it as no tk model directory, without a traceback

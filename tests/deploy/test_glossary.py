@@ -60,7 +60,7 @@ def test_of_overlapping_terms_the_longest_is_taken_and_a_number_inside_a_term_is
     terms = {"New York": "NY", "York Times": "Le York Times", "New York Times": "le New York Times", "Windows 10": "Windows 10"}
     assert found(terms, "I read the New York Times in New York.") == [("New York Times", "le New York Times"), ("New York", "NY")]
     assert found(terms, "Windows 10 runs on 10 machines.") == [("Windows 10", "Windows 10")]
-    protected, spans = placeholders.protect_line("Windows 10 runs on 10 machines.", (), glossary.from_mapping(terms))
+    protected, spans, _ = placeholders.protect_terms("Windows 10 runs on 10 machines.", (), glossary.from_mapping(terms))
     assert protected == "⦅0⦆ runs on ⦅1⦆ machines." and spans == ["Windows 10", "10"]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from toolkit.bench.text import timed
 from toolkit.core import architectures
 from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.declaration import TK
@@ -176,7 +177,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
         convert(m, ct2_dir.name)
         ct2_setting = best_settings(batch_sizes, ct2_threads, lambda c, b: _time_ct2(
             ct2_dir.name, c, src[: probe_size(b)], [b], m.max_len))
-        echo(f"ctranslate2 {ctranslate2_version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
+        echo(f"ctranslate2 {ct2_engine.version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
              + f" ({'given' if ct2_threads else 'the fastest measured'}; --ct2-threads sets them)")
     ort_backends: dict[str, dict[int, object]] = {}  # name -> intra-op threads -> backend
     for spec in chosen:
@@ -272,14 +273,8 @@ def sgemm_peak_gflops(n: int = 1024, repeat: int = 5) -> float:
     """Best float32 GEMM rate of this machine (numpy's BLAS, all cores), measured now."""
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     a @ a
-    best = min(_timed(lambda: a @ a) for _ in range(repeat))
+    best = min(timed(lambda: a @ a) for _ in range(repeat))
     return 2 * n**3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 class Ct2Run:
@@ -345,12 +340,6 @@ def _time_ct2(model_dir: str, threads: tuple[int, int], src: list[list[int]], ba
         return time.perf_counter() - start
 
 
-def ctranslate2_version() -> str:
-    import ctranslate2
-
-    return ctranslate2.__version__
-
-
 def ct2_table(results: list[Result]) -> str:
     """CTranslate2 against tk's ONNX Runtime CPU rows, fp32 with float32 and int8 with int8: sentences/s and ratios
     ("": no pair of rows to compare). tk's fp32 column is the faster of its exported and offline-optimised graphs (both
@@ -376,8 +365,6 @@ def ct2_table(results: list[Result]) -> str:
         lines.append(f"{search:<7} {batch:>5} {tk32:>8.1f} {graph:>9} {c32:>11.1f} {c32 / tk32:>6.2f} {tk8 or 0:>8.1f} {c8 or 0:>8.1f} "
                      f"{ratio8:>6} {same:>15.0%}")
     return "\n".join(lines) if len(lines) > 2 else ""
-
-
 
 
 def bench_variants(m, provider: str, wanted: list[str] | None) -> list[str]:

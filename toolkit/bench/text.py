@@ -97,7 +97,7 @@ def _median_turns(runs: list[Callable[[], float]], repeat: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def _timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -185,7 +185,7 @@ class _Pair:
 
         with Ct2Translator(self.ct2_dir, self.compute, *threads) as tr:
             tr.translate_ids([[4, 5, 3]], 1, self.max_len, 1)
-            return _timed(lambda: fn(tr))
+            return timed(lambda: fn(tr))
 
     def choose_threads(self, probe: list[str], echo: Callable[[str], None]) -> None:
         from toolkit.runtimes.ctranslate2.engine import fastest, thread_candidates
@@ -200,8 +200,8 @@ class _Pair:
                  echo: Callable[[str], None]) -> TextRow:
         out: dict[str, list[str]] = {}
         tk_s, tk_ct2_s, ct2_s = _median_turns([
-            lambda: _timed(lambda: out.__setitem__("tk", self.tk.translate(sources, beam=beam))),
-            lambda: _timed(lambda: out.__setitem__("tk_ct2", self.tk_ct2.translate(sources, beam=beam))),
+            lambda: timed(lambda: out.__setitem__("tk", self.tk.translate(sources, beam=beam))),
+            lambda: timed(lambda: out.__setitem__("tk_ct2", self.tk_ct2.translate(sources, beam=beam))),
             lambda: self.ct2_seconds(self.file_threads, lambda tr: out.__setitem__("ct2", self.engine.translate(tr, sources, beam)))],
             repeat)
         name = "greedy" if beam == 1 else f"beam {beam}"
@@ -214,8 +214,8 @@ class _Pair:
 
     def request_row(self, asked: list[str], repeat: int, echo: Callable[[str], None]) -> TextRow:
         tk_s, tk_ct2_s, ct2_s = _median_turns([
-            lambda: _timed(lambda: [self.tk.translate([s], beam=REQUEST_BEAM) for s in asked]),
-            lambda: _timed(lambda: [self.tk_ct2.translate([s], beam=REQUEST_BEAM) for s in asked]),
+            lambda: timed(lambda: [self.tk.translate([s], beam=REQUEST_BEAM) for s in asked]),
+            lambda: timed(lambda: [self.tk_ct2.translate([s], beam=REQUEST_BEAM) for s in asked]),
             lambda: self.ct2_seconds(self.request_threads, lambda tr: [self.engine.translate(tr, [s], REQUEST_BEAM) for s in asked])],
             repeat)
         n = len(asked)
@@ -254,8 +254,6 @@ def _run_peers(m, work: Path, sources: list[str], beams, requests: int, repeat: 
 
 def _peer_engines(hf: dict, key: str, tk: list[str] | None, references: list[str] | None) -> list[Engine]:
     """The peers' engines for a file row (key: the beam) or the requests row (key "requests")."""
-    import statistics
-
     out = []
     for name, r in hf.items():
         if "error" in r:

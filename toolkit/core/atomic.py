@@ -45,10 +45,6 @@ def is_temporary(name: str) -> bool:
 
 def pid_alive(pid: int) -> bool:
     """Whether the writer with this process id may still run (another user's process counts as running)."""
-    return _alive(pid)
-
-
-def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -69,7 +65,7 @@ def remove_stale_temporaries(directory: Path) -> None:
         return
     _swept.add(key)
     try:
-        leftovers = [p for p in directory.iterdir() if (m := _TEMPORARY.fullmatch(p.name)) and not _alive(int(m.group(1)))]
+        leftovers = [p for p in directory.iterdir() if (m := _TEMPORARY.fullmatch(p.name)) and not pid_alive(int(m.group(1)))]
     except OSError:
         return
     for path in leftovers:
@@ -78,18 +74,26 @@ def remove_stale_temporaries(directory: Path) -> None:
                 path.unlink()
 
 
-def _special(path: Path) -> str | None:
-    """What a path that exists but is neither a regular file nor a directory is ("a FIFO", "a character device", ...),
-    following links (/dev/stdout is a link to /proc/self/fd/1, itself a link to a pipe); None for anything else."""
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What `path` is where it exists and is not a regular file ("a FIFO", "a character device", "a directory"), links
+    followed as reading it would follow them; None for a regular file or nothing there. Asked with stat alone: opening
+    a FIFO to find out would block."""
     try:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return None
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return None
+    return next((name for test, name in _KINDS if test(mode)), None)
+
+
+def _special(path: Path) -> str | None:
+    """What a path that exists but is neither a regular file nor a directory is ("a FIFO", "a character device", ...),
+    following links (/dev/stdout is a link to /proc/self/fd/1, itself a link to a pipe); None for anything else."""
+    kind = not_a_file(path)
+    return None if kind == "a directory" else kind
 
 
 class AtomicWriter:

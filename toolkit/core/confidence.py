@@ -169,11 +169,6 @@ def for_manifest(m: object) -> Calibration:
     return cached[1]
 
 
-def weakest(confidences: Sequence[float]) -> float:
-    """A line's confidence from its sentences': the lowest (one bad sentence is a line to check)."""
-    return min(confidences, default=1.0)
-
-
 # ---- fitting and measuring (numpy) ----------------------------------------------------------------------------------
 
 

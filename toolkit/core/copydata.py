@@ -31,7 +31,6 @@ NAME = re.compile(rf"(?<![\w-])({WORD}(?:-{WORD})?)(?![\w-])")
 VOWELS = set("AEIOUYÀÂÄÉÈÊËÎÏÔÖÙÛÜŸaeiouyàâäéèêëîïôöùûüÿ")
 # French words that elide before a vowel: de -> d', que -> qu', lorsque -> lorsqu' ...
 ELIDING = ("de", "que", "lorsque", "puisque", "jusque")
-DEFAULT_RATE = 0.08  # copy pairs added per training pair and epoch, in the student recipe
 
 
 def _word(name: str) -> re.Pattern:

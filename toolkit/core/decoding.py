@@ -268,8 +268,7 @@ def greedy(backend: StepBackend, src: list[list[int]], max_len: int, limits: np.
     """Most probable next token at every step, from the model's start token. Rows that emit its end token
     (EOS below), reach their length limit or (with the loop guard) start repeating themselves leave the batch."""
     EOS = rules.end
-    ids, lens = pad_batch(src, rules.pad)
-    state = backend.encode(ids, lens)
+    state = backend.encode(*pad_batch(src, rules.pad))
     n = len(src)
     limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
     max_len = int(limits.max())
@@ -386,8 +385,7 @@ def beam_search(backend: StepBackend, src: list[list[int]], max_len: int, beam: 
     `beam` live hypotheses.
     """
     EOS = rules.end
-    ids, lens = pad_batch(src, rules.pad)
-    state = backend.encode(ids, lens)
+    state = backend.encode(*pad_batch(src, rules.pad))
     n = len(src)
     limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
     max_len = int(limits.max())
@@ -535,8 +533,7 @@ class _Sentence:
 # take and return the same per-sentence lists.
 def beam_search_hf(backend: StepBackend, src: list[list[int]], max_len: int, beam: int, alpha: float, n_best: int,
                    limits: np.ndarray | None, loop_guard: bool, rules: DecodingRules) -> list[list[Hypothesis]]:
-    ids, lens = pad_batch(src, rules.pad)
-    state = backend.encode(ids, lens)
+    state = backend.encode(*pad_batch(src, rules.pad))
     n = len(src)
     limits = np.full(n, max_len, dtype=np.int64) if limits is None else np.minimum(limits, max_len)
     forced = int(rules.forced_end)

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import re
-import stat
 import types
 import typing
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from toolkit.core.architectures import ARCHITECTURES, SEQ2SEQ, SIZES
 from toolkit.core.architectures import GRAPHS as ARCHITECTURE_GRAPHS
-from toolkit.core.atomic import exclusive, write_atomic
+from toolkit.core.atomic import exclusive, not_a_file, write_atomic
 from toolkit.core.declaration import Declaration, DecodingRules
 from toolkit.core.decode_options import shown
 from toolkit.core.digests import file_sha256
@@ -379,21 +378,6 @@ def split_verification(record: dict) -> dict[str, dict]:
                                              "checks": sum(w.get("checks", 0) for w in worst.values()) or record.get("checks", 0),
                                              "failures": failures}
     return out
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def not_a_file(path: Path) -> str | None:
-    """What `path` is where it exists and is not a regular file ("a FIFO", "a character device", "a directory"), links
-    followed as reading it would follow them; None for a regular file or nothing there. Asked with stat alone: opening
-    a FIFO to find out would block."""
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return None
-    return next((name for test, name in _KINDS if test(mode)), None)
 
 
 def _link_note(path: Path) -> str:

@@ -143,18 +143,12 @@ class Glossary(Protocol):
     def find(self, text: str, spans: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int, str, str]]: ...
 
 
-def protect_line(text: str, keep: Iterable[str] = (), glossary: Glossary | None = None) -> tuple[str, list[str]]:
+def protect_terms(text: str, keep: Iterable[str] = (), glossary: Glossary | None = None) -> tuple[str, list[str], list[str | None]]:
     """The deploy form of protect: every span, runs merged, numbered ⦅0⦆, ⦅1⦆, ... however many there are
     (textprep renumbers each model input from ⦅0⦆ and gives none more than PER_INPUT). With a glossary, each
     occurrence of one of its terms is a span too, put back as the term's target (toolkit.core.glossary); a line holding
-    none of its terms gives what it gives without it."""
-    protected, kept, _ = protect_terms(text, keep, glossary)
-    return protected, kept
-
-
-def protect_terms(text: str, keep: Iterable[str] = (), glossary: Glossary | None = None) -> tuple[str, list[str], list[str | None]]:
-    """protect_line, and for each span the source term it stands for where it is a glossary term's occurrence (None
-    for a number, URL, e-mail address or kept term)."""
+    none of its terms gives what it gives without it. Also, for each span, the source term it stands for where it is a
+    glossary term's occurrence (None for a number, URL, e-mail address or kept term)."""
     spans = all_spans(text, keep)
     terms = glossary.find(text, spans) if glossary else []
     if not terms:

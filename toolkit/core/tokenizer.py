@@ -57,8 +57,9 @@ class TextTokenizer(ABC):
     @abstractmethod
     def vocab_size(self) -> int: ...
 
-    @abstractmethod
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]: ...
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        """Each text's ids, from the kind's `_ids(text)`; a kind that encodes a batch at once (tk's own) overrides this."""
+        return [self._ids(t) for t in texts]
 
     @abstractmethod
     def decode(self, ids: list[list[int]]) -> list[str]: ...

@@ -125,9 +125,6 @@ class MarianTokenizer(TextTokenizer):
         pieces = code + self.source.encode(text, out_type=str)
         return [self.vocab.get(p, self.unk) for p in pieces] + [self.end]
 
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return [self._ids(t) for t in texts]
-
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.join_with.decode_pieces([p for p in map(self._piece, seq) if p]).replace("\u2581", " ").strip() for seq in ids]
 
@@ -142,7 +139,6 @@ class MarianTokenizer(TextTokenizer):
 
     def piece(self, token: int) -> str:
         return self.pieces.get(token, "")
-
 
 
 # ---- multilingual models: a language code on the source, the target's token forced first --------------------------
@@ -235,15 +231,15 @@ class LanguageTokenizer(TextTokenizer):
     def _pieces_ids(self, text: str) -> list[int]:
         raise NotImplementedError
 
+    def piece(self, token: int) -> str:
+        return self.pieces.get(token, "")  # each kind's output pieces by id
+
     def _ids(self, text: str) -> list[int]:
         if not text:
             return []  # an empty line stays empty
         lang = self.languages[self.source_lang]
         ids = self._pieces_ids(text)
         return ids + [self.end, lang] if self.declared.lang_suffix else [lang] + ids + [self.end]
-
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return [self._ids(t) for t in texts]
 
 
 class SpmVocabTokenizer(LanguageTokenizer):
@@ -267,9 +263,6 @@ class SpmVocabTokenizer(LanguageTokenizer):
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.spm.decode([self.pieces[i] for i in seq if i not in self.special and i in self.pieces]).strip() for seq in ids]
-
-    def piece(self, token: int) -> str:
-        return self.pieces.get(token, "")
 
 
 # ---- tokenizer.json: untrusted input run by the `tokenizers` library's Rust code -------------------------------------
@@ -473,13 +466,6 @@ class JsonTokenizer(LanguageTokenizer):
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [json_decode(self.tok, [i for i in seq if i not in self.special], self.path).strip() for seq in ids]
 
-    def piece(self, token: int) -> str:
-        return self.pieces.get(token, "")
-
-
-def _added(tok) -> list:
-    return list(tok.get_added_tokens_decoder().values())
-
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's ids 0 to 3
 
@@ -600,9 +586,6 @@ class T5SourceTokenizer(TextTokenizer):
                 ids += self.spm.encode(text[start:found.start()]) + [self.size + self.extra - 1 - n]
                 start = found.end()
         return ids + self.spm.encode(text[start:]) + [self.end]
-
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return [self._ids(t) for t in texts]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         if self.tok is not None:

@@ -121,9 +121,6 @@ class WordTokenizer(TextTokenizer):
         ids = [self.vocab.ids.get(w, self.unk) for w in self.vocab.words(text)]
         return ids + [self.end] if ids and self.source_end else ids  # an empty line stays empty
 
-    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return [self._ids(t) for t in texts]
-
     def decode(self, ids: list[list[int]]) -> list[str]:
         target = self.target
         out = []

@@ -94,10 +94,10 @@ class Plan:
         """Every text this fragment needs translated, each once, in order: each block's text, then its runs'."""
         seen: dict[str, None] = {}
         for b in self.parts:
-            if isinstance(b, _Block) and _prose(b.text()):
+            if isinstance(b, _Block) and prose(b.text()):
                 seen[b.text()] = None
                 for r in b.runs():
-                    if _prose(r.text):
+                    if prose(r.text):
                         seen[_clean(r.text)] = None
         return list(seen)
 
@@ -315,14 +315,14 @@ def translate_html(fragments: Sequence[str], translate: Callable[[list[str]], li
     return [render(p, translated) for p in plans]
 
 
-def _prose(text: str) -> bool:
+def prose(text: str) -> bool:
     """Whether a text has words to translate: one with no letter (punctuation, a number) is kept as it is."""
     return any(c.isalpha() for c in text)
 
 
 def _translation(text: str, translated: dict[str, str]) -> str:
     """A text's translation, or the text itself (cleaned) where it has no words."""
-    return translated.get(_clean(text), "") if _prose(text) else _clean(text)
+    return translated.get(_clean(text), "") if prose(text) else _clean(text)
 
 
 def _clean(text: str) -> str:

@@ -18,7 +18,6 @@ from pathlib import Path
 from toolkit.core.errors import DataError
 
 DEFAULT_SET = Path(__file__).resolve().parents[2] / "docs" / "names-test.tsv"
-SHIP_SHARE = 0.9  # the student recipe's goal (docs/models.md#the-student-recipe): at least 9 of 10 unseen names copied
 
 
 @dataclass(frozen=True)

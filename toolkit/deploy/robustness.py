@@ -85,7 +85,7 @@ def joined_set(english: list[str], refs: list[list[str]], seed: int, n: int = 50
 def build_sets(english: list[str], refs: list[list[str]], corpus_words: set[str], seed: int = 0) -> list[RobustSet]:
     names = noise.evaluation_names(corpus_words, seed=seed + 1)
     short = [(en, rs) for en, rs in zip(english, refs) if len(en.split()) <= 3]
-    sets = [
+    return [
         RobustSet("clean", english, refs, normalized=False),
         RobustSet("clean_folded", english, refs),
         RobustSet("no_final_punct", [noise.strip_final_punct(e) for e in english], refs),
@@ -97,7 +97,6 @@ def build_sets(english: list[str], refs: list[list[str]], corpus_words: set[str]
         passthrough_set(english, refs, names, seed),
         joined_set(english, refs, seed),
     ]
-    return sets
 
 
 def is_runaway(source: str, output: str) -> bool:

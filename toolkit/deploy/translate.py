@@ -431,7 +431,6 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
 def _constrained(t: TranslationModel, src: list[int], targets: list[str], opts: DecodeOptions, backend: object, rules) -> Hypothesis | None:
     """The best translation of src holding each target, by toolkit.core.constrained at FORCED_BEAM or the beam asked for."""
     from toolkit.core import constrained
-    from toolkit.core.decoding import length_limits
 
     terms = [constrained.term_forms(t.tokenizer, target) for target in targets]
     if not all(forms[0] for forms in terms):
@@ -495,8 +494,6 @@ def repair_note(report: list[placeholders.Repair]) -> str:
 
 def guard_note(h, source_tokens: int, opts: DecodeOptions, model_max: int | None = None) -> str:
     """Which guard ended a translation, and how to lift it (model_max: the model's positions, which nothing lifts)."""
-    from toolkit.core.decoding import length_limits
-
     if h.stopped == "loop":
         return (f"the loop guard ended its translation after {len(h.tokens)} tokens (it began repeating itself); "
                 "--no-loop-guard turns it off")

@@ -56,14 +56,6 @@ def _fused_and_optimized(src: Path, dst: Path, level: str, weights_beside: bool 
         graph_files.inline(dst)
 
 
-def _optimized(src: Path, dst: Path) -> None:
-    _fused_and_optimized(src, dst, "extended")
-
-
-def _int8(src: Path, dst: Path) -> None:
-    int8_graph(src, dst)
-
-
 def int8_graph(src: Path, dst: Path, keep_fp32: Sequence[str] = (), only: Sequence[str] | None = None,
                folded: Path | None = None) -> None:
     """The int8 variant of the fp32 graph `src`, with the MatMuls named in `keep_fp32` left in float (or, with
@@ -187,7 +179,8 @@ def int8_layers(folded: Path) -> list[tuple[str, str]]:
 
 
 # fp32 graph -> the variant's graph, for each variant the catalogue builds (core.variants.BUILT: all but the exported fp32).
-BUILDERS: dict[str, Callable[[Path, Path], None]] = {"fp16": _fp16, "optimized": _optimized, "int8": _int8}
+BUILDERS: dict[str, Callable[[Path, Path], None]] = {
+    "fp16": _fp16, "optimized": lambda src, dst: _fused_and_optimized(src, dst, "extended"), "int8": int8_graph}
 
 
 def build(src: Path, dst: Path, variant: str) -> None:
@@ -218,7 +211,7 @@ IN_MEMORY_BYTES = 1_500_000_000
 # The builders that write a graph of any size with its weights beside it.
 ON_DISK: dict[str, Callable[[Path, Path], None]] = {
     "optimized": lambda src, dst: _fused_and_optimized(src, dst, "extended", weights_beside=True),
-    "int8": _int8,
+    "int8": int8_graph,
 }
 
 

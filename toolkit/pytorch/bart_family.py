@@ -216,9 +216,8 @@ def settings_from(cls: type[FamilySettings], config: dict, generation: dict, whe
     gen = generation_fields(config, generation) if gen is None else gen
     values = hf_files.config_values(cls, config, gen, where, cls.OWN, fallback)
     origin = lambda key: f"{where}/{'generation_config.json' if key in generation else 'config.json'}"  # noqa: E731
-    suppress = forbidden(gen, origin)
     settings = cls(**values, max_len=min(values["max_position_embeddings"], 1024),
-                   suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
+                   suppress_tokens=forbidden(gen, origin))
     settings.check(f"{where}/config.json")
     first = gen.get("forced_bos_token_id")
     if first is not None and (type(first) is not int or not 0 <= first < settings.vocab_size):

@@ -311,10 +311,6 @@ def prepare_output(opts: ExportOptions) -> outputs.Output:
                           what="an exported tk model directory (no tk manifest.json)", keep_foreign=False)
 
 
-def is_model_directory(path: Path) -> bool:
-    return tk_entries(path) is not None
-
-
 def portable_path(path: str | Path) -> str:
     """Where a checkpoint lay, as a manifest that travels may say it: relative to the directory export ran in
     (verify finds it there on the machine that trained it), else its name alone; never another machine's path."""

@@ -150,9 +150,10 @@ def check_weights(own: dict[str, tuple[int, ...]], optional: set[str], state: di
             raise UsageError(f"{origin[k]}: weight {k} holds NaN or infinite values; tk exports a model with finite weights only")
 
 
-def forbidden(gen: dict, origin: Callable[[str], str]) -> list[int]:
-    """The token ids generate never emits: bad_words_ids of single tokens and suppress_tokens, each a list of JSON
-    whole numbers (a string's characters or a float's truncation are never taken for ids)."""
+def forbidden(gen: dict, origin: Callable[[str], str]) -> str:
+    """The token ids generate never emits, as the settings' suppress_tokens (sorted, comma-separated): bad_words_ids of
+    single tokens and suppress_tokens, each a list of JSON whole numbers (a string's characters or a float's truncation
+    are never taken for ids)."""
     out = []
     words_ids = gen.get("bad_words_ids") or []
     if not isinstance(words_ids, list) or not all(isinstance(w, list) and all(type(t) is int for t in w) for w in words_ids):
@@ -162,12 +163,10 @@ def forbidden(gen: dict, origin: Callable[[str], str]) -> list[int]:
             raise UsageError(f"{origin('bad_words_ids')}: bad_words_ids entry {words} has several tokens; tk forbids single tokens only")
         out.append(words[0])
     suppress = gen.get("suppress_tokens")
-    if suppress is None:
-        return out
-    if not isinstance(suppress, list) or not all(type(t) is int for t in suppress):
+    if suppress is not None and (not isinstance(suppress, list) or not all(type(t) is int for t in suppress)):
         raise UsageError(f"{origin('suppress_tokens')}: suppress_tokens must be a list of token ids (whole numbers), "
                          f"got {suppress!r:.40}")
-    return out + suppress
+    return ",".join(str(t) for t in sorted({*out, *(suppress or [])}))
 
 
 def vocabulary(directory: Path, name: str, size: int, field: str) -> dict[str, int]:

@@ -274,9 +274,8 @@ def settings_from(config: dict, generation: dict, where: Path) -> tuple[T5Settin
     positions = config.get("n_positions", 512)
     positions = positions if type(positions) is int and positions >= 2 else 512
     origin = lambda key: f"{where}/{'generation_config.json' if key in generation else 'config.json'}"  # noqa: E731
-    suppress = forbidden(gen, origin)
     settings = T5Settings(**values, model_type=model_type, scale_decoder_outputs=scale, tie_word_embeddings=tied is not False,
-                          max_len=min(positions, 1024), suppress_tokens=",".join(str(t) for t in sorted(set(suppress))))
+                          max_len=min(positions, 1024), suppress_tokens=forbidden(gen, origin))
     _check(settings, f"{where}/config.json")
     return settings, hf_files.end_rules(settings, config, gen, origin, where)
 

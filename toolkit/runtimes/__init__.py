@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from toolkit.runtimes import registry
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
-from toolkit.runtimes.registry import RuntimeSpec, check, get, names, register
+from toolkit.runtimes.registry import RuntimeSpec, check, get, load, names, register
 
 if TYPE_CHECKING:
     import numpy as np
@@ -60,14 +59,3 @@ def version(runtime: str) -> str:
 def label(runtime: str) -> str:
     """How output names the runtime in use: 'onnxruntime 1.31.0', 'openvino 2026.4.1'."""
     return get(runtime).label()
-
-
-def load(m: Manifest, runtime: str = DEFAULT_RUNTIME, provider: str = "cpu", variant: str = "fp32",
-         allow_fallback: bool = False, threads: int | None = None, cache: bool = False,
-         request_threads: int | None = None, check_io: bool = True) -> LoadedRuntime:
-    """Graph runners and a step-backend factory (`.backend()`) for every graph of the directory on `runtime`.
-    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.runtimes.onnxruntime.graph_cache).
-    `request_threads`: ONNX Runtime on CPU decodes a call of one batch on this many threads, and concurrent
-    streams on `threads` each (toolkit.runtimes.onnxruntime.loading). `check_io`: the loader refuses graphs
-    whose inputs or outputs differ from manifest.json (verify, which reports that as a row, turns it off)."""
-    return registry.load(m, runtime, provider, variant, allow_fallback, threads, cache, request_threads, check_io)

@@ -119,7 +119,12 @@ def get(name: str) -> RuntimeSpec:
     return _SPECS[name]
 
 
-def load(m: Manifest, name: str, provider: str, variant: str, allow_fallback: bool = False, threads: int | None = None,
-         cache: bool = False, request_threads: int | None = None, check_io: bool = True) -> LoadedRuntime:
+def load(m: Manifest, name: str = DEFAULT, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False,
+         threads: int | None = None, cache: bool = False, request_threads: int | None = None, check_io: bool = True) -> LoadedRuntime:
+    """Graph runners and a step-backend factory (`.backend()`) for every graph of the directory on runtime `name`.
+    `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.runtimes.onnxruntime.graph_cache).
+    `request_threads`: ONNX Runtime on CPU decodes a call of one batch on this many threads, and concurrent
+    streams on `threads` each (toolkit.runtimes.onnxruntime.loading). `check_io`: the loader refuses graphs
+    whose inputs or outputs differ from manifest.json (verify, which reports that as a row, turns it off)."""
     return get(name).load(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,
                           request_threads=request_threads, check_io=check_io)

@@ -396,10 +396,9 @@ def app_builder(args: dict):
     by commas), replicas ("N" or "MIN:MAX"), and optionally the others of toolkit.serve.options.RAY_ARGUMENTS (threads,
     provider, variant, runtime, source_lang, target_lang, allow_hosts and the batching and request limits, by tk serve's
     option names). What it leaves out takes tk serve's defaults."""
-    known = RAY_ARGUMENTS
-    unknown = sorted(set(args) - set(known))
+    unknown = sorted(set(args) - set(RAY_ARGUMENTS))
     if unknown:
-        raise UsageError(f"unknown argument(s) {', '.join(unknown)} for toolkit.serve.ray_app:app_builder; known: {', '.join(sorted(known))}")
+        raise UsageError(f"unknown argument(s) {', '.join(unknown)} for toolkit.serve.ray_app:app_builder; known: {', '.join(sorted(RAY_ARGUMENTS))}")
     if not args.get("models"):
         raise UsageError("give models: a list of model directories (DIR or DIR:SOURCE-TARGET), at the same path on every node")
     from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import make_dataclass
 from pathlib import Path
@@ -120,7 +122,6 @@ BenchOptions = make_dataclass("BenchOptions", [p.name for p in bench.params], fr
 
 def _graphs(o: BenchOptions) -> None:
     """The default bench: PyTorch (textbook and cached), ONNX Runtime, OpenVINO and CTranslate2 side by side."""
-    import json
     import platform
 
     from toolkit.bench import backends as b
@@ -140,15 +141,12 @@ def _graphs(o: BenchOptions) -> None:
     if ct2_table:
         click.echo("\nCTranslate2 against tk (ONNX Runtime CPU), sentences/s:")
         click.echo(ct2_table)
-    if o.json_path:
-        rows = [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results]
-        write_json(o.json_path, json.dumps(rows, indent=2) + "\n")
+    write_json(o.json_path, [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in results])
 
 
 def _serve(o: BenchOptions) -> None:
     """--serve: `tk serve` under concurrent single-sentence requests, with dynamic batching and with batching off (with
     --ray: tk serve against tk serve --ray with 1 and 2 replicas)."""
-    import json
     import platform
 
     from toolkit.bench.serve_load import bench_serve, bench_serve_ray
@@ -163,9 +161,7 @@ def _serve(o: BenchOptions) -> None:
     results = run(o.model_dir, english[:o.sentences], o.clients, (o.beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
     click.echo(load_table(results))
-    if o.json_path:
-        rows = [{**r.__dict__, "throughput": r.throughput} for r in results]
-        write_json(o.json_path, json.dumps(rows, indent=2) + "\n")
+    write_json(o.json_path, [{**r.__dict__, "throughput": r.throughput} for r in results])
 
 
 def _ct2_rows(runtimes: tuple[str, ...], ct2: bool | None) -> tuple[tuple[str, ...], bool | None]:
@@ -197,7 +193,6 @@ def _check_provider(provider: str | None, text_path: Path | None) -> None:
 
 def _text(o: BenchOptions) -> None:
     """--text: tk's Python API with its defaults against CTranslate2's fastest setting, text in and text out."""
-    import json
     import platform
 
     from toolkit.bench import text as text_bench
@@ -213,18 +208,16 @@ def _text(o: BenchOptions) -> None:
                                  peer_python=str(o.peer_python) if o.peer_python else None, echo=echo)
     click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
     click.echo(text_bench.table(rows))
-    if o.json_path:
-        import dataclasses
-
-        write_json(o.json_path, json.dumps([{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}}
-                                          for r in rows], indent=2) + "\n")
+    write_json(o.json_path, [{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}} for r in rows])
 
 
-def write_json(path: Path, text: str) -> None:
-    """--json: written whole or not at all (the previous file kept on a full disk); a FIFO or device written through."""
+def write_json(path: Path | None, rows: object) -> None:
+    """--json (none where path is None): written whole or not at all (the previous file kept on a full disk); a FIFO or
+    device written through."""
     from toolkit.core.atomic import write_atomic
 
-    write_atomic(path, text.encode("utf-8"), user_path=True)
+    if path is not None:
+        write_atomic(path, (json.dumps(rows, indent=2) + "\n").encode("utf-8"), user_path=True)
 
 
 def parse_engines(text: str | None) -> list[str]:
@@ -241,7 +234,6 @@ def parse_engines(text: str | None) -> list[str]:
 
 def _scale(o: BenchOptions) -> None:
     """--scale: fixed-work rows on a model of the size users deploy, each engine in a process of its own."""
-    import json
     import platform
 
     from toolkit.bench import scale as scale_bench
@@ -267,7 +259,5 @@ def _scale(o: BenchOptions) -> None:
             click.echo(f"  {row}: {', '.join(ways)}")
     click.echo("\ntokens/s (each row's median over the rounds):\n")
     click.echo(scale_bench.table(runs, scale_bench.ROWS, tokens))
-    if o.json_path:
-        write_json(o.json_path, json.dumps({"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
-                                          "engines": [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in runs]},
-                                         indent=2) + "\n")
+    write_json(o.json_path, {"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
+                             "engines": [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in runs]})

@@ -20,10 +20,8 @@ def writer_options(command):
     """An option per writer of toolkit.convert.registry: `--NAME DIR` for one that writes a directory of its own,
     a flag for one that stores into the model directory; the command gets each value as _dest(NAME)."""
     for name, entry in reversed(registry.TABLE.items()):  # decorators apply bottom-up: --help lists them in table order
-        if entry.takes_dir:
-            command = click.option(f"--{name}", _dest(name), type=click.Path(path_type=Path), metavar="DIR", help=entry.help)(command)
-        else:
-            command = click.option(f"--{name}", _dest(name), is_flag=True, help=entry.help)(command)
+        kind = {"type": click.Path(path_type=Path), "metavar": "DIR"} if entry.takes_dir else {"is_flag": True}
+        command = click.option(f"--{name}", _dest(name), help=entry.help, **kind)(command)
     return command
 
 

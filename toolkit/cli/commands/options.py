@@ -18,6 +18,7 @@ from toolkit.core.decode_options import MAX_BEAM, MAX_CLI_BATCH, MAX_STREAMS, MA
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.shipped import default_model
+from toolkit.core.variants import NAMES
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 from toolkit.runtimes.registry import names as runtime_names
 
@@ -50,14 +51,8 @@ DATA_OPTION = click.option("--data", "data_path", metavar="PATH",
 TOLERANCE = FiniteFloat(min=0.0)
 
 
-def _variant_names() -> list[str]:
-    from toolkit.core.variants import NAMES
-
-    return list(NAMES)
-
-
 # For the commands that translate: without --variant, open_model picks the fastest graphs with fp32's translations.
-DEFAULT_FAST_VARIANT = click.option("--variant", type=click.Choice(_variant_names()),
+DEFAULT_FAST_VARIANT = click.option("--variant", type=click.Choice(NAMES),
                                     help="Graphs to run [default: the fastest with fp32's translations: optimized "
                                          "(attention fused) on CPU, fp32 on CUDA].")
 

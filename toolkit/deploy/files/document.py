@@ -8,6 +8,7 @@ from pathlib import Path
 
 from toolkit.core.atomic import write_atomic
 from toolkit.core.errors import describe_os_error, os_failure
+from toolkit.deploy.translate import one_line
 
 
 @dataclass
@@ -24,7 +25,7 @@ class Document:
         """The translated file: translations[k] is that of texts[k]."""
         if len(translations) != len(self.texts):
             raise ValueError(f"{len(translations)} translations for {len(self.texts)} texts")
-        return self.write({t: _one_line(x) for t, x in zip(self.texts, translations)})
+        return self.write({t: one_line(x) for t, x in zip(self.texts, translations)})
 
     def save(self, dst: str | Path, translations: Sequence[str]) -> None:
         """Writes the translated file to dst atomically: dst is the whole translation or what it was before."""
@@ -33,8 +34,3 @@ class Document:
             write_atomic(dst, data, user_path=True)
         except OSError as e:
             raise os_failure(f"cannot write {dst}: {describe_os_error(e)}", e) from None
-
-
-def _one_line(text: str) -> str:
-    """A translation as one line: a tokenizer's byte pieces can spell a line break, which would break a file's structure."""
-    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")

@@ -58,7 +58,7 @@ class _Subtitle:
         for _, body, plan, _ in self.units:
             if plan is not None:
                 out += plan.texts()
-            elif _prose(body):
+            elif markup.prose(body):
                 out.append(markup.SPACES.sub(" ", body))
         return out
 
@@ -68,16 +68,11 @@ class _Subtitle:
             if plan is not None:
                 text = _subtitle_text(markup.render(plan, translated))
             else:
-                text = translated[markup.SPACES.sub(" ", body)].strip() if _prose(body) else body
+                text = translated[markup.SPACES.sub(" ", body)].strip() if markup.prose(body) else body
             out.append(prefix + text if text or not line.strip() else line)  # an empty translation keeps the line
         if self.joined:
             out = _cut(out[0], [len(x.strip()) for x in self.lines])
         return self.sep.join(out)
-
-
-def _prose(text: str) -> bool:
-    """Whether a text has words to translate (as markup judges it): one without a letter stays as it is."""
-    return any(c.isalpha() for c in text)
 
 
 def _subtitle_text(rendered: str) -> str:

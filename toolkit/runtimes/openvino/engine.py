@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core import architectures
-from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, next_host_state, reorder_rows, take_rows, top_k_rows
+from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, next_host_state, reorder_rows, take_rows
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.graphs import GraphSpec
 from toolkit.core.manifest import Manifest
@@ -133,10 +133,6 @@ class OvBackend(StepBackend):
         named = dict(zip(self.decoder_spec.output_names, self.decoder.run({"token": token, **state})))
         return named["log_probs"], next_host_state(self.decoder_spec, state, named)
 
-    def step_top_k(self, token: np.ndarray, state: dict[str, np.ndarray], k: int):
-        log_probs, new_state = self.step(token, state)
-        return (*top_k_rows(log_probs, k), new_state)
-
     def reorder_beams(self, state: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         return reorder_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
 
@@ -150,7 +146,6 @@ class LoadedOpenVINO:
     runners: dict[str, OvSession]
     provider: str = "cpu"
     built_s: float = 0.0
-    runtime: str = "openvino"
 
     def backend(self) -> OvBackend:
         specs = self.manifest.specs()
