@@ -70,7 +70,9 @@ def test_one_command_compares_every_row_without_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=540, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "tk defaults here:" in proc.stderr and "CTranslate2 float32 fastest here" in proc.stderr
+    assert "tk defaults here:" in proc.stderr
+    # CTranslate2's version and the matrix products it ran (MKL or oneDNN), as it reports them, beside its threads.
+    assert re.search(r"CTranslate2 4\.\S+ \(SGEMM (DNNL|MKL), int8 (DNNL|MKL), AVX\S*\) float32 fastest here", proc.stderr), proc.stderr
     rows = json.loads(out.read_text())
     assert [r["row"] for r in rows] == ["file, greedy", "requests, greedy", "cold start"]
     for r in rows:

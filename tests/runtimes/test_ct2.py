@@ -43,7 +43,9 @@ def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tin
                  "--no-textbook", "--variant", "fp32", "--variant", "int8", "--runtime", "ctranslate2", "--json", out)
     assert result.exit_code == 0, result.output
     assert re.search(r"onnxruntime: batch 3: \d intra-op threads x \d decoding streams \(the fastest measured", result.output)
-    assert re.search(r"ctranslate2 4\.\S+: batch 3: \d intra_threads x \d inter_threads", result.output)
+    # Its version and the matrix products it ran, as CTranslate2 itself reports them (MKL or oneDNN).
+    assert re.search(r"ctranslate2 4\.\S+ \(SGEMM (DNNL|MKL), int8 (DNNL|MKL), AVX\S*\): batch 3: \d intra_threads x \d inter_threads",
+                     result.output), result.output
     rows = {(r["backend"], r["search"]) for r in json.loads(out.read_text())}
     assert {("ctranslate2 float32", "greedy"), ("ctranslate2 int8", "greedy"), ("ctranslate2 float32", "beam 2")} <= rows
     ratios = result.output[result.output.index("CTranslate2 against tk") :].splitlines()
@@ -66,3 +68,13 @@ def test_the_ct2_table_holds_ctranslate2_against_tks_faster_fp32_graphs():
     lines = {line.split()[0]: line.split() for line in ct2_table(results).splitlines()[2:]}
     assert lines["greedy"][2:6] == ["20.0", "optimized", "12.5", "0.62"]  # the optimised graphs were faster
     assert lines["beam"][3:7] == ["10.0", "exported", "20.0", "2.00"]
+
+
+def test_the_reported_backend_is_read_from_ctranslate2_s_own_lines():
+    from toolkit.runtimes.ctranslate2.engine import reported_backends
+
+    log = ("[info] CPU: AuthenticAMD (SSE4.1=true, AVX=true, AVX2=true, AVX512=true)\n[info]  - Selected ISA: AVX2\n"
+           "[info]  - Use Intel MKL: true\n[info]  - SGEMM backend: MKL (packed: true)\n"
+           "[info]  - GEMM_S16 backend: MKL (packed: true)\n[info]  - GEMM_S8 backend: MKL (packed: true, u8s8 preferred: true)\n")
+    assert reported_backends(log) == "SGEMM MKL, int8 MKL, AVX2"
+    assert reported_backends("nothing said") == ""

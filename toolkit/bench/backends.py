@@ -177,7 +177,8 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
         convert(m, ct2_dir.name)
         ct2_setting = best_settings(batch_sizes, ct2_threads, lambda c, b: _time_ct2(
             ct2_dir.name, c, src[: probe_size(b)], [b], m.max_len))
-        echo(f"ctranslate2 {ct2_engine.version()}: " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
+        ct2_gemm = ct2_engine.gemm_backends(ct2_dir.name) or "backend not reported"  # MKL or oneDNN, as it says itself
+        echo(f"ctranslate2 {ct2_engine.version()} ({ct2_gemm}): " + describe_settings(ct2_setting, "intra_threads", "inter_threads")
              + f" ({'given' if ct2_threads else 'the fastest measured'}; --ct2-threads sets them)")
     ort_backends: dict[str, dict[int, object]] = {}  # name -> intra-op threads -> backend
     for spec in chosen:

@@ -77,6 +77,8 @@ class _Ct2:
     def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int, pause: float):
         import ctranslate2
 
+        from toolkit.runtimes.ctranslate2.engine import gemm_backends
+
         self.pause = pause
         # Its two ways of using the cores, each row timed with both and the faster kept (its best threads): one batch
         # at a time on every core (intra_threads), or batches side by side, one core each (inter_threads).
@@ -87,7 +89,9 @@ class _Ct2:
             self.pieces = json.load(f)
         self.ids = {p: i for i, p in enumerate(self.pieces)}
         self.tokens = tokens
-        self.version = f"ctranslate2 {ctranslate2.__version__} {compute_type} on {device}"
+        # The matrix products it runs here (MKL or oneDNN, chosen per process from CT2_USE_MKL and the CPU's vendor).
+        backends = gemm_backends(model, compute_type) if device == "cpu" else ""
+        self.version = f"ctranslate2 {ctranslate2.__version__} {compute_type} on {device}" + (f" ({backends})" if backends else "")
         self.threads = " or ".join(self.translators) + (", the faster per row" if len(self.translators) > 1 else "")
 
     def run(self, src: list[list[int]], batch: int, beam: int, translator=None) -> list[list[int]]:

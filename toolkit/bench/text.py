@@ -188,13 +188,15 @@ class _Pair:
             return timed(lambda: fn(tr))
 
     def choose_threads(self, probe: list[str], echo: Callable[[str], None]) -> None:
+        from toolkit.runtimes.ctranslate2 import engine as ct2_engine
         from toolkit.runtimes.ctranslate2.engine import fastest, thread_candidates
 
         self.file_threads = fastest(thread_candidates(), lambda c: self.ct2_seconds(c, lambda tr: self.engine.translate(tr, probe, 1)))
         self.request_threads = fastest([c for c in thread_candidates() if c[1] == 1], lambda c: self.ct2_seconds(
             c, lambda tr: [self.engine.translate(tr, [s], REQUEST_BEAM) for s in probe[:32]]))
-        echo(f"{self.variant}: CTranslate2 {self.compute} fastest here at intra x inter {self.file_threads[0]} x {self.file_threads[1]} "
-             f"for a file, {self.request_threads[0]} x 1 for single requests")
+        backends = ct2_engine.gemm_backends(self.ct2_dir, self.compute) or "backend not reported"
+        echo(f"{self.variant}: CTranslate2 {ct2_engine.version()} ({backends}) {self.compute} fastest here at intra x inter "
+             f"{self.file_threads[0]} x {self.file_threads[1]} for a file, {self.request_threads[0]} x 1 for single requests")
 
     def file_row(self, sources: list[str], references: list[str] | None, beam: int, repeat: int,
                  echo: Callable[[str], None]) -> TextRow:

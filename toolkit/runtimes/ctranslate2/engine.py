@@ -11,6 +11,10 @@ limit and cut the same way. Imports numpy and (lazily) ctranslate2; never torch.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +53,31 @@ def _ctranslate2():
 
 def version() -> str:
     return _ctranslate2().__version__
+
+
+# What CTranslate2 reports of its CPU backend when CT2_VERBOSE is set, line by line.
+_REPORTED = re.compile(r"- (Selected ISA|SGEMM backend|GEMM_S8 backend): (\S+)")
+
+
+def gemm_backends(model_dir: str | Path, compute_type: str = "default") -> str:
+    """Which matrix products CTranslate2 runs on this CPU, as it reports them itself: "SGEMM DNNL, int8 DNNL, AVX2".
+    It chooses once per process, from the CPU's vendor and CT2_USE_MKL (MKL's packed GEMM on Intel, oneDNN on AMD
+    unless CT2_USE_MKL=1), so a child process with this one's environment loads the model and is asked; a benchmark
+    row states it beside the version. "" where CTranslate2 does not say."""
+    code = "import sys, ctranslate2; ctranslate2.Translator(sys.argv[1], device='cpu', compute_type=sys.argv[2])"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(model_dir), compute_type], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "CT2_VERBOSE": "1"})
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return reported_backends(done.stdout + done.stderr)
+
+
+def reported_backends(log: str) -> str:
+    said = dict(_REPORTED.findall(log))
+    parts = [f"SGEMM {said['SGEMM backend']}" if "SGEMM backend" in said else "",
+             f"int8 {said['GEMM_S8 backend']}" if "GEMM_S8 backend" in said else "", said.get("Selected ISA", "")]
+    return ", ".join(p for p in parts if p)
 
 
 def thread_candidates() -> list[tuple[int, int]]:
