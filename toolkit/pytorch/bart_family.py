@@ -173,11 +173,7 @@ class FamilyForTk(nn.Module):
         for layer in enc.layers:
             x = call_layer(layer, x, mask)
         x = self.final_norm(enc, x)
-        out = {"memory": x, "src_len": src_len}
-        for i, layer in enumerate(self.model.decoder.layers):
-            att = layer.encoder_attn
-            out[layer_key("cross_k", i)], out[layer_key("cross_v", i)] = heads(att, x, att.k_proj), heads(att, x, att.v_proj)
-        return out
+        return {"memory": x, "src_len": src_len, **cross_cache(self.model.decoder.layers, x)}
 
     def decode_step(self, token: torch.Tensor, cache: dict[str, torch.Tensor]):
         dec = self.model.decoder
@@ -356,3 +352,12 @@ def write_files(source: HfSource, tmp: Path) -> dict:
                                "eos": source.rules.end},
             "training": {"options": {"imported_from": "huggingface", "num_beams": source.num_beams,
                                      "settings": asdict(source.settings)}}}
+
+
+def cross_cache(layers, memory: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each decoder layer's cross-attention keys and values over the encoder's output, computed once per sentence."""
+    out = {}
+    for i, layer in enumerate(layers):
+        att = layer.encoder_attn
+        out[layer_key("cross_k", i)], out[layer_key("cross_v", i)] = heads(att, memory, att.k_proj), heads(att, memory, att.v_proj)
+    return out

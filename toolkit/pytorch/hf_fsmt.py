@@ -34,7 +34,7 @@ from torch import nn
 from toolkit.core.declaration import DecodingRules, TokenizerDeclaration, layer_key
 from toolkit.core.errors import UsageError
 from toolkit.pytorch import bart_family, hf_files
-from toolkit.pytorch.bart_family import FamilySettings, HfSource, heads
+from toolkit.pytorch.bart_family import FamilySettings, HfSource
 from toolkit.pytorch.hf_files import check_weights, inside, meta_shapes
 from toolkit.pytorch.hf_layers import call_layer
 from toolkit.pytorch.registry import ModelEntry
@@ -135,11 +135,7 @@ class FsmtForTk(nn.Module):
         for layer in enc.layers:
             x = call_layer(layer, x, padding)
         x = x.transpose(0, 1)
-        out = {"memory": x, "src_len": src_len}
-        for i, layer in enumerate(self.model.decoder.layers):
-            att = layer.encoder_attn
-            out[layer_key("cross_k", i)], out[layer_key("cross_v", i)] = heads(att, x, att.k_proj), heads(att, x, att.v_proj)
-        return out
+        return {"memory": x, "src_len": src_len, **bart_family.cross_cache(self.model.decoder.layers, x)}
 
     def decode_step(self, token: torch.Tensor, cache: dict[str, torch.Tensor]):
         dec = self.model.decoder
