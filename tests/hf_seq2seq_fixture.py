@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import sentencepiece as spm
@@ -103,3 +105,22 @@ def nllb_directory(path: Path, pairs: list[tuple[str, str]], *, seed: int = 0, s
 
 def train(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int) -> None:
     train_briefly(model, tokenizer, [e for e, _ in pairs], [f for _, f in pairs], steps, seed)
+
+
+def exported_import(tmp_path_factory, name: str, make: Callable[[Path], object]) -> tuple[Path, Path]:
+    """(Hugging Face directory that `make(path)` writes, tk model directory exported from it with `tk export hf:DIR`),
+    built once per run under `name`."""
+    from click.testing import CliRunner
+    from conftest import built_once
+
+    from toolkit.cli import main
+
+    def build(root: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make(root / "hf")
+        result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
+        assert result.exit_code == 0, result.output
+
+    root = built_once(tmp_path_factory, name, build)
+    return root / "hf", root / "tk"

@@ -10,14 +10,13 @@ few dozen steps so that outputs end at lengths of their own.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import built_once
 from helpers import check_int8_and_openvino, one_line_error
 from hf_marian_fixture import fra_eng_lines, train_briefly
+from hf_seq2seq_fixture import exported_import
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -182,19 +181,7 @@ def pairs(corpus_zip) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def fsmt(tmp_path_factory, pairs) -> tuple[Path, Path]:
     """(Hugging Face directory, tk model directory exported from it with `tk export hf:DIR`), built once per run."""
-    from click.testing import CliRunner
-
-    from toolkit.cli import main
-
-    def build(root: Path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fsmt_directory(root / "hf", pairs[:400])
-        result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
-        assert result.exit_code == 0, result.output
-
-    root = built_once(tmp_path_factory, "hf-fsmt", build)
-    return root / "hf", root / "tk"
+    return exported_import(tmp_path_factory, "hf-fsmt", lambda path: fsmt_directory(path, pairs[:400]))
 
 
 def _held_out(pairs, n: int = 40) -> list[str]:

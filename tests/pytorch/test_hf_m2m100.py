@@ -8,15 +8,13 @@ must be translated to generate's tokens, greedy and beam 4.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import built_once
 from helpers import check_int8_and_openvino, one_line_error
 from hf_marian_fixture import fra_eng_lines
-from hf_seq2seq_fixture import m2m100_directory
+from hf_seq2seq_fixture import exported_import, m2m100_directory
 from verify.test_localize import _edit_decoder
 
 from toolkit.core.architectures import ARCHITECTURES
@@ -32,19 +30,7 @@ def pairs(corpus_zip) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def m2m100(tmp_path_factory, pairs) -> tuple[Path, Path]:
     """(Hugging Face directory, tk model directory exported from it with `tk export hf:DIR`), built once per run."""
-    from click.testing import CliRunner
-
-    from toolkit.cli import main
-
-    def build(root: Path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            m2m100_directory(root / "hf", pairs[:400])
-        result = CliRunner().invoke(main, ["export", f"hf:{root / 'hf'}", "--out", str(root / "tk")])
-        assert result.exit_code == 0, result.output
-
-    root = built_once(tmp_path_factory, "hf-m2m100", build)
-    return root / "hf", root / "tk"
+    return exported_import(tmp_path_factory, "hf-m2m100", lambda path: m2m100_directory(path, pairs[:400]))
 
 
 def _held_out(pairs, n: int = 40) -> list[str]:
