@@ -189,6 +189,8 @@ def test_replicas_are_n_or_min_max():
     assert Replicas.parse("2") == Replicas(2, 2) and Replicas.parse("1:4") == Replicas(1, 4)
     assert Replicas.parse("3").scaling(8) == {"num_replicas": 3}
     assert Replicas.parse("1:4").scaling(8)["autoscaling_config"]["max_replicas"] == 4
+    assert Replicas.parse("1:4").scaling(8)["autoscaling_config"]["downscale_delay_s"] == 30.0  # the declared default
+    assert Replicas.parse("1:4", downscale_delay_s=2.0).scaling(8)["autoscaling_config"]["downscale_delay_s"] == 2.0
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -197,6 +199,8 @@ def test_replicas_are_n_or_min_max():
     (["--ray", "--replicas", "many"], "MIN:MAX"),
     (["--replicas", "2"], "--ray"),
     (["--ray-address", "127.0.0.1:6379"], "--ray"),
+    (["--downscale-delay-s", "2"], "--downscale-delay-s is an option of tk serve --ray"),
+    (["--ray", "--downscale-delay-s", "-1"], "--downscale-delay-s"),
     (["--ray", "--ray-address", "nowhere"], "--ray-address"),
 ])
 def test_bad_ray_options_are_one_line_errors(args, says):
@@ -207,13 +211,13 @@ def test_bad_ray_options_are_one_line_errors(args, says):
 
 
 def test_the_application_builds_from_tk_serve_arguments_as_a_rayservice_does():
-    app = app_builder({"models": [str(MODEL)], "replicas": "1:3", "threads": 2, "max_delay_ms": 5})
+    app = app_builder({"models": [str(MODEL)], "replicas": "1:3", "threads": 2, "max_delay_ms": 5, "downscale_delay_s": "2.5"})
     front = app._bound_deployment
     model = front.init_args[3]._bound_deployment
     assert front.name == "ingress" and front.ray_actor_options["num_cpus"] == 0
     assert model.name == "model-0-transformer" and model.ray_actor_options["num_cpus"] == 2
     scaling = model._deployment_config.autoscaling_config
-    assert (scaling.min_replicas, scaling.max_replicas) == (1, 3)
+    assert (scaling.min_replicas, scaling.max_replicas, scaling.downscale_delay_s) == (1, 3, 2.5)
     assert model.max_ongoing_requests >= BatchPolicy().queue_size  # Ray Serve must not queue what tk's batcher would batch
     with pytest.raises(Exception, match="unknown argument"):
         app_builder({"models": [str(MODEL)], "replica": "2"})
@@ -481,7 +485,8 @@ def test_replicas_on_two_nodes_survive_a_killed_replica_and_a_rolling_update(clu
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_replicas_scale_up_under_load_and_back_down_after_it(cluster):
-    with tk_serve(cluster, MODEL, "1:2") as server:
+    # Down 2 s after the load ends (--downscale-delay-s) rather than 30: what is proven is that it scales down at all.
+    with tk_serve(cluster, MODEL, "1:2", "--downscale-delay-s", "2") as server:
         assert server.replicas() == {"RUNNING": 1}
         # Requests of many sentences keep the one replica's queue well over its target while the load lasts.
         load = Load(server.url, 24, ENGLISH * 4)

@@ -27,17 +27,27 @@ LIMITS = (
              "or its previous answer (408 and the connection closed beyond; a connection that sends nothing is closed).", SERVE_ONLY,
              low_open=True, into="config.header_timeout_s"),
 )
+# How --replicas MIN:MAX scales down (tk serve --ray and a RayService alone): a replica is stopped once the load has stayed
+# under what one fewer serves for this long. 30 s rides out a lull between bursts; a cluster that pays for idle replicas
+# (or a test) may want less. Ray Serve's own default, 10 minutes, keeps translation replicas that load in seconds idle.
+SCALING = (
+    Declared("downscale_delay_s", float, 30.0, 0, 3600, "With --ray and --replicas MIN:MAX: seconds the load stays under what one "
+             "replica fewer serves before one is stopped.", RAY_TOO, into="scaling.downscale_delay_s"),
+)
 # What a RayService gives besides the limits: the models, the replicas, and tk serve's options of those names.
 LOADING = ("models", "replicas", "threads", "provider", "variant", "runtime", "source_lang", "target_lang", "allow_hosts")
-RAY_ARGUMENTS = (*LOADING, *(o.name for o in LIMITS if "ray" in o.takes))
+SETTINGS = (*LIMITS, *SCALING)  # every option declared here: tk serve's click options, app_builder's checks
+RAY_ARGUMENTS = (*LOADING, *(o.name for o in SETTINGS if "ray" in o.takes))
 
 
 def default(field: str) -> float:
-    """The declared default of the field ("policy.max_tokens"): BatchPolicy's and ServeConfig's defaults are tk serve's."""
-    (option,) = [o for o in LIMITS if o.into == field]
+    """The declared default of the field ("policy.max_tokens"): BatchPolicy's, ServeConfig's and Replicas' defaults are
+    tk serve's."""
+    (option,) = [o for o in SETTINGS if o.into == field]
     return option.value(option.default)
 
 
 def fields(given: dict, where: str) -> dict:
-    """The BatchPolicy ("policy") or ServeConfig ("config") fields of the limits in `given` (by option name)."""
-    return {o.into.split(".")[1]: o.value(given[o.name]) for o in LIMITS if o.into.startswith(where + ".") and o.name in given}
+    """The BatchPolicy ("policy"), ServeConfig ("config") or Replicas ("scaling") fields of the options in `given` (by
+    option name)."""
+    return {o.into.split(".")[1]: o.value(given[o.name]) for o in SETTINGS if o.into.startswith(where + ".") and o.name in given}

@@ -32,7 +32,7 @@ from toolkit.deploy.translate import Translation, TranslationModel
 from toolkit.serve.app import ModelSpec, ServeConfig, create_app
 from toolkit.serve.batcher import Batcher, BatchPolicy, NotReady, OptionKey, QueueFull, TooLarge
 from toolkit.serve.metrics import Metrics
-from toolkit.serve.options import LIMITS, RAY_ARGUMENTS, fields
+from toolkit.serve.options import RAY_ARGUMENTS, SETTINGS, default, fields
 
 log = logging.getLogger("tk.serve")
 
@@ -50,9 +50,9 @@ LOAD_TIMEOUT_S = 600.0  # a replica whose model is not loaded and warmed up by t
 # Autoscaling between --replicas MIN:MAX. A replica is asked for more when over TARGET_ONGOING requests wait on it on
 # average (its batcher decodes them together, so a few waiting is what batching needs; many is a queue). Translation
 # replicas load in seconds, so the autoscaler reacts within seconds rather than Ray's defaults of 30 s up and 10 min
-# down, looking back far enough that one burst does not flap it.
+# down (--downscale-delay-s, 30 s by default), looking back far enough that one burst does not flap it.
 TARGET_ONGOING = 16
-AUTOSCALING = {"upscale_delay_s": 3.0, "downscale_delay_s": 30.0, "look_back_period_s": 10.0, "metrics_interval_s": 1.0}
+AUTOSCALING = {"upscale_delay_s": 3.0, "look_back_period_s": 10.0, "metrics_interval_s": 1.0}
 INGRESS_TARGET_ONGOING = 256  # the ingress only parses and forwards: it scales on many more concurrent requests
 HEALTH_CHECK_PERIOD_S = 2.0  # a replica whose decoding worker stopped is replaced within seconds
 HEALTH_CHECK_TIMEOUT_S = 10.0
@@ -87,9 +87,11 @@ class Replicas:
 
     min: int = 1
     max: int = 1
+    downscale_delay_s: float = default("scaling.downscale_delay_s")
 
     @classmethod
-    def parse(cls, text: str) -> Replicas:
+    def parse(cls, text: str, **scaling: float) -> Replicas:
+        """--replicas's text, with the Replicas fields of the scaling options (toolkit.serve.options.SCALING)."""
         found = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
         if not found:
             raise UsageError(f"--replicas {text!r} is not N or MIN:MAX; give e.g. 2, or 1:4 to autoscale between 1 and 4")
@@ -97,13 +99,14 @@ class Replicas:
         high = int(found.group(2)) if found.group(2) is not None else low
         if low < 1 or high > 1024 or low > high:
             raise UsageError(f"--replicas {text}: give 1 <= MIN <= MAX <= 1024 (MIN:MAX autoscales between them, N is fixed)")
-        return cls(low, high)
+        return cls(low, high, **scaling)
 
     def scaling(self, target: float) -> dict:
         """A deployment's options for these replicas: a fixed count, or autoscaling on ongoing requests."""
         if self.min == self.max:
             return {"num_replicas": self.min}
-        return {"autoscaling_config": {"min_replicas": self.min, "max_replicas": self.max, "target_ongoing_requests": target, **AUTOSCALING}}
+        return {"autoscaling_config": {"min_replicas": self.min, "max_replicas": self.max, "target_ongoing_requests": target,
+                                       "downscale_delay_s": self.downscale_delay_s, **AUTOSCALING}}
 
 
 # The model side: a replica of one model's deployment.
@@ -374,10 +377,10 @@ def listed(value: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def limits_given(args: dict) -> dict:
-    """The declared limits of tk serve in `args` (toolkit.serve.options.LIMITS), each as its type and within its range
+    """The declared options of tk serve in `args` (toolkit.serve.options.SETTINGS: its limits and scaling), each as its type and within its range
     (as `tk serve` takes them); one that is not is one line naming it."""
     out = {}
-    for o in LIMITS:
+    for o in SETTINGS:
         if o.name not in args:
             continue
         try:
@@ -394,8 +397,8 @@ def app_builder(args: dict):
     """The application from tk serve's arguments as a dict, for a RayService's serveConfigV2 (import_path
     toolkit.serve.ray_app:app_builder) or `serve run`: models (DIR[:SOURCE-TARGET] list, or one string of them separated
     by commas), replicas ("N" or "MIN:MAX"), and optionally the others of toolkit.serve.options.RAY_ARGUMENTS (threads,
-    provider, variant, runtime, source_lang, target_lang, allow_hosts and the batching and request limits, by tk serve's
-    option names). What it leaves out takes tk serve's defaults."""
+    provider, variant, runtime, source_lang, target_lang, allow_hosts, the batching and request limits and downscale_delay_s, by
+    tk serve's option names). What it leaves out takes tk serve's defaults."""
     unknown = sorted(set(args) - set(RAY_ARGUMENTS))
     if unknown:
         raise UsageError(f"unknown argument(s) {', '.join(unknown)} for toolkit.serve.ray_app:app_builder; known: {', '.join(sorted(RAY_ARGUMENTS))}")
@@ -412,4 +415,4 @@ def app_builder(args: dict):
                                 {"source_lang": args.get("source_lang"), "target_lang": args.get("target_lang")})
     config = ServeConfig(policy=BatchPolicy(**fields(limits, "policy")), description="; ".join(s.description for s in specs),
                          allowed_hosts=listed(args.get("allow_hosts", ())), default_pair=default, **fields(limits, "config"))
-    return build_application(specs, config, Replicas.parse(str(args.get("replicas", "1"))), threads)
+    return build_application(specs, config, Replicas.parse(str(args.get("replicas", "1")), **fields(limits, "scaling")), threads)

@@ -52,9 +52,9 @@ class RayPlan:
 
     @classmethod
     def from_options(cls, arguments: tuple[str, ...], provider: str | None, variant: str | None, threads: int | None, runtime: str,
-                     languages: dict, no_batching: bool, address: str | None, replicas: str | None) -> RayPlan:
+                     languages: dict, no_batching: bool, address: str | None, replicas: str | None, scaling: dict) -> RayPlan:
         check_address(address)
-        options = RayOptions(address, Replicas.parse(replicas) if replicas is not None else Replicas(), threads or 1)
+        options = RayOptions(address, Replicas.parse(replicas if replicas is not None else "1", **scaling), threads or 1)
         return cls(arguments, provider, variant, runtime, languages, no_batching, options)
 
     def specs(self) -> tuple[list[ModelSpec], tuple[str, str] | None]:

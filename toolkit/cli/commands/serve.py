@@ -17,10 +17,10 @@ from toolkit.cli.commands.options import (
     runtime_option,
 )
 from toolkit.core.errors import UsageError
-from toolkit.serve.options import LIMITS, fields
+from toolkit.serve.options import SCALING, SETTINGS, fields
 
-# The batching and request limits, handed to the command as one dict `limits` (by option name).
-LIMIT_OPTIONS = option_group(*(declared_option(o, "tk-serve") for o in LIMITS), into="limits")
+# The batching and request limits and --ray's scaling, handed to the command as one dict `limits` (by option name).
+LIMIT_OPTIONS = option_group(*(declared_option(o, "tk-serve") for o in SETTINGS), into="limits")
 
 
 @click.command(cls=TakesModel)
@@ -80,7 +80,8 @@ def serve(models, host, port, provider, variant, runtime, threads, no_batching, 
         from toolkit.core.shipped import default_model
 
         models = (str(default_model()),)
-    on_ray = ray_plan(on_ray, ray_address, replicas, models, provider, variant, threads, runtime, languages, no_batching)
+    on_ray = ray_plan(on_ray, ray_address, replicas, models, provider, variant, threads, runtime, languages, no_batching,
+                      fields(limits, "scaling"))
     specs, default = on_ray.specs() if on_ray else served_models(models, provider, variant, threads, runtime, languages, no_batching)
     policy = BatchPolicy(**fields(limits, "policy"), batching=not no_batching)
     config = ServeConfig(policy=policy, **fields(limits, "config"), description="; ".join(s.description for s in specs),
@@ -92,17 +93,20 @@ def serve(models, host, port, provider, variant, runtime, threads, no_batching, 
 
 
 def ray_plan(on_ray: bool, address: str | None, replicas: str | None, models: tuple[str, ...], provider, variant, threads, runtime,
-             languages: dict, no_batching: bool):
-    """tk serve --ray's plan (toolkit.serve.ray_server.RayPlan), its options checked before anything starts; None without --ray."""
+             languages: dict, no_batching: bool, scaling: dict):
+    """tk serve --ray's plan (toolkit.serve.ray_server.RayPlan), its options checked before anything starts; None without --ray.
+    scaling: the Replicas fields of the scaling options (toolkit.serve.options.SCALING)."""
     if not on_ray:
-        if address is not None or replicas is not None:
-            raise UsageError(f"{'--ray-address' if address is not None else '--replicas'} is an option of tk serve --ray; add --ray")
+        changed = [f"--{o.name.replace('_', '-')}" for o in SCALING if scaling[o.into.split(".")[1]] != o.value(o.default)]
+        given = ["--ray-address"] * (address is not None) + ["--replicas"] * (replicas is not None) + changed
+        if given:
+            raise UsageError(f"{given[0]} is an option of tk serve --ray; add --ray")
         return None
     try:
         from toolkit.serve.ray_server import RayPlan
     except ImportError as e:
         raise UsageError(f"tk serve --ray needs {e.name} (Ray Serve); install the ray extra: pip install 'tk-onnx-deploy[serve,ray]'") from None
-    return RayPlan.from_options(models, provider, variant, threads, runtime, languages, no_batching, address, replicas)
+    return RayPlan.from_options(models, provider, variant, threads, runtime, languages, no_batching, address, replicas, scaling)
 
 
 def served_models(arguments: tuple[str, ...], provider: str | None, variant: str | None, threads: int | None, runtime: str,
