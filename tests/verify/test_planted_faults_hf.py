@@ -39,7 +39,7 @@ class Architecture:
 def _marian(path: Path, pairs: list) -> Path:
     from hf_marian_fixture import marian_directory
 
-    return marian_directory(path, pairs[:400])  # swish, as opus-mt's
+    return marian_directory(path, pairs[:400])  # swish, as opus-mt's: tests/pytorch/test_hf_marian.py's shared-swish
 
 
 def _m2m100(path: Path, pairs: list) -> Path:
@@ -67,7 +67,7 @@ ARCHITECTURES = [
     Architecture("t5", _t5, "decoder.block.{i}.layer.2.DenseReluDense", "act", None),
 ]
 # The directory each is built in: the name its own test module gives it, so one build serves both.
-BUILT_AS = {"m2m100": "hf-m2m100", "mbart": "hf-mbart-mbart50", "t5": "hf-t5", "marian": "hf-marian-faults"}
+BUILT_AS = {"m2m100": "hf-m2m100", "mbart": "hf-mbart-mbart50", "t5": "hf-t5", "marian": "hf-marian-shared-swish"}
 CASES = [pytest.param(a, fault, id=f"{a.name}-{fault}") for a in ARCHITECTURES for fault in ("activation", "bias")
          if fault == "activation" or a.bias is not None]
 # What an activation's node becomes: another activation of the same shape, so the graph still runs and only its values
