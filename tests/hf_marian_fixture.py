@@ -124,3 +124,18 @@ def train_briefly(model, tokenizer, sources: list[str], targets: list[str], step
             loss.backward()
             opt.step()
     model.eval()
+
+
+def untrained_marian(tmp_path_factory, corpus_zip: Path) -> Path:
+    """A tiny MarianMTModel as initialised (no training: every bias zero, every LayerNorm weight one), built once per run
+    for every module that asks (tests copy what they change)."""
+    import warnings
+
+    from conftest import built_once
+
+    def build(folder: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            marian_directory(folder / "hf", fra_eng_lines(corpus_zip, 400), d_model=16, layers=(1, 1), heads=2, ffn=32, steps=0)
+
+    return built_once(tmp_path_factory, "hf-marian-untrained", build) / "hf"

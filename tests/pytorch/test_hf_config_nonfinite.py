@@ -8,13 +8,12 @@ import importlib
 import json
 import math
 import shutil
-import warnings
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from helpers import one_line_error
-from hf_marian_fixture import fra_eng_lines, marian_directory
+from hf_marian_fixture import untrained_marian
 
 from toolkit.core.architectures import ARCHITECTURES
 from toolkit.core.errors import UsageError
@@ -82,10 +81,7 @@ def test_a_non_finite_whole_number_field_is_refused_naming_it(tmp_path, arch):
 @pytest.fixture(scope="module")
 def untrained_hf(tmp_path_factory, corpus_zip) -> Path:
     """A tiny MarianMTModel as initialised (no training): only its config.json matters here."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return marian_directory(tmp_path_factory.mktemp("hf") / "hf", fra_eng_lines(corpus_zip, 400), d_model=16,
-                                layers=(1, 1), heads=2, ffn=32, steps=0)
+    return untrained_marian(tmp_path_factory, corpus_zip)
 
 
 @pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "1e400"])

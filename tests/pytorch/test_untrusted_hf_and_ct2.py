@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import onnx
 import pytest
 import torch
 from helpers import one_line_error, rehash
-from hf_marian_fixture import fra_eng_lines, marian_directory
+from hf_marian_fixture import untrained_marian
 
 from toolkit.core.digests import file_sha256
 
@@ -33,10 +32,7 @@ SHIPPED = REPO / "exported" / "transformer"
 def untrained_hf(tmp_path_factory, corpus_zip) -> Path:
     """A tiny MarianMTModel as initialised (no training): every bias is zero and every LayerNorm weight one, so the
     exporter stores each group of identical tensors once."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return marian_directory(tmp_path_factory.mktemp("hf") / "hf", fra_eng_lines(corpus_zip, 400), d_model=16,
-                                layers=(1, 1), heads=2, ffn=32, steps=0)
+    return untrained_marian(tmp_path_factory, corpus_zip)
 
 
 @pytest.fixture(scope="module")
