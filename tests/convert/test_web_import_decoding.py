@@ -1,7 +1,8 @@
-"""tk export --web for the imported architectures: the page decodes by the model's own declared rules (start and end
-tokens, pad, generate's beam rule and length penalty, the forced first token, the output limit), so that its greedy and
-beam-4 tokens in headless Chromium are ONNX Runtime CPU's (decode_ids with the model's own DecodeOptions, as tk
-translate decodes) on 50 held-out sentences. Token ids come from the Python tokenizer: the decoding is tested alone."""
+"""tk export --web for the imported architectures (Marian, M2M100/NLLB, mBART, T5, BART): the page decodes by the
+model's own declared rules (start and end tokens, pad, generate's beam rule and length penalty, the forced first token,
+the output limit), so that its greedy and beam-4 tokens in headless Chromium are ONNX Runtime CPU's (decode_ids with the
+model's own DecodeOptions, as tk translate decodes) on 50 held-out sentences. Token ids come from the Python tokenizer:
+the decoding is tested alone."""
 
 from __future__ import annotations
 
@@ -71,6 +72,10 @@ def imported(which: str, tmp_path_factory, pairs) -> Path:
 
         style = "mbart50" if which == "mbart" else which
         return _built(tmp_path_factory, pairs, f"hf-mbart-{style}", lambda path: mbart_directory(path, pairs[:400], style))
+    if which == "bart":
+        from pytorch.test_hf_bart import bart_directory
+
+        return exported_import(tmp_path_factory, "hf-bart", lambda path: bart_directory(path, pairs[:400]))[1]
     from pytorch.test_hf_t5 import t5_directory
 
     return _built(tmp_path_factory, pairs, "hf-t5", lambda path: t5_directory(path, pairs[:400], mt5=False))
@@ -108,7 +113,7 @@ def open_page(p, url: str):
     return browser, page, errors
 
 
-@pytest.mark.parametrize("which", ["marian", "m2m100", "mbart", "t5"])
+@pytest.mark.parametrize("which", ["marian", "m2m100", "mbart", "t5", "bart"])
 def test_the_page_decodes_an_import_with_onnx_runtime_s_greedy_and_beam_tokens(which, tmp_path_factory, pairs, site_of):
     from playwright.sync_api import sync_playwright
 
@@ -121,6 +126,9 @@ def test_the_page_decodes_an_import_with_onnx_runtime_s_greedy_and_beam_tokens(w
     greedy = python_tokens(model, ids, m, batch_size=16)
     beam = python_tokens(model, ids, m, beam=4, batch_size=16)
     assert len({tuple(t) for t in greedy}) > 25 and greedy != beam  # a model that says different things
+    # A tight length guard (0.4 x source + 1): most hypotheses meet their limit, where a forced end token (mBART's) ends them.
+    tight = python_tokens(model, ids, m, beam=4, batch_size=16, max_len_a=0.4, max_len_b=1)
+    assert sum(len(t) < len(b) for t, b in zip(tight, beam)) >= 15
     with static_server(site) as url, sync_playwright() as p:
         browser, page, errors = open_page(p, url)
         try:
@@ -128,6 +136,7 @@ def test_the_page_decodes_an_import_with_onnx_runtime_s_greedy_and_beam_tokens(w
             page.evaluate("tk.ready")
             assert page.evaluate(HYPS, [ids, {"batchSize": 16}]) == greedy
             assert page.evaluate(HYPS, [ids, {"batchSize": 16, "beam": 4}]) == beam
+            assert page.evaluate(HYPS, [ids, {"batchSize": 16, "beam": 4, "maxLenA": 0.4, "maxLenB": 1}]) == tight
             assert not errors, errors
         finally:
             browser.close()
