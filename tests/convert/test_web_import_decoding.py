@@ -128,7 +128,7 @@ def test_the_page_decodes_an_import_with_onnx_runtime_s_greedy_and_beam_tokens(w
     assert len({tuple(t) for t in greedy}) > 25 and greedy != beam  # a model that says different things
     # A tight length guard (0.4 x source + 1): most hypotheses meet their limit, where a forced end token (mBART's) ends them.
     tight = python_tokens(model, ids, m, beam=4, batch_size=16, max_len_a=0.4, max_len_b=1)
-    assert sum(len(t) < len(b) for t, b in zip(tight, beam)) >= 15
+    assert sum(len(t) < len(b) for t, b in zip(tight, beam)) >= 5  # T5: 10 of 50 (its task prefix lengthens every source)
     with static_server(site) as url, sync_playwright() as p:
         browser, page, errors = open_page(p, url)
         try:
