@@ -25,6 +25,7 @@ from toolkit.core import architectures
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
 from toolkit.core.errors import UsageError
+from toolkit.core.tokenizers import language_rule
 
 WEB = resources.files("toolkit") / "web"  # a clone's toolkit/web, or the installed package's
 SITE = WEB / "site"
@@ -86,11 +87,25 @@ def site_model(m: manifest_mod.Manifest) -> dict:
     variants = {"fp32": {"graphs": {name: g.file for name, g in graphs.items()}, "weights": weights.pop()}}
     # A variant's graphs hold their own weights (the quantiser writes them inline).
     variants.update({v: {"graphs": {name: f"{name}.{v}.onnx" for name in graphs}, "weights": None} for v in WEB_VARIANTS[1:]})
+    # The decoding rules and languages as the manifest declares them: the page decodes by these, as tk translate does.
     return {
-        "name": m.directory.name, "model": m.model, "max_len": m.max_len, "variants": variants,
-        "tokenizer": "tokenizer.json", "encoder": graphs["encoder"].spec, "decoder": graphs["decoder"].spec,
-        "guards": GUARDED,
+        "name": m.directory.name, "model": m.model, "max_len": m.max_len, "max_output_len": m.max_output_len,
+        "variants": variants, "tokenizer": "tokenizer.json", "encoder": graphs["encoder"].spec, "decoder": graphs["decoder"].spec,
+        "guards": GUARDED, "rules": m.rules().to_dict(), "languages": site_languages(m),
     }
+
+
+def site_languages(m: manifest_mod.Manifest) -> dict | None:
+    """The languages the page offers: the codes it translates from and into, the pair the directory states (the page's
+    default), and for a multilingual model each code's token and the rule a target sets (language_rule); None for a
+    model that states none."""
+    declared = m.declared().tokenizer
+    served = declared.served()
+    if served is None:
+        return None
+    codes = declared.languages
+    return {**served, "source_lang": declared.source_lang, "target_lang": declared.target_lang, "tokens": codes,
+            "sets": None if codes is None else language_rule(declared, m.rules())}
 
 
 def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) -> None:
@@ -104,14 +119,20 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
         shutil.copyfile(source, out)
 
 
-def _check(m: manifest_mod.Manifest) -> None:
-    """validate: tk's tokenizer and rules (the page runs only those), one weights file, onnxruntime-web installed."""
-    m.translation_tokenizer()  # first: a model that does not translate is told so, as tk translate tells it
+def check_tokenizer(m: manifest_mod.Manifest) -> None:
+    """A tokenizer the page runs: tk's SentencePiece model (tokenizer.mjs)."""
     declared = m.declared().tokenizer  # source_end: the page's tokenizer appends no end token to the source
-    if declared.kind != "sentencepiece" or declared.source_end or m.rules() != manifest_mod.Declaration().decoding:
-        raise UsageError(f"{m.directory} is a {m.model} model with a tokenizer or decoding rules of its own; the browser site runs "
-                         "tk's tokenizer and rules only (serve it with tk serve instead)")
-    architectures.get(m.model).check("web")
+    if declared.kind != "sentencepiece" or declared.source_end:
+        raise UsageError(f"{m.directory} is a {m.model} model with a tokenizer of its own; the browser site runs tk's "
+                         "SentencePiece tokenizer only (serve it with tk serve instead)")
+
+
+def _check(m: manifest_mod.Manifest) -> None:
+    """validate: an architecture whose graphs and rules the page runs, a tokenizer it runs, one weights file,
+    onnxruntime-web installed."""
+    m.translation_tokenizer()  # first: a model that does not translate is told so, as tk translate tells it
+    architectures.get(m.model).check("web")  # the page decodes by the model's declared rules (decoding.mjs)
+    check_tokenizer(m)
     ort_web_version()
     site_model(m)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import sentencepiece as spm
 
 from toolkit.core import architectures  # noqa: F401 (its entries add their tokenizer kinds to TOKENIZERS)
-from toolkit.core.declaration import TOKENIZERS, Declaration, TokenizerDeclaration
+from toolkit.core.declaration import TOKENIZERS, Declaration, DecodingRules, TokenizerDeclaration
 from toolkit.core.errors import DataError, UsageError, first_line
 from toolkit.core.tokenizer import WORD_START, TextTokenizer, Tokenizer
 
@@ -186,10 +186,8 @@ def choose_languages(m: Manifest, source_lang: str | None, target_lang: str | No
     source = language_id(declared, source_lang, "source") if source_lang is not None else declared.source_lang
     target = language_id(declared, target_lang, "target") if target_lang is not None else declared.target_lang
     forced = declared.languages[target]
-    # A model whose decoder starts with its target's token and forces none (mBART-cc25, toolkit.pytorch.hf_mbart)
-    # starts with the chosen target's token instead.
     rules = m.rules()
-    key = "start" if rules.forced_first is None and rules.start == declared.languages[declared.target_lang] else "forced_first"
+    key = language_rule(declared, rules)
     if (source, target) == (declared.source_lang, declared.target_lang) and getattr(rules, key) == forced:
         return m
     chosen = copy.copy(m)
@@ -198,6 +196,13 @@ def choose_languages(m: Manifest, source_lang: str | None, target_lang: str | No
     chosen.declaration = {**m.declaration, "decoding": decoding, "tokenizer": tokenizer}
     chosen.__dict__.pop("_declared", None)
     return chosen
+
+
+def language_rule(declared: TokenizerDeclaration, rules: DecodingRules) -> str:
+    """The decoding rule a multilingual model's target language sets: "forced_first" (generate's forced_bos_token_id),
+    or "start" for a model whose decoder starts with its target's token and forces none (mBART-cc25,
+    toolkit.pytorch.hf_mbart). tk translate and the browser site (toolkit.convert.web) both choose by it."""
+    return "start" if rules.forced_first is None and rules.start == declared.languages[declared.target_lang] else "forced_first"
 
 
 def with_languages(m, tokenizer, source_lang: str | None, target_lang: str | None):

@@ -8,6 +8,5 @@ ENTRY = register(Architecture(
     "source <s> text </s>; start </s> (decoder_start_token_id), <s> forced first where the configs force it "
     "(bart-large's forced_bos_token_id), end </s> forced at the limit, generate's beam rule",
     origin=HF, hf_model_types=("bart",), hf_class="BartForConditionalGeneration", builder="toolkit.pytorch.hf_bart",
-    paths={**GRAPH_PATHS, "ctranslate2": None,
-           "web": "the browser site runs tk's own tokenizer and rules; translate an imported BART with tk translate or tk serve"},
+    paths={**GRAPH_PATHS, "ctranslate2": None, "web": None},
     ctranslate2={"pre_norm": False, "position_offset": 2, "layernorm_embedding": True}))

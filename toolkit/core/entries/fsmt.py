@@ -12,6 +12,7 @@ ENTRY = register(Architecture(
     paths={**GRAPH_PATHS,
            "ctranslate2": "CTranslate2 has no FSMT layout in tk (time-major layers, two vocabularies); translate an "
                           "imported FSMT with ONNX Runtime or OpenVINO",
-           "web": "the browser site runs tk's own tokenizer and rules; translate an imported FSMT with tk translate or tk serve"},
+           "web": "the browser site has no port of FSMT's Moses and BPE tokenizer; translate an imported FSMT with tk translate "
+                  "or tk serve"},
     own_tokenizers={"fsmt": TokenizerKind("toolkit.core.fsmt_tokenizer:FsmtTokenizer.load", needs_vocab=True)},
     sizes={"decoder_vocab_size": (5, 262144)}))

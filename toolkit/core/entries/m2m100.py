@@ -9,6 +9,6 @@ ENTRY = register(Architecture(
     "source [lang] text </s>; start </s> (decoder_start_token_id), the target language's token forced first, "
     "end </s> forced at the limit, generate's beam rule (M2M100 and NLLB-200)",
     origin=HF, hf_model_types=("m2m_100",), hf_class="M2M100ForConditionalGeneration",
-    builder="toolkit.pytorch.hf_m2m100", paths={**GRAPH_PATHS, "ctranslate2": None},
+    builder="toolkit.pytorch.hf_m2m100", paths={**GRAPH_PATHS, "ctranslate2": None, "web": None},
     own_tokenizers={"m2m100": TokenizerKind("toolkit.core.tokenizers:SpmVocabTokenizer.load", needs_vocab=True)},
     ctranslate2={"pre_norm": True, "position_offset": 2}))

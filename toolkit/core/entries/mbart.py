@@ -10,7 +10,6 @@ ENTRY = register(Architecture(
     "text </s> [lang], the decoder started with the target language's token; end </s> forced at the limit, generate's "
     "beam rule", origin=HF, hf_model_types=("mbart",), hf_class="MBartForConditionalGeneration",
     builder="toolkit.pytorch.hf_mbart",
-    paths={**GRAPH_PATHS, "ctranslate2": None,
-           "web": "the browser site runs tk's own tokenizer and rules; translate an imported mBART with tk translate or tk serve"},
+    paths={**GRAPH_PATHS, "ctranslate2": None, "web": None},
     own_tokenizers={"mbart": TokenizerKind("toolkit.core.tokenizers:FairseqSpmTokenizer.load")},
     ctranslate2={"pre_norm": True, "position_offset": 2, "layernorm_embedding": True}))

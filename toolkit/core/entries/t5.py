@@ -9,8 +9,7 @@ ENTRY = register(Architecture(
     "source [task prefix of the chosen pair] text </s>; start <pad> (decoder_start_token_id 0), end </s>, no forced first "
     "token, generate's beam rule and length penalty (T5, T5 v1.1, Flan-T5, mT5)",
     origin=HF, hf_model_types=("t5", "mt5"), hf_class="T5ForConditionalGeneration", builder="toolkit.pytorch.hf_t5",
-    paths={**GRAPH_PATHS, "ctranslate2": None,
-           "web": "the browser site runs tk's own tokenizer and rules; translate an imported T5 with tk translate or tk serve"},
+    paths={**GRAPH_PATHS, "ctranslate2": None, "web": None},
     # transformers clamps T5's hidden states when it runs in float16 because its feed-forward outputs pass float16's
     # 65,504 (T5 v1.1, Flan-T5 and mT5 were trained in bfloat16; CTranslate2 #1074 reports the garbage): a plain
     # float16 graph has no such clamp, so tk does not make one.

@@ -14,6 +14,8 @@ async function fetchOk(url, as) {
   return response[as]();
 }
 
+const firstLine = (e) => String(e?.message ?? e).split("\n")[0];
+
 // The variant comes from the address (index.html?variant=int8); fp32 by default.
 const variant = new URLSearchParams(location.search).get("variant") || "fp32";
 
@@ -27,19 +29,36 @@ async function load() {
     files.weights ? fetchOk(files.weights, "arrayBuffer").then((b) => new Uint8Array(b)) : null,
   ]);
   const options = { executionProviders: ["wasm"], ...(weights ? { externalData: [{ path: files.weights, data: weights }] } : {}) };
-  const [encoder, decoder] = await Promise.all(
-    ["encoder", "decoder"].map((g) => ort.InferenceSession.create(files.graphs[g], options)));
+  // A graph that is missing or unreadable is named, in one line (the page's status shows it).
+  const [encoder, decoder] = await Promise.all(["encoder", "decoder"].map((g) => ort.InferenceSession.create(files.graphs[g], options)
+    .catch((e) => { throw new Error(`cannot load the ${variant} ${g} graph ${files.graphs[g]}: ${firstLine(e)}`); })));
   const backend = new OrtBackend(ort, encoder, decoder, model);
   return { model: { ...model, variant, bytes: files.bytes }, tokenizer, backend, loadMs: performance.now() };
 }
 
 const loading = load();
 
-// Options as `tk translate` takes them (DecodeOptions, with its guards on).
+// The model's decoding rules for a target language (null: the export's): a multilingual model's target sets the
+// token it forces first, or its start token (model.json's languages.sets), as toolkit.core.tokenizers.choose_languages.
+function rulesFor(model, targetLang) {
+  const languages = model.languages;
+  if (!languages?.tokens) {
+    if (targetLang != null && targetLang !== languages?.target_lang) throw new Error(`this model does not translate into ${targetLang}`);
+    return model.rules;
+  }
+  const target = targetLang ?? languages.target_lang;
+  if (!(target in languages.tokens)) throw new Error(`unknown target language ${target}; this model's: ${languages.target.join(", ")}`);
+  return { ...model.rules, [languages.sets]: languages.tokens[target] };
+}
+
+// Options as `tk translate` takes them (DecodeOptions.for_manifest: the model's rules and output limit, guards on);
+// opts.targetLang chooses a multilingual model's target language.
 function decodeOptions(model, opts = {}) {
+  const { targetLang, sourceLang, ...given } = opts;
   return {
-    beam: 1, alpha: 0.6, nBest: 1, batchSize: 64, maxLen: model.max_len,
-    maxLenA: model.guards.max_len_a, maxLenB: model.guards.max_len_b, loopGuard: model.guards.loop_guard, ...opts,
+    beam: 1, alpha: null, nBest: 1, batchSize: 64, maxLen: model.max_output_len, maxSrcLen: model.max_len,
+    maxLenA: model.guards.max_len_a, maxLenB: model.guards.max_len_b, loopGuard: model.guards.loop_guard,
+    rules: rulesFor(model, targetLang), ...given,
   };
 }
 
@@ -47,23 +66,23 @@ window.tk = {
   ready: loading.then(({ model, loadMs }) => ({ loadMs, model: model.name, variant, bytes: model.bytes, threads: ort.env.wasm.numThreads })),
   // Each source's log-probabilities for the first target token: what `tk verify` compares.
   async firstStep(ids) {
-    const { backend } = await loading;
-    const state = await backend.encode(ids);
-    const out = await backend.decoder.run({ ...state, token: new ort.Tensor("int64", BigInt64Array.from(ids.map(() => 2n)), [ids.length]) });
-    return Array.from(out.log_probs.data);
+    const { model, backend } = await loading;
+    const step = await backend.step(ids.map(() => model.rules.start), await backend.encode(ids));
+    return Array.from(step.logProbs);
   },
-  async encode(texts) {
+  // opts.sourceLang: a multilingual model's source language (the tokenizer marks it).
+  async encode(texts, opts = {}) {
     const { tokenizer } = await loading;
-    return texts.map((t) => tokenizer.encode(t));
+    return texts.map((t) => tokenizer.encode(t, opts));
   },
-  // Token ids in, hypotheses ({tokens, score}) out: decodeIds with tk translate's defaults.
+  // Token ids in, hypotheses ({tokens, score}) out: decodeIds with tk translate's defaults; opts as decodeOptions's.
   async translateIds(ids, opts) {
     const { model, backend } = await loading;
     return decodeIds(backend, ids, decodeOptions(model, opts));
   },
   async translate(texts, opts) {
     const { tokenizer } = await loading;
-    const hyps = await this.translateIds(texts.map((t) => tokenizer.encode(t)), opts);
+    const hyps = await this.translateIds(await this.encode(texts, { sourceLang: opts?.sourceLang }), opts);
     return hyps.map((n) => ({ text: tokenizer.decode(n[0].tokens), tokens: n[0].tokens }));
   },
 };
@@ -73,10 +92,16 @@ const button = $("translate");
 loading.then(({ model, loadMs }) => {
   for (const v of Object.keys(model.variants)) $("variant").add(new Option(v, v, false, v === variant));
   $("variant").addEventListener("change", () => { location.search = `?variant=${$("variant").value}`; });
+  if (model.languages && model.languages.target.length > 1) { // a multilingual model: its languages, the export's pair first
+    for (const side of ["source", "target"]) {
+      for (const code of model.languages[side]) $(side).add(new Option(code, code, false, code === model.languages[`${side}_lang`]));
+    }
+    $("languages").hidden = false;
+  }
   $("model").textContent = `${model.name} (${variant}, ${(model.bytes / 2 ** 20).toFixed(1)} MiB of graphs), onnxruntime-web ${ort.env.versions?.web ?? ""} on WebAssembly, ${ort.env.wasm.numThreads || 1} thread(s)`;
   $("status").textContent = `ready in ${Math.round(loadMs)} ms`;
   button.disabled = false;
-}, (e) => { $("status").textContent = `error: ${e.message}`; });
+}, (e) => { $("status").textContent = `error: ${firstLine(e)}`; });
 
 button.addEventListener("click", async () => {
   const lines = $("input").value.split("\n");
@@ -84,13 +109,14 @@ button.addEventListener("click", async () => {
   $("status").textContent = "translating ...";
   const start = performance.now();
   try {
-    const out = await window.tk.translate(lines, { beam: Number($("beam").value) });
+    const languages = $("languages").hidden ? {} : { sourceLang: $("source").value, targetLang: $("target").value };
+    const out = await window.tk.translate(lines, { beam: Number($("beam").value), ...languages });
     const ms = performance.now() - start;
     $("output").textContent = out.map((o) => o.text).join("\n");
     const n = lines.filter((l) => l.trim()).length;
     $("status").textContent = `${n} sentences in ${Math.round(ms)} ms`;
   } catch (e) {
-    $("status").textContent = `error: ${e.message}`;
+    $("status").textContent = `error: ${firstLine(e)}`;
   } finally {
     button.disabled = false;
   }

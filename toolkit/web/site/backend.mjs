@@ -5,7 +5,7 @@
 // (top-k) and row selection (finished rows leave, beams reorder) are done here in plain
 // JavaScript, with the same tie rule as ONNX Runtime's TopK (equal values: lower id first).
 
-import { PAD } from "./decoding.mjs";
+import { topK } from "./decoding.mjs";
 
 const size = (dims) => dims.reduce((a, b) => a * b, 1);
 const TYPED = { float32: Float32Array, int64: BigInt64Array, float16: Uint16Array };
@@ -18,12 +18,13 @@ export class OrtBackend {
     this.decoder = decoder;
     this.spec = model.decoder;
     this.stateInputs = this.spec.inputs.slice(1);
+    this.pad = model.rules.pad; // pads source batches (the graphs mask it by src_len)
   }
 
   async encode(src) {
     const { ort } = this;
     const rows = src.length, width = Math.max(1, ...src.map((s) => s.length));
-    const ids = new BigInt64Array(rows * width).fill(BigInt(PAD));
+    const ids = new BigInt64Array(rows * width).fill(BigInt(this.pad));
     src.forEach((s, r) => s.forEach((t, c) => { ids[r * width + c] = BigInt(t); }));
     const lens = BigInt64Array.from(src.map((s) => BigInt(Math.max(1, s.length))));
     const feeds = { src: new ort.Tensor("int64", ids, [rows, width]), src_len: new ort.Tensor("int64", lens, [rows]) };
@@ -42,14 +43,19 @@ export class OrtBackend {
     return state;
   }
 
-  async stepTopK(token, state, k) {
+  // One decoder step: the rows' log-probabilities (a rows x vocab Float32Array) and the next state.
+  async step(token, state) {
     const { ort } = this;
     const feeds = { ...state, token: new ort.Tensor("int64", BigInt64Array.from(token.map(BigInt)), [token.length]) };
     const out = await this.decoder.run(feeds);
     const next = { ...state };
     for (const [output, input] of Object.entries(this.spec.updates)) next[input] = out[output];
-    const { values, indices } = topK(out.log_probs.data, out.log_probs.dims[1], k);
-    return { values, indices, state: next };
+    return { logProbs: out.log_probs.data, vocab: out.log_probs.dims[1], state: next };
+  }
+
+  async stepTopK(token, state, k) {
+    const step = await this.step(token, state);
+    return { ...topK(step.logProbs, step.vocab, k), state: step.state };
   }
 
   // The state of the given rows, in that order (rows may repeat), gathered along each tensor's batch axis.
@@ -68,25 +74,4 @@ export class OrtBackend {
     }
     return next;
   }
-}
-
-// The k best values of each row of a (rows x vocab) Float32Array, largest first; k == 1 is an
-// argmax (first maximum, as numpy's).
-export function topK(data, vocab, k) {
-  const rows = data.length / vocab, values = [], indices = [];
-  for (let r = 0; r < rows; r++) {
-    const row = data.subarray(r * vocab, (r + 1) * vocab);
-    const best = [];
-    for (let i = 0; i < vocab; i++) {
-      const v = row[i];
-      if (best.length === k && v <= row[best[k - 1]]) continue;
-      let at = best.length;
-      while (at > 0 && row[best[at - 1]] < v) at--;
-      best.splice(at, 0, i);
-      if (best.length > k) best.pop();
-    }
-    values.push(best.map((i) => row[i]));
-    indices.push(best);
-  }
-  return { values, indices };
 }

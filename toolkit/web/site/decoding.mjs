@@ -1,11 +1,15 @@
-// Greedy and beam search over a step backend: a line-for-line port of toolkit/decoding.py and
-// toolkit/batching.py, so the browser stops, guards, batches and breaks ties exactly as
-// `tk translate` does (the page test asserts token-identical output).
+// Greedy and beam search over a step backend: a line-for-line port of toolkit/core/decoding.py,
+// toolkit/core/forced_first.py and toolkit/core/batching.py, so the browser stops, guards, batches
+// and breaks ties exactly as `tk translate` does (the page tests assert token-identical output).
 //
-// A backend has: async encode(ids, lens) -> state; async stepTopK(token, state, k) ->
-// {values, indices, state} (rows x k, best first, ties by lower id); select(state, rows) -> state.
+// A backend has: async encode(ids) -> state; async step(token, state) -> {logProbs, vocab, state}
+// (rows x vocab log-probabilities); async stepTopK(token, state, k) -> {values, indices, state}
+// (rows x k, best first, ties by lower id); select(state, rows) -> state.
+//
+// rules: the model's DecodingRules as model.json carries them (toolkit/core/declaration.py): start,
+// end, pad, length_penalty ("gnmt": tk's beam rule, "hf": generate's), alpha, early_stopping,
+// forced_end, max_new_tokens (already in the page's maxLen) and forced_first.
 
-export const BOS = 2, EOS = 3, PAD = 0;
 // A hypothesis loops when its last token came 4 times in a row, or its last 2-, 3- or 4-token
 // group 3 times in a row.
 const LOOP_RULES = [[1, 4], [2, 3], [3, 3], [4, 3]];
@@ -39,7 +43,61 @@ export function normalized(hyp, alpha) {
   return hyp.score / ((5 + hyp.tokens.length + 1) / 6) ** alpha;
 }
 
-export async function greedy(backend, src, maxLen, limits, loopGuard) {
+// Larger first, as numpy's sort of the negated values orders them (-inf last; equal infinities tie).
+const desc = (a, b) => (a > b ? -1 : a < b ? 1 : 0);
+
+// A forced first output token (generate's forced_bos_token_id) over any backend: the first step's
+// log-probabilities are 0 for the forced token and -inf for every other (toolkit/core/forced_first.py).
+export class ForcedFirst {
+  constructor(inner, token) {
+    this.inner = inner;
+    this.token = token;
+  }
+
+  async encode(src) {
+    return { inner: await this.inner.encode(src), first: true };
+  }
+
+  async stepTopK(token, state, k) {
+    if (!state.first) {
+      const step = await this.inner.stepTopK(token, state.inner, k);
+      return { ...step, state: { inner: step.state, first: false } };
+    }
+    // Ranked here: the backend's own ranking would rank the model's choice, not the forced one.
+    const step = await this.inner.step(token, state.inner);
+    const forced = new Float32Array(step.logProbs.length).fill(-Infinity);
+    for (let r = 0; r < token.length; r++) forced[r * step.vocab + this.token] = 0;
+    return { ...topK(forced, step.vocab, k), state: { inner: step.state, first: false } };
+  }
+
+  select(state, rows) {
+    return { inner: this.inner.select(state.inner, rows), first: state.first };
+  }
+}
+
+// The k best values of each row of a (rows x vocab) Float32Array, largest first; equal values by
+// lower id (ONNX Runtime's TopK, numpy's stable argsort); k == 1 is an argmax (first maximum).
+export function topK(data, vocab, k) {
+  k = Math.min(k, vocab);
+  const rows = data.length / vocab, values = [], indices = [];
+  for (let r = 0; r < rows; r++) {
+    const row = data.subarray(r * vocab, (r + 1) * vocab);
+    const best = [];
+    for (let i = 0; i < vocab; i++) {
+      const v = row[i];
+      if (best.length === k && v <= row[best[k - 1]]) continue;
+      let at = best.length;
+      while (at > 0 && row[best[at - 1]] < v) at--;
+      best.splice(at, 0, i);
+      if (best.length > k) best.pop();
+    }
+    values.push(best.map((i) => row[i]));
+    indices.push(best);
+  }
+  return { values, indices };
+}
+
+export async function greedy(backend, src, maxLen, limits, loopGuard, rules) {
   let state = await backend.encode(src);
   const n = src.length;
   limits = limits.map((l) => Math.min(l, maxLen));
@@ -47,7 +105,7 @@ export async function greedy(backend, src, maxLen, limits, loopGuard) {
   const scores = new Float64Array(n);
   const out = src.map(() => []);
   let alive = src.map((_, i) => i);
-  let token = new Array(n).fill(BOS);
+  let token = new Array(n).fill(rules.start);
   for (let t = 0; t < maxLen; t++) {
     const step = await backend.stepTopK(token, state, 1);
     state = step.state;
@@ -55,7 +113,7 @@ export async function greedy(backend, src, maxLen, limits, loopGuard) {
     const keep = [];
     alive.forEach((sent, r) => {
       scores[sent] += step.values[r][0];
-      if (token[r] === EOS) return;
+      if (token[r] === rules.end) return;
       out[sent].push(token[r]);
       let running = t + 1 < limits[sent];
       if (loopGuard) {
@@ -77,7 +135,8 @@ export async function greedy(backend, src, maxLen, limits, loopGuard) {
   return src.map((_, i) => ({ tokens: out[i], score: scores[i] }));
 }
 
-export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limits, loopGuard) {
+export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limits, loopGuard, rules) {
+  const EOS = rules.end;
   let state = await backend.encode(src);
   const n = src.length;
   limits = limits.map((l) => Math.min(l, maxLen));
@@ -85,7 +144,7 @@ export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limit
   const live = src.map(() => [{ tokens: [], score: 0 }]);
   const done = src.map(() => []);
   let active = src.map((_, i) => i);
-  let token = new Array(n).fill(BOS);
+  let token = new Array(n).fill(rules.start);
   for (let step = 0; step < maxLen; step++) {
     const ranked = await backend.stepTopK(token, state, 2 * beam);
     state = ranked.state;
@@ -98,7 +157,7 @@ export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limit
         ranked.values[row + p].forEach((v, j) => cands.push({ score: live[sent][p].score + v, parent: p, tok: ranked.indices[row + p][j] }));
       }
       // Best first; equal scores by parent then token (numpy's lexsort in decoding.py).
-      cands.sort((x, y) => y.score - x.score || x.parent - y.parent || x.tok - y.tok);
+      cands.sort((x, y) => desc(x.score, y.score) || x.parent - y.parent || x.tok - y.tok);
       const newLive = [];
       for (const c of cands.slice(0, 2 * beam)) {
         const parentHyp = live[sent][c.parent];
@@ -124,7 +183,92 @@ export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limit
     token = tokens;
   }
   return done.map((d, sent) => (d.length ? d : live[sent]).slice()
-    .sort((x, y) => normalized(y, alpha) - normalized(x, alpha)).slice(0, nBest));
+    .sort((x, y) => desc(normalized(x, alpha), normalized(y, alpha))).slice(0, nBest));
+}
+
+// Hugging Face's beam rule (DecodingRules length_penalty "hf"), as beam_search_hf in decoding.py: each step the 2 x
+// beam best continuations, best first; those among the first `beam` that end (the end token, the limit, the loop
+// guard) enter the finished set, ranked by score / (tokens generated) ** alpha, which keeps the `beam` best; the
+// `beam` best that did not end live on (ended ones fill in at DEAD); a sentence is done by its early_stopping rule.
+const DEAD = -1.0e9;
+
+// Over 60 lines: one step of the rule over every sentence's candidates, as decoding.py's beam_search_hf.
+export async function beamSearchHf(backend, src, maxLen, beam, alpha, nBest, limits, loopGuard, rules) {
+  let state = await backend.encode(src);
+  const forced = rules.forced_end ? 1 : 0;
+  const sentences = limits.map((l) => ({ steps: Math.min(l, maxLen) + forced, liveTokens: [[]], liveScores: [0], finished: [], settled: false }));
+  let active = src.map((_, i) => i); // in state row order; each owns liveTokens.length rows
+  const width = 2 * beam;
+  let token = new Array(src.length).fill(rules.start);
+  for (let step = 0; active.length; step++) {
+    const ranked = await backend.stepTopK(token, state, width);
+    state = ranked.state;
+    const keepRows = [], nextTokens = [], still = [];
+    let row = 0;
+    for (const s of active) {
+      const sent = sentences[s], k = sent.liveTokens.length, first = row;
+      row += k;
+      const last = step + 1 >= sent.steps;
+      let cands = [];
+      if (forced && last) { // every live hypothesis's one continuation is the end token
+        for (let p = 0; p < k; p++) cands.push({ score: sent.liveScores[p], tok: rules.end, parent: p });
+      } else {
+        for (let p = 0; p < k; p++) {
+          ranked.values[first + p].forEach((v, j) => cands.push({ score: sent.liveScores[p] + v, tok: ranked.indices[first + p][j], parent: p }));
+        }
+      }
+      // Best first; equal scores in the order of the flat (parent, token) index, as torch.topk on the flat row.
+      cands = cands.sort((x, y) => desc(x.score, y.score) || x.parent - y.parent || x.tok - y.tok).slice(0, width);
+      for (const c of cands) {
+        c.seq = [...sent.liveTokens[c.parent], c.tok];
+        c.hit = c.tok === rules.end || last;
+        c.cut = loopGuard && !c.hit ? loopCut(c.seq) : -1;
+        c.hit = c.hit || c.cut >= 0;
+      }
+      if (!sent.settled && !(rules.early_stopping === true && sent.finished.length >= beam)) {
+        cands.slice(0, beam).forEach((c) => {
+          if (!c.hit || !Number.isFinite(c.score)) return;
+          const ended = c.tok === rules.end;
+          const tokens = ended ? c.seq.slice(0, -1) : c.cut >= 0 ? c.seq.slice(0, c.cut) : c.seq;
+          sent.finished.push({ rank: c.score / (step + 1) ** alpha, tokens, score: c.score });
+        });
+        sent.finished.sort((x, y) => desc(x.rank, y.rank)); // stable: earlier entries first among equals
+        sent.finished.length = Math.min(sent.finished.length, beam);
+      }
+      const going = cands.map((c, i) => i).sort((i, j) => desc(cands[i].score + (cands[i].hit ? DEAD : 0), cands[j].score + (cands[j].hit ? DEAD : 0)) || i - j)
+        .slice(0, beam);
+      sent.liveScores = going.map((i) => cands[i].score + (cands[i].hit ? DEAD : 0));
+      sent.liveTokens = going.map((i) => cands[i].seq);
+      if (sent.finished.length >= beam && !sent.settled) {
+        const length = rules.early_stopping === "never" && alpha > 0 ? sent.steps : step + 1;
+        sent.settled = sent.liveScores[0] / length ** alpha <= sent.finished[sent.finished.length - 1].rank;
+      }
+      const done = last || sent.settled || (rules.early_stopping === true && sent.finished.length >= beam)
+        || !sent.liveScores.some(Number.isFinite);
+      if (!done) {
+        still.push(s);
+        going.forEach((i) => {
+          keepRows.push(first + cands[i].parent);
+          nextTokens.push(cands[i].tok);
+        });
+      }
+    }
+    active = still;
+    if (active.length) {
+      state = backend.select(state, keepRows);
+      token = nextTokens;
+    }
+  }
+  return sentences.map((sent) => (sent.finished.length ? sent.finished.slice(0, nBest).map(({ tokens, score }) => ({ tokens, score }))
+    : [{ tokens: [], score: 0 }]));
+}
+
+// Greedy when beam == 1 and one hypothesis is wanted, else beam search by the model's rule (translate_ids).
+export async function translateIds(backend, src, maxLen, beam, alpha, nBest, limits, loopGuard, rules) {
+  if (rules.forced_first !== null && rules.forced_first !== undefined) backend = new ForcedFirst(backend, rules.forced_first);
+  if (beam === 1 && nBest === 1) return (await greedy(backend, src, maxLen, limits, loopGuard, rules)).map((h) => [h]);
+  const search = rules.length_penalty === "hf" ? beamSearchHf : beamSearch;
+  return search(backend, src, maxLen, beam, alpha, nBest, limits, loopGuard, rules);
 }
 
 // Indices in batches of similar source length (a stable sort, as Python's sorted).
@@ -136,18 +280,18 @@ export function lengthSortedBatches(lengths, batchSize) {
 }
 
 // n-best hypotheses for every source (token id lists), in input order; empty sources are not decoded.
-// opts: beam, alpha, nBest, maxLen, batchSize, maxLenA (null: no length guard), maxLenB, loopGuard.
+// opts: beam, alpha (null: the rules' own), nBest, maxLen, maxSrcLen, batchSize, maxLenA (null: no length guard),
+// maxLenB, loopGuard, rules.
 export async function decodeIds(backend, src, opts) {
-  src = src.map((s) => s.slice(0, opts.maxLen));
+  const { rules } = opts, alpha = opts.alpha ?? rules.alpha;
+  src = src.map((s) => s.slice(0, opts.maxSrcLen));
   const out = src.map(() => [{ tokens: [], score: 0 }]);
   const todo = src.map((_, i) => i).filter((i) => src[i].length > 0);
   for (const batch of lengthSortedBatches(todo.map((i) => src[i].length), opts.batchSize)) {
     const idx = batch.map((b) => todo[b]);
     const batchSrc = idx.map((i) => src[i]);
     const limits = lengthLimits(batchSrc, opts.maxLen, opts.maxLenA, opts.maxLenB);
-    const results = opts.beam === 1 && opts.nBest === 1
-      ? (await greedy(backend, batchSrc, opts.maxLen, limits, opts.loopGuard)).map((h) => [h])
-      : await beamSearch(backend, batchSrc, opts.maxLen, opts.beam, opts.alpha, opts.nBest, limits, opts.loopGuard);
+    const results = await translateIds(backend, batchSrc, opts.maxLen, opts.beam, alpha, opts.nBest, limits, opts.loopGuard, rules);
     idx.forEach((i, k) => { out[i] = results[k]; });
   }
   return out;
