@@ -4,7 +4,7 @@
 import * as ort from "./vendor/ort.wasm.min.mjs";
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds } from "./decoding.mjs";
-import { Tokenizer } from "./tokenizer.mjs";
+import { openTokenizer } from "./tokenizers.mjs";
 
 ort.env.wasm.wasmPaths = new URL("./vendor/", import.meta.url).href;
 
@@ -17,12 +17,16 @@ async function fetchOk(url, as) {
 // The variant comes from the address (index.html?variant=int8); fp32 by default.
 const variant = new URLSearchParams(location.search).get("variant") || "fp32";
 
+const modelJson = fetchOk("model.json", "json");
+// The tokenizer loads on its own: tk.encode answers before the graphs are in.
+const tokenizing = modelJson.then((model) => openTokenizer(model.tokenizer, (url) => fetchOk(url, "json")));
+
 async function load() {
-  const model = await fetchOk("model.json", "json");
+  const model = await modelJson;
   const files = model.variants[variant];
   if (!files) throw new Error(`no ${variant} graphs here; choose one of ${Object.keys(model.variants).join(", ")}`);
   const [tokenizer, weights] = await Promise.all([
-    Tokenizer.fetch(model.tokenizer),
+    tokenizing,
     // fp32: both graphs point into one weights file (ONNX external data): downloaded once, given to both sessions.
     files.weights ? fetchOk(files.weights, "arrayBuffer").then((b) => new Uint8Array(b)) : null,
   ]);
@@ -52,9 +56,14 @@ window.tk = {
     const out = await backend.decoder.run({ ...state, token: new ort.Tensor("int64", BigInt64Array.from(ids.map(() => 2n)), [ids.length]) });
     return Array.from(out.log_probs.data);
   },
-  async encode(texts) {
-    const { tokenizer } = await loading;
-    return texts.map((t) => tokenizer.encode(t));
+  // Each text's ids; `source`: a multilingual model's source language (its own code), the exported default if none.
+  async encode(texts, source) {
+    const tokenizer = await tokenizing;
+    return texts.map((t) => tokenizer.encode(t, source));
+  },
+  async decode(ids) {
+    const tokenizer = await tokenizing;
+    return ids.map((seq) => tokenizer.decode(seq));
   },
   // Token ids in, hypotheses ({tokens, score}) out: decodeIds with tk translate's defaults.
   async translateIds(ids, opts) {
@@ -76,7 +85,7 @@ loading.then(({ model, loadMs }) => {
   $("model").textContent = `${model.name} (${variant}, ${(model.bytes / 2 ** 20).toFixed(1)} MiB of graphs), onnxruntime-web ${ort.env.versions?.web ?? ""} on WebAssembly, ${ort.env.wasm.numThreads || 1} thread(s)`;
   $("status").textContent = `ready in ${Math.round(loadMs)} ms`;
   button.disabled = false;
-}, (e) => { $("status").textContent = `error: ${e.message}`; });
+}, (e) => { $("status").textContent = `error: ${String(e.message).split("\n")[0]}`; });
 
 button.addEventListener("click", async () => {
   const lines = $("input").value.split("\n");
