@@ -142,3 +142,13 @@ def test_a_hostile_tokenizer_file_in_the_site_is_one_line_in_the_page(tmp_path_f
             browser.close()
     for name, status in shown.items():
         assert status.startswith("error: the tokenizer tokenizer.json does not load: ") and "\n" not in status, (name, status)
+
+
+def test_the_writer_s_verify_stage_holds_the_site_s_normaliser_to_the_directory_s_tokenizer(tmp_path_factory, tmp_path, pairs,
+                                                                                            monkeypatch):
+    """A site tokenizer.json without the nmt_nfkc steps (fullwidth letters, NBSP) fails the writer's check, in words."""
+    m = exported(tmp_path_factory, pairs, "m2m100")
+    monkeypatch.setattr("toolkit.convert.web_tokenizer._nmt_nfkc", lambda: [])
+    (tmp_path / "site").mkdir()
+    model = web.WRITER.write(m, tmp_path / "site", lambda line: None)
+    assert web.WRITER.verify(m, tmp_path / "site", model) == "the site's tokenizer gives other ids than the directory's (tabs and newlines)"

@@ -21,7 +21,15 @@ from pathlib import Path
 
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.errors import UsageError
-from toolkit.core.tokenizers import FairseqSpmTokenizer, T5SourceTokenizer, load_tokenizer_json, open_tokenizer, read_vocab
+from toolkit.core.tokenizers import (
+    FairseqSpmTokenizer,
+    JsonTokenizer,
+    MarianTokenizer,
+    SpmVocabTokenizer,
+    T5SourceTokenizer,
+    open_tokenizer,
+    read_vocab,
+)
 
 WORD = "\u2581"
 UNREACHABLE = "\u0001"  # a piece the page must decode but never match: the normaliser removes U+0001 from every text
@@ -104,16 +112,15 @@ def site_tokenizer(m: manifest_mod.Manifest) -> tuple[dict, dict] | None:
     entry = {"kind": "tokenizers", "end": None, "languages": None, "source_lang": declared.source_lang,
              "target_lang": declared.target_lang, "lang_suffix": declared.lang_suffix, "prefixes": None,
              "special": sorted(getattr(tokenizer, "special", ())), "post_processor": False, "unk": declared.unk}
-    kind = declared.kind
-    if kind == "tokenizer.json" or (kind == "t5" and declared.source.endswith(".json")):
-        data = portable(json.loads((d / declared.source).read_text(encoding="utf-8")))
-        load_tokenizer_json(d / declared.source, "re-export the model directory")  # tk's checks of a hostile file
-    elif kind == "marian":
+    source = d / declared.source
+    if isinstance(tokenizer, JsonTokenizer) or (isinstance(tokenizer, T5SourceTokenizer) and tokenizer.tok is not None):
+        data = portable(json.loads(source.read_text(encoding="utf-8")))  # read with tk's checks of a hostile file
+    elif isinstance(tokenizer, MarianTokenizer):
         if declared.target_vocab:  # the target's ids are another vocabulary's: a second file to decode with
-            raise UsageError(f"{d} is a Marian model with separate source and target vocabularies; the browser site "
+            raise UsageError(f"{d} is a {m.model} model with separate source and target vocabularies; the browser site "
                              "runs one shared vocabulary (serve it with tk serve instead)")
         vocab = read_vocab(d / declared.vocab)
-        data = spm_tokenizer_json((d / declared.source).read_bytes(), d / declared.source, vocab, len(vocab), {})
+        data = spm_tokenizer_json(source.read_bytes(), source, vocab, len(vocab), {})
         pieces = data["model"]["vocab"]
         known = {p for p, _ in pieces if len(p) == 1}
         for piece, i in vocab.items():  # the target's pieces: decoded, and never matched in a source ...
@@ -121,36 +128,33 @@ def site_tokenizer(m: manifest_mod.Manifest) -> tuple[dict, dict] | None:
                 # ... but for a character the source model lacks: SentencePiece gives its text, which vocab.json has
                 reachable = len(piece) == 1 and piece not in known and piece != WORD
                 pieces[i][0] = piece if reachable else f"{UNREACHABLE}{piece}"
-    elif kind == "m2m100":
+    elif isinstance(tokenizer, SpmVocabTokenizer):
         vocab = read_vocab(d / declared.vocab)
         size = max([*vocab.values(), *(declared.languages or {}).values()]) + 1
-        data = spm_tokenizer_json((d / declared.source).read_bytes(), d / declared.source, vocab, size, {})
-    elif kind == "mbart":
-        assert isinstance(tokenizer, FairseqSpmTokenizer)
-        proto = (d / declared.source).read_bytes()
+        data = spm_tokenizer_json(source.read_bytes(), source, vocab, size, {})
+    elif isinstance(tokenizer, FairseqSpmTokenizer):
         ids = {tokenizer.spm.id_to_piece(i): i + 1 for i in range(1, tokenizer.size)}  # fairseq's offset of one
-        data = spm_tokenizer_json(proto, d / declared.source, ids, tokenizer.vocab_size, {})
+        data = spm_tokenizer_json(source.read_bytes(), source, ids, tokenizer.vocab_size, {})
         data["model"]["unk_id"] = declared.unk
-    elif kind == "t5":
-        assert isinstance(tokenizer, T5SourceTokenizer)
+    elif isinstance(tokenizer, T5SourceTokenizer):
         sp = tokenizer.spm
         sentinels = {tokenizer.size + declared.extra_ids - 1 - n: f"<extra_id_{n}>" for n in range(declared.extra_ids)}
-        data = spm_tokenizer_json((d / declared.source).read_bytes(), d / declared.source,
-                                  {sp.id_to_piece(i): i for i in range(tokenizer.size)}, tokenizer.size, {})
+        data = spm_tokenizer_json(source.read_bytes(), source, {sp.id_to_piece(i): i for i in range(tokenizer.size)},
+                                  tokenizer.size, {})
         data["added_tokens"] = [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
                                  "normalized": False, "special": True} for i, name in sorted(sentinels.items())]
         data["model"]["vocab"] += [[sentinels[i], 0.0] for i in range(tokenizer.size, tokenizer.size + declared.extra_ids)]
         entry["special"] = sorted({*entry["special"], *sentinels})  # T5Tokenizer's decode drops them
     else:
         return None
-    if kind in ("marian", "t5") or declared.source_end:
+    if isinstance(tokenizer, (MarianTokenizer, T5SourceTokenizer)) or declared.source_end:
         entry["end"] = rules.end
     if getattr(tokenizer, "languages", None):
         entry["languages"] = dict(tokenizer.languages)
         entry["end"] = rules.end
-    elif kind == "tokenizer.json":
+    elif isinstance(tokenizer, JsonTokenizer):
         entry["post_processor"] = True  # the file's own special tokens around the pieces (JsonTokenizer._ids)
-    if kind == "t5":
+    if isinstance(tokenizer, T5SourceTokenizer):
         entry["prefixes"] = declared.prefixes or {}
     return data, entry
 
