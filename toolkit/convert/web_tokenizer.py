@@ -83,8 +83,9 @@ def spm_tokenizer_json(proto_bytes: bytes, path: Path, ids: dict[str, int], size
             vocab[i] = [p.piece, p.score]
     steps = _nmt_nfkc() if norm.precompiled_charsmap else []
     if norm.remove_extra_whitespaces:
+        # spaces only: Strip would take tabs and line breaks too, which an identity rule keeps as text
         steps += [{"type": "Replace", "pattern": {"Regex": " +"}, "content": " "},
-                  {"type": "Strip", "strip_left": True, "strip_right": True}]
+                  {"type": "Replace", "pattern": {"Regex": "\\A | \\z"}, "content": ""}]
     unk = ids.get(next((p.piece for p in proto.pieces if p.type == kind.UNKNOWN), "<unk>"), spec.unk_id)
     return {
         "version": "1.0", "truncation": None, "padding": None,
