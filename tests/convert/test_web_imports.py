@@ -1,6 +1,7 @@
 """The web site's tokenizer for imported models: in headless Chromium, the page's token ids and text are the model
 directory's Python tokenizer's (open_tokenizer) for a briefly trained Marian, M2M100, NLLB-style tokenizer.json, mBART
-(its SentencePiece model, and mBART-50's tokenizer.json) and T5, on the same 50 sentences; a hostile tokenizer file in
+(its SentencePiece model, and mBART-50's tokenizer.json) and T5, and for tk's shipped Transformer imported back from
+`tk export --to-hf` (byte fallback, the identity rule), on the same 50 sentences; a hostile tokenizer file in
 the site is one line in the page. The sites are written by the web writer's own write and verify stages (its validate
 stage is the command's; the page's tokenizer does not need the graphs to answer)."""
 
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from convert.test_web import CHROMIUM, static_server
+from convert.test_web import CHROMIUM, SHIPPED, static_server
 from hf_marian_fixture import fra_eng_lines
 from hf_seq2seq_fixture import exported_import
 from verify.test_planted_faults_hf import ARCHITECTURES, BUILT_AS
@@ -36,9 +37,21 @@ def _mbart_cc25(path: Path, pairs: list) -> Path:
     return mbart_directory(path, pairs[:400], "cc25")
 
 
+def _marian_from_tk(path: Path, pairs: list) -> Path:
+    """tk's shipped Transformer as a MarianMTModel (`tk export --to-hf`): a trained Marian whose SentencePiece model has
+    the identity rule (the others' have nmt_nfkc)."""
+    from click.testing import CliRunner
+
+    from toolkit.cli import main
+
+    result = CliRunner().invoke(main, ["export", str(SHIPPED), "--to-hf", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
 # Each built under the name the architecture's own test module gives it (one build serves both).
 BUILDS = {a.name: (BUILT_AS[a.name], a.build) for a in ARCHITECTURES} | {
-    "nllb": ("hf-nllb", _nllb), "mbart-cc25": ("hf-mbart-cc25", _mbart_cc25)}
+    "nllb": ("hf-nllb", _nllb), "mbart-cc25": ("hf-mbart-cc25", _mbart_cc25), "marian-from-tk": ("web-marian-from-tk", _marian_from_tk)}
 
 
 def exported(tmp_path_factory, pairs, arch: str) -> manifest_mod.Manifest:
@@ -51,7 +64,7 @@ AWKWARD = [
     "two  spaces,   three,\t\ttabs\nand a line break", "  leading and trailing  ", "\u00a0no-break\u00a0space\u202fnarrow",
     "ideographic\u3000space\u2009thin\u2028line", "café crème brûlée", "Zoë's naïve façade", "ÉCOLE À PARIS",
     "e\u0301te\u0301 decomposed", "I ❤️ Paris 😀👍🏽 🇫🇷", "family 👨\u200d👩\u200d👧 joined", "中文字符 日本語のテキスト 한국어",
-    "Ωμέγα and עברית", "ﬁnancial ① ２ Ⅻ ㎞ ½", "ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ", "tilde ～ and ~", "\ufeffbom and soft\u00adhyphen",
+    "Ωμέγα and עברית", "ﬁnancial ① ２ Ⅻ ㎞ ½", "ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ", "tilde ～ and ~", "soft\u00adhyphen, zero\u200bwidth",
     "▁ already ▁▁ escaped", "ALL CAPS SENTENCE.", "x" * 80, "a",
 ]
 
@@ -90,7 +103,7 @@ def page_of(site: Path) -> Iterator:
             browser.close()
 
 
-@pytest.mark.parametrize("arch", ["marian", "m2m100", "nllb", "mbart-cc25", "mbart", "t5"])
+@pytest.mark.parametrize("arch", ["marian", "marian-from-tk", "m2m100", "nllb", "mbart-cc25", "mbart", "t5"])
 def test_the_page_tokenizes_an_import_as_its_python_tokenizer_does(arch, tmp_path_factory, tmp_path, pairs, texts):
     m = exported(tmp_path_factory, pairs, arch)
     model = write_site(m, tmp_path / "site")

@@ -86,6 +86,11 @@ def spm_tokenizer_json(proto_bytes: bytes, path: Path, ids: dict[str, int], size
         # spaces only: Strip would take tabs and line breaks too, which an identity rule keeps as text
         steps += [{"type": "Replace", "pattern": {"Regex": " +"}, "content": " "},
                   {"type": "Replace", "pattern": {"Regex": "\\A | \\z"}, "content": ""}]
+    if not norm.precompiled_charsmap and norm.remove_extra_whitespaces and norm.add_dummy_prefix:
+        # "▁" typed in the text stays one (nmt_nfkc makes it a space): sentencepiece strips it at the end with the
+        # spaces, and puts the dummy prefix even before a leading one, which Metaspace does not (as toolkit.convert.to_hf)
+        steps += [{"type": "Replace", "pattern": {"Regex": "[ ▁]+\\z"}, "content": ""},
+                  {"type": "Replace", "pattern": {"Regex": "\\A▁"}, "content": "▁▁"}]
     unk = ids.get(next((p.piece for p in proto.pieces if p.type == kind.UNKNOWN), "<unk>"), spec.unk_id)
     return {
         "version": "1.0", "truncation": None, "padding": None,

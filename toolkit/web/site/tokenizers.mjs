@@ -9,6 +9,11 @@
 
 import { Tokenizer as SentencePiece } from "./tokenizer.mjs";
 
+// What Python's str.strip() strips (the Python tokenizers' decode ends with it): trim() also strips U+FEFF, and not
+// U+001C-U+001F or U+0085.
+const PY_SPACE = "[\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";
+const PY_STRIP = new RegExp(`^${PY_SPACE}+|${PY_SPACE}+$`, "gu");
+
 // A file that does not load (not JSON, not a tokenizer the library reads) is one line naming it.
 export async function openTokenizer(entry, fetchJson) {
   try {
@@ -25,12 +30,23 @@ async function open(entry, spec) {
   }
   const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
   const tok = new Tokenizer(spec, { clean_up_tokenization_spaces: false });
+  if (spec.model?.type === "Unigram" && spec.model.byte_fallback) byteFallback(tok.model);
   return new PageTokenizer(
     entry,
     (text, special = false) => tok.encode(text, { add_special_tokens: special }).ids,
     (ids) => (ids.length ? tok.decode(ids, { clean_up_tokenization_spaces: false }) : ""),
     (token) => tok.model.tokens_to_ids.get(token) ?? null,
   );
+}
+
+// The library's Unigram model has no byte fallback (0.2.0): a piece the vocabulary lacks is spelled as its UTF-8 bytes'
+// <0xXX> pieces instead, as sentencepiece and the tokenizers package spell it. (The model's pieces are the text's own.)
+function byteFallback(model) {
+  const encode = model.encode.bind(model);
+  const utf8 = new TextEncoder();
+  const byte = (b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`;
+  model.fuse_unk = false;
+  model.encode = (tokens) => encode(tokens).flatMap((t) => (model.tokens_to_ids.has(t) ? [t] : Array.from(utf8.encode(t), byte)));
 }
 
 class PageTokenizer {
@@ -74,6 +90,6 @@ class PageTokenizer {
 
   // Output ids to text: special tokens (end, padding, language codes) dropped, as the Python tokenizer's decode.
   decode(ids) {
-    return this.text(ids.filter((i) => !this.special.has(i))).trim();
+    return this.text(ids.filter((i) => !this.special.has(i))).replace(PY_STRIP, "");
   }
 }
