@@ -116,7 +116,7 @@ def test_the_page_tokenizes_an_import_as_its_python_tokenizer_does(arch, tmp_pat
     with page_of(tmp_path / "site") as page:
         got = page.evaluate("texts => tk.encode(texts)", texts)
         back = page.evaluate("ids => tk.decode(ids)", want)
-        got_other = page.evaluate("([texts, code]) => tk.encode(texts, code)", [texts, other[0]]) if other else None
+        got_other = page.evaluate("([texts, code]) => tk.encode(texts, {sourceLang: code})", [texts, other[0]]) if other else None
     wrong = [(t, g, w) for t, g, w in zip(texts, got, want) if g != w]
     assert not wrong, f"{len(wrong)} of {len(texts)} texts get other ids in the page, e.g. {wrong[:2]}"
     assert back == tokenizer.decode(want)
@@ -124,6 +124,12 @@ def test_the_page_tokenizes_an_import_as_its_python_tokenizer_does(arch, tmp_pat
     # The sentences reach the end token and the rest of what goes around the pieces, and decode to words.
     assert all(ids[-1] in (m.rules().end, *(entry["languages"] or {}).values()) for ids in want)
     assert sum(bool(t.strip()) for t in back) >= 45
+    site = tmp_path / "site"
+    sizes = ", ".join(f"{v} {n / 2**20:.2f} MiB" for v, n in web.downloads(site).items())
+    print(f"\n{arch}: {len(json.loads((site / entry['file']).read_text())['model']['vocab'])} pieces, tokenizer.json "
+          f"{(site / entry['file']).stat().st_size / 1024:.1f} KiB, library "
+          f"{(site / 'vendor' / 'tokenizers.min.mjs').stat().st_size / 1024:.1f} KiB; "
+          f"download per page load {sizes}")
 
 
 HOSTILE = {

@@ -2,8 +2,9 @@
 
 The site holds the model directory's fp32 graphs and their one weights file as they are, the
 int8 graphs (stored in the directory, or built from the fp32 ones as `--variant int8` does),
-the tokenizer as JSON, the page and its JavaScript (toolkit/web/site), and onnxruntime-web's files
-vendored from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with its license.
+the tokenizer as JSON (an imported model's as a tokenizer.json: toolkit.convert.web_tokenizer), the page and its
+JavaScript (toolkit/web/site), and onnxruntime-web's files (and, for an imported model, @huggingface/tokenizers') vendored
+from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with their licenses.
 Any static file server serves it. Reads the exported directory only: torch-free.
 
 The page's files are package data of toolkit (the wheel carries toolkit/web: the site, package.json and

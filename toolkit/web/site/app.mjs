@@ -56,10 +56,11 @@ window.tk = {
     const out = await backend.decoder.run({ ...state, token: new ort.Tensor("int64", BigInt64Array.from(ids.map(() => 2n)), [ids.length]) });
     return Array.from(out.log_probs.data);
   },
-  // Each text's ids; `source`: a multilingual model's source language (its own code), the exported default if none.
-  async encode(texts, source) {
+  // Each text's ids; opts.sourceLang: a multilingual model's source language (its own code; T5: with opts.targetLang,
+  // the pair), the exported one if none.
+  async encode(texts, opts = {}) {
     const tokenizer = await tokenizing;
-    return texts.map((t) => tokenizer.encode(t, source));
+    return texts.map((t) => tokenizer.encode(t, opts));
   },
   async decode(ids) {
     const tokenizer = await tokenizing;

@@ -63,17 +63,21 @@ class PageTokenizer {
     return this.entry.languages ? Object.keys(this.entry.languages) : null;
   }
 
-  // One text's ids, as open_tokenizer(m).encode gives them; `source`: the source language (a multilingual model's
-  // code), the directory's own by default.
-  encode(text, source = null) {
+  // One text's ids, as open_tokenizer(m).encode gives them; opts.sourceLang (a multilingual model's code) and, for a
+  // T5, opts.targetLang choose the pair (the directory's own by default), as tk translate's --source-lang/--target-lang.
+  encode(text, { sourceLang = null, targetLang = null } = {}) {
     const e = this.entry;
     if (!text) return []; // an empty line stays empty
     if (e.post_processor) return this.pieces(text, true); // the file's own special tokens
-    const lang = source ?? e.source_lang;
+    const lang = sourceLang ?? e.source_lang;
     if (e.languages && !(lang in e.languages)) {
       throw new Error(`unknown source language ${JSON.stringify(lang)}; this model's codes: ${this.languages.join(", ")}`);
     }
-    const prefix = e.prefixes ? (e.prefixes[`${e.source_lang}-${e.target_lang}`] ?? "") : "";
+    const pair = `${lang}-${targetLang ?? e.target_lang}`;
+    if (e.prefixes && (sourceLang ?? targetLang) != null && !(pair in e.prefixes)) {
+      throw new Error(`no task prefix for ${pair}; this model's: ${Object.keys(e.prefixes).join(", ")}`);
+    }
+    const prefix = e.prefixes && lang != null ? (e.prefixes[pair] ?? "") : "";
     let code = [];
     const stop = text.indexOf("<<");
     if (e.end !== null && !e.languages && text.startsWith(">>") && stop !== -1) { // Marian's target code: one token
