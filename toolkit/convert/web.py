@@ -113,7 +113,8 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
 
 
 def _check(m: manifest_mod.Manifest) -> None:
-    """validate: tk's tokenizer and rules (the page runs only those), one weights file, onnxruntime-web installed."""
+    """validate: a tokenizer the page runs (tk's SentencePiece model, or one toolkit.convert.web_tokenizer converts), tk's
+    rules (the page runs only those), one weights file, onnxruntime-web and @huggingface/tokenizers installed."""
     m.translation_tokenizer()  # first: a model that does not translate is told so, as tk translate tells it
     kind = m.declared().tokenizer.kind
     if kind != "sentencepiece" and site_tokenizer(m) is None:
