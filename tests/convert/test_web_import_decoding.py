@@ -19,7 +19,6 @@ from hf_marian_fixture import fra_eng_lines
 from hf_seq2seq_fixture import exported_import, nllb_directory
 
 from toolkit.cli import main
-from toolkit.convert import web
 from toolkit.core import manifest
 from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.decoding import pad_batch
@@ -82,13 +81,8 @@ def imported(which: str, tmp_path_factory, pairs) -> Path:
 
 
 @pytest.fixture()
-def site_of(cli, tmp_path, monkeypatch):
-    """`tk export DIR --web SITE` of a model directory. The page's tokenizer is not under test here: the site carries
-    tk's shipped tokenizer in its place, where the web export cannot yet write the model's own."""
-    shipped = REPO / "exported" / "transformer" / "tokenizer.model"
-    tk_tokenizer_json = web.tokenizer_json
-    monkeypatch.setattr(web, "check_tokenizer", lambda m: None)
-    monkeypatch.setattr(web, "tokenizer_json", lambda path: tk_tokenizer_json(shipped))
+def site_of(cli, tmp_path):
+    """`tk export DIR --web SITE` of a model directory, as users run it (the model's own tokenizer in the page)."""
 
     def write(model: Path) -> Path:
         site = tmp_path / "site"

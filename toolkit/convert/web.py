@@ -2,8 +2,9 @@
 
 The site holds the model directory's fp32 graphs and their one weights file as they are, the
 int8 graphs (stored in the directory, or built from the fp32 ones as `--variant int8` does),
-the tokenizer as JSON, the page and its JavaScript (toolkit/web/site), and onnxruntime-web's files
-vendored from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with its license.
+the tokenizer as JSON (an imported model's as a tokenizer.json: toolkit.convert.web_tokenizer), the page and its
+JavaScript (toolkit/web/site), and onnxruntime-web's files (and, for an imported model, @huggingface/tokenizers') vendored
+from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with their licenses.
 Any static file server serves it. Reads the exported directory only: torch-free.
 
 The page's files are package data of toolkit (the wheel carries toolkit/web: the site, package.json and
@@ -21,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from toolkit.convert.pipeline import NewDirectory, Writer
+from toolkit.convert.web_tokenizer import site_tokenizer, site_tokenizer_problem
 from toolkit.core import architectures
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
@@ -32,6 +34,10 @@ SITE = WEB / "site"
 ORT_DIST = Path(str(WEB)) / "node_modules" / "onnxruntime-web" / "dist"
 # The WebAssembly build only (no WebGL/WebGPU code): the ES module, its loader and the binary.
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+# @huggingface/tokenizers (pure JavaScript, reads tokenizer.json): an imported model's tokenizer; tk's own models run
+# site/tokenizer.mjs, sentencepiece's exact port.
+TOKENIZERS_DIST = Path(str(WEB)) / "node_modules" / "@huggingface" / "tokenizers"
+TOKENIZERS_FILES = {"tokenizers.min.mjs": "dist/tokenizers.min.mjs", "LICENSE-huggingface-tokenizers.txt": "LICENSE"}
 NPM_FIX = f"run `npm ci --prefix {WEB}` (the npm registry is needed once; the package-lock.json there fixes the version)"
 
 
@@ -40,6 +46,8 @@ def ort_web_version() -> str:
     missing = [f for f in ORT_FILES if not (ORT_DIST / f).is_file()]
     if missing or not package.is_file():
         raise UsageError(f"onnxruntime-web is not installed in {ORT_DIST.parents[1]}; {NPM_FIX}")
+    if not all((TOKENIZERS_DIST / f).is_file() for f in TOKENIZERS_FILES.values()):
+        raise UsageError(f"@huggingface/tokenizers is not installed in {ORT_DIST.parents[1]}; {NPM_FIX}")
     return json.loads(package.read_text(encoding="utf-8"))["version"]
 
 
@@ -90,8 +98,8 @@ def site_model(m: manifest_mod.Manifest) -> dict:
     # The decoding rules and languages as the manifest declares them: the page decodes by these, as tk translate does.
     return {
         "name": m.directory.name, "model": m.model, "max_len": m.max_len, "max_output_len": m.max_output_len,
-        "variants": variants, "tokenizer": "tokenizer.json", "encoder": graphs["encoder"].spec, "decoder": graphs["decoder"].spec,
-        "guards": GUARDED, "rules": m.rules().to_dict(), "languages": site_languages(m),
+        "variants": variants, "tokenizer": {"file": "tokenizer.json"}, "encoder": graphs["encoder"].spec,
+        "decoder": graphs["decoder"].spec, "guards": GUARDED, "rules": m.rules().to_dict(), "languages": site_languages(m),
     }
 
 
@@ -120,16 +128,20 @@ def _write_graph(m: manifest_mod.Manifest, graph: str, variant: str, out: Path) 
 
 
 def check_tokenizer(m: manifest_mod.Manifest) -> None:
-    """A tokenizer the page runs: tk's SentencePiece model (tokenizer.mjs)."""
-    declared = m.declared().tokenizer  # source_end: the page's tokenizer appends no end token to the source
-    if declared.kind != "sentencepiece" or declared.source_end:
-        raise UsageError(f"{m.directory} is a {m.model} model with a tokenizer of its own; the browser site runs tk's "
-                         "SentencePiece tokenizer only (serve it with tk serve instead)")
+    """A tokenizer the page runs: tk's SentencePiece model (tokenizer.mjs, which appends no end token to the source), or
+    one toolkit.convert.web_tokenizer converts for @huggingface/tokenizers."""
+    declared = m.declared().tokenizer
+    if declared.kind == "sentencepiece" and declared.source_end:
+        raise UsageError(f"{m.directory} is a {m.model} model whose SentencePiece source ends with an end token; the browser "
+                         "site's tokenizer appends none (serve it with tk serve instead)")
+    if declared.kind != "sentencepiece" and site_tokenizer(m) is None:
+        raise UsageError(f"{m.directory} is a {m.model} model whose tokenizer ({declared.kind}) the browser site has no port of "
+                         "(serve it with tk serve instead)")
 
 
 def _check(m: manifest_mod.Manifest) -> None:
     """validate: an architecture whose graphs and rules the page runs, a tokenizer it runs, one weights file,
-    onnxruntime-web installed."""
+    onnxruntime-web and @huggingface/tokenizers installed."""
     m.translation_tokenizer()  # first: a model that does not translate is told so, as tk translate tells it
     architectures.get(m.model).check("web")  # the page decodes by the model's declared rules (decoding.mjs)
     check_tokenizer(m)
@@ -149,7 +161,7 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
             for graph, name in entry["graphs"].items():
                 _write_graph(m, graph, variant, tmp / name)
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
-    write_tokenizer_json(m.translation_tokenizer(), tmp / model["tokenizer"])
+    model["tokenizer"] = write_site_tokenizer(m, tmp / model["tokenizer"]["file"])
     model["onnxruntime_web"] = version
     (tmp / "model.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
     for f in SITE.iterdir():  # package data: read through importlib.resources, not from a path of the clone
@@ -158,7 +170,27 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
     for f in ORT_FILES:
         shutil.copyfile(ORT_DIST / f, tmp / "vendor" / f)
     (tmp / "vendor" / "LICENSE-onnxruntime-web.txt").write_bytes((WEB / "LICENSE-onnxruntime-web.txt").read_bytes())
+    for name, source in vendored_tokenizers(model).items():
+        shutil.copyfile(TOKENIZERS_DIST / source, tmp / "vendor" / name)
     return model
+
+
+def vendored_tokenizers(model: dict) -> dict[str, str]:
+    """The tokenizer library's files a site vendors (site file -> package file): only a site whose tokenizer it runs."""
+    return TOKENIZERS_FILES if model["tokenizer"]["kind"] == "tokenizers" else {}
+
+
+def write_site_tokenizer(m: manifest_mod.Manifest, out: Path) -> dict:
+    """The site's tokenizer file at `out`; returns model.json's tokenizer entry (toolkit.convert.web_tokenizer)."""
+    converted = site_tokenizer(m)
+    if converted is None:  # tk's own SentencePiece model: tokenizer.mjs
+        write_tokenizer_json(m.translation_tokenizer(), out)
+        declared = m.declared().tokenizer
+        return {"file": out.name, "kind": "sentencepiece", "end": m.rules().end if declared.source_end else None,
+                "languages": None, "source_lang": declared.source_lang, "target_lang": declared.target_lang}
+    data, entry = converted
+    out.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    return {"file": out.name, **entry}
 
 
 def _verify(m: manifest_mod.Manifest, site: Path, model: dict) -> str | None:
@@ -172,10 +204,14 @@ def _verify(m: manifest_mod.Manifest, site: Path, model: dict) -> str | None:
         if sum((site / f).stat().st_size for f in names if f and (site / f).is_file()) != entry["bytes"]:
             return f"the {variant} graphs are not all there at the size model.json gives"
     shipped = {f.name: f.read_bytes() for f in SITE.iterdir()} | {f"vendor/{f}": (ORT_DIST / f).read_bytes() for f in ORT_FILES}
+    shipped |= {f"vendor/{name}": (TOKENIZERS_DIST / f).read_bytes() for name, f in vendored_tokenizers(model).items()}
     differ = sorted(name for name, data in shipped.items() if not (site / name).is_file() or (site / name).read_bytes() != data)
     if differ:
         return f"{differ[0]} is not the shipped file"
-    return None if read(model["tokenizer"]) == tokenizer_json(m.translation_tokenizer()) else "tokenizer.json is not the directory's tokenizer"
+    entry = model["tokenizer"]
+    if entry["kind"] == "sentencepiece":
+        return None if read(entry["file"]) == tokenizer_json(m.translation_tokenizer()) else "tokenizer.json is not the directory's tokenizer"
+    return site_tokenizer_problem(m, read(entry["file"]), entry)
 
 
 def _next_step(source: Path, site: Path) -> str:
@@ -201,7 +237,8 @@ def site_entries(site: Path, m: manifest_mod.Manifest, model: dict) -> set[str] 
         return None
     names = {"model.json", "vendor", *(f.name for f in SITE.iterdir()), *(e.file for e in m.extra_files)}
     for record in (model, old):
-        names.add(str(record.get("tokenizer")))
+        tokenizer = record.get("tokenizer")
+        names.add(str(tokenizer.get("file") if isinstance(tokenizer, dict) else tokenizer))
         for entry in (record.get("variants") or {}).values():
             if isinstance(entry, dict):
                 names.update(str(f) for f in [*(entry.get("graphs") or {}).values(), entry.get("weights")] if f)
@@ -211,7 +248,8 @@ def site_entries(site: Path, m: manifest_mod.Manifest, model: dict) -> set[str] 
 def downloads(site: Path) -> dict[str, int]:
     """Bytes a page load fetches, per variant: the runtime, the page, the tokenizer and that variant's graphs."""
     model = json.loads((site / "model.json").read_text(encoding="utf-8"))
-    shared = sum(p.stat().st_size for p in [*site.glob("*.mjs"), site / "index.html", site / "model.json", site / model["tokenizer"],
+    tokenizer = model["tokenizer"]["file"] if isinstance(model["tokenizer"], dict) else model["tokenizer"]
+    shared = sum(p.stat().st_size for p in [*site.glob("*.mjs"), site / "index.html", site / "model.json", site / tokenizer,
                                             *(site / "vendor").glob("*.mjs"), *(site / "vendor").glob("*.wasm")])
     return {v: shared + entry["bytes"] for v, entry in model["variants"].items()}
 

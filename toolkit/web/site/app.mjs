@@ -4,7 +4,7 @@
 import * as ort from "./vendor/ort.wasm.min.mjs";
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds } from "./decoding.mjs";
-import { Tokenizer } from "./tokenizer.mjs";
+import { openTokenizer } from "./tokenizers.mjs";
 
 ort.env.wasm.wasmPaths = new URL("./vendor/", import.meta.url).href;
 
@@ -19,12 +19,16 @@ const firstLine = (e) => String(e?.message ?? e).split("\n")[0];
 // The variant comes from the address (index.html?variant=int8); fp32 by default.
 const variant = new URLSearchParams(location.search).get("variant") || "fp32";
 
+const modelJson = fetchOk("model.json", "json");
+// The tokenizer loads on its own: tk.encode answers before the graphs are in.
+const tokenizing = modelJson.then((model) => openTokenizer(model.tokenizer, (url) => fetchOk(url, "json")));
+
 async function load() {
-  const model = await fetchOk("model.json", "json");
+  const model = await modelJson;
   const files = model.variants[variant];
   if (!files) throw new Error(`no ${variant} graphs here; choose one of ${Object.keys(model.variants).join(", ")}`);
   const [tokenizer, weights] = await Promise.all([
-    Tokenizer.fetch(model.tokenizer),
+    tokenizing,
     // fp32: both graphs point into one weights file (ONNX external data): downloaded once, given to both sessions.
     files.weights ? fetchOk(files.weights, "arrayBuffer").then((b) => new Uint8Array(b)) : null,
   ]);
@@ -70,10 +74,15 @@ window.tk = {
     const step = await backend.step(ids.map(() => model.rules.start), await backend.encode(ids));
     return Array.from(step.logProbs);
   },
-  // opts.sourceLang: a multilingual model's source language (the tokenizer marks it).
+  // Each text's ids; opts.sourceLang: a multilingual model's source language (its own code; T5: with opts.targetLang,
+  // the pair), the exported one if none.
   async encode(texts, opts = {}) {
-    const { tokenizer } = await loading;
+    const tokenizer = await tokenizing;
     return texts.map((t) => tokenizer.encode(t, opts));
+  },
+  async decode(ids) {
+    const tokenizer = await tokenizing;
+    return ids.map((seq) => tokenizer.decode(seq));
   },
   // Token ids in, hypotheses ({tokens, score}) out: decodeIds with tk translate's defaults; opts as decodeOptions's.
   async translateIds(ids, opts) {
@@ -82,7 +91,7 @@ window.tk = {
   },
   async translate(texts, opts) {
     const { tokenizer } = await loading;
-    const hyps = await this.translateIds(await this.encode(texts, { sourceLang: opts?.sourceLang }), opts);
+    const hyps = await this.translateIds(await this.encode(texts, { sourceLang: opts?.sourceLang, targetLang: opts?.targetLang }), opts);
     return hyps.map((n) => ({ text: tokenizer.decode(n[0].tokens), tokens: n[0].tokens }));
   },
 };
