@@ -223,6 +223,17 @@ def _joined(segments: list[list[textprep.Segment]], decoded: dict, n_best: int, 
     return out
 
 
+def check_glossary(m: manifest_mod.Manifest | None, enabled: bool = True) -> None:
+    """Refuses a glossary that could not be put in (a UsageError saying why), rather than drop it in silence: with --raw
+    (no text handling to find its terms), or with a model not trained on tk's placeholders whose first output token is
+    forced (a target language), where constrained decoding, its one way in, does not run. m None: not known yet."""
+    if not enabled:
+        raise UsageError("--glossary finds its terms in tk's text handling, which --raw turns off; drop --raw")
+    if m is not None and not m.declared().placeholders and m.rules().forced_first is not None:
+        raise UsageError(f"--glossary forces its terms into this {m.model} model's output, which its forced first token (a "
+                         "target language) does not allow; translate without --glossary")
+
+
 def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
                   fail: Callable[[int, Exception, str], None] | None = None) -> list[list[textprep.Segment]]:
     """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them.
@@ -232,13 +243,8 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
     protect = m.declared().placeholders
     if text.keep and not protect:
         raise UsageError(f"--keep protects terms with tk's placeholders, which this {m.model} model was not trained to copy")
-    if text.glossary and not text.enabled:
-        # Never a glossary dropped in silence: its terms are put in, or the translation is refused.
-        raise UsageError("--glossary finds its terms in tk's text handling, which --raw turns off; drop --raw")
-    if text.glossary and not protect and m.rules().forced_first is not None:
-        # A model not trained on placeholders gets its terms by constrained decoding alone, which starts from the start token.
-        raise UsageError(f"--glossary forces its terms into this {m.model} model's output, which its forced first token (the "
-                         "target language) does not allow; translate without --glossary")
+    if text.glossary:
+        check_glossary(m, text.enabled)
     out = []
     for i, x in enumerate(texts):
         try:
