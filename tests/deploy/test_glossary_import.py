@@ -83,3 +83,15 @@ def test_a_runtime_without_tks_decoding_loop_refuses_the_glossary_in_one_line(im
     with pytest.raises(UsageError, match="own decoding loop"):
         imported.translate(["The house is big."], glossary=TERMS)
     assert imported.translate(["Where is the station?"], glossary=TERMS) == imported.translate(["Where is the station?"])
+
+
+def test_a_target_term_is_forced_as_the_target_vocabularys_ids_without_an_end_token(imported):
+    """An import's tokenizer ends each source with its end token, and a Marian model may have a target vocabulary of
+    its own (tc-big's): a term forced in is the target side's pieces, with no end token inside it."""
+    from toolkit.core.tokenizers import MarianTokenizer
+
+    tok = imported.loaded.tokenizer
+    ids = tok.target_ids(["demeure"])[0]
+    assert ids and tok.end not in ids and tok.decode([ids]) == ["demeure"]
+    shifted = MarianTokenizer(tok.source, tok.target, tok.vocab, {p: i + 7 for p, i in tok.vocab.items()}, tok.unk, tok.end, tok.pad)
+    assert shifted.target_ids(["demeure"]) == [[i + 7 for i in ids]]
