@@ -111,3 +111,23 @@ def test_a_bad_text_file_is_one_line_and_exit_2(cli, tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00")
     result = cli("bench", "--text", tmp_path / "bad.txt", "--model", MODEL)
     assert result.exit_code != 0 and "not UTF-8" in result.output and "Traceback" not in result.output
+
+
+def test_a_glossary_row_times_tk_with_the_glossary_against_without_it(cli, tmp_path):
+    """`--glossary FILE` adds, after each file row, tk's API with the glossary against without it on the same lines."""
+    from toolkit.bench.text import _Pair
+    from toolkit.core import glossary
+    from toolkit.deploy.api import Translator
+
+    pair = _Pair.__new__(_Pair)
+    pair.tk, pair.variant = Translator(MODEL, provider="cpu", threads=1), "fp32"
+    terms = glossary.from_mapping({"house": "demeure"})
+    sources = ["The house is big.", "Where is the station?"]
+    said: list[str] = []
+    row = pair.glossary_row(sources, ["La maison est grande.", "Où est la gare ?"], 1, 1, terms, said.append)
+    assert row.row == "file, greedy, glossary" and [e.name for e in row.engines] == ["tk", "tk, no glossary"]
+    assert row.engines[1].same == 0.5  # the line holding the term changed, the other did not
+    assert "1 of 2 lines hold one" in said[0]
+    path = tmp_path / "terms.tsv"
+    path.write_text("house\tdemeure\n", encoding="utf-8")
+    assert "add --text FILE" in cli("bench", "--glossary", path).output

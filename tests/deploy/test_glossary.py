@@ -118,10 +118,12 @@ def test_a_duplicate_term_with_the_same_target_is_one_entry_and_a_case_variant_w
         glossary.from_mapping(["house", "demeure"])
 
 
-def test_a_model_without_placeholders_or_raw_text_refuses_a_glossary_rather_than_drop_it():
+def test_a_model_forcing_its_first_token_or_raw_text_refuses_a_glossary_rather_than_drop_it():
+    """An import that forces a first token (a target language) gets no constrained search, and no placeholders."""
     g = glossary.from_mapping(TERMS)
-    imported = SimpleNamespace(model="opus-mt", declared=lambda: SimpleNamespace(placeholders=False))
-    with pytest.raises(UsageError, match="not trained to copy"):
+    imported = SimpleNamespace(model="m2m100", declared=lambda: SimpleNamespace(placeholders=False),
+                               rules=lambda: SimpleNamespace(forced_first=7))
+    with pytest.raises(UsageError, match="forced first token"):
         segment_lines(imported, ["The house."], textprep.TextOptions(glossary=g))
     tk_model = SimpleNamespace(model="transformer", declared=lambda: SimpleNamespace(placeholders=True))
     with pytest.raises(UsageError, match="drop --raw"):

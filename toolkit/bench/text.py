@@ -105,10 +105,11 @@ def timed(fn: Callable[[], object]) -> float:
 
 def bench_text(model_dir: Path, sources: list[str], references: list[str] | None, variants=("fp32", "int8"),
                beams=(1, 4), requests: int = 200, repeat: int = 3, cold_starts: int = 5, peers: tuple[str, ...] = (),
-               peer_python: str | None = None, echo: Callable[[str], None] = print) -> list[TextRow]:
+               peer_python: str | None = None, echo: Callable[[str], None] = print, glossary=None) -> list[TextRow]:
     """Every row for every variant: the file at each beam, single-sentence requests, cold start. Engines: tk's API
     (ONNX Runtime, defaults), tk's API on its CTranslate2 model, CTranslate2's own translate_batch at its fastest
-    threads, and the Hugging Face `peers` (fp32 rows only; toolkit.bench.hf_peers) run by `peer_python`."""
+    threads, and the Hugging Face `peers` (fp32 rows only; toolkit.bench.hf_peers) run by `peer_python`. With a
+    `glossary` (toolkit.core.glossary), each file row is followed by tk's API with it against without it."""
     import shutil
     import tempfile
 
@@ -138,6 +139,8 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
                 if variant == "fp32":
                     row.engines += _peer_engines(hf, str(beam), pair.outputs, references)
                 rows.append(row)
+                if glossary is not None:
+                    rows.append(pair.glossary_row(sources, references, beam, repeat, glossary, echo))
             row = pair.request_row(sources[:requests], repeat, echo)
             if variant == "fp32":
                 row.engines += _peer_engines(hf, "requests", None, None)
@@ -213,6 +216,22 @@ class _Pair:
             Engine("tk", tk_s, "defaults", 1.0, _bleu(out["tk"], references)),
             Engine("tk on ctranslate2", tk_ct2_s, "defaults", _same(out["tk_ct2"], out["tk"]), _bleu(out["tk_ct2"], references)),
             Engine(CT2, ct2_s, _threads(self.file_threads), _same(out["ct2"], out["tk"]), _bleu(out["ct2"], references))])
+
+    def glossary_row(self, sources: list[str], references: list[str] | None, beam: int, repeat: int, glossary,
+                     echo: Callable[[str], None]) -> TextRow:
+        """tk's API on the file with the glossary against without it, timed in turns; "same as tk": the share of lines
+        the glossary left as they were."""
+        out: dict[str, list[str]] = {}
+        with_s, without_s = _median_turns([
+            lambda: timed(lambda: out.__setitem__("with", self.tk.translate(sources, beam=beam, glossary=glossary))),
+            lambda: timed(lambda: out.__setitem__("without", self.tk.translate(sources, beam=beam)))], repeat)
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        holding = sum(bool(glossary.find(s)) for s in sources)
+        echo(f"{self.variant} file, {name}, glossary of {len(glossary)} terms ({holding} of {len(sources)} lines hold one): "
+             f"tk {with_s:.2f} s with it, {without_s:.2f} s without")
+        return TextRow(f"file, {name}, glossary", self.variant, len(sources), [
+            Engine("tk", with_s, "defaults", 1.0, _bleu(out["with"], references)),
+            Engine("tk, no glossary", without_s, "defaults", _same(out["without"], out["with"]), _bleu(out["without"], references))])
 
     def request_row(self, asked: list[str], repeat: int, echo: Callable[[str], None]) -> TextRow:
         tk_s, tk_ct2_s, ct2_s = _median_turns([
@@ -317,12 +336,12 @@ def cold_start(model_dir: Path, ct2_dir: str, variant: str, compute: str, thread
 def table(rows: list[TextRow]) -> str:
     """One line per engine and row: its speed, how many times faster tk is (above 1: tk is faster), the share of its
     translations identical to tk's, BLEU."""
-    out = [f"{'row':<17} {'variant':<7} {'engine':<18} {'speed':>13} {'threads':>15} {'tk is':>8} {'same as tk':>10} {'BLEU':>5}"]
+    out = [f"{'row':<25} {'variant':<7} {'engine':<18} {'speed':>13} {'threads':>15} {'tk is':>8} {'same as tk':>10} {'BLEU':>5}"]
     for r in rows:
         for i, e in enumerate(r.engines):
             speed = f"{r.sentences / e.seconds:,.0f} sent/s" if r.row.startswith("file") else f"{1000 * e.seconds:.1f} ms"
             same = "" if e.same is None else f"{100 * e.same:.0f}%"
             bleu = "" if e.bleu is None else f"{e.bleu:.1f}"
-            lead = f"{r.row:<17} {r.variant:<7}" if i == 0 else " " * 25
+            lead = f"{r.row:<25} {r.variant:<7}" if i == 0 else " " * 33
             out.append(f"{lead} {e.name:<18} {speed:>13} {e.threads:>15} {r.speedup(e):>7.2f}x {same:>10} {bleu:>5}")
     return "\n".join(out)

@@ -57,12 +57,11 @@ def _advance(h: _Hyp, tok: int, score: float, terms: list[list[list[int]]], elid
     return _Hyp(h.tokens + (tok,), score, tuple(met), writing, ended, held)
 
 
-def term_forms(tokenizer, target: str) -> list[list[int]]:
+def term_forms(tokenizer, target: str, end: int) -> list[list[int]]:
     """A target term's token ids as a word of its own ("▁auto mo b il e"), and as the tokenizer writes it glued to an
-    elided word ("l'automobile": "▁l ' au t o mo b il e"), where that differs: a French article before it is elided."""
-    alone = tokenizer.encode([target])[0]
-    prefix = tokenizer.encode(["l'"])[0]
-    glued = tokenizer.encode([f"l'{target}"])[0]
+    elided word ("l'automobile": "▁l ' au t o mo b il e"), where that differs: a French article before it is elided.
+    An end token the tokenizer appends (`end`: an imported model's tokenizer ends each text with it) is no part of it."""
+    alone, prefix, glued = (ids[:-1] if ids[-1:] == [end] else ids for ids in tokenizer.target_ids([target, "l'", f"l'{target}"]))
     after = glued[len(prefix):]
     return [alone, after] if glued[: len(prefix)] == prefix and after and after != alone else [alone]
 

@@ -142,7 +142,7 @@ def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bo
     if not enabled:
         return [Segment(line)]
     if not protect:
-        return [Segment(s) for s in (split_sentences(text) if split else [text])]
+        return [_as_written(s, glossary) for s in (split_sentences(text) if split else [text])]
     # Spans are protected before splitting: a period inside an address is no sentence end.
     protected, spans, sources = placeholders.protect_terms(text, keep, glossary)
     out = []
@@ -157,6 +157,17 @@ def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bo
                 segment.forced = _with_terms(piece, spans, sources, bool(case), segment.case)
             out.append(segment)
     return out
+
+
+def _as_written(sentence: str, glossary: Glossary | None) -> Segment:
+    """A sentence for a model not trained on tk's placeholders, as it is; with glossary terms, also its form that holds
+    their targets in `targets` (Segment.forced). That segment has no placeholder form to fall back on: its `spans` are
+    empty, and a translation without the targets is reported, never given as if it held them."""
+    segment = Segment(sentence)
+    terms = glossary.find(sentence, placeholders.all_spans(sentence, ())) if glossary else []
+    if terms:
+        segment.forced = Segment(sentence, targets=[target for _, _, target, _ in terms])
+    return segment
 
 
 def _with_terms(piece: str, spans: list[str], sources: list[str | None], fold: bool, case: str) -> Segment | None:

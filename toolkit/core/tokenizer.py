@@ -64,6 +64,11 @@ class TextTokenizer(ABC):
     @abstractmethod
     def decode(self, ids: list[list[int]]) -> list[str]: ...
 
+    def target_ids(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids as the model would write it in its output (a glossary's target terms, forced in: toolkit.core.
+        constrained); the source's ids unless the kind's target side has a vocabulary or segmentation of its own."""
+        return self.encode(texts)
+
     @abstractmethod
     def piece(self, token: int) -> str:
         """Output id `token`'s piece as the tokenizer's vocabulary writes it (▁ where it begins a word); "" for an id it

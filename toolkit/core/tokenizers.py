@@ -98,8 +98,8 @@ class MarianTokenizer(TextTokenizer):
     def __init__(self, source: spm.SentencePieceProcessor, target: spm.SentencePieceProcessor, vocab: dict[str, int],
                  target_vocab: dict[str, int] | None, unk: int, end: int, pad: int):
         self.source, self.target = source, target
-        self.vocab = vocab
-        self.pieces = {i: p for p, i in (target_vocab or vocab).items()}
+        self.vocab, self.output_vocab = vocab, target_vocab or vocab
+        self.pieces = {i: p for p, i in self.output_vocab.items()}
         self.join_with = target if target_vocab is not None else source
         self.unk, self.end, self.pad = unk, end, pad
         self.special = {unk, end, pad}
@@ -124,6 +124,10 @@ class MarianTokenizer(TextTokenizer):
             code, text = [text[: stop + 2]], text[stop + 2:]
         pieces = code + self.source.encode(text, out_type=str)
         return [self.vocab.get(p, self.unk) for p in pieces] + [self.end]
+
+    def target_ids(self, texts: list[str]) -> list[list[int]]:
+        """Output ids: the target SentencePiece model's pieces in the target vocabulary, no end token appended."""
+        return [[self.output_vocab.get(p, self.unk) for p in self.target.encode(t, out_type=str)] for t in texts]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.join_with.decode_pieces([p for p in map(self._piece, seq) if p]).replace("\u2581", " ").strip() for seq in ids]

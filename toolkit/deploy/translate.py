@@ -185,7 +185,8 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
         sentences = sum(len(segments[i]) for i in lines)
         done = (lambda n: progress(n * len(lines) / sentences)) if progress and sentences else None
         flat = decode_segments(t, [seg for i in lines for seg in segments[i]], opts, backend, said.append, strict,
-                               [first_lineno + i for i in lines for _ in segments[i]], truncated, guarded, done)
+                               [first_lineno + i for i in lines for _ in segments[i]], truncated, guarded, done,
+                               missed=failed)
         notes.extend(said)
         return _regroup(flat, [segments[i] for i in lines])
 
@@ -222,6 +223,17 @@ def _joined(segments: list[list[textprep.Segment]], decoded: dict, n_best: int, 
     return out
 
 
+def check_glossary(m: manifest_mod.Manifest | None, enabled: bool = True) -> None:
+    """Refuses a glossary that could not be put in (a UsageError saying why), rather than drop it in silence: with --raw
+    (no text handling to find its terms), or with a model not trained on tk's placeholders whose first output token is
+    forced (a target language), where constrained decoding, its one way in, does not run. m None: not known yet."""
+    if not enabled:
+        raise UsageError("--glossary finds its terms in tk's text handling, which --raw turns off; drop --raw")
+    if m is not None and not m.declared().placeholders and m.rules().forced_first is not None:
+        raise UsageError(f"--glossary forces its terms into this {m.model} model's output, which its forced first token (a "
+                         "target language) does not allow; translate without --glossary")
+
+
 def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
                   fail: Callable[[int, Exception, str], None] | None = None) -> list[list[textprep.Segment]]:
     """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them.
@@ -231,10 +243,8 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
     protect = m.declared().placeholders
     if text.keep and not protect:
         raise UsageError(f"--keep protects terms with tk's placeholders, which this {m.model} model was not trained to copy")
-    if text.glossary and not (protect and text.enabled):
-        # Never a glossary dropped in silence: its terms go in as placeholders, or the translation is refused.
-        raise UsageError(f"--glossary puts terms in with tk's placeholders, which this {m.model} model was not trained to copy"
-                         if not protect else "--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
+    if text.glossary:
+        check_glossary(m, text.enabled)
     out = []
     for i, x in enumerate(texts):
         try:
@@ -352,7 +362,8 @@ FORCED_MARGIN = 10.0
 def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeOptions, backend: object | None = None,
                     warn: Callable[[str], None] = lambda s: None, strict: bool = False, lines: list[int] | None = None,
                     truncated: list[int] | None = None, guarded: list[int] | None = None, done: Callable[[int], None] | None = None,
-                    decode: Callable[..., list[list[Translation]]] | None = None) -> list[tuple[textprep.Segment, list[Translation]]]:
+                    decode: Callable[..., list[list[Translation]]] | None = None,
+                    missed: list[int] | None = None) -> list[tuple[textprep.Segment, list[Translation]]]:
     """Each model input's n-best (`decode`'s, decode_sentences unless told, in order) with the segment it was decoded
     from. A segment holding glossary terms (Segment.forced) is translated with the terms as written where tk's own loop
     decodes it (not CTranslate2's) and the translation holds each target exactly as often as asked (_forced); else as
@@ -363,12 +374,24 @@ def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts:
     lines = lines if lines is not None else [1] * len(segments)
     forced = _forced(t, segments, opts, backend, decode, lines)
     plain = [k for k in range(len(segments)) if k not in forced]
+    # A segment of a model not trained on placeholders has no placeholder form: where its terms could not be forced in,
+    # its translation is the model's own, reported in a warning naming its line, listed in `missed`, its confidence FAILED.
     out: list = [None] * len(segments)
     if plain:
         decoded = decode(t, [segments[k].text for k in plain], opts, backend=backend, warn=warn, strict=strict,
                          lines=[lines[k] for k in plain], truncated=truncated, guarded=guarded, done=done)
         for k, nbest in zip(plain, decoded):
             out[k] = (segments[k], nbest)
+    for k in plain:
+        seg, lineno = segments[k], lines[k]
+        if not _unprotected(seg) or _holds(seg, out[k][1][0]):
+            continue
+        out[k] = (seg, [dataclasses.replace(h, confidence=conf.FAILED) for h in out[k][1]])
+        terms = ", ".join(repr(x) for x in dict.fromkeys(seg.forced.targets))
+        warn(f"warning: line {lineno}: its glossary targets ({terms}) could not be forced into its translation (this model "
+             "was not trained on tk's placeholders, which would put them back); its output is the model's own translation without them")
+        if missed is not None and lineno not in missed:
+            missed.append(lineno)
     if done and forced:
         done(len(forced))
     for k, nbest in forced.items():
@@ -397,6 +420,9 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
 
     rules = t.manifest.rules()
     if not constrained.can_constrain(backend, rules):
+        if any(map(_unprotected, segments)):
+            raise UsageError(f"--glossary forces its terms into this {t.manifest.model} model's output in tk's own decoding loop, "
+                             "which CTranslate2 does not run; translate with --runtime onnxruntime")
         return {}
     wanted = [k for k, seg in enumerate(segments) if seg.forced is not None]
     ids = dict(zip(wanted, t.tokenizer.encode([segments[k].forced.text for k in wanted])))
@@ -428,11 +454,23 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
     return out
 
 
+def _holds(segment: textprep.Segment, h: Translation) -> bool:
+    """Whether a translation holds each of its segment's glossary targets exactly as often as asked (glossary.holds)."""
+    from toolkit.core import glossary
+
+    return not h.stopped and glossary.holds(textprep.finish(segment, h.text), segment.forced.targets)
+
+
+def _unprotected(segment: textprep.Segment) -> bool:
+    """Whether a segment holds glossary terms but no placeholders to put them back (a model not trained on them)."""
+    return segment.forced is not None and not segment.spans
+
+
 def _constrained(t: TranslationModel, src: list[int], targets: list[str], opts: DecodeOptions, backend: object, rules) -> Hypothesis | None:
     """The best translation of src holding each target, by toolkit.core.constrained at FORCED_BEAM or the beam asked for."""
     from toolkit.core import constrained
 
-    terms = [constrained.term_forms(t.tokenizer, target) for target in targets]
+    terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in targets]
     if not all(forms[0] for forms in terms):
         return None
     limit = int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0])

@@ -17,7 +17,10 @@ toolkit.deploy.translate._forced); the test split's were used for nothing but th
 
 Each item is translated three ways (MODES): without a glossary (the model alone); by placeholders alone (mechanism
 (a): each term a placeholder put back as its target); and by tk's glossary (the terms as written, their targets forced
-in by constrained decoding where the model does not write them itself, placeholders where that fails its checks).
+in by constrained decoding where the model does not write them itself, placeholders where that fails its checks). A
+model not trained on placeholders (an import, `--model` of `tk export hf:DIR`) is translated the first and last ways:
+its glossary is constrained decoding alone, and "written" counts the sentences that got their targets that way (the
+others are reported, the model's own translation).
 
 Figures:
 - term rate: items whose output holds the wanted form exactly as often as the English holds the word (whole words,
@@ -126,6 +129,11 @@ def own_choices(translator, items: list[dict]) -> dict[str, str]:
 MODES = ("without", "placeholders", "glossary")  # the model alone; the glossary by placeholders alone (mechanism a); tk's
 
 
+def modes(translator) -> tuple[str, ...]:
+    """MODES, less placeholders for a model not trained on them (an import): its glossary is constrained decoding alone."""
+    return MODES if translator.manifest.declared().placeholders else ("without", "glossary")
+
+
 @contextlib.contextmanager
 def mode(name: str, counts: Counter):
     """tk's glossary as it is ("glossary": the terms as written, constrained decoding where the model does not write
@@ -210,13 +218,13 @@ def term_set(translator, corpus, only: str = "") -> dict:
         row: dict = {"items": len(kept), "terms": len({(i["term"], i["target"]) for i in kept})}
         for beam in (1, 4):
             outputs, row[f"beam{beam}"] = {}, {}
-            for how in MODES:
+            for how in modes(translator):
                 counts: Counter = Counter()
                 outputs[how] = translate_items(translator, kept, how, counts, beam=beam)
                 row[f"beam{beam}"][how] = {**scores(kept, outputs[how]), **({"written": f"{counts['written']}/{counts['wanted']}"}
                                                                             if how == "glossary" else {})}
             if beam == 1 and name == "test-reference":
-                out["examples"] = [{"en": i["en"], "asked": {i["term"]: i["target"]}, **{h: outputs[h][k] for h in MODES},
+                out["examples"] = [{"en": i["en"], "asked": {i["term"]: i["target"]}, **{h: outputs[h][k] for h in modes(translator)},
                                     "reference": i["refs"][0]} for k, i in enumerate(kept[:15])]
         out[name] = row
         print(name, json.dumps(row), flush=True)
@@ -230,9 +238,9 @@ def decode_time(translator, corpus) -> dict:
     items = sets["test-reference"] + sets["test-other"]
     out = {"sentences": len(items)}
     for beam in (1, 4):
-        times: dict[str, list[float]] = {how: [] for how in MODES}
+        times: dict[str, list[float]] = {how: [] for how in modes(translator)}
         for _ in range(3):
-            for how in MODES:
+            for how in modes(translator):
                 start = time.perf_counter()
                 translate_items(translator, items, how, beam=beam)
                 times[how].append(time.perf_counter() - start)

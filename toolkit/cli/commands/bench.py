@@ -18,6 +18,7 @@ from toolkit.cli.commands.options import (
     STREAMS,
     THREADS,
     provider_option,
+    read_glossary,
     runtime_option,
     writable_file,
 )
@@ -51,6 +52,8 @@ SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with
 @click.option("--reference", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="With --text: one reference translation per line, for the BLEU columns.")
 @click.option("--lines", type=click.IntRange(1, 100000), default=2000, show_default=True, help="With --text: first lines of the file translated.")
+@click.option("--glossary", type=click.Path(path_type=Path), metavar="FILE.tsv",
+              help="With --text: after each file row, tk with this glossary (tk translate --glossary) against tk without it.")
 @click.option("--requests", type=click.IntRange(1, 100000), default=200, show_default=True,
               help="With --text: sentences sent one call at a time for the single-request row.")
 @click.option("--peer", "peers", multiple=True, type=click.Choice(["transformers", "optimum"]),
@@ -103,6 +106,8 @@ def bench(**given):
     if o.text_path:
         writable_file(o.json_path, "--json")
         return _text(o)
+    if o.glossary:
+        raise UsageError("--glossary times tk with a glossary in the user-level comparison; add --text FILE")
     if o.peers or o.peer_python:
         raise UsageError("--peer and --peer-python time the Hugging Face peers in the user-level comparison; add --text FILE")
     if o.serve and set(o.runtimes) - {DEFAULT_RUNTIME}:
@@ -198,6 +203,7 @@ def _text(o: BenchOptions) -> None:
     from toolkit.bench import text as text_bench
     from toolkit.core.batching import cores, default_request_threads, default_streams, default_threads
 
+    terms = read_glossary(o.glossary, raw=False)
     sources, refs = text_bench.read_text(o.text_path, o.reference)
     sources, refs = sources[:o.lines], refs[:o.lines] if refs else None
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
@@ -205,7 +211,7 @@ def _text(o: BenchOptions) -> None:
          f"for a file, a decoder on {default_request_threads()} thread(s) for a single request")
     rows = text_bench.bench_text(o.model_dir, sources, refs, tuple(o.variants) or ("fp32", "int8"), tuple(o.beams) or (1, 4),
                                  min(o.requests, len(sources)), o.repeat, peers=tuple(dict.fromkeys(o.peers)),
-                                 peer_python=str(o.peer_python) if o.peer_python else None, echo=echo)
+                                 peer_python=str(o.peer_python) if o.peer_python else None, echo=echo, glossary=terms)
     click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
     click.echo(text_bench.table(rows))
     write_json(o.json_path, [{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}} for r in rows])

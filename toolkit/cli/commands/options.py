@@ -16,7 +16,6 @@ import click
 from toolkit.core.atomic import check_output_path
 from toolkit.core.decode_options import MAX_BEAM, MAX_CLI_BATCH, MAX_STREAMS, MAX_THREADS, Declared, declared
 from toolkit.core.engines import PROVIDERS
-from toolkit.core.errors import UsageError
 from toolkit.core.shipped import default_model
 from toolkit.core.variants import NAMES
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
@@ -104,15 +103,14 @@ TEXT = option_group(
 
 def read_glossary(path: Path | None, raw: bool, m=None):
     """The --glossary file (TEXT's), read and checked before the model loads or Ray starts (a bad line is one line naming
-    it), or None; m: the model's manifest, where it is known by then (tk translate-corpus), whose tokenizer must copy
-    placeholders."""
+    it), or None; m: the model's manifest, where it is known by then (tk translate-corpus), checked as translation
+    checks it (toolkit.deploy.translate.check_glossary)."""
     if path is None:
         return None
-    if raw:
-        raise UsageError("--glossary puts terms in with tk's placeholders, which --raw turns off; drop --raw")
-    if m is not None and not m.declared().placeholders:
-        raise UsageError(f"--glossary puts terms in with tk's placeholders, which this {m.model} model was not trained to copy")
     from toolkit.core import glossary
+    from toolkit.deploy.translate import check_glossary
+
+    check_glossary(m, not raw)
 
     return glossary.load(path)
 
