@@ -19,7 +19,7 @@ import numpy as np
 from toolkit.core.errors import UsageError
 
 FILE = "shortlist.npz"  # in the model directory, recorded in manifest.json ("shortlist")
-PER_TOKEN = 50  # candidates kept per source token (Marian's default shortlist keeps 50 of 100 best translations)
+PER_TOKEN = 100  # candidates kept per source token (as Marian's usual `--shortlist lex.s2t 100 100`)
 FREQUENT = 100  # most frequent target tokens always allowed
 
 

@@ -1,0 +1,70 @@
+"""The lexical shortlist (toolkit.core.shortlist): stored by `tk export DIR --shortlist FILE`, decoded over by
+Translator(shortlist=True), each sentence over its own candidates, the same alone as in any batch."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from toolkit.convert.shortlist import store
+from toolkit.core import shortlist
+from toolkit.deploy.api import Translator
+
+SENTENCES = ["I gave up.", "Tom is very tall.", "Where is the station?", "She likes green apples.",
+             "We will go to Paris tomorrow.", "The dog is sleeping.", "Can you help me?", "I don't know."]
+TRAINING = ["I gave up.", "Tom is tall.", "Where is the bank?", "She likes apples.", "We will go home.",
+            "The cat is sleeping.", "Can you see me?", "I know.", "It is green.", "Paris is big.", "He is very kind.",
+            "The station is near.", "I like dogs.", "They went to Paris.", "Help!", "Tomorrow is Sunday."]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The shipped model with a tight shortlist (3 candidates per source token, 5 frequent): rows of one batch then
+    have very different candidate sets, so a row that saw the batch's union would translate differently."""
+    directory = tmp_path_factory.mktemp("shortlist") / "transformer"
+    shutil.copytree(REPO / "exported" / "transformer", directory)
+    text = directory.parent / "training.txt"
+    text.write_text("\n".join(TRAINING) + "\n", encoding="utf-8")
+    store(directory, text, lambda m: None, per_token=3, frequent=5)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def shortlisted(model):
+    return Translator(model, provider="cpu", variant="fp32", shortlist=True)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_sentence_gets_the_same_tokens_alone_and_in_any_batch(shortlisted, beam):
+    alone = [shortlisted.translate_batch([s], beam=beam, streams=1)[0][0].text for s in SENTENCES]
+    together = [n[0].text for n in shortlisted.translate_batch(SENTENCES, beam=beam, batch_size=64, streams=1)]
+    reversed_ = [n[0].text for n in shortlisted.translate_batch(SENTENCES[::-1], beam=beam, batch_size=64, streams=1)][::-1]
+    pairs = [n[0].text for n in shortlisted.translate_batch(SENTENCES, beam=beam, batch_size=2, streams=1)]
+    assert together == alone
+    assert reversed_ == alone
+    assert pairs == alone
+
+
+def test_the_batch_is_not_what_each_row_may_emit(model, shortlisted):
+    """What makes the test above able to fail: the candidates of a sentence alone are fewer than its batch's union,
+    and the shortlist changes what the model writes."""
+    table = shortlist.load(model / shortlist.FILE)
+    ids = shortlisted.loaded.tokenizer.encode(SENTENCES)
+    width = max(map(len, ids))
+    src = np.array([s + [0] * (width - len(s)) for s in ids])
+    union, allowed = table.candidates(src, np.array(list(map(len, ids))))
+    assert (allowed.sum(1) < len(union)).all()
+    alone, _ = table.candidates(src[:1], np.array([len(ids[0])]))
+    assert np.array_equal(union[allowed[0]], alone)
+    plain = Translator(model, provider="cpu", variant="fp32").translate(SENTENCES)
+    assert plain != shortlisted.translate(SENTENCES)
+
+
+def test_a_directory_without_a_shortlist_is_one_line():
+    from toolkit.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="stores no shortlist; make one with `tk export .* --shortlist FILE`"):
+        Translator(REPO / "exported" / "transformer", provider="cpu", variant="fp32", shortlist=True)
