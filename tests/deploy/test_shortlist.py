@@ -68,3 +68,29 @@ def test_a_directory_without_a_shortlist_is_one_line():
 
     with pytest.raises(UsageError, match="stores no shortlist; make one with `tk export .* --shortlist FILE`"):
         Translator(REPO / "exported" / "transformer", provider="cpu", variant="fp32", shortlist=True)
+
+
+def test_verify_refuses_a_bad_shortlist_naming_the_sentences_it_changes(model, corpus_zip, cli):
+    result = cli("verify", model, "--shortlist", "--sentences", 40, "--data", corpus_zip)
+    assert result.exit_code == 1, result.output
+    assert "shortlist refused: " in result.output and "under the 99.5% required" in result.output
+    assert "  sentence " in result.output  # each changed translation: its number, source, without -> with
+
+
+def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip):
+    """Every token always allowed: the shortlisted output layer computes what the whole one does, so every translation
+    is identical and the guard passes (the guard refuses by what changed, not by the shortlist's existence)."""
+    from toolkit.core import manifest
+    from toolkit.core.digests import file_sha256
+    from toolkit.verify import shortlist as guard
+
+    directory = tmp_path / "transformer"
+    shutil.copytree(REPO / "exported" / "transformer", directory)
+    vocab = manifest.load(directory).config["vocab_size"]
+    table = shortlist.Shortlist(np.zeros(2, np.int64), np.zeros(0, np.int32), np.arange(vocab, dtype=np.int32))
+    (directory / shortlist.FILE).write_bytes(table.to_bytes())
+    with manifest.updating(directory) as m:
+        m.shortlist = manifest.ShortlistRecord(shortlist.FILE, file_sha256(directory / shortlist.FILE), "every token", 0, vocab)
+    verdict = guard.check(directory, sentences=40, data=corpus_zip)
+    assert verdict.identical == verdict.sentences == 40 and verdict.problems == []
+    assert verdict.shortlisted == verdict.plain
