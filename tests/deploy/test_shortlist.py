@@ -4,6 +4,7 @@ Translator(shortlist=True), each sentence over its own candidates, the same alon
 from __future__ import annotations
 
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -94,3 +95,25 @@ def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip):
     verdict = guard.check(directory, sentences=40, data=corpus_zip)
     assert verdict.identical == verdict.sentences == 40 and verdict.problems == []
     assert verdict.shortlisted == verdict.plain
+
+
+def test_serve_shortlist_answers_what_each_sentence_gets_alone(model, shortlisted):
+    """tk serve --shortlist: the requests' sentences batched together, each translated as it is alone."""
+    pytest.importorskip("httpx", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from toolkit.cli.commands.serve import served_models
+    from toolkit.serve.app import ServeConfig, create_app
+
+    specs, _ = served_models((str(model),), "cpu", "fp32", None, "onnxruntime", {"source_lang": None, "target_lang": None},
+                             shortlist=True)
+    assert "shortlist" in specs[0].description
+    alone = [shortlisted.translate([s])[0] for s in SENTENCES]
+    with TestClient(create_app(specs, ServeConfig(allowed_hosts=("testserver",)))) as client:
+        for _ in range(3000):
+            if client.get("/ready").status_code == 200:
+                break
+            threading.Event().wait(0.01)
+        answer = client.post("/v1/translate", json={"text": SENTENCES})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["translations"] == alone
