@@ -78,9 +78,11 @@ def test_verify_refuses_a_bad_shortlist_naming_the_sentences_it_changes(model, c
     assert "  sentence " in result.output  # each changed translation: its number, source, without -> with
 
 
-def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip):
-    """Every token always allowed: the shortlisted output layer computes what the whole one does, so every translation
-    is identical and the guard passes (the guard refuses by what changed, not by the shortlist's existence)."""
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip, variant):
+    """Every token always allowed: the shortlisted output layer computes what the variant's whole one does (int8's from
+    its own int8 weights and scales), so every translation is identical and the guard passes (the guard refuses by what
+    changed, not by the shortlist's existence)."""
     from toolkit.core import manifest
     from toolkit.core.digests import file_sha256
     from toolkit.verify import shortlist as guard
@@ -92,7 +94,7 @@ def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip):
     (directory / shortlist.FILE).write_bytes(table.to_bytes())
     with manifest.updating(directory) as m:
         m.shortlist = manifest.ShortlistRecord(shortlist.FILE, file_sha256(directory / shortlist.FILE), "every token", 0, vocab)
-    verdict = guard.check(directory, sentences=40, data=corpus_zip)
+    verdict = guard.check(directory, variant, sentences=40, data=corpus_zip)
     assert verdict.identical == verdict.sentences == 40 and verdict.problems == []
     assert verdict.shortlisted == verdict.plain
 

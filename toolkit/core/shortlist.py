@@ -34,17 +34,19 @@ class Shortlist:
     def candidates(self, src: np.ndarray, src_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For a padded batch (rows, len) and its lengths: the union of the rows' candidates (sorted ids) and which of
         them each row may emit ((rows, union) bool). A row's own set depends on its own tokens alone."""
-        own = []
-        for row, n in zip(src, src_len):
-            tokens = np.unique(row[: int(n)])
-            tokens = tokens[(tokens >= 0) & (tokens < len(self.offsets) - 1)]
-            lists = [self.targets[self.offsets[t]: self.offsets[t + 1]] for t in tokens]
-            own.append(np.unique(np.concatenate([self.always, *lists])))
-        union = np.unique(np.concatenate(own))
-        allowed = np.zeros((len(own), len(union)), dtype=bool)
-        for i, ids in enumerate(own):
-            allowed[i, np.searchsorted(union, ids)] = True
-        return union.astype(np.int64), allowed
+        rows, width = src.shape
+        vocab = len(self.offsets) - 1
+        mine = (np.arange(width)[None, :] < np.asarray(src_len)[:, None]) & (src >= 0) & (src < vocab)
+        row_of, token = np.nonzero(mine)[0], src[mine]
+        counts = self.offsets[token + 1] - self.offsets[token]
+        # Each (row, listed token) pair, its list's entries laid out one after another.
+        at = np.repeat(self.offsets[token] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        top = max(vocab, int(self.always.max(initial=-1)) + 1, int(self.targets.max(initial=-1)) + 1)
+        allowed = np.zeros((rows, top), dtype=bool)
+        allowed[np.repeat(row_of, counts), self.targets[at]] = True
+        allowed[:, self.always] = True
+        union = np.flatnonzero(allowed.any(0))
+        return union.astype(np.int64), allowed[:, union]
 
     def to_bytes(self) -> bytes:
         out = io.BytesIO()

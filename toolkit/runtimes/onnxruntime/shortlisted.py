@@ -1,9 +1,9 @@
 """Decoding over a lexical shortlist on ONNX Runtime's CPU provider (toolkit.core.shortlist says what and why).
 
-A batch's candidates are found from its padded source ids when it is encoded; the output layer's weight rows of their
-union are gathered then, once, into the state as `shortlist_weight` (hidden, k), which every step feeds to the
-shortlisted decoder (toolkit.graphs.shortlist) as it is, and `shortlist_bias` (rows, k) masks each row to its own
-sentence's candidates. That bias has a row per decoder row, so it leaves with a finished row and follows its beam
+A batch's candidates are found from its padded source ids when it is encoded; the output layer's weights of their union
+(the variant's own, int8 ones included) are gathered then, once, into the state, which every step feeds to the
+shortlisted decoder (toolkit.graphs.shortlist) as it is, and `shortlist_mask` (rows, k) masks each row to its own
+sentence's candidates. That mask has a row per decoder row, so it leaves with a finished row and follows its beam
 (select, reorder_beams) as the encoder's outputs do; the steps' indices into the union map back to vocabulary ids.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,35 +21,36 @@ from toolkit.core.decoding import ReorderMemory, next_host_state, reorder_rows, 
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.graphs import shortlist as graph_mod
-from toolkit.graphs.shortlist import BIAS, WEIGHT
+from toolkit.graphs.shortlist import MASK
 from toolkit.runtimes.onnxruntime.backend import OrtBackend, direct_run
 
 IDS = "shortlist_ids"  # the union's vocabulary ids, carried in the state for the steps' indices; not fed to the graph
 
 
-@dataclass(frozen=True)
+@dataclass
 class Shortlisting:
-    """What a load with the shortlist needs: the table, the fp32 decoder's output layer and its weights."""
+    """What a load with the shortlist needs: the table, the vocabulary's size and, once the decoder is rewritten
+    (graph), the weights its inputs gather from: (input name, the whole weight, the axis of the vocabulary)."""
 
     table: table_mod.Shortlist
-    layer: graph_mod.OutputLayer
-    weight: np.ndarray  # (vocabulary, hidden) float32
-    bias: np.ndarray  # (vocabulary,) float32
+    vocab: int
+    weights: list[tuple[str, np.ndarray, int]] = field(default_factory=list)
 
     def graph(self, source: Path | bytes) -> bytes:
-        return graph_mod.shortlisted(source, self.layer)
+        graph, self.weights = graph_mod.shortlisted(source, self.vocab)
+        return graph
 
 
 def prepare(m: Manifest) -> Shortlisting:
-    """The directory's stored shortlist and its decoder's output layer; one line when it stores none."""
-    import onnx
-
+    """The directory's stored shortlist; one line when it stores none."""
     if m.shortlist is None:
         raise UsageError(f"{m.directory} stores no shortlist; make one with `tk export {m.directory} --shortlist FILE`")
-    fp32 = m.graph_path("decoder")
-    layer = graph_mod.output_layer(onnx.load(fp32, load_external_data=False))
-    weight, bias = graph_mod.output_weights(fp32, layer)
-    return Shortlisting(table_mod.load(m.directory / m.shortlist.file), layer, weight, bias)
+    vocab = next(t.dims[-1] for t in m.specs()["decoder"].outputs if t.name == graph_mod.OUTPUT)
+    table = table_mod.load(m.directory / m.shortlist.file)
+    if max(table.targets.max(initial=0), table.always.max(initial=0)) >= vocab:
+        raise UsageError(f"{m.directory / m.shortlist.file} lists tokens past the model's {vocab:,}; make it again for this model "
+                         f"with `tk export {m.directory} --shortlist FILE`")
+    return Shortlisting(table, int(vocab))
 
 
 class ShortlistBackend(OrtBackend):
@@ -58,16 +59,17 @@ class ShortlistBackend(OrtBackend):
     def __init__(self, encoder, decoder, encoder_spec, decoder_spec, shortlisting: Shortlisting, stream_sessions=None):
         super().__init__(encoder, decoder, encoder_spec, decoder_spec, io_binding=False, stream_sessions=stream_sessions)
         self.shortlisting = shortlisting
-        self.batch_axis = {**self.batch_axis, BIAS: 0}
-        self._select_keep = frozenset({WEIGHT, IDS})
-        self._beams_keep = decoder_spec.constant_inputs | {WEIGHT, IDS, BIAS}  # the bias is the same on a sentence's rows
+        self.batch_axis = {**self.batch_axis, MASK: 0}
+        weights = {name for name, _, _ in shortlisting.weights}
+        self._select_keep = frozenset({*weights, IDS})
+        self._beams_keep = decoder_spec.constant_inputs | {*weights, IDS, MASK}  # the mask is the same on a sentence's rows
 
     def encode(self, src: np.ndarray, src_len: np.ndarray):
         state = super().encode(src, src_len)
-        s = self.shortlisting
-        ids, allowed = s.table.candidates(src, src_len)
-        state[WEIGHT] = np.ascontiguousarray(s.weight[ids].T)  # once per batch: every step feeds this same array
-        state[BIAS] = np.where(allowed, s.bias[ids][None, :], np.float32(-np.inf)).astype(np.float32)
+        ids, allowed = self.shortlisting.table.candidates(src, src_len)
+        for name, weight, axis in self.shortlisting.weights:  # once per batch: every step feeds these same arrays
+            state[name] = np.ascontiguousarray(np.take(weight, ids, axis=axis))
+        state[MASK] = np.where(allowed, np.float32(0), np.float32(-np.inf))
         state[IDS] = ids
         return state
 
@@ -78,7 +80,7 @@ class ShortlistBackend(OrtBackend):
 
     def step(self, token: np.ndarray, state) -> tuple[np.ndarray, dict]:
         log_probs, new_state = self._run_host(token, state)
-        full = np.full((len(log_probs), len(self.shortlisting.bias)), -np.inf, dtype=np.float32)
+        full = np.full((len(log_probs), self.shortlisting.vocab), -np.inf, dtype=np.float32)
         full[:, state[IDS]] = log_probs
         return full, new_state
 
