@@ -1,8 +1,9 @@
 """The shortlisted decoder: a decoder graph whose output layer reads a batch's candidate columns from its inputs.
 
 The exported decoder ends in log_softmax over the whole vocabulary of an output layer: in fp32 hidden @ W + b, in the
-int8 variant the same with W's int8 rows, their scales and zero points. Rewritten, every weight of that layer with a
-vocabulary axis (W, b, the scales...) becomes an input that takes only a batch's candidate columns, gathered once per
+int8 variant the same with W's int8 rows, their scales and zero points (an import adds a mask of the tokens it may
+never emit after it). Rewritten, every weight of that layer with a vocabulary axis (W, b, the scales, that mask)
+becomes an input that takes only a batch's candidate columns, gathered once per
 batch, and `shortlist_mask` (rows, k) adds -inf where a row's own sentence may not emit the column, so each row's
 log-softmax runs over its own sentence's candidates only (toolkit.core.shortlist). The layer computes what the
 variant's own computes, at its precision, on the columns it is given. Onnx and numpy only: the deploy path builds it
@@ -39,16 +40,17 @@ def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[tuple[str
     for node in graph.node:
         if node.op_type != "Gather" and any(i in wide for i in node.input):
             wide.update(node.output)
-    last = next((n for n in graph.node if OUTPUT in n.output), None)
-    if last is None or last.op_type != "LogSoftmax" or last.input[0] not in wide:
-        raise UsageError("--shortlist needs a decoder that ends in a log-softmax over its output layer; this one does not")
     producer = {o: n for n in graph.node for o in n.output}
-    layer, todo = [], [last.input[0]]
+    # The output layer: what log_probs reads back to the hidden state (through the tensors a wide weight reaches).
+    layer, todo = [], [OUTPUT]
     while todo:
         node = producer.get(todo.pop())
         if node is not None and node not in layer:
             layer.append(node)
             todo.extend(i for i in node.input if i in wide and i not in axis)
+    softmax = [n for n in layer if n.op_type == "LogSoftmax"]
+    if OUTPUT not in wide or len(softmax) != 1:
+        raise UsageError("--shortlist needs a decoder that ends in a log-softmax over its output layer; this one does not")
     inputs = []
     for node in layer:
         for k, name in enumerate(node.input):
@@ -60,8 +62,8 @@ def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[tuple[str
         dims = [d if i != at else "shortlist" for i, d in enumerate(array.shape)]
         graph.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), dims))
     graph.input.append(helper.make_tensor_value_info(MASK, onnx.TensorProto.FLOAT, ["batch", "shortlist"]))
-    graph.node.append(helper.make_node("Add", [last.input[0], MASK], ["shortlist_logits"], name="shortlist_mask_add"))
-    last.input[0] = "shortlist_logits"
+    graph.node.append(helper.make_node("Add", [softmax[0].input[0], MASK], ["shortlist_logits"], name="shortlist_mask_add"))
+    softmax[0].input[0] = "shortlist_logits"
     out = next(o for o in graph.output if o.name == OUTPUT)
     out.type.tensor_type.shape.dim[-1].Clear()
     out.type.tensor_type.shape.dim[-1].dim_param = "shortlist"
