@@ -68,6 +68,9 @@ def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[tuple[str
     out.type.tensor_type.shape.dim[-1].Clear()
     out.type.tensor_type.shape.dim[-1].dim_param = "shortlist"
     _prune(graph)
+    if model.ByteSize() >= 2**31:  # one protobuf message holds at most 2 GB
+        raise UsageError("--shortlist rewrites the decoder in memory, and this one holds over 2 GB of weights; "
+                         "decode it without --shortlist")
     return model.SerializeToString(), inputs
 
 

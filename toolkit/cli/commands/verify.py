@@ -66,9 +66,8 @@ from toolkit.core.variants import NAMES
 @click.option("--min-identical", type=click.FloatRange(0.0, 1.0), default=0.995, show_default=True,
               help="With --shortlist: the share of translations it must leave identical.")
 @LANGUAGES
-def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, max_len, full, data_path, json_path, record,
-           checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir, shortlist, min_identical,
-           languages, strict):
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, max_len, full, data_path, json_path, record, checkpoint_path,
+           int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir, shortlist, min_identical, languages, strict):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure (an imported model's
     generate that fails inside transformers: a warning, the checks that ran decide; --strict fails).
 
@@ -86,10 +85,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     writable_file(json_path, "--json")
     writable_file(localize_plot, "--localize-plot")
     if shortlist:
-        if len(variants) > 1 or hf_dir is not None:
-            raise UsageError("--shortlist checks the shortlist on one variant; give at most one --variant, without --to-hf")
-        return _verify_shortlist(model_dir, variants[0] if variants else "fp32", 1000 if sentences is None else sentences,
-                                 data_path, min_identical)
+        return _verify_shortlist(model_dir, variants, sentences, data_path, min_identical, hf_dir)
     if hf_dir is not None:
         if max_len is not None or full:
             raise UsageError("--to-hf runs its own checks; drop --max-len and --full")
@@ -134,10 +130,14 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     raise_on_failure(report)
 
 
-def _verify_shortlist(model_dir: Path, variant: str, sentences: int, data_path, min_identical: float) -> None:
+def _verify_shortlist(model_dir: Path, variants: tuple[str, ...], sentences: int | None, data_path, min_identical: float,
+                      hf_dir: Path | None) -> None:
     from toolkit.verify import shortlist
 
-    verdict = shortlist.check(model_dir, variant, sentences, data_path, min_identical)
+    if len(variants) > 1 or hf_dir is not None:
+        raise UsageError("--shortlist checks the shortlist on one variant; give at most one --variant, without --to-hf")
+    verdict = shortlist.check(model_dir, variants[0] if variants else "fp32", shortlist.SENTENCES if sentences is None else sentences,
+                              data_path, min_identical)
     for line in shortlist.render(verdict):
         click.echo(line)
     if verdict.problems:
