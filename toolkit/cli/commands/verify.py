@@ -21,6 +21,8 @@ from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
 
 
+# Over 60 lines: one command routing to three checks (the graphs', --to-hf's and --shortlist's) with every option
+# declared on it; split, each piece would take most of its arguments.
 @click.command(cls=TakesModel)
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @provider_option("cpu", also=("all",))
