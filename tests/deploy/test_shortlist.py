@@ -119,3 +119,18 @@ def test_serve_shortlist_answers_what_each_sentence_gets_alone(model, shortliste
         answer = client.post("/v1/translate", json={"text": SENTENCES})
     assert answer.status_code == 200, answer.text
     assert answer.json()["translations"] == alone
+
+
+def test_tk_translate_shortlist_writes_what_the_api_gives(model, shortlisted, cli):
+    result = cli("translate", "--model", model, "--variant", "fp32", "--shortlist", "-q", *SENTENCES[:4])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == shortlisted.translate(SENTENCES[:4])
+
+
+def test_export_shortlist_is_for_an_exported_directory_alone(cli, tmp_path):
+    text = tmp_path / "pairs.tsv"
+    text.write_text("Hello.\tBonjour.\n", encoding="utf-8")
+    result = cli("export", tmp_path, "--shortlist", text)
+    assert result.exit_code != 0 and "tk export DIR --shortlist FILE" in result.output
+    result = cli("export", REPO / "exported" / "transformer", "--shortlist", text, "--quantize", "int8")
+    assert result.exit_code != 0 and "alone" in result.output
