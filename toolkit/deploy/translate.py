@@ -87,7 +87,8 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
             raise UsageError("--shortlist decodes with the exported graphs; drop --backend torch")
         return TranslationModel(m, tokenizer, reference(m), "torch", time.perf_counter() - start, runtime=None)
     spec = get(runtime)
-    provider = spec.default_provider() if provider is None else provider
+    if provider is None:  # the shortlist decodes on CPU (toolkit.runtimes.onnxruntime.shortlisted)
+        provider = "cpu" if shortlist else spec.default_provider()
     variant = spec.default_variant(provider, m) if variant is None else variant
     request_threads = None
     if threads is None:
