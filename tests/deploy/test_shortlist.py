@@ -134,3 +134,11 @@ def test_export_shortlist_is_for_an_exported_directory_alone(cli, tmp_path):
     assert result.exit_code != 0 and "tk export DIR --shortlist FILE" in result.output
     result = cli("export", REPO / "exported" / "transformer", "--shortlist", text, "--quantize", "int8")
     assert result.exit_code != 0 and "alone" in result.output
+
+
+def test_a_runtime_that_cannot_decode_over_a_shortlist_says_so(model):
+    from toolkit.core.errors import UsageError
+
+    pytest.importorskip("ctranslate2")
+    with pytest.raises(UsageError, match="runtime 'ctranslate2' cannot decode over a shortlist; use --runtime onnxruntime"):
+        Translator(model, runtime="ctranslate2", shortlist=True)
