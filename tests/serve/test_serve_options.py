@@ -12,8 +12,8 @@ from toolkit.serve.app import ServeConfig  # noqa: E402
 from toolkit.serve.batcher import BatchPolicy  # noqa: E402
 from toolkit.serve.options import LIMITS, LOADING, RAY_ARGUMENTS, fields  # noqa: E402
 
-# tk serve's options that are its own (where it listens, how it runs), not a RayService's
-SERVE_ONLY = {"host", "port", "no_batching", "api_keys", "on_ray", "ray_address", "body_timeout_s", "header_timeout_s"}
+# tk serve's options that are its own (where it listens, how it runs; the shortlist, on this machine), not a RayService's
+SERVE_ONLY = {"host", "port", "no_batching", "api_keys", "on_ray", "ray_address", "body_timeout_s", "header_timeout_s", "shortlist"}
 
 
 def test_tk_serve_makes_its_limit_options_from_the_declaration_and_takes_every_rayservice_argument():

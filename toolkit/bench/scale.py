@@ -41,13 +41,18 @@ from toolkit.runtimes.ctranslate2.engine import available as ct2_available
 
 ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers",
            # On a GPU (scale_worker says why where CUDA cannot be used): fp32 and half precision.
-           "tk-cuda-fp32", "tk-cuda-fp16", "ct2-cuda-fp32", "ct2-cuda-fp16", "transformers-cuda", "transformers-cuda-fp16")
+           "tk-cuda-fp32", "tk-cuda-fp16", "ct2-cuda-fp32", "ct2-cuda-fp16", "transformers-cuda", "transformers-cuda-fp16",
+           # Over one vocabulary shortlist (scale_shortlist): tk's, each sentence over its own candidates, and CTranslate2's vmap.
+           "tk-fp32-shortlist", "tk-int8-shortlist", "ct2-fp32-vmap", "ct2-int8-vmap")
 # The table's ratios and token identities, each shown where both engines ran: (label, engine, against).
 RATIOS = (("tk/CT2 fp32", "tk-fp32", "ct2-fp32"), ("tk/CT2 int8", "tk-int8", "ct2-int8"),
           ("tk fp32/Optimum", "tk-fp32", "optimum"), ("tk/CT2 cuda fp32", "tk-cuda-fp32", "ct2-cuda-fp32"),
           ("tk/CT2 cuda fp16", "tk-cuda-fp16", "ct2-cuda-fp16"),
           ("tk/transformers cuda fp32", "tk-cuda-fp32", "transformers-cuda"),
-          ("tk/transformers cuda fp16", "tk-cuda-fp16", "transformers-cuda-fp16"))
+          ("tk/transformers cuda fp16", "tk-cuda-fp16", "transformers-cuda-fp16"),
+          ("tk shortlist/tk fp32", "tk-fp32-shortlist", "tk-fp32"), ("tk shortlist/tk int8", "tk-int8-shortlist", "tk-int8"),
+          ("tk shortlist/CT2 vmap fp32", "tk-fp32-shortlist", "ct2-fp32-vmap"),
+          ("tk shortlist/CT2 vmap int8", "tk-int8-shortlist", "ct2-int8-vmap"))
 SAME = (("tk fp32 = transformers", "tk-fp32", "transformers"), ("CT2 fp32 = transformers", "ct2-fp32", "transformers"),
         ("tk cuda fp32 = transformers cuda", "tk-cuda-fp32", "transformers-cuda"),
         ("tk cuda fp32 = transformers (cpu)", "tk-cuda-fp32", "transformers"))
@@ -151,9 +156,10 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None], int8: bool = True) -> dict[str, Step]:
+def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None], int8: bool = True,
+            shortlist: bool = False) -> dict[str, Step]:
     """The model in every form the engines read, each step once per work directory: returns every step's cost (a step
-    done in an earlier run keeps the figures measured then). `int8`, `ct2`: whether any engine reads those copies.
+    done in an earlier run keeps the figures measured then). `int8`, `ct2`, `shortlist`: whether any engine reads those.
     A step not recorded as done (a run killed in it) is done again: what it writes from nothing is removed first."""
     record = _work_dir(work, shape)
     py, cli = sys.executable, "from toolkit.cli import main; main()"
@@ -168,6 +174,9 @@ def prepare(shape: Shape, work: Path, ct2: bool, echo: Callable[[str], None], in
     if ct2:
         convert = f"from ctranslate2.converters import TransformersConverter; TransformersConverter({str(hf)!r}).convert({str(work / 'ct2')!r})"
         steps.append(("CTranslate2 TransformersConverter", [py, "-c", convert], work / "ct2", True))
+    if shortlist:  # one table for both engines (scale_shortlist); after the copies it is written into
+        steps.append((f"synthetic shortlist for tk{' and vmap for CTranslate2' if ct2 else ''}",
+                      [py, "-m", "toolkit.bench.scale_shortlist", str(tk), *([str(work / "ct2")] if ct2 else [])], tk, False))
     done = {name: Step(**step) for name, step in record["steps"].items()}  # an earlier run's steps are still reported
     for name, cmd, out, fresh in steps:
         if name not in record["steps"]:
@@ -386,7 +395,8 @@ def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 3
         unavailable = {e: f"ctranslate2 is not installed for {sys.executable} (pip install 'tk-onnx-deploy[ct2]')"
                        for e in engines if e.startswith("ct2")}
     steps = prepare(shape, work, any(e.startswith("ct2") for e in engines) and not unavailable, echo,
-                    int8=any(e.startswith("tk-int8") for e in engines))
+                    int8=any(e.startswith("tk-int8") for e in engines),
+                    shortlist=any(e.endswith(("-shortlist", "-vmap")) for e in engines))
     config = json.loads((work / "hf" / "config.json").read_text(encoding="utf-8"))
     src = sources(max(r.sentences for r in rows), 24, shape.vocab, config["eos_token_id"], config["pad_token_id"])
     echo(f"{shape.name}: {shape.parameters() / 1e6:.1f}M weights; {len(src)} sources of 24 tokens; every engine decodes "

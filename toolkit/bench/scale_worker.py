@@ -39,7 +39,7 @@ def parse(engine: str) -> tuple[str, str, str]:
 
 
 class _Tk:
-    def __init__(self, model: str, device: str, precision: str, threads: int, tokens: int):
+    def __init__(self, model: str, device: str, precision: str, threads: int, tokens: int, shortlist: bool = False):
         from toolkit.core import manifest
         from toolkit.runtimes import registry
 
@@ -48,7 +48,7 @@ class _Tk:
         variant = registry.get(registry.DEFAULT).default_variant(device, self.m) if precision == "fp32" else precision
         self.streams = 1
         if device == "cuda":  # the provider's own threads; a missing CUDA provider is an error, never a CPU run
-            self.loaded = registry.load(self.m, registry.DEFAULT, "cuda", variant)
+            self.loaded = registry.load(self.m, registry.DEFAULT, "cuda", variant, shortlist=shortlist)
             self.threads = "CUDA provider, 1 stream"
         else:
             # As `tk translate` runs on `threads` cores (batching.default_threads and default_request_threads): several
@@ -56,7 +56,7 @@ class _Tk:
             # batch decodes on every core, the decoder session's workers spinning between the steps of the call.
             self.streams = max(1, min(threads, 4))
             self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=max(1, threads // self.streams),
-                                        request_threads=min(threads, 4))
+                                        request_threads=min(threads, 4), shortlist=shortlist)
             self.threads = (f"{self.streams} streams x {max(1, threads // self.streams)} intra-op threads for several batches; "
                             f"{min(threads, 4)} spinning decoder threads for a call of one batch")
         self.backend = self.loaded.backend()
@@ -74,12 +74,12 @@ class _Tk:
 
 
 class _Ct2:
-    def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int, pause: float):
+    def __init__(self, model: str, device: str, compute_type: str, threads: int, tokens: int, pause: float, vmap: bool = False):
         import ctranslate2
 
         from toolkit.runtimes.ctranslate2.engine import gemm_backends
 
-        self.pause = pause
+        self.pause, self.vmap = pause, vmap  # vmap: its vocabulary map (vmap.txt in the model, scale_shortlist)
         # Its two ways of using the cores, each row timed with both and the faster kept (its best threads): one batch
         # at a time on every core (intra_threads), or batches side by side, one core each (inter_threads).
         ways = [(threads, 1)] + ([(1, threads)] if device == "cpu" and threads > 1 else [])
@@ -99,7 +99,7 @@ class _Ct2:
         translator = translator or next(iter(self.translators.values()))
         results = translator.translate_batch([[self.pieces[t] for t in s] for s in src], max_batch_size=batch,
                                              batch_type="examples", beam_size=beam, min_decoding_length=self.tokens,
-                                             max_decoding_length=self.tokens, length_penalty=1.0)
+                                             max_decoding_length=self.tokens, length_penalty=1.0, use_vmap=self.vmap)
         return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
 
     def timed(self, src: list[list[int]], batch: int, beam: int, per_call: bool) -> dict:
@@ -166,10 +166,10 @@ def load(request: dict):
     engine, model, threads, tokens = request["engine"], request["model"], request["threads"], request["tokens"]
     kind, device, precision = parse(engine)
     if kind == "tk":
-        return _Tk(model, device, precision, threads, tokens)
+        return _Tk(model, device, precision, threads, tokens, shortlist=engine.endswith("-shortlist"))
     if kind == "ct2":
         return _Ct2(model, device, {"fp32": "float32", "fp16": "float16", "int8": "int8"}[precision], threads, tokens,
-                    request["pause"])  # the driver's (scale.PAUSE_S, or a test's)
+                    request["pause"], vmap=engine.endswith("-vmap"))  # pause: the driver's (scale.PAUSE_S, or a test's)
     return _Generate(engine, model, threads, tokens, request.get("work"))
 
 

@@ -117,6 +117,20 @@ class ConversionRecord:
     command: str | None = None
 
 
+@dataclass
+class ShortlistRecord:
+    """A lexical shortlist stored beside the graphs (`tk export DIR --shortlist FILE`; toolkit.core.shortlist): its
+    file, how it was made, and its sizes."""
+
+    file: str
+    sha256: str
+    made_from: str  # the text it was estimated from: "FILE (N sentences, the model's own translations)"
+    per_token: int
+    frequent: int
+    sizes: dict | None = None
+    command: str | None = None
+
+
 # JSON key -> field name where the two differ (a method or a clearer name took the key).
 RENAMED = {"variants": "stored", "verify": "verification"}
 
@@ -148,6 +162,7 @@ class Manifest:
     # How far to trust each translation (toolkit.core.confidence): the map `tk evaluate --calibrate` fitted on held-out
     # sentences; None: the uncalibrated default.
     confidence: dict | None = None
+    shortlist: ShortlistRecord | None = None  # candidates per source token (`tk translate --shortlist`)
     opset: int | None = None
     versions: dict | None = None
     export_command: str | None = None
@@ -275,6 +290,8 @@ class Manifest:
             out.update({f.file: f.sha256 for f in c.files.values()})
         if self.tokenizer:
             out[self.tokenizer.file] = self.tokenizer.sha256
+        if self.shortlist:
+            out[self.shortlist.file] = self.shortlist.sha256
         return out
 
 
@@ -494,8 +511,8 @@ def schema_problem(data: dict) -> str | None:
     problem = _variants_problem(data.get("variants", {}), set(data["graphs"]))
     if problem:
         return problem
-    if data.get("tokenizer") is not None:
-        problem = _file_problem(data["tokenizer"], "tokenizer")
+    for key in ("tokenizer", "shortlist"):
+        problem = _file_problem(data[key], key) if data.get(key) is not None else None
         if problem:
             return problem
     extra = data.get("extra_files", [])

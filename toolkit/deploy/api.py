@@ -94,20 +94,23 @@ class Translator:
     """An exported translation model loaded on ONNX Runtime (model_dir None: $TK_MODEL, else the model installed
     with tk; provider None: CUDA if it truly loads, else CPU; variant None: the fastest graphs with fp32's output
     there, the attention-fused "optimized" ones on CPU). runtime "openvino" runs the graphs on OpenVINO's CPU plugin,
-    "ctranslate2" the directory's CTranslate2 model (`tk export DIR --ctranslate2`)."""
+    "ctranslate2" the directory's CTranslate2 model (`tk export DIR --ctranslate2`). shortlist: each sentence decodes
+    over its own candidates of the directory's shortlist (`tk export DIR --shortlist FILE`), the same alone or in a batch."""
 
     def __init__(self, model_dir: str | Path | None = None, provider: str | None = None, variant: str | None = None,
-                 threads: int | None = None, allow_cpu_fallback: bool = False, runtime: str = DEFAULT_RUNTIME) -> None:
+                 threads: int | None = None, allow_cpu_fallback: bool = False, runtime: str = DEFAULT_RUNTIME,
+                 shortlist: bool = False) -> None:
         if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
             raise UsageError(f"model_dir must be a model directory's path (a str or pathlib.Path), or None for the default "
                              f"model (got {shown(model_dir)})")
         _check_model_arguments(provider, variant, threads, allow_cpu_fallback)
+        _check_flag("shortlist", shortlist)
         if runtime not in names():
             raise UsageError(f"runtime must be one of {', '.join(map(repr, names()))} (got {shown(runtime)})")
         if model_dir is None:
             model_dir = default_model()
         self.model_dir = Path(model_dir)
-        self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, runtime=runtime)
+        self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, runtime=runtime, shortlist=shortlist)
         self.variant = self.loaded.variant
         self._backend = self.loaded.backend()
 

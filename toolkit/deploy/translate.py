@@ -62,7 +62,8 @@ class TranslationModel:
 
 def open_model(directory: str | Path, provider: str | None = None, variant: str | None = "fp32",
                allow_fallback: bool = False, threads: int | None = None, runtime: str = DEFAULT_RUNTIME,
-               reference: Callable[[manifest_mod.Manifest], Callable[[], object]] | None = None) -> TranslationModel:
+               reference: Callable[[manifest_mod.Manifest], Callable[[], object]] | None = None,
+               shortlist: bool = False) -> TranslationModel:
     """Loads and checks a model directory on `runtime` (toolkit.runtimes.registry), whose declaration picks what is
     not given: provider None, its default (ONNX Runtime: CUDA if it truly loads, else CPU); variant None, its fastest
     graphs that compute what the fp32 graphs compute on that provider (ONNX Runtime on CPU: the attention-fused
@@ -71,6 +72,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
 
     `reference(m)`: step backends of the caller's own in place of a runtime's, through the same loop (`tk translate
     --backend torch`: toolkit.pytorch.torch_backend.reference_backends, which the deploy path never imports).
+    shortlist: decode each sentence over its own candidates of the directory's shortlist (toolkit.core.shortlist).
     """
     from toolkit.runtimes import check, get, load
 
@@ -81,14 +83,18 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     m.check_files(cached=True)
     tokenizer = open_tokenizer(m)
     if reference is not None:
+        if shortlist:
+            raise UsageError("--shortlist decodes with the exported graphs; drop --backend torch")
         return TranslationModel(m, tokenizer, reference(m), "torch", time.perf_counter() - start, runtime=None)
     spec = get(runtime)
-    provider = spec.default_provider() if provider is None else provider
+    if provider is None:  # the shortlist decodes on CPU (toolkit.runtimes.onnxruntime.shortlisted)
+        provider = "cpu" if shortlist else spec.default_provider()
     variant = spec.default_variant(provider, m) if variant is None else variant
     request_threads = None
     if threads is None:
         threads, request_threads = spec.default_threads(provider)
-    loaded = load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads)
+    loaded = load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads,
+                  shortlist=shortlist)
     return TranslationModel(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s, runtime,
                             getattr(loaded, "threads", None), variant)
 

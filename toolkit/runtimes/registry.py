@@ -72,6 +72,7 @@ class RuntimeSpec:
     verify: str | None = None
     graph_outputs: Callable[..., dict[str, Any]] | None = None
     extra: str | None = None
+    shortlist: bool = False  # its loader takes shortlist=True: decoding over the directory's shortlist (toolkit.core.shortlist)
 
     def label(self) -> str:
         """How output names it: 'onnxruntime 1.31.0', 'openvino 2026.4.1'."""
@@ -120,11 +121,16 @@ def get(name: str) -> RuntimeSpec:
 
 
 def load(m: Manifest, name: str = DEFAULT, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False,
-         threads: int | None = None, cache: bool = False, request_threads: int | None = None, check_io: bool = True) -> LoadedRuntime:
+         threads: int | None = None, cache: bool = False, request_threads: int | None = None, check_io: bool = True,
+         shortlist: bool = False) -> LoadedRuntime:
     """Graph runners and a step-backend factory (`.backend()`) for every graph of the directory on runtime `name`.
     `cache`: ONNX Runtime on CPU loads the user cache's optimised graphs (toolkit.runtimes.onnxruntime.graph_cache).
     `request_threads`: ONNX Runtime on CPU decodes a call of one batch on this many threads, and concurrent
     streams on `threads` each (toolkit.runtimes.onnxruntime.loading). `check_io`: the loader refuses graphs
-    whose inputs or outputs differ from manifest.json (verify, which reports that as a row, turns it off)."""
-    return get(name).load(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,
-                          request_threads=request_threads, check_io=check_io)
+    whose inputs or outputs differ from manifest.json (verify, which reports that as a row, turns it off).
+    `shortlist`: decode over the directory's shortlist, on a runtime that declares it can."""
+    spec = get(name)
+    if shortlist and not spec.shortlist:
+        raise UsageError(f"runtime '{name}' cannot decode over a shortlist; use --runtime {DEFAULT}")
+    return spec.load(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,
+                     request_threads=request_threads, check_io=check_io, **({"shortlist": True} if shortlist else {}))

@@ -30,7 +30,8 @@ from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 # toolkit.bench.scale's names, kept here so that `tk --help` imports no bench module (a test keeps them equal).
 SCALE_SHAPES = ("opus-mt", "tiny", "nllb-600m", "nllb-1.3b", "tiny-m2m100")
 SCALE_ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers",
-                 "tk-cuda-fp32", "tk-cuda-fp16", "ct2-cuda-fp32", "ct2-cuda-fp16", "transformers-cuda", "transformers-cuda-fp16")
+                 "tk-cuda-fp32", "tk-cuda-fp16", "ct2-cuda-fp32", "ct2-cuda-fp16", "transformers-cuda", "transformers-cuda-fp16",
+                 "tk-fp32-shortlist", "tk-int8-shortlist", "ct2-fp32-vmap", "ct2-int8-vmap")
 SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with --engines
 
 

@@ -49,9 +49,14 @@ def _dest(name: str) -> str:
 @click.option("--source-lang", metavar="CODE", help="The language the model translates from (e.g. en), recorded in the directory: "
               "tk serve routes requests by it. A multilingual model's default source. With --target-lang.")
 @click.option("--target-lang", metavar="CODE", help="The language the model translates into (e.g. de); with --source-lang.")
+@click.option("--shortlist", "shortlist_file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="On an exported directory: store a lexical shortlist estimated from FILE (one source sentence a line, or a "
+                   "TSV of pairs) for `tk translate --shortlist`; check it with `tk verify DIR --shortlist`.")
+@click.option("--per-token", type=click.IntRange(1, 10000), default=100, show_default=True,
+              help="With --shortlist: candidates kept per source token (more keep more translations identical, and run slower).")
 @writer_options
 def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, source_lang,
-           target_lang, **writers):
+           target_lang, shortlist_file, per_token, **writers):
     """Export a checkpoint (or, with --random-init, a model name) to ONNX.
 
     SOURCE may also be an exported model directory: the variants asked for are
@@ -62,6 +67,7 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
              tk export exported/transformer --quantize int8
              tk export exported/transformer --ctranslate2
              tk export exported/transformer --web site/  (then: python -m http.server -d site/)
+             tk export exported/transformer --shortlist train.tsv
     """
     import time
 
@@ -69,6 +75,11 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
     if not random_init and not is_model_dir and is_hf_directory(source):
         raise UsageError(f"{source} is a Hugging Face model directory (it has config.json), not a tk checkpoint; "
                          f"export it with the hf: prefix: tk export hf:{source} --out {out or 'DIR'}")
+    if shortlist_file is not None:
+        return _shortlist(Path(source), shortlist_file, per_token, is_model_dir,
+                          any((out, random_init, fp16, optimize, quantize, attention, source_lang, target_lang, *writers.values())))
+    if per_token != 100:
+        raise UsageError("--per-token sizes a shortlist; use it with --shortlist FILE")
     given = {name: writers[_dest(name)] for name in registry.TABLE}
     asked = {name: None if value is True else value for name, value in given.items() if value}
     if asked:  # the directory, as it is, written for another runtime
@@ -126,6 +137,19 @@ def _add_to(directory: Path, opts, keep_fp32: str | None, bleu_within: float, la
         convert(guarded_int8.writer(bleu_within), directory, None, opts.force, echo, opts.command)
         echo(manifest.load(directory).stored["int8"].note.rsplit("; ", 1)[1])
     return directory
+
+
+def _shortlist(directory: Path, file: Path, per_token: int, is_model_dir: bool, other_options: bool) -> None:
+    """--shortlist FILE: estimated and stored in an exported directory, alone (it translates FILE with the directory)."""
+    if not is_model_dir or other_options:
+        raise UsageError("--shortlist FILE stores a shortlist in an exported directory, alone: "
+                         "tk export DIR --shortlist FILE (export and add variants first)")
+    from toolkit.convert.shortlist import store
+
+    table = store(directory, file, lambda m: click.echo(m, err=True), command_line(), per_token=per_token)
+    sizes = table.sizes
+    click.echo(f"wrote {directory / 'shortlist.npz'}: {sizes['entries']:,} candidates for {sizes['source_tokens']:,} source tokens, "
+               f"{sizes['always']} always allowed")
 
 
 def is_hf_directory(source: str) -> bool:

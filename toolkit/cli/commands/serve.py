@@ -49,8 +49,11 @@ LIMIT_OPTIONS = option_group(*(declared_option(o, "tk-serve") for o in SETTINGS)
                                                     "instead of starting a local Ray; every DIR must be at the same path on its nodes.")
 @click.option("--replicas", metavar="N|MIN:MAX",
               help="With --ray: replicas per model, N, or autoscaled between MIN and MAX on the requests waiting on them [default: 1].")
+@click.option("--shortlist", is_flag=True,
+              help="Decode each sentence over its own candidates of each model's lexical shortlist (`tk export DIR --shortlist FILE`): "
+                   "a sentence's translation does not depend on the requests it is batched with.")
 def serve(models, host, port, provider, variant, runtime, threads, no_batching, limits, allow_hosts, languages, api_keys=None,
-          on_ray=False, ray_address=None, replicas=None):
+          on_ray=False, ray_address=None, replicas=None, shortlist=False):
     """Serve translations over HTTP: POST /v1/translate, LibreTranslate's API (POST /translate, GET /languages),
     a web page at /, /health, /ready, /metrics.
 
@@ -80,9 +83,12 @@ def serve(models, host, port, provider, variant, runtime, threads, no_batching, 
         from toolkit.core.shipped import default_model
 
         models = (str(default_model()),)
+    if shortlist and on_ray:
+        raise UsageError("--shortlist serves on this machine; drop --ray or --shortlist")
     on_ray = ray_plan(on_ray, ray_address, replicas, models, provider, variant, threads, runtime, languages, no_batching,
                       fields(limits, "scaling"))
-    specs, default = on_ray.specs() if on_ray else served_models(models, provider, variant, threads, runtime, languages, no_batching)
+    specs, default = on_ray.specs() if on_ray else served_models(models, provider, variant, threads, runtime, languages, no_batching,
+                                                                 shortlist)
     policy = BatchPolicy(**fields(limits, "policy"), batching=not no_batching)
     config = ServeConfig(policy=policy, **fields(limits, "config"), description="; ".join(s.description for s in specs),
                          allowed_hosts=tuple(allow_hosts), default_pair=default, api_keys=read_keys(api_keys) if api_keys else None)
@@ -110,7 +116,7 @@ def ray_plan(on_ray: bool, address: str | None, replicas: str | None, models: tu
 
 
 def served_models(arguments: tuple[str, ...], provider: str | None, variant: str | None, threads: int | None, runtime: str,
-                  languages: dict, no_batching: bool = False) -> tuple[list, tuple[str, str] | None]:
+                  languages: dict, no_batching: bool = False, shortlist: bool = False) -> tuple[list, tuple[str, str] | None]:
     """The ModelSpecs tk serve runs for its model arguments, and the pair a request naming none gets (None: the first
     model's); every pair and code checked before any model loads."""
     from toolkit.serve.app import ModelSpec
@@ -118,13 +124,14 @@ def served_models(arguments: tuple[str, ...], provider: str | None, variant: str
 
     planned = plan_models(arguments)
     default = default_pair(planned, **languages)  # an unknown code is one line, before any model loads
-    loaded = open_models(planned, provider, variant, threads, runtime)
-    specs = [ModelSpec((lambda t=t: t), plan.pairs, f"{Path(plan.directory).name} ({t.manifest.model}, {t.variant}) on {t.where}, "
+    loaded = open_models(planned, provider, variant, threads, runtime, shortlist)
+    specs = [ModelSpec((lambda t=t: t), plan.pairs, f"{Path(plan.directory).name} ({t.manifest.model}, {t.variant}"
+                       f"{', shortlist' if shortlist else ''}) on {t.where}, "
                        + plan.shown() + (", batching off" if no_batching else ""), plan.codes, plan.fills) for plan, t in loaded]
     return specs, default
 
 
-def open_models(planned: list, provider, variant, threads, runtime) -> list:
+def open_models(planned: list, provider, variant, threads, runtime, shortlist: bool = False) -> list:
     """(plan, loaded model) for each planned model, opened at the same time (ONNX Runtime builds sessions outside the
     GIL), so one slow load holds no other back; the first that fails is the one-line error."""
     from concurrent.futures import ThreadPoolExecutor
@@ -132,5 +139,6 @@ def open_models(planned: list, provider, variant, threads, runtime) -> list:
     from toolkit.deploy.translate import open_model
 
     with ThreadPoolExecutor(len(planned)) as pool:
-        futures = [pool.submit(open_model, p.directory, provider, variant, threads=threads, runtime=runtime) for p in planned]
+        futures = [pool.submit(open_model, p.directory, provider, variant, threads=threads, runtime=runtime, shortlist=shortlist)
+                   for p in planned]
         return [(p, f.result()) for p, f in zip(planned, futures)]

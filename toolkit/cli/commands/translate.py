@@ -62,9 +62,12 @@ from toolkit.core.errors import UsageError
                    "directory's calibration (`tk evaluate DIR --calibrate`), else a fixed uncalibrated map; stderr says which.")
 @click.option("--min-confidence", type=FiniteFloat(0.0, 1.0), metavar="X",
               help="Name on stderr, in one warning line, the lines whose confidence is below X (0 to 1); the output is unchanged.")
+@click.option("--shortlist", is_flag=True,
+              help="Decode each sentence over its own candidates of the directory's lexical shortlist (`tk export DIR --shortlist "
+                   "FILE`): faster, the same output alone or in any batch; `tk verify DIR --shortlist` says how far it keeps the output.")
 @LANGUAGES
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, decoding, keep, glossary,
-              split, raw, strict, n_best, reference, threads, streams, text_format, quiet, confidence, min_confidence, languages):
+              split, raw, strict, n_best, reference, threads, streams, text_format, quiet, confidence, min_confidence, shortlist, languages):
     """Translate English to French with the exported graphs (no PyTorch needed).
 
     Sentences come from arguments, -i FILE, or standard input, one per line;
@@ -118,10 +121,10 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
             raise UsageError(f"--backend torch decodes with PyTorch, not with a runtime; drop --runtime {runtime} or --backend torch")
         from toolkit.pytorch.torch_backend import reference_backends
     with paused_gc():
-        t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, runtime, reference_backends)
+        t = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, runtime, reference_backends, shortlist=shortlist)
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
-    say(f"model {model_dir} ({t.manifest.model}, {t.variant}) on {t.where}; ready in {t.startup_s:.2f}s")
+    say(f"model {model_dir} ({t.manifest.model}, {t.variant}{', shortlist' if shortlist else ''}) on {t.where}; ready in {t.startup_s:.2f}s")
     t = t.for_languages(**languages)  # the source code on each sentence, the target forced first
     if t.built_s:
         from toolkit.core.variants import export_flag

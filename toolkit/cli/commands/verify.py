@@ -21,6 +21,8 @@ from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
 
 
+# Over 60 lines: one command routing to three checks (the graphs', --to-hf's and --shortlist's) with every option
+# declared on it; split, each piece would take most of its arguments.
 @click.command(cls=TakesModel)
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @provider_option("cpu", also=("all",))
@@ -59,9 +61,15 @@ from toolkit.core.variants import NAMES
 @click.option("--to-hf", "hf_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Instead: check the Hugging Face MarianMTModel directory that `tk export MODEL_DIR --to-hf DIR` wrote against "
                    "the fp32 graphs (transformers' log-probabilities, tokenizer and greedy generate; needs the hf extra).")
+@click.option("--shortlist", is_flag=True,
+              help="Instead: check the directory's shortlist: held-out sentences (--sentences, default 1,000) translated greedily with "
+                   "and without it on --variant (default fp32); refused, exit 1, when under --min-identical of them are identical or "
+                   "BLEU or chrF drop more than 0.5. Names the sentences that differ.")
+@click.option("--min-identical", type=click.FloatRange(0.0, 1.0), default=0.995, show_default=True,
+              help="With --shortlist: the share of translations it must leave identical.")
 @LANGUAGES
-def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, max_len, full, data_path, json_path, record,
-           checkpoint_path, int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir, languages, strict):
+def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, max_len, full, data_path, json_path, record, checkpoint_path,
+           int8_layers, expect_digest, localize, localize_against, localize_plot, hf_dir, shortlist, min_identical, languages, strict):
     """Measure parity between PyTorch and ONNX Runtime (or OpenVINO); exit 1 on any failure (an imported model's
     generate that fails inside transformers: a warning, the checks that ran decide; --strict fails).
 
@@ -78,6 +86,8 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 
     writable_file(json_path, "--json")
     writable_file(localize_plot, "--localize-plot")
+    if shortlist:
+        return _verify_shortlist(model_dir, variants, sentences, data_path, min_identical, hf_dir)
     if hf_dir is not None:
         if max_len is not None or full:
             raise UsageError("--to-hf runs its own checks; drop --max-len and --full")
@@ -120,6 +130,20 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
         keys = record_summary(report, model_dir, seconds)
         click.echo(f"recorded {', '.join(keys)} in {Path(model_dir) / 'manifest.json'} (other runtimes' and providers' records kept)", err=True)
     raise_on_failure(report)
+
+
+def _verify_shortlist(model_dir: Path, variants: tuple[str, ...], sentences: int | None, data_path, min_identical: float,
+                      hf_dir: Path | None) -> None:
+    from toolkit.verify import shortlist
+
+    if len(variants) > 1 or hf_dir is not None:
+        raise UsageError("--shortlist checks the shortlist on one variant; give at most one --variant, without --to-hf")
+    verdict = shortlist.check(model_dir, variants[0] if variants else "fp32", shortlist.SENTENCES if sentences is None else sentences,
+                              data_path, min_identical)
+    for line in shortlist.render(verdict):
+        click.echo(line)
+    if verdict.problems:
+        raise SystemExit(1)
 
 
 def _alone_with_hf(provider, runtime, variants, record, checkpoint_path, int8_layers, expect_digest, localize, localize_against,

@@ -12,12 +12,14 @@ from pathlib import Path
 import onnxruntime as ort
 
 from toolkit.core import architectures
+from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN
 from toolkit.graphs import variants
 from toolkit.runtimes.onnxruntime.backend import OrtBackend
 from toolkit.runtimes.onnxruntime.graph_cache import cached_session
 from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session, session_provider
+from toolkit.runtimes.onnxruntime.shortlisted import ShortlistBackend, Shortlisting
 
 
 @dataclass
@@ -30,6 +32,7 @@ class LoadedOnnxRuntime:
     # streams decode on sessions of their own, made by this at their first use.
     stream_maker: Callable[[], dict[str, ort.InferenceSession]] | None = None
     threads: int | None = None  # intra-op threads of each CPU session, set by the registry's loader (None: not given, or CUDA)
+    shortlisting: Shortlisting | None = None  # decode over the directory's shortlist (shortlisted.py)
     _stream_sessions: dict[str, ort.InferenceSession] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -39,6 +42,9 @@ class LoadedOnnxRuntime:
 
     def backend(self) -> OrtBackend:
         specs = self.manifest.specs()
+        if self.shortlisting is not None:
+            return ShortlistBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"],
+                                    self.shortlisting, stream_sessions=self._streams if self.stream_maker else None)
         return OrtBackend(self.sessions["encoder"], self.sessions["decoder"], specs["encoder"], specs["decoder"],
                           stream_sessions=self._streams if self.stream_maker else None)
 
@@ -50,7 +56,7 @@ class LoadedOnnxRuntime:
 
 
 def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", allow_fallback: bool = False, threads: int | None = None,
-                  cache: bool = False, request_threads: int | None = None) -> LoadedOnnxRuntime:
+                  cache: bool = False, request_threads: int | None = None, shortlisting: Shortlisting | None = None) -> LoadedOnnxRuntime:
     """Sessions for every graph of the directory; a variant it does not store is built in memory.
 
     cache: on CPU, load each stored graph from the user cache's optimised copy (graph_cache);
@@ -59,9 +65,12 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
     call, for calls of one batch (a single request, a short list); the other graphs keep `threads`, and only the
     decoder spins (two sessions' spinning workers take the cores from each other). Concurrent streams get sessions
     of `threads` threads each, made at their first use: one pool shared by several streams oversubscribes the cores.
+    shortlisting: the decoder is the shortlisted one (built here, at each load: the start-up cache holds plain graphs).
     """
     if provider == "cuda":
         architectures.get(m.model).check("cuda")
+        if shortlisting is not None:
+            raise UsageError("--shortlist runs on the CPU provider; drop it or use --provider cpu")
     requests = bool(request_threads) and provider == "cpu"
 
     def create(path, *args, graph: str = "", **kw) -> ort.InferenceSession:
@@ -73,9 +82,9 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
     for name in m.graphs:
         def source(name: str = name) -> Path | bytes:
             graph, built[name] = variants.graph_source(m, name, variant)
-            return graph
+            return shortlisting.graph(graph) if shortlisting is not None and name == "decoder" else graph
 
-        if cache and provider == "cpu":
+        if cache and provider == "cpu" and not (shortlisting is not None and name == "decoder"):
             # A variant the directory does not store is built only when the cache has no copy of it.
             makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant),
                                              functools.partial(create, graph=name), threads)
@@ -83,9 +92,9 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
             makers[name] = lambda name=name: create(source(name), provider, threads=threads, allow_fallback=allow_fallback, graph=name)
     sessions = _concurrently(makers)
     used = session_provider(next(iter(sessions.values())))
-    loaded = LoadedOnnxRuntime(m, sessions, used, max(built.values(), default=0.0))  # built side by side
+    loaded = LoadedOnnxRuntime(m, sessions, used, max(built.values(), default=0.0), shortlisting=shortlisting)  # built side by side
     if requests:
-        loaded.stream_maker = lambda: load_sessions(m, provider, variant, allow_fallback, threads, cache).sessions
+        loaded.stream_maker = lambda: load_sessions(m, provider, variant, allow_fallback, threads, cache, shortlisting=shortlisting).sessions
     return loaded
 
 

@@ -13,15 +13,18 @@ from toolkit.runtimes.io_check import check_runners
 from toolkit.runtimes.onnxruntime.cuda import PROVIDERS
 from toolkit.runtimes.onnxruntime.loading import LoadedOnnxRuntime, load_sessions
 from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session, cuda_available
+from toolkit.runtimes.onnxruntime.shortlisted import prepare
 from toolkit.runtimes.registry import GRAPHS, RuntimeSpec
 
 
 def load(m: Manifest, provider: str, variant: str, *, allow_fallback: bool = False, threads: int | None = None,
-         cache: bool = False, request_threads: int | None = None, check_io: bool = True) -> LoadedOnnxRuntime:
+         cache: bool = False, request_threads: int | None = None, check_io: bool = True, shortlist: bool = False) -> LoadedOnnxRuntime:
+    shortlisting = prepare(m) if shortlist else None
     loaded = load_sessions(m, provider, variant, allow_fallback=allow_fallback, threads=threads, cache=cache,
-                           request_threads=request_threads)
+                           request_threads=request_threads, shortlisting=shortlisting)
     if check_io:
-        check_runners(m, loaded.runners)
+        # The shortlisted decoder is the checked file's graph with two inputs more (toolkit.graphs.shortlist).
+        check_runners(m, {n: r for n, r in loaded.runners.items() if not (shortlist and n == "decoder")})
     loaded.threads = threads if loaded.provider == "cpu" else None  # a CUDA fallback's sessions run on CPU too
     return loaded
 
@@ -71,4 +74,4 @@ def graph_outputs(source: Path | bytes, provider: str, feeds: dict[str, np.ndarr
 RUNTIME = RuntimeSpec(
     name="onnxruntime", runs=GRAPHS, load=load, version=version, providers=tuple(PROVIDERS), variants=(*NAMES, "attention"),
     default_provider=default_provider, default_variant=default_variant, default_threads=threads_for, streams=True,
-    graph_outputs=graph_outputs)
+    graph_outputs=graph_outputs, shortlist=True)

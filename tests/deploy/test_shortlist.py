@@ -1,0 +1,144 @@
+"""The lexical shortlist (toolkit.core.shortlist): stored by `tk export DIR --shortlist FILE`, decoded over by
+Translator(shortlist=True), each sentence over its own candidates, the same alone as in any batch."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from toolkit.convert.shortlist import store
+from toolkit.core import shortlist
+from toolkit.deploy.api import Translator
+
+SENTENCES = ["I gave up.", "Tom is very tall.", "Where is the station?", "She likes green apples.",
+             "We will go to Paris tomorrow.", "The dog is sleeping.", "Can you help me?", "I don't know."]
+TRAINING = ["I gave up.", "Tom is tall.", "Where is the bank?", "She likes apples.", "We will go home.",
+            "The cat is sleeping.", "Can you see me?", "I know.", "It is green.", "Paris is big.", "He is very kind.",
+            "The station is near.", "I like dogs.", "They went to Paris.", "Help!", "Tomorrow is Sunday."]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The shipped model with a tight shortlist (3 candidates per source token, 5 frequent): rows of one batch then
+    have very different candidate sets, so a row that saw the batch's union would translate differently."""
+    directory = tmp_path_factory.mktemp("shortlist") / "transformer"
+    shutil.copytree(REPO / "exported" / "transformer", directory)
+    text = directory.parent / "training.txt"
+    text.write_text("\n".join(TRAINING) + "\n", encoding="utf-8")
+    store(directory, text, lambda m: None, per_token=3, frequent=5)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def shortlisted(model):
+    return Translator(model, provider="cpu", variant="fp32", shortlist=True)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_sentence_gets_the_same_tokens_alone_and_in_any_batch(shortlisted, beam):
+    alone = [shortlisted.translate_batch([s], beam=beam, streams=1)[0][0].text for s in SENTENCES]
+    together = [n[0].text for n in shortlisted.translate_batch(SENTENCES, beam=beam, batch_size=64, streams=1)]
+    reversed_ = [n[0].text for n in shortlisted.translate_batch(SENTENCES[::-1], beam=beam, batch_size=64, streams=1)][::-1]
+    pairs = [n[0].text for n in shortlisted.translate_batch(SENTENCES, beam=beam, batch_size=2, streams=1)]
+    assert together == alone
+    assert reversed_ == alone
+    assert pairs == alone
+
+
+def test_the_batch_is_not_what_each_row_may_emit(model, shortlisted):
+    """What makes the test above able to fail: the candidates of a sentence alone are fewer than its batch's union,
+    and the shortlist changes what the model writes."""
+    table = shortlist.load(model / shortlist.FILE)
+    ids = shortlisted.loaded.tokenizer.encode(SENTENCES)
+    width = max(map(len, ids))
+    src = np.array([s + [0] * (width - len(s)) for s in ids])
+    union, allowed = table.candidates(src, np.array(list(map(len, ids))))
+    assert (allowed.sum(1) < len(union)).all()
+    alone, _ = table.candidates(src[:1], np.array([len(ids[0])]))
+    assert np.array_equal(union[allowed[0]], alone)
+    plain = Translator(model, provider="cpu", variant="fp32").translate(SENTENCES)
+    assert plain != shortlisted.translate(SENTENCES)
+
+
+def test_a_directory_without_a_shortlist_is_one_line():
+    from toolkit.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="stores no shortlist; make one with `tk export .* --shortlist FILE`"):
+        Translator(REPO / "exported" / "transformer", provider="cpu", variant="fp32", shortlist=True)
+
+
+def test_verify_refuses_a_bad_shortlist_naming_the_sentences_it_changes(model, corpus_zip, cli):
+    result = cli("verify", model, "--shortlist", "--sentences", 40, "--data", corpus_zip)
+    assert result.exit_code == 1, result.output
+    assert "shortlist refused: " in result.output and "under the 99.5% required" in result.output
+    assert "  sentence " in result.output  # each changed translation: its number, source, without -> with
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip, variant):
+    """Every token always allowed: the shortlisted output layer computes what the variant's whole one does (int8's from
+    its own int8 weights and scales), so every translation is identical and the guard passes (the guard refuses by what
+    changed, not by the shortlist's existence)."""
+    from toolkit.core import manifest
+    from toolkit.core.digests import file_sha256
+    from toolkit.verify import shortlist as guard
+
+    directory = tmp_path / "transformer"
+    shutil.copytree(REPO / "exported" / "transformer", directory)
+    vocab = manifest.load(directory).config["vocab_size"]
+    table = shortlist.Shortlist(np.zeros(2, np.int64), np.zeros(0, np.int32), np.arange(vocab, dtype=np.int32))
+    (directory / shortlist.FILE).write_bytes(table.to_bytes())
+    with manifest.updating(directory) as m:
+        m.shortlist = manifest.ShortlistRecord(shortlist.FILE, file_sha256(directory / shortlist.FILE), "every token", 0, vocab)
+    verdict = guard.check(directory, variant, sentences=40, data=corpus_zip)
+    assert verdict.identical == verdict.sentences == 40 and verdict.problems == []
+    assert verdict.shortlisted == verdict.plain
+
+
+def test_serve_shortlist_answers_what_each_sentence_gets_alone(model, shortlisted):
+    """tk serve --shortlist: the requests' sentences batched together, each translated as it is alone."""
+    pytest.importorskip("httpx", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from toolkit.cli.commands.serve import served_models
+    from toolkit.serve.app import ServeConfig, create_app
+
+    specs, _ = served_models((str(model),), "cpu", "fp32", None, "onnxruntime", {"source_lang": None, "target_lang": None},
+                             shortlist=True)
+    assert "shortlist" in specs[0].description
+    alone = [shortlisted.translate([s])[0] for s in SENTENCES]
+    with TestClient(create_app(specs, ServeConfig(allowed_hosts=("testserver",)))) as client:
+        for _ in range(3000):
+            if client.get("/ready").status_code == 200:
+                break
+            threading.Event().wait(0.01)
+        answer = client.post("/v1/translate", json={"text": SENTENCES})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["translations"] == alone
+
+
+def test_tk_translate_shortlist_writes_what_the_api_gives(model, shortlisted, cli):
+    result = cli("translate", "--model", model, "--variant", "fp32", "--shortlist", "-q", *SENTENCES[:4])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == shortlisted.translate(SENTENCES[:4])
+
+
+def test_export_shortlist_is_for_an_exported_directory_alone(cli, tmp_path):
+    text = tmp_path / "pairs.tsv"
+    text.write_text("Hello.\tBonjour.\n", encoding="utf-8")
+    result = cli("export", tmp_path, "--shortlist", text)
+    assert result.exit_code != 0 and "tk export DIR --shortlist FILE" in result.output
+    result = cli("export", REPO / "exported" / "transformer", "--shortlist", text, "--quantize", "int8")
+    assert result.exit_code != 0 and "alone" in result.output
+
+
+def test_a_runtime_that_cannot_decode_over_a_shortlist_says_so(model):
+    from toolkit.core.errors import UsageError
+
+    pytest.importorskip("ctranslate2")
+    with pytest.raises(UsageError, match="runtime 'ctranslate2' cannot decode over a shortlist; use --runtime onnxruntime"):
+        Translator(model, runtime="ctranslate2", shortlist=True)

@@ -1,0 +1,101 @@
+"""A lexical shortlist: for each source token, the target tokens a translation of it is likely to use, so that a
+decoder step scores those few instead of the whole vocabulary (Marian's lexical shortlist, CTranslate2's vmap).
+
+Each sentence decodes over its OWN candidates: the tokens listed for its source tokens plus the always-allowed ones
+(the end token, a forced first token, the most frequent target tokens). A batch gathers the output weights of the
+union of its sentences' candidates once, and each row masks out what is not its own sentence's: a sentence gets the
+same candidates alone or in any batch (a shortlist that let a row see the union changed outputs with the batch they
+were in, mozilla/translations #977). Numpy only: the deploy path reads it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.core.errors import UsageError
+
+FILE = "shortlist.npz"  # in the model directory, recorded in manifest.json ("shortlist")
+PER_TOKEN = 100  # candidates kept per source token (as Marian's usual `--shortlist lex.s2t 100 100`)
+FREQUENT = 100  # most frequent target tokens always allowed
+
+
+@dataclass(frozen=True)
+class Shortlist:
+    """Candidates per source token as compressed rows: those of token t are targets[offsets[t]:offsets[t + 1]]."""
+
+    offsets: np.ndarray  # (source vocabulary + 1,) int64
+    targets: np.ndarray  # int32
+    always: np.ndarray  # int32, sorted: allowed for every sentence
+
+    def candidates(self, src: np.ndarray, src_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For a padded batch (rows, len) and its lengths: the union of the rows' candidates (sorted ids) and which of
+        them each row may emit ((rows, union) bool). A row's own set depends on its own tokens alone."""
+        rows, width = src.shape
+        vocab = len(self.offsets) - 1
+        mine = (np.arange(width)[None, :] < np.asarray(src_len)[:, None]) & (src >= 0) & (src < vocab)
+        row_of, token = np.nonzero(mine)[0], src[mine]
+        counts = self.offsets[token + 1] - self.offsets[token]
+        # Each (row, listed token) pair, its list's entries laid out one after another.
+        at = np.repeat(self.offsets[token] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        top = max(vocab, int(self.always.max(initial=-1)) + 1, int(self.targets.max(initial=-1)) + 1)
+        allowed = np.zeros((rows, top), dtype=bool)
+        allowed[np.repeat(row_of, counts), self.targets[at]] = True
+        allowed[:, self.always] = True
+        union = np.flatnonzero(allowed.any(0))
+        return union.astype(np.int64), allowed[:, union]
+
+    def to_bytes(self) -> bytes:
+        out = io.BytesIO()
+        np.savez(out, offsets=self.offsets, targets=self.targets, always=self.always)
+        return out.getvalue()
+
+    @property
+    def sizes(self) -> dict:
+        """What manifest.json records of it."""
+        return {"source_tokens": int(np.count_nonzero(np.diff(self.offsets))), "entries": int(len(self.targets)),
+                "always": int(len(self.always))}
+
+
+def load(path: Path) -> Shortlist:
+    """The shortlist stored at `path`; a file that is not one is a one-line error."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            table = Shortlist(data["offsets"].astype(np.int64), data["targets"].astype(np.int32), data["always"].astype(np.int32))
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"{path} is not a tk shortlist ({e}); make it again with `tk export DIR --shortlist FILE`") from None
+    if table.offsets.ndim != 1 or len(table.offsets) < 2 or table.offsets[-1] != len(table.targets) or (np.diff(table.offsets) < 0).any():
+        raise UsageError(f"{path} is not a tk shortlist (its offsets do not index its targets); make it again")
+    return table
+
+
+def estimate(src: list[list[int]], tgt: list[list[int]], per_token: int = PER_TOKEN,
+             frequent: int = FREQUENT, always: tuple[int, ...] = ()) -> Shortlist:
+    """Candidates from token-id sentence pairs: for each source token the `per_token` target tokens with the highest
+    Dice coefficient (2 c(s, t) / (c(s) + c(t)), sentences counted once), the `frequent` most frequent target tokens and
+    `always` for every sentence. Dice over co-occurrence, not an aligner: cheap, and it keeps a source token's rarer
+    translations that a few iterations of IBM-1 give little mass."""
+    if len(src) != len(tgt) or not src:
+        raise UsageError("a shortlist needs sentence pairs; the file gave none")
+    src_sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in src]
+    tgt_sets = [np.unique(np.asarray(t, dtype=np.int64)) for t in tgt]
+    vocab = 1 + max(int(s.max()) for s in src_sets + tgt_sets if len(s))  # ids past it are never looked up
+    c_src = np.bincount(np.concatenate(src_sets), minlength=vocab)[:vocab]
+    c_tgt = np.bincount(np.concatenate(tgt_sets), minlength=vocab)[:vocab]
+    keys = np.concatenate([(s[:, None] * vocab + t[None, :]).ravel() for s, t in zip(src_sets, tgt_sets)])
+    pairs, counts = np.unique(keys, return_counts=True)
+    s_of, t_of = pairs // vocab, pairs % vocab
+    dice = 2.0 * counts / (c_src[s_of] + c_tgt[t_of])
+    order = np.lexsort((t_of, -dice, s_of))  # by source token, best first (ties by id: the table is reproducible)
+    s_of, t_of = s_of[order], t_of[order]
+    starts = np.searchsorted(s_of, np.arange(vocab + 1))
+    rank = np.arange(len(s_of)) - starts[s_of]
+    keep = rank < per_token
+    s_kept, t_kept = s_of[keep], t_of[keep]
+    offsets = np.searchsorted(s_kept, np.arange(vocab + 1)).astype(np.int64)
+    top = np.argsort(-c_tgt, kind="stable")[:frequent]
+    fixed = np.unique(np.concatenate([top[c_tgt[top] > 0], np.asarray(always, dtype=np.int64)]))
+    return Shortlist(offsets, t_kept.astype(np.int32), fixed.astype(np.int32))

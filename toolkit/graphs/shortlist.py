@@ -1,0 +1,102 @@
+"""The shortlisted decoder: a decoder graph whose output layer reads a batch's candidate columns from its inputs.
+
+The exported decoder ends in log_softmax over the whole vocabulary of an output layer: in fp32 hidden @ W + b, in the
+int8 variant the same with W's int8 rows, their scales and zero points (an import adds a mask of the tokens it may
+never emit after it). Rewritten, every weight of that layer with a vocabulary axis (W, b, the scales, that mask)
+becomes an input that takes only a batch's candidate columns, gathered once per
+batch, and `shortlist_mask` (rows, k) adds -inf where a row's own sentence may not emit the column, so each row's
+log-softmax runs over its own sentence's candidates only (toolkit.core.shortlist). The layer computes what the
+variant's own computes, at its precision, on the columns it is given. Onnx and numpy only: the deploy path builds it
+at load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.core.errors import UsageError
+
+MASK = "shortlist_mask"  # (rows, k): 0 where the row's sentence may emit the column, -inf elsewhere
+PREFIX = "shortlist."  # a gathered weight's input: PREFIX + the initializer's name
+OUTPUT = "log_probs"
+
+
+def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[tuple[str, np.ndarray, int]]]:
+    """The decoder graph at `source` (any variant) rewritten as the module docstring says, and each new weight input:
+    (its name, the whole weight, the axis to gather candidates along). A decoder that does not end in a log-softmax
+    over an output layer with a vocabulary axis is a one-line error."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load_model_from_string(source) if isinstance(source, bytes) else onnx.load(source)
+    graph = model.graph
+    tables = {t.name: t for t in graph.initializer}
+    axis = {name: list(t.dims).index(vocab) for name, t in tables.items() if vocab in t.dims}
+    # What depends on a vocabulary-wide weight; a lookup (Gather: the tied embedding) takes rows by token, not the
+    # vocabulary, and its output does not.
+    wide = set(axis)
+    for node in graph.node:
+        if node.op_type != "Gather" and any(i in wide for i in node.input):
+            wide.update(node.output)
+    producer = {o: n for n in graph.node for o in n.output}
+    # The output layer: what log_probs reads back to the hidden state (through the tensors a wide weight reaches).
+    layer, todo = [], [OUTPUT]
+    while todo:
+        node = producer.get(todo.pop())
+        if node is not None and node not in layer:
+            layer.append(node)
+            todo.extend(i for i in node.input if i in wide and i not in axis)
+    softmax = [n for n in layer if n.op_type == "LogSoftmax"]
+    if OUTPUT not in wide or len(softmax) != 1:
+        raise UsageError("--shortlist needs a decoder that ends in a log-softmax over its output layer; this one does not")
+    inputs = []
+    for node in layer:
+        for k, name in enumerate(node.input):
+            if name in axis:
+                node.input[k] = PREFIX + name
+                if all(PREFIX + name != n for n, _, _ in inputs):
+                    inputs.append((PREFIX + name, numpy_helper.to_array(tables[name]), axis[name]))
+    for name, array, at in inputs:
+        dims = [d if i != at else "shortlist" for i, d in enumerate(array.shape)]
+        graph.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), dims))
+    graph.input.append(helper.make_tensor_value_info(MASK, onnx.TensorProto.FLOAT, ["batch", "shortlist"]))
+    graph.node.append(helper.make_node("Add", [softmax[0].input[0], MASK], ["shortlist_logits"], name="shortlist_mask_add"))
+    softmax[0].input[0] = "shortlist_logits"
+    out = next(o for o in graph.output if o.name == OUTPUT)
+    out.type.tensor_type.shape.dim[-1].Clear()
+    out.type.tensor_type.shape.dim[-1].dim_param = "shortlist"
+    _prune(graph)
+    if model.ByteSize() >= 2**31:  # one protobuf message holds at most 2 GB
+        raise UsageError("--shortlist rewrites the decoder in memory, and this one holds over 2 GB of weights; "
+                         "decode it without --shortlist")
+    return model.SerializeToString(), inputs
+
+
+def _prune(graph) -> None:
+    """Drops the nodes no output needs, then the initializers no node reads; the rest keep their order."""
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    needed, todo = set(), [o.name for o in graph.output]
+    while todo:
+        i = producer.get(todo.pop())
+        if i is not None and i not in needed:
+            needed.add(i)
+            todo.extend(_reads(nodes[i]))
+    kept = [n for i, n in enumerate(nodes) if i in needed]
+    read = {name for n in kept for name in _reads(n)}
+    tables = [t for t in graph.initializer if t.name in read]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(tables)
+
+
+def _reads(node) -> list[str]:
+    """The tensors a node reads, those its subgraphs (If, Loop) read from the outer scope included."""
+    names = [i for i in node.input if i]
+    for attr in node.attribute:
+        for sub in [attr.g, *attr.graphs]:
+            names.extend(i for n in sub.node for i in _reads(n))
+    return names

@@ -1,0 +1,75 @@
+"""`tk verify DIR --shortlist`: the guard of a stored shortlist (toolkit.core.shortlist), as the int8 variant is guarded.
+
+Held-out sentences are translated with and without the shortlist, on the same graphs; the shortlist is refused when
+fewer than MIN_IDENTICAL of the translations are identical, or when its BLEU or chrF falls more than WITHIN below the
+output's without it. The sentences that differ are named, so a user sees what the shortlist changed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIN_IDENTICAL = 0.995  # share of held-out translations the shortlist must leave as they are
+WITHIN = 0.5  # BLEU and chrF points the shortlist may lose against the output without it
+SENTENCES = 1000  # held-out sentences translated (from the start of the test split)
+SHOWN = 10  # differing sentences named in the report
+
+
+@dataclass
+class ShortlistVerdict:
+    origin: str  # where the sentences came from
+    variant: str
+    sentences: int
+    identical: int
+    min_identical: float
+    plain: dict  # BLEU and chrF without the shortlist
+    shortlisted: dict  # and with it
+    differing: list[tuple[int, str, str, str]] = field(default_factory=list)  # (1-based index, source, without, with)
+
+    @property
+    def share(self) -> float:
+        return self.identical / max(self.sentences, 1)
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        if self.share < self.min_identical:
+            out.append(f"{self.share:.1%} of translations identical, under the {self.min_identical:.1%} required")
+        for metric in ("bleu", "chrf"):
+            if self.shortlisted[metric] < self.plain[metric] - WITHIN:
+                out.append(f"{metric} {self.shortlisted[metric]:.2f}, more than {WITHIN} below {self.plain[metric]:.2f} without it")
+        return out
+
+
+def check(model_dir: str | Path, variant: str = "fp32", sentences: int = SENTENCES, data: str | Path | None = None,
+          min_identical: float = MIN_IDENTICAL) -> ShortlistVerdict:
+    """Greedy translations of the first `sentences` held-out sentences (with references), with and without the shortlist."""
+    from toolkit.core import data as data_mod
+    from toolkit.core.scoring import bleu_chrf
+    from toolkit.deploy.api import Translator
+
+    corpus = data_mod.load_corpus(data, download=False)
+    english, references = data_mod.references(corpus.splits["test"])
+    english, references = english[:sentences], references[:sentences]
+    with warnings.catch_warnings():  # a span the model did not copy is put back in both; the report compares what is left
+        warnings.simplefilter("ignore")
+        plain = Translator(model_dir, provider="cpu", variant=variant).translate(english)
+        shortlisted = Translator(model_dir, provider="cpu", variant=variant, shortlist=True).translate(english)
+    differing = [(i + 1, s, a, b) for i, (s, a, b) in enumerate(zip(english, plain, shortlisted)) if a != b]
+    return ShortlistVerdict(f"test split of {data_mod.describe(corpus)}", variant, len(english), len(english) - len(differing),
+                            min_identical, bleu_chrf(plain, references), bleu_chrf(shortlisted, references), differing)
+
+
+def render(v: ShortlistVerdict) -> list[str]:
+    """The report's lines: the verdict, the scores, then the sentences that differ (the first SHOWN)."""
+    verdict = "refused: " + "; ".join(v.problems) if v.problems else "accepted"
+    lines = [f"shortlist on {v.variant}, {v.sentences:,} sentences ({v.origin}): {v.identical:,} identical ({v.share:.1%}); "
+             f"BLEU {v.plain['bleu']:.2f} -> {v.shortlisted['bleu']:.2f}, chrF {v.plain['chrf']:.2f} -> {v.shortlisted['chrf']:.2f}",
+             f"shortlist {verdict}"]
+    for n, source, without, with_ in v.differing[:SHOWN]:
+        lines.append(f"  sentence {n}: {source!r}: {without!r} -> {with_!r}")
+    if len(v.differing) > SHOWN:
+        lines.append(f"  ... and {len(v.differing) - SHOWN} more")
+    return lines
