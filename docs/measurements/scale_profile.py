@@ -1,14 +1,15 @@
 """Where tk's decoding time goes on the `tk bench --scale` work model: ONNX Runtime's profiler over the decoder (op-type
 totals and the costliest nodes), and the decoding loop's backend calls timed in the same process (decoder runs,
 ranking, row selection, the loop's own Python). One batch of the bench's kind of sources (24 random tokens and the end
-token), exactly --tokens tokens per sentence, decoded --warm times first and then once more: only that last decode is
+token, or with --sources the first lines of a file as `tk bench --scale --sources` encodes them), exactly --tokens
+tokens per sentence, decoded --warm times first and then once more: only that last decode is
 reported. A process's first decodes map fresh memory for every output and growing cache (27,000 page faults in the
 first fp32 greedy decode at batch 32, 2 in the third); a profile of a first decode charged that to whichever node writes
 the graph's output (the forbidden-token `Add`: 11% of the fp32 step, 3% once warm), which the bench's rounds, after a
 warm-up round, never pay.
 
     python docs/measurements/scale_profile.py [--variant int8|optimized|fp32] [--beam 4] [--batch 16] [--warm 2]
-        [--model DIR]
+        [--model DIR] [--sources FILE]
 
 --variant: int8 (default), optimized (the float32 graphs tk runs on CPU: attention fused) or fp32 (as exported); a
 variant the directory does not store is built in memory as tk builds it.
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--sources", type=Path, default=None, help="real sentences: the first --batch lines of this file")
     args = parser.parse_args()
     model = args.model or default_directory() / "bench-scale" / "opus-mt" / "tk"
     m = manifest.load(model)
@@ -76,6 +78,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     vocab = specs["decoder"].outputs[0].dims[-1]  # log_probs (batch, vocab)
     src = [[int(t) for t in rng.integers(2, vocab - 2, 24)] + [m.rules().end] for _ in range(args.batch)]
+    if args.sources:  # as tk bench --scale --sources feeds them
+        from toolkit.bench.scale import real_sources
+
+        src = real_sources(args.sources, args.batch, model)
+        print(f"sources: {len(src)} real sentences of {min(map(len, src))} to {max(map(len, src))} tokens")
     opts = DecodeOptions.bare(beam=args.beam, batch_size=args.batch, max_len=args.tokens, streams=1, rules=m.rules())
     for _ in range(args.warm):
         decode_ids(backend, src, opts)

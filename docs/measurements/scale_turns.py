@@ -3,6 +3,7 @@ worker (toolkit/bench/scale_worker.py) in a process of its own, the turns altern
 row's median after a warm-up round is printed with the ratios and whether the two tk versions' tokens are identical.
 
     python docs/measurements/scale_turns.py --before TREE [--engine tk-int8] [--row beam4] [--rounds 5] [--peer ct2-int8]
+        [--sources FILE]
 
 TREE: a directory holding the other version's `toolkit` package (a copy of the tree with the old files), put first
 on PYTHONPATH for the "before" worker; "after" is this checkout. The work directory is tk bench --scale's
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--peer", choices=["ct2-int8", "ct2-fp32"])
     parser.add_argument("--work", type=Path, default=default_directory() / "bench-scale" / "opus-mt")
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--sources", type=Path, help="the row's sentences: the first lines of this file (tk bench --scale --sources)")
     args = parser.parse_args()
 
     def start(tree: Path, engine: str, model: Path) -> subprocess.Popen:
@@ -57,6 +59,10 @@ def main() -> None:
     rng = np.random.default_rng(1)
     n, batch, beam, per_call = ROWS[args.row]
     src = [[int(t) for t in rng.integers(2, 59000, 24)] + [0] for _ in range(n)]
+    if args.sources:
+        from toolkit.bench.scale import real_sources
+
+        src = real_sources(args.sources, n, args.work / "tk")
     seconds: dict[str, list[float]] = {k: [] for k in workers}
     outputs: dict[str, list] = {}
     for r in range(args.rounds + 1):

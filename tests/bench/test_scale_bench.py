@@ -12,6 +12,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOKENS = 9
 ENGINES = ["tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "transformers", "tk-cuda-fp32", "transformers-cuda"]
+# A Tatoeba Challenge file's layout (the source column is read), lengths from 2 words to 14.
+SENTENCES = ["eng\tfra\tThe cat.\tLe chat.", "eng\tfra\tWe will see the big red house by the river tomorrow morning, and you?\tx",
+             "eng\tfra\tShe runs.\tx", "eng\tfra\tThey often walk to the station in the evening with a book.\tx",
+             "eng\tfra\tIs it green or blue?\tx", "eng\tfra\tCoffee, tea and bread are on the small table today.\tx"]
 CUDA = {"tk-cuda-fp32": "ONNX Runtime could not load its CUDA provider", "transformers-cuda": "sees no CUDA device"}
 
 
@@ -22,12 +26,16 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
     from toolkit.bench import scale
 
     rows = (scale.Row("greedy, batches of 3", 6, 3, 1), scale.Row("beam 4, batches of 2", 4, 2, 4),
-            scale.Row("one per call", 2, 1, 1, per_call=True))
+            scale.Row("one per call", 2, 1, 1, per_call=True),
+            # Sentences of varied lengths (--sources): padded batches, each engine batching them its own way.
+            scale.Row("real, greedy, batches of 3", 6, 3, 1, real=True), scale.Row("real, beam 4, batches of 3", 6, 3, 4, real=True))
+    text = tmp_path / "sources.txt"
+    text.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     # Marian on two threads: tk decodes the batches of a row on two streams (as `tk translate` does on two cores), and
     # CTranslate2 is timed both of its ways (intra or inter threads), the faster kept. M2M100 on one (the suite's time).
     threads = 2 if shape == "tiny" else 1
     steps, runs = scale.bench_scale(shape, tmp_path / "work", engines, tokens=TOKENS, threads=threads, repeat=1, rows=rows,
-                                    echo=lambda m: None, pause=0.0)
+                                    echo=lambda m: None, pause=0.0, text=text)
     # Without a GPU each CUDA engine says why in one line and the others' rows go on; with one, it runs like the rest.
     if not _cuda_visible():
         skipped = {r.engine: r.error for r in runs if r.error}
@@ -37,6 +45,8 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
         runs = [r for r in runs if r.engine not in CUDA]
     assert [r.engine for r in runs if r.error] == []
     by = {r.engine: r for r in runs}
+    lengths = sorted(map(len, scale.real_sources(text, len(SENTENCES), tmp_path / "work" / "tk")))
+    assert lengths[0] * 3 < lengths[-1], lengths  # the real rows' sources do vary in length
     if threads == 2:
         assert by["tk-fp32"].threads.startswith("2 streams x 1 intra-op threads")  # as `tk translate` on two cores
         ways = {"intra_threads 2 x inter_threads 1", "intra_threads 1 x inter_threads 2"}
@@ -98,6 +108,7 @@ def test_a_work_directory_it_did_not_write_is_refused_and_kept(cli, tmp_path):
     (["--scale", "tiny", "--engines", ","], "no engine named"),
     (["--scale", "tiny", "--text", __file__], "drop --text"),
     (["--engines", "tk-fp32"], "add --scale"),
+    (["--sources", __file__], "add --scale"),
 ])
 def test_scale_options_are_checked_in_one_line(cli, args, message):
     result = cli("bench", *args)

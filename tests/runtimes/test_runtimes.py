@@ -261,3 +261,35 @@ def test_openvino_and_int8_verify_tks_gru_and_attention_modules(cli, random_expo
     assert result.exit_code == 0, result.output
     result = cli("verify", directory, "--variant", "int8", "--sentences", 4)
     assert result.exit_code == 0, result.output
+
+
+def test_rows_of_very_different_lengths_are_encoded_in_groups_with_the_whole_batchs_outputs():
+    """On CPU a batch whose lengths differ widely is encoded in groups, each padded to its own longest
+    (decoding.padding_groups): every output within each row's length is the whole batch's, and the translations are the
+    same."""
+    import numpy as np
+
+    from toolkit import Translator
+    from toolkit.core.decoding import pad_batch, padding_groups
+    from toolkit.core.tokenizers import open_tokenizer
+
+    t = Translator(Path(__file__).resolve().parents[2] / "exported" / "transformer", provider="cpu")
+    b = t._backend
+    texts = ["We ate bread at noon with our friends, and then we walked along the river until the sun went down.",
+             "Where is the station?", "Hi.", "It's raining."]  # the groups' rows out of the batch's order
+    src, lens = pad_batch(open_tokenizer(t.manifest).encode(texts), t.manifest.rules().pad)
+    assert [len(g) for g in padding_groups(lens)] == [3, 1]
+    runs: list[tuple] = []
+    real = b.encoder.run
+    b.encoder.run = lambda names, feeds: runs.append(feeds["src"].shape) or real(names, feeds)
+    whole = dict(zip(b.encoder_spec.output_names, real(None, {"src": src, "src_len": lens})))
+    grouped = b._encoded(src, lens)
+    assert sorted(runs) == [(1, int(lens.max())), (3, int(lens[1:].max()))]
+    for name, value in whole.items():
+        batch_axis, length_axis = b._length_axes[name]
+        for row, n in enumerate(lens):
+            inside = [slice(None)] * value.ndim
+            inside[batch_axis], inside[length_axis] = row, slice(0, int(n))
+            np.testing.assert_allclose(grouped[name][tuple(inside)], value[tuple(inside)], rtol=1e-5, atol=1e-5)
+    want = [t.translate([s], beam=4)[0] for s in texts]
+    assert t.translate(texts, beam=4, streams=1, batch_size=4) == want

@@ -67,11 +67,15 @@ class Row:
     batch: int
     beam: int
     per_call: bool = False
+    real: bool = False  # sources: the first lines of the --sources file (varied lengths), not random tokens of one length
 
 
 ROWS = (Row("128 sentences, batches of 32, greedy", 128, 32, 1),
         Row("32 sentences, batches of 16, beam 4", 32, 16, 4),
         Row("8 sentences, one per call, greedy", 8, 1, 1, per_call=True))
+# With --sources: the same batches over real sentences, whose lengths vary within a batch (padding) and between batches.
+REAL_ROWS = (Row("128 real sentences, batches of 32, greedy", 128, 32, 1, real=True),
+             Row("32 real sentences, batches of 16, beam 4", 32, 16, 4, real=True))
 
 
 @dataclass
@@ -198,6 +202,21 @@ def sources(n: int, length: int, vocab: int, end: int, pad: int, seed: int = 0) 
     return [[rng.choice(ordinary) for _ in range(length)] + [end] for _ in range(n)]
 
 
+def real_sources(path: Path, n: int, model: Path) -> list[list[int]]:
+    """The first `n` sentences of `path` (one a line, or a Tatoeba Challenge file: its source column) as ids of the
+    bench's tokenizer, tk's own path (as `tk translate` encodes them, cut at the model's source length). Every engine is
+    then fed these same ids, as the random rows feed theirs."""
+    from toolkit.bench.text import read_text
+    from toolkit.core import manifest
+    from toolkit.core.tokenizers import open_tokenizer
+
+    lines = read_text(path, option="--sources")[0]
+    if len(lines) < n:
+        raise UsageError(f"--sources {path} has {len(lines)} sentences; the real-sentence rows take {n}: give a longer file")
+    m = manifest.load(model)
+    return [ids[: m.max_len] for ids in open_tokenizer(m).encode(lines[:n])]
+
+
 class _Worker:
     """One engine's process (toolkit.bench.scale_worker), loaded once."""
 
@@ -263,10 +282,11 @@ def _models(work: Path) -> dict[str, Path]:
 
 def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list[list[int]], tokens: int, threads: int,
                 repeat: int, peer_python: str | None, echo: Callable[[str], None],
-                unavailable: dict[str, str] | None = None, pause: float = PAUSE_S) -> list[EngineRun]:
-    """Every engine's rows, the engines taking turns (see the module docstring). `unavailable`: engines that are
-    reported skipped, with why, and not started. Engines that do not fit in memory together run in groups (each
-    group's rounds, then the next group's), and the output says so."""
+                unavailable: dict[str, str] | None = None, pause: float = PAUSE_S,
+                real: list[list[int]] | None = None) -> list[EngineRun]:
+    """Every engine's rows, the engines taking turns (see the module docstring). `real`: the real rows' sources (`src`
+    the others'). `unavailable`: engines that are reported skipped, with why, and not started. Engines that do not fit
+    in memory together run in groups (each group's rounds, then the next group's), and the output says so."""
     runs = [EngineRun(engine) for engine in engines]
     pending = list(runs)
     groups = 0
@@ -294,7 +314,8 @@ def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list
                 for row in rows:
                     for run in group:
                         if run.error is None:
-                            _turn(run, workers[run.engine], row, src[: row.sentences], keep=i > 0, pause=pause)
+                            _turn(run, workers[run.engine], row, (real if row.real else src)[: row.sentences], keep=i > 0,
+                                  pause=pause)
                 echo(f"round {i}{' (warm-up, not kept)' if i == 0 else ''} done"
                      + (f" ({', '.join(workers)})" if groups > 1 or pending else ""))
         finally:
@@ -382,12 +403,16 @@ def table(runs: list[EngineRun], rows: tuple[Row, ...], tokens: int) -> str:
 
 def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 32, threads: int | None = None,
                 repeat: int = 3, peer_python: str | None = None, rows: tuple[Row, ...] = ROWS,
-                echo: Callable[[str], None] = print, pause: float = PAUSE_S) -> tuple[dict[str, Step], list[EngineRun]]:
+                echo: Callable[[str], None] = print, pause: float = PAUSE_S,
+                text: Path | None = None) -> tuple[dict[str, Step], list[EngineRun]]:
     """Prepares the model (once per `work`) and times `engines` on `rows`; returns the preparation steps and the runs.
-    `pause`: seconds between turns (the tests' tiny shapes take none: no thread of theirs spins for long)."""
+    `text`: the file the real rows' sentences come from (required by those rows). `pause`: seconds between turns (the
+    tests' tiny shapes take none: no thread of theirs spins for long)."""
     shape = SHAPES[shape_name]
     if tokens + 1 > shape.positions:
         raise UsageError(f"--tokens {tokens} is beyond the model's {shape.positions} positions; give at most {shape.positions - 1}")
+    if any(r.real for r in rows) and text is None:
+        raise UsageError("the real-sentence rows read their sentences from a file; give --sources FILE")
     threads = threads or os.cpu_count() or 1
     unavailable = {}
     if any(e.startswith("ct2") for e in engines) and not ct2_available():
@@ -399,6 +424,9 @@ def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 3
                     shortlist=any(e.endswith(("-shortlist", "-vmap")) for e in engines))
     config = json.loads((work / "hf" / "config.json").read_text(encoding="utf-8"))
     src = sources(max(r.sentences for r in rows), 24, shape.vocab, config["eos_token_id"], config["pad_token_id"])
-    echo(f"{shape.name}: {shape.parameters() / 1e6:.1f}M weights; {len(src)} sources of 24 tokens; every engine decodes "
-         f"exactly {tokens} tokens per sentence; {threads} threads each; median of {repeat} rounds after a warm-up round")
-    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo, unavailable, pause)
+    wanted = max((r.sentences for r in rows if r.real), default=0)
+    real = real_sources(text, wanted, work / "tk") if text and wanted else None
+    lengths = f"; real sentences of {min(map(len, real))} to {max(map(len, real))} tokens" if real else ""
+    echo(f"{shape.name}: {shape.parameters() / 1e6:.1f}M weights; {len(src)} sources of 24 tokens{lengths}; every engine "
+         f"decodes exactly {tokens} tokens per sentence; {threads} threads each; median of {repeat} rounds after a warm-up round")
+    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo, unavailable, pause, real)

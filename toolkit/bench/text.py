@@ -49,9 +49,10 @@ class TextRow:
         return engine.seconds / self.engines[0].seconds
 
 
-def read_text(path: Path, reference: Path | None = None) -> tuple[list[str], list[str] | None]:
+def read_text(path: Path, reference: Path | None = None, option: str = "--text") -> tuple[list[str], list[str] | None]:
     """Source lines and their references: a Tatoeba Challenge file ('eng<TAB>fra<TAB>English<TAB>French')
-    carries both; a plain file one sentence per line, with references from `reference` if given."""
+    carries both; a plain file one sentence per line, with references from `reference` if given. `option`: how its
+    errors name the file's option."""
     def lines_of(p: Path, what: str) -> list[str]:
         try:
             return p.read_bytes().decode("utf-8").splitlines()
@@ -60,9 +61,9 @@ def read_text(path: Path, reference: Path | None = None) -> tuple[list[str], lis
         except UnicodeDecodeError as e:
             raise DataError(f"{what} {p} is not UTF-8 (byte {e.start}); convert it to UTF-8") from None
 
-    lines = [x for x in lines_of(path, "--text") if x.strip()]
+    lines = [x for x in lines_of(path, option) if x.strip()]
     if not lines:
-        raise UsageError(f"--text {path} has no sentences; give a file with one sentence per line")
+        raise UsageError(f"{option} {path} has no sentences; give a file with one sentence per line")
     cols = [x.split("\t") for x in lines]
     if reference is None and all(len(c) >= 4 and len(c[0]) <= 3 and len(c[1]) <= 3 for c in cols):
         return [c[2] for c in cols], [c[3] for c in cols]
@@ -70,7 +71,7 @@ def read_text(path: Path, reference: Path | None = None) -> tuple[list[str], lis
     if reference is not None:
         refs = [x for x in lines_of(reference, "--reference") if x.strip()]
         if len(refs) != len(lines):
-            raise UsageError(f"--reference has {len(refs)} sentences but --text has {len(lines)}; give one reference per line")
+            raise UsageError(f"--reference has {len(refs)} sentences but {option} has {len(lines)}; give one reference per line")
     return lines, refs
 
 

@@ -85,6 +85,9 @@ SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with
               help="With --scale: tokens every engine decodes per sentence (the model never ends early).")
 @click.option("--work", "work_dir", type=click.Path(path_type=Path, file_okay=False),
               help="With --scale: where the model and each engine's copy are kept between runs [default: the user cache, tk/bench-scale/SHAPE].")
+@click.option("--sources", "sources_path", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="With --scale: also time rows of real sentences, the first lines of this file (one sentence per line, or a "
+                   "Tatoeba Challenge file), varied in length; every engine still decodes exactly --tokens tokens.")
 def bench(**given):
     """Measure decoding speed of PyTorch (textbook and cached), ONNX Runtime (CPU, CUDA), OpenVINO and CTranslate2 side by side.
 
@@ -102,8 +105,8 @@ def bench(**given):
     if o.scale:
         writable_file(o.json_path, "--json")
         return _scale(o)
-    if o.engines_text or o.work_dir:
-        raise UsageError("--engines and --work choose the engines and the work directory of --scale; add --scale opus-mt")
+    if o.engines_text or o.work_dir or o.sources_path:
+        raise UsageError("--engines, --work and --sources choose the engines, work directory and sentences of --scale; add --scale opus-mt")
     if o.text_path:
         writable_file(o.json_path, "--json")
         return _text(o)
@@ -254,8 +257,9 @@ def _scale(o: BenchOptions) -> None:
     engines = parse_engines(o.engines_text)
     work = o.work_dir or default_directory() / "bench-scale" / shape
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    rows = scale_bench.ROWS + (scale_bench.REAL_ROWS if o.sources_path else ())
     steps, runs = scale_bench.bench_scale(shape, work, engines, tokens, o.threads, o.repeat,
-                                          str(o.peer_python) if o.peer_python else None, echo=echo)
+                                          str(o.peer_python) if o.peer_python else None, rows=rows, echo=echo, text=o.sources_path)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}; "
                f"load average {os.getloadavg()[0]:.1f} at the end")
     click.echo("\n".join(f"- {s.name}: {s.seconds:.0f} s, peak {s.peak_mib:,.0f} MiB"
@@ -265,6 +269,6 @@ def _scale(o: BenchOptions) -> None:
         for row, ways in r.how.items():  # an engine timed two ways: the faster, each round
             click.echo(f"  {row}: {', '.join(ways)}")
     click.echo("\ntokens/s (each row's median over the rounds):\n")
-    click.echo(scale_bench.table(runs, scale_bench.ROWS, tokens))
+    click.echo(scale_bench.table(runs, rows, tokens))
     write_json(o.json_path, {"shape": shape, "tokens": tokens, "steps": [s.__dict__ for s in steps.values()],
                              "engines": [{k: v for k, v in r.__dict__.items() if k != "outputs"} for r in runs]})

@@ -11,7 +11,17 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from toolkit.core.decoding import HostState, ReorderMemory, StepBackend, empty_cache, next_host_state, reorder_rows, take_rows, top_k_rows
+from toolkit.core.decoding import (
+    HostState,
+    ReorderMemory,
+    StepBackend,
+    empty_cache,
+    next_host_state,
+    padding_groups,
+    reorder_rows,
+    take_rows,
+    top_k_rows,
+)
 from toolkit.core.graphs import GraphSpec
 from toolkit.graphs.helper_graphs import selection_graph, top_k_graph
 from toolkit.runtimes.onnxruntime.sessions import helper_session, session_provider
@@ -26,6 +36,15 @@ def direct_run(session: ort.InferenceSession) -> Callable[[list[str], dict], lis
     if native is None or "run" in vars(session) or getattr(type(session), "run", None) is not _SESSION_RUN:
         return session.run
     return lambda names, feeds: native.run(names, feeds, None)
+
+
+def _length_axes(encoder: GraphSpec, decoder: GraphSpec) -> dict[str, tuple[int, int]] | None:
+    """Each encoder output's batch and source-length axes, where rows may be encoded in groups: every output has both,
+    and the decoder masks by the source lengths. None otherwise (the batch is encoded whole)."""
+    length = encoder.inputs[0].dims[-1]
+    if "src_len" not in decoder.input_names or any("batch" not in t.dims or length not in t.dims for t in encoder.outputs):
+        return None
+    return {t.name: (t.dims.index("batch"), t.dims.index(length)) for t in encoder.outputs}
 
 
 _SESSION_RUN = ort.InferenceSession.run  # taken at import: tests replace ort.InferenceSession with factories
@@ -69,6 +88,7 @@ class OrtBackend(StepBackend):
         self.io_binding = self.device != "cpu" if io_binding is None else io_binding
         self._helpers: dict[str, ort.InferenceSession] = {}  # the ranking and row-selection sessions
         self._helpers_lock = threading.Lock()
+        self._length_axes = _length_axes(encoder_spec, decoder_spec)
 
     # Both helper sessions are made on first use (one sentence decoded greedily needs neither, and
     # building them was a fifth of `tk translate`'s start-up), once per backend and its forks:
@@ -119,13 +139,34 @@ class OrtBackend(StepBackend):
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), self.device, 0)
 
     def encode(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, ort.OrtValue | np.ndarray]:
-        outputs = dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
+        outputs = self._encoded(src, src_len)
         outputs.update(src=src, src_len=src_len)
         self.record("encoder", outputs)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
         if not self.io_binding:
             return HostState({n: outputs[n] for n in self.state_names}, self._reorder_memory.here())
         return {n: self._to_device(outputs[n]) for n in self.state_names}
+
+    def _encoded(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
+        """The encoder's outputs for the padded batch. On CPU, rows of very different lengths are encoded in groups
+        (padding_groups), each padded to its own longest, and the outputs padded back: the work of the padding is
+        skipped (CTranslate2 drops it too), and the decoder masks past each row's length (src_len) as before."""
+        groups = padding_groups(src_len) if self._length_axes is not None and not self.io_binding else []
+        if len(groups) < 2:
+            return dict(zip(self.encoder_spec.output_names, self.encoder.run(None, {"src": src, "src_len": src_len})))
+        merged: dict[str, np.ndarray] = {}
+        for rows in groups:
+            part = self.encoder.run(None, {"src": src[rows, : int(src_len[rows].max())], "src_len": src_len[rows]})
+            for name, value in zip(self.encoder_spec.output_names, part):
+                batch_axis, length_axis = self._length_axes[name]
+                if name not in merged:
+                    shape = list(value.shape)
+                    shape[batch_axis], shape[length_axis] = len(src), src.shape[1]
+                    merged[name] = np.zeros(shape, value.dtype)
+                where = [slice(None)] * value.ndim
+                where[batch_axis], where[length_axis] = rows, slice(0, value.shape[length_axis])
+                merged[name][tuple(where)] = value
+        return merged
 
     def _run_host(self, token: np.ndarray, state: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         named = dict(zip(self.output_names, self._run_decoder(self.output_names, {"token": token, **state})))
