@@ -116,5 +116,7 @@ def test_a_browser_without_webgpu_says_so_and_translates_on_webassembly(site):
             assert page.inner_text("#status").endswith("(this browser offers no WebGPU: running on WebAssembly)")
             assert page.inner_text("#output").splitlines() == texts and not errors, errors  # ONNX Runtime CPU's
             assert not [u for u in fetched if WEBGPU_BUILD in u]
+            status = page.inner_text("#status")
         finally:
             browser.close()
+    print(f"\nwithout WebGPU, asked for it: {status}")

@@ -125,7 +125,7 @@ const button = $("translate");
 const choose = () => { location.search = `?variant=${$("variant").value}&device=${$("device").value}`; };
 adapter.then((a) => {
   for (const [d, name] of Object.entries(DEVICES)) {
-    const option = new Option(d === "webgpu" && !a ? `${name} (not offered by this browser)` : name, d, false, d === device);
+    const option = new Option(d === "webgpu" && !a ? `${name} (not offered here)` : name, d, false, d === device);
     option.disabled = d === "webgpu" && !a;
     $("device").add(option);
   }
