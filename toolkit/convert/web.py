@@ -32,8 +32,12 @@ from toolkit.core.tokenizers import language_rule
 WEB = resources.files("toolkit") / "web"  # a clone's toolkit/web, or the installed package's
 SITE = WEB / "site"
 ORT_DIST = Path(str(WEB)) / "node_modules" / "onnxruntime-web" / "dist"
-# The WebAssembly build only (no WebGL/WebGPU code): the ES module, its loader and the binary.
-ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+# onnxruntime-web's builds the page runs, per device (each the ES module, its loader and the binary); a page load fetches
+# one: WebAssembly by default, WebGPU (whose binary also holds the WebAssembly kernels ORT places the operators WebGPU lacks
+# on) only when chosen (index.html?device=webgpu) and the browser offers an adapter.
+ORT_BUILDS = {"wasm": ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm"),
+              "webgpu": ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")}
+ORT_FILES = tuple(f for build in ORT_BUILDS.values() for f in build)
 # @huggingface/tokenizers (pure JavaScript, reads tokenizer.json): an imported model's tokenizer; tk's own models run
 # site/tokenizer.mjs, sentencepiece's exact port.
 TOKENIZERS_DIST = Path(str(WEB)) / "node_modules" / "@huggingface" / "tokenizers"
@@ -216,7 +220,9 @@ def _verify(m: manifest_mod.Manifest, site: Path, model: dict) -> str | None:
 
 def _next_step(source: Path, site: Path) -> str:
     sizes = ", ".join(f"{v} {n / 2**20:,.1f} MiB" for v, n in downloads(site).items())
+    webgpu = downloads(site, "webgpu")["fp32"] / 2**20
     return (f"download per page load (runtime, tokenizer and one variant's graphs): {sizes} (index.html?variant=int8); "
+            f"on WebGPU, where the browser offers it, fp32 {webgpu:,.1f} MiB (index.html?device=webgpu); "
             f"serve it with any static file server, e.g. python -m http.server -d {site}")
 
 
@@ -245,11 +251,14 @@ def site_entries(site: Path, m: manifest_mod.Manifest, model: dict) -> set[str] 
     return {Path(n).parts[0] for n in names if n and Path(n).parts}
 
 
-def downloads(site: Path) -> dict[str, int]:
-    """Bytes a page load fetches, per variant: the runtime, the page, the tokenizer and that variant's graphs."""
+def downloads(site: Path, device: str = "wasm") -> dict[str, int]:
+    """Bytes a page load on `device` (ORT_BUILDS) fetches, per variant: that device's runtime, the page, the tokenizer
+    and that variant's graphs."""
     model = json.loads((site / "model.json").read_text(encoding="utf-8"))
     tokenizer = model["tokenizer"]["file"] if isinstance(model["tokenizer"], dict) else model["tokenizer"]
+    vendored = [p for p in (site / "vendor").glob("*.*js") if p.name not in ORT_FILES]  # the tokenizer library, if any
+    runtime = [site / "vendor" / f for f in ORT_BUILDS[device]]
     shared = sum(p.stat().st_size for p in [*site.glob("*.mjs"), site / "index.html", site / "model.json", site / tokenizer,
-                                            *(site / "vendor").glob("*.mjs"), *(site / "vendor").glob("*.wasm")])
+                                            *vendored, *runtime])
     return {v: shared + entry["bytes"] for v, entry in model["variants"].items()}
 

@@ -1,12 +1,9 @@
 // The page: loads the graphs and the tokenizer once, then translates each typed line in the
 // browser (no server). window.tk is the same API for scripts and for tests.
 
-import * as ort from "./vendor/ort.wasm.min.mjs";
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds } from "./decoding.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
-
-ort.env.wasm.wasmPaths = new URL("./vendor/", import.meta.url).href;
 
 async function fetchOk(url, as) {
   const response = await fetch(url);
@@ -16,9 +13,28 @@ async function fetchOk(url, as) {
 
 const firstLine = (e) => String(e?.message ?? e).split("\n")[0];
 
-// The variant comes from the address (index.html?variant=int8); fp32 by default.
-const variant = new URLSearchParams(location.search).get("variant") || "fp32";
+// The variant and the device come from the address (index.html?variant=int8, ?device=webgpu); fp32 on WebAssembly by default.
+const params = new URLSearchParams(location.search);
+const variant = params.get("variant") || "fp32";
+const device = params.get("device") || "wasm";
+const DEVICES = { wasm: "WebAssembly", webgpu: "WebGPU" };
 
+// WebGPU where the browser gives an adapter: navigator.gpu alone is not enough (a browser may expose the API and have no
+// adapter, as headless Chromium without --enable-unsafe-webgpu does).
+const adapter = (async () => { try { return (await navigator.gpu?.requestAdapter()) ?? null; } catch { return null; } })();
+
+// onnxruntime-web's build for the device, each loaded only when chosen (WebGPU's is its own 26 MiB binary); WebGPU asked
+// for in a browser that offers none runs on WebAssembly, and the page says so (fallback).
+async function openRuntime() {
+  if (!(device in DEVICES)) throw new Error(`unknown device ${device}; choose one of ${Object.keys(DEVICES).join(", ")}`);
+  const gpu = device === "webgpu" && (await adapter) !== null;
+  const ort = await import(gpu ? "./vendor/ort.webgpu.min.mjs" : "./vendor/ort.wasm.min.mjs");
+  ort.env.wasm.wasmPaths = new URL("./vendor/", import.meta.url).href;
+  const fallback = device === "webgpu" && !gpu ? "this browser offers no WebGPU: running on WebAssembly" : null;
+  return { ort, ep: gpu ? "webgpu" : "wasm", fallback };
+}
+
+const runtime = openRuntime();
 const modelJson = fetchOk("model.json", "json");
 // The tokenizer loads on its own: tk.encode answers before the graphs are in.
 const tokenizing = modelJson.then((model) => openTokenizer(model.tokenizer, (url) => fetchOk(url, "json")));
@@ -27,17 +43,23 @@ async function load() {
   const model = await modelJson;
   const files = model.variants[variant];
   if (!files) throw new Error(`no ${variant} graphs here; choose one of ${Object.keys(model.variants).join(", ")}`);
+  const { ort, ep, fallback } = await runtime;
+  // int8's matrix products are MatMulInteger after DynamicQuantizeLinear, which onnxruntime-web's WebGPU has no kernels
+  // for (its node placements put them on its CPU kernels): int8 would run on WebAssembly under a WebGPU label.
+  if (ep === "webgpu" && variant !== "fp32") throw new Error(`the ${variant} graphs do not run on WebGPU; choose fp32 graphs or WebAssembly`);
   const [tokenizer, weights] = await Promise.all([
     tokenizing,
     // fp32: both graphs point into one weights file (ONNX external data): downloaded once, given to both sessions.
     files.weights ? fetchOk(files.weights, "arrayBuffer").then((b) => new Uint8Array(b)) : null,
   ]);
-  const options = { executionProviders: ["wasm"], ...(weights ? { externalData: [{ path: files.weights, data: weights }] } : {}) };
+  const options = { executionProviders: [ep], ...(weights ? { externalData: [{ path: files.weights, data: weights }] } : {}) };
   // A graph that is missing or unreadable is named, in one line (the page's status shows it).
-  const [encoder, decoder] = await Promise.all(["encoder", "decoder"].map((g) => ort.InferenceSession.create(files.graphs[g], options)
-    .catch((e) => { throw new Error(`cannot load the ${variant} ${g} graph ${files.graphs[g]}: ${firstLine(e)}`); })));
+  // One after the other: onnxruntime-web's WebGPU refuses a session while another is being created.
+  const open = (g) => ort.InferenceSession.create(files.graphs[g], options)
+    .catch((e) => { throw new Error(`cannot load the ${variant} ${g} graph ${files.graphs[g]}: ${firstLine(e)}`); });
+  const encoder = await open("encoder"), decoder = await open("decoder");
   const backend = new OrtBackend(ort, encoder, decoder, model);
-  return { model: { ...model, variant, bytes: files.bytes }, tokenizer, backend, loadMs: performance.now() };
+  return { model: { ...model, variant, bytes: files.bytes }, tokenizer, backend, ort, ep, fallback, loadMs: performance.now() };
 }
 
 const loading = load();
@@ -67,7 +89,9 @@ function decodeOptions(model, opts = {}) {
 }
 
 window.tk = {
-  ready: loading.then(({ model, loadMs }) => ({ loadMs, model: model.name, variant, bytes: model.bytes, threads: ort.env.wasm.numThreads })),
+  ready: loading.then(({ model, loadMs, ort, ep, fallback }) => ({
+    loadMs, model: model.name, variant, bytes: model.bytes, device: ep, fallback, threads: ort.env.wasm.numThreads,
+  })),
   // Each source's log-probabilities for the first target token: what `tk verify` compares.
   async firstStep(ids) {
     const { model, backend } = await loading;
@@ -98,19 +122,31 @@ window.tk = {
 
 const $ = (id) => document.getElementById(id);
 const button = $("translate");
-loading.then(({ model, loadMs }) => {
+const choose = () => { location.search = `?variant=${$("variant").value}&device=${$("device").value}`; };
+adapter.then((a) => {
+  for (const [d, name] of Object.entries(DEVICES)) {
+    const option = new Option(d === "webgpu" && !a ? `${name} (not offered here)` : name, d, false, d === device);
+    option.disabled = d === "webgpu" && !a;
+    $("device").add(option);
+  }
+  $("device").addEventListener("change", choose);
+});
+const shown = (e) => { $("status").textContent = `error: ${firstLine(e)}`; };
+runtime.then(({ fallback }) => { if (fallback) $("status").textContent = `loading ... (${fallback})`; }, shown);
+loading.then(({ model, loadMs, ort, ep, fallback }) => {
   for (const v of Object.keys(model.variants)) $("variant").add(new Option(v, v, false, v === variant));
-  $("variant").addEventListener("change", () => { location.search = `?variant=${$("variant").value}`; });
+  $("variant").addEventListener("change", choose);
   if (model.languages && model.languages.target.length > 1) { // a multilingual model: its languages, the export's pair first
     for (const side of ["source", "target"]) {
       for (const code of model.languages[side]) $(side).add(new Option(code, code, false, code === model.languages[`${side}_lang`]));
     }
     $("languages").hidden = false;
   }
-  $("model").textContent = `${model.name} (${variant}, ${(model.bytes / 2 ** 20).toFixed(1)} MiB of graphs), onnxruntime-web ${ort.env.versions?.web ?? ""} on WebAssembly, ${ort.env.wasm.numThreads || 1} thread(s)`;
-  $("status").textContent = `ready in ${Math.round(loadMs)} ms`;
+  const on = ep === "webgpu" ? "WebGPU" : `WebAssembly, ${ort.env.wasm.numThreads || 1} thread(s)`;
+  $("model").textContent = `${model.name} (${variant}, ${(model.bytes / 2 ** 20).toFixed(1)} MiB of graphs), onnxruntime-web ${ort.env.versions?.web ?? ""} on ${on}`;
+  $("status").textContent = `ready in ${Math.round(loadMs)} ms${fallback ? ` (${fallback})` : ""}`;
   button.disabled = false;
-}, (e) => { $("status").textContent = `error: ${firstLine(e)}`; });
+}, shown);
 
 button.addEventListener("click", async () => {
   const lines = $("input").value.split("\n");
@@ -123,7 +159,8 @@ button.addEventListener("click", async () => {
     const ms = performance.now() - start;
     $("output").textContent = out.map((o) => o.text).join("\n");
     const n = lines.filter((l) => l.trim()).length;
-    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms`;
+    const { fallback } = await runtime;
+    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms${fallback ? ` (${fallback})` : ""}`;
   } catch (e) {
     $("status").textContent = `error: ${firstLine(e)}`;
   } finally {

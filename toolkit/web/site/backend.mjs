@@ -1,7 +1,7 @@
 // The step backend for onnxruntime-web: the same encoder and decoder graphs as `tk translate`.
 //
 // toolkit/runtime.py keeps the cache on the device and ranks and selects rows with small ONNX
-// graphs; on the WebAssembly backend tensors already live in JavaScript memory, so ranking
+// graphs; here the outputs come back in JavaScript memory (on WebGPU too: onnxruntime-web's default), so ranking
 // (top-k) and row selection (finished rows leave, beams reorder) are done here in plain
 // JavaScript, with the same tie rule as ONNX Runtime's TopK (equal values: lower id first).
 
