@@ -97,6 +97,7 @@ def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip, v
     verdict = guard.check(directory, variant, sentences=40, data=corpus_zip)
     assert verdict.identical == verdict.sentences == 40 and verdict.problems == []
     assert verdict.shortlisted == verdict.plain
+    assert verdict.candidates == verdict.vocab == vocab  # every sentence decodes over the whole output layer
 
 
 def test_serve_shortlist_answers_what_each_sentence_gets_alone(model, shortlisted):
