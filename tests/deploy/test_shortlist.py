@@ -97,6 +97,7 @@ def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip, v
     verdict = guard.check(directory, variant, sentences=40, data=corpus_zip)
     assert verdict.identical == verdict.sentences == 40 and verdict.problems == []
     assert verdict.shortlisted == verdict.plain
+    assert verdict.candidates == verdict.vocab == vocab  # every sentence decodes over the whole output layer
 
 
 def test_serve_shortlist_answers_what_each_sentence_gets_alone(model, shortlisted):
@@ -142,3 +143,14 @@ def test_a_runtime_that_cannot_decode_over_a_shortlist_says_so(model):
     pytest.importorskip("ctranslate2")
     with pytest.raises(UsageError, match="runtime 'ctranslate2' cannot decode over a shortlist; use --runtime onnxruntime"):
         Translator(model, runtime="ctranslate2", shortlist=True)
+
+
+def test_candidates_go_to_the_source_token_that_explains_them():
+    """'big' (1) occurs once, beside 'x' (3), and becomes 'grand X' (11 13); 'x' is 'X' elsewhere and 'large' (2) is
+    'grand' too. Co-occurrence ranks the rarer 'X' first for 'big' (Dice 0.5 against 0.33); the translation
+    probabilities give 'X' to 'x' and keep 'grand' for 'big', as an aligner's lexical table does."""
+    src = [[1, 3], [4, 3], [4, 3], [2, 5], [2, 6], [2, 7], [2, 5]]
+    tgt = [[11, 13], [14, 13], [14, 13], [11, 15], [11, 16], [11, 17], [11, 15]]
+    table = shortlist.estimate(src, tgt, per_token=1, frequent=0)
+    best = {s: table.targets[table.offsets[s]:table.offsets[s + 1]].tolist() for s in (1, 2, 3, 4)}
+    assert best == {1: [11], 2: [11], 3: [13], 4: [14]}

@@ -21,6 +21,7 @@ from toolkit.core.errors import UsageError
 FILE = "shortlist.npz"  # in the model directory, recorded in manifest.json ("shortlist")
 PER_TOKEN = 100  # candidates kept per source token (as Marian's usual `--shortlist lex.s2t 100 100`)
 FREQUENT = 100  # most frequent target tokens always allowed
+ITERATIONS = 5  # of IBM model 1's EM (fast_align runs 5)
 
 
 @dataclass(frozen=True)
@@ -72,30 +73,47 @@ def load(path: Path) -> Shortlist:
     return table
 
 
+def translation_probabilities(src: list[list[int]], tgt: list[list[int]], vocab: int,
+                              iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """p(t | s) of IBM model 1 (with a NULL source token), as fast_align's lexical table that Marian's extract_lex
+    reads: EM over every (source position, target position) pair of each sentence. Returns (s, t, p) of the pairs
+    that co-occur. Unlike a co-occurrence count, it gives a target token to the source token that explains it,
+    not to the frequent source tokens it happens to sit beside."""
+    null = vocab
+    s_tok = [np.append(np.asarray(s, dtype=np.int64), null) for s in src]
+    t_tok = [np.asarray(t, dtype=np.int64) for t in tgt]
+    es = np.concatenate([np.repeat(s, len(t)) for s, t in zip(s_tok, t_tok)])
+    et = np.concatenate([np.tile(t, len(s)) for s, t in zip(s_tok, t_tok)])
+    first = np.cumsum([0] + [len(t) for t in t_tok[:-1]])  # each target position's row in the E-step's sums
+    slot = np.concatenate([np.tile(np.arange(len(t)) + f, len(s)) for s, t, f in zip(s_tok, t_tok, first)])
+    pairs, inverse = np.unique(es * (vocab + 1) + et, return_inverse=True)
+    p_s = pairs // (vocab + 1)
+    prob = np.ones(len(pairs))
+    for _ in range(iterations):
+        p = prob[inverse]
+        posterior = p / np.bincount(slot, weights=p)[slot]
+        counts = np.bincount(inverse, weights=posterior, minlength=len(pairs))
+        prob = counts / np.bincount(p_s, weights=counts, minlength=vocab + 1)[p_s]
+    real = p_s < null
+    return p_s[real], pairs[real] % (vocab + 1), prob[real]
+
+
 def estimate(src: list[list[int]], tgt: list[list[int]], per_token: int = PER_TOKEN,
              frequent: int = FREQUENT, always: tuple[int, ...] = ()) -> Shortlist:
-    """Candidates from token-id sentence pairs: for each source token the `per_token` target tokens with the highest
-    Dice coefficient (2 c(s, t) / (c(s) + c(t)), sentences counted once), the `frequent` most frequent target tokens and
-    `always` for every sentence. Dice over co-occurrence, not an aligner: cheap, and it keeps a source token's rarer
-    translations that a few iterations of IBM-1 give little mass."""
-    if len(src) != len(tgt) or not src:
+    """Candidates from token-id sentence pairs: for each source token the `per_token` target tokens of highest
+    p(t | s) (translation_probabilities), the `frequent` most frequent target tokens and `always` for every sentence,
+    as Marian's `--shortlist lex.s2t FIRST BEST` keeps its most frequent and its best-by-probability."""
+    if len(src) != len(tgt) or not src or not any(len(t) for t in tgt):
         raise UsageError("a shortlist needs sentence pairs; the file gave none")
-    src_sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in src]
-    tgt_sets = [np.unique(np.asarray(t, dtype=np.int64)) for t in tgt]
-    vocab = 1 + max(int(s.max()) for s in src_sets + tgt_sets if len(s))  # ids past it are never looked up
-    c_src = np.bincount(np.concatenate(src_sets), minlength=vocab)[:vocab]
-    c_tgt = np.bincount(np.concatenate(tgt_sets), minlength=vocab)[:vocab]
-    keys = np.concatenate([(s[:, None] * vocab + t[None, :]).ravel() for s, t in zip(src_sets, tgt_sets)])
-    pairs, counts = np.unique(keys, return_counts=True)
-    s_of, t_of = pairs // vocab, pairs % vocab
-    dice = 2.0 * counts / (c_src[s_of] + c_tgt[t_of])
-    order = np.lexsort((t_of, -dice, s_of))  # by source token, best first (ties by id: the table is reproducible)
+    vocab = 1 + max(max(s, default=-1) for s in src + tgt)  # ids past it are never looked up
+    s_of, t_of, prob = translation_probabilities(src, tgt, vocab)
+    order = np.lexsort((t_of, -prob, s_of))  # by source token, best first (ties by id: the table is reproducible)
     s_of, t_of = s_of[order], t_of[order]
     starts = np.searchsorted(s_of, np.arange(vocab + 1))
-    rank = np.arange(len(s_of)) - starts[s_of]
-    keep = rank < per_token
+    keep = np.arange(len(s_of)) - starts[s_of] < per_token
     s_kept, t_kept = s_of[keep], t_of[keep]
     offsets = np.searchsorted(s_kept, np.arange(vocab + 1)).astype(np.int64)
+    c_tgt = np.bincount(np.concatenate([np.asarray(t, dtype=np.int64) for t in tgt]), minlength=vocab)[:vocab]
     top = np.argsort(-c_tgt, kind="stable")[:frequent]
     fixed = np.unique(np.concatenate([top[c_tgt[top] > 0], np.asarray(always, dtype=np.int64)]))
     return Shortlist(offsets, t_kept.astype(np.int32), fixed.astype(np.int32))

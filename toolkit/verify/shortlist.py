@@ -11,6 +11,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 MIN_IDENTICAL = 0.995  # share of held-out translations the shortlist must leave as they are
 WITHIN = 0.5  # BLEU and chrF points the shortlist may lose against the output without it
 SENTENCES = 1000  # held-out sentences translated (from the start of the test split)
@@ -27,6 +29,8 @@ class ShortlistVerdict:
     plain: dict  # BLEU and chrF without the shortlist
     shortlisted: dict  # and with it
     differing: list[tuple[int, str, str, str]] = field(default_factory=list)  # (1-based index, source, without, with)
+    candidates: float = 0.0  # mean candidates a sentence decodes over
+    vocab: int = 0  # of the output layer they are drawn from
 
     @property
     def share(self) -> float:
@@ -56,17 +60,34 @@ def check(model_dir: str | Path, variant: str = "fp32", sentences: int = SENTENC
     with warnings.catch_warnings():  # a span the model did not copy is put back in both; the report compares what is left
         warnings.simplefilter("ignore")
         plain = Translator(model_dir, provider="cpu", variant=variant).translate(english)
-        shortlisted = Translator(model_dir, provider="cpu", variant=variant, shortlist=True).translate(english)
+        translator = Translator(model_dir, provider="cpu", variant=variant, shortlist=True)
+        shortlisted = translator.translate(english)
     differing = [(i + 1, s, a, b) for i, (s, a, b) in enumerate(zip(english, plain, shortlisted)) if a != b]
+    candidates, vocab = _sizes(translator, english)
     return ShortlistVerdict(f"test split of {data_mod.describe(corpus)}", variant, len(english), len(english) - len(differing),
-                            min_identical, bleu_chrf(plain, references), bleu_chrf(shortlisted, references), differing)
+                            min_identical, bleu_chrf(plain, references), bleu_chrf(shortlisted, references), differing,
+                            candidates, vocab)
+
+
+def _sizes(translator, english: list[str]) -> tuple[float, int]:
+    """The mean number of candidates the sentences decode over, and the output layer's size: what the shortlist saves."""
+    from toolkit.core import shortlist as table_mod
+    from toolkit.graphs.shortlist import OUTPUT
+
+    m = translator.loaded.manifest
+    vocab = next(t.dims[-1] for t in m.specs()["decoder"].outputs if t.name == OUTPUT)
+    table = table_mod.load(m.directory / m.shortlist.file)
+    sizes = [len(table.candidates(np.array([ids[: m.max_len]]), np.array([len(ids[: m.max_len])]))[0])
+             for ids in translator.loaded.tokenizer.encode(english)]
+    return float(np.mean(sizes)), int(vocab)
 
 
 def render(v: ShortlistVerdict) -> list[str]:
     """The report's lines: the verdict, the scores, then the sentences that differ (the first SHOWN)."""
     verdict = "refused: " + "; ".join(v.problems) if v.problems else "accepted"
     lines = [f"shortlist on {v.variant}, {v.sentences:,} sentences ({v.origin}): {v.identical:,} identical ({v.share:.1%}); "
-             f"BLEU {v.plain['bleu']:.2f} -> {v.shortlisted['bleu']:.2f}, chrF {v.plain['chrf']:.2f} -> {v.shortlisted['chrf']:.2f}",
+             f"BLEU {v.plain['bleu']:.2f} -> {v.shortlisted['bleu']:.2f}, chrF {v.plain['chrf']:.2f} -> {v.shortlisted['chrf']:.2f}; "
+             f"{v.candidates:,.0f} candidates a sentence on average, of {v.vocab:,}",
              f"shortlist {verdict}"]
     for n, source, without, with_ in v.differing[:SHOWN]:
         lines.append(f"  sentence {n}: {source!r}: {without!r} -> {with_!r}")
