@@ -19,7 +19,9 @@ import numpy as np
 from toolkit.core.errors import UsageError
 
 FILE = "shortlist.npz"  # in the model directory, recorded in manifest.json ("shortlist")
-PER_TOKEN = 100  # candidates kept per source token (as Marian's usual `--shortlist lex.s2t 100 100`)
+# Candidates kept per source token. Marian's usual `--shortlist lex.s2t 100 100` keeps 100; on tk's shipped model 100
+# keeps 97.3% of greedy translations identical and 400 keeps 99.7%, which tk verify's 99.5% guard accepts.
+PER_TOKEN = 400
 FREQUENT = 100  # most frequent target tokens always allowed
 ITERATIONS = 5  # of IBM model 1's EM (fast_align runs 5)
 

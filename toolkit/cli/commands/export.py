@@ -13,6 +13,7 @@ from toolkit.cli.commands.options import (
 )
 from toolkit.convert import registry
 from toolkit.core.errors import UsageError
+from toolkit.core.shortlist import PER_TOKEN
 from toolkit.core.variants import BUILT
 
 
@@ -52,8 +53,9 @@ def _dest(name: str) -> str:
 @click.option("--shortlist", "shortlist_file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="On an exported directory: store a lexical shortlist estimated from FILE (one source sentence a line, or a "
                    "TSV of pairs) for `tk translate --shortlist`; check it with `tk verify DIR --shortlist`.")
-@click.option("--per-token", type=click.IntRange(1, 10000), default=100, show_default=True,
-              help="With --shortlist: candidates kept per source token (more keep more translations identical, and run slower).")
+@click.option("--per-token", type=click.IntRange(1, 10000), default=None,
+              help=f"With --shortlist: candidates kept per source token (more keep more translations identical, and run slower) "
+                   f"[default: {PER_TOKEN}].")
 @writer_options
 def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep_fp32, bleu_within, attention, force, source_lang,
            target_lang, shortlist_file, per_token, **writers):
@@ -76,9 +78,9 @@ def export(source, out, random_init, seed, opset, fp16, optimize, quantize, keep
         raise UsageError(f"{source} is a Hugging Face model directory (it has config.json), not a tk checkpoint; "
                          f"export it with the hf: prefix: tk export hf:{source} --out {out or 'DIR'}")
     if shortlist_file is not None:
-        return _shortlist(Path(source), shortlist_file, per_token, is_model_dir,
+        return _shortlist(Path(source), shortlist_file, per_token or PER_TOKEN, is_model_dir,
                           any((out, random_init, fp16, optimize, quantize, attention, source_lang, target_lang, *writers.values())))
-    if per_token != 100:
+    if per_token is not None:
         raise UsageError("--per-token sizes a shortlist; use it with --shortlist FILE")
     given = {name: writers[_dest(name)] for name in registry.TABLE}
     asked = {name: None if value is True else value for name, value in given.items() if value}
