@@ -1,6 +1,6 @@
 """tk export --web for imported models, in headless Chromium (the other half of the models beside test_web_imports.py;
 the shared builds and checks are tests/web_import_fixture.py): M2M100, NLLB-200's layout (tokenizer.json, eng_Latn-style
-codes, the target's code forced first), mBART-cc25 (the decoder starts with the target's code) and BART. In one page per
+codes, the target's code forced first), mBART-cc25 (the decoder starts with the target's code), T5 and BART. In one page per
 model: the page's token ids and text are the directory's Python tokenizer's on 50 sentences, its greedy and beam-4
 tokens ONNX Runtime CPU's (the page decodes by the model's declared rules: start and end tokens, pad, generate's beam
 rule and length penalty, the forced first token, the output limit), and another target language chosen in the page is
@@ -33,7 +33,7 @@ def browser():
         yield b
 
 
-@pytest.mark.parametrize("model", ["m2m100", "nllb", "mbart-cc25", "bart"])
+@pytest.mark.parametrize("model", ["m2m100", "nllb", "mbart-cc25", "t5", "bart"])
 def test_the_page_tokenizes_and_decodes_an_import_as_python_does(model, browser, tmp_path_factory, pairs):
     check_page(browser, tmp_path_factory, pairs, model)
 

@@ -1,7 +1,7 @@
 """tk export --web for imported models, in headless Chromium (half of the models; the other half is
 test_web_import_decoding.py, the shared builds and checks tests/web_import_fixture.py): Marian (opus-mt's shape; tk's
 shipped Transformer exported with `tk export --to-hf`, whose SentencePiece model has the identity rule; the tc-big shape,
-two vocabularies: the page encodes with the source's and decodes with the target's), mBART-50 and T5. In one page per
+two vocabularies: the page encodes with the source's and decodes with the target's) and mBART-50. In one page per
 model: the page's token ids and text are the directory's Python tokenizer's on 50 sentences, and its greedy and beam-4
 tokens are ONNX Runtime CPU's (web_import_fixture.check_page); the int8 graphs the site writes decode within int8's
 tolerance; a missing graph is one line in the page."""
@@ -34,7 +34,7 @@ def browser():
         yield b
 
 
-@pytest.mark.parametrize("model", ["marian", "marian-from-tk", "marian-tc-big", "mbart", "t5"])
+@pytest.mark.parametrize("model", ["marian", "marian-from-tk", "marian-tc-big", "mbart"])
 def test_the_page_tokenizes_and_decodes_an_import_as_python_does(model, browser, tmp_path_factory, pairs):
     check_page(browser, tmp_path_factory, pairs, model)
 
