@@ -109,6 +109,21 @@ def spm_tokenizer_json(proto_bytes: bytes, path: Path, ids: dict[str, int], size
     }
 
 
+def _marian_json(d: Path, model_file: str, vocab_file: str) -> dict:
+    """A Marian SentencePiece model as a tokenizer.json at its vocabulary's ids (the source's, or the target's to decode
+    output ids with when the two vocabularies are separate)."""
+    vocab = read_vocab(d / vocab_file)
+    data = spm_tokenizer_json((d / model_file).read_bytes(), d / model_file, vocab, len(vocab), {})
+    pieces = data["model"]["vocab"]
+    known = {p for p, _ in pieces if len(p) == 1}
+    for piece, i in vocab.items():  # the target's pieces: decoded, and never matched in a source ...
+        if pieces[i][0].startswith(UNREACHABLE):
+            # ... but for a character the source model lacks: SentencePiece gives its text, which vocab.json has
+            reachable = len(piece) == 1 and piece not in known and piece != WORD
+            pieces[i][0] = piece if reachable else f"{UNREACHABLE}{piece}"
+    return data
+
+
 def site_tokenizer(m: manifest_mod.Manifest) -> tuple[dict, dict] | None:
     """(tokenizer.json, model.json's tokenizer entry) for an imported tokenizer; None for tk's own SentencePiece kind
     (tokenizer.mjs). A kind the page cannot run is one line."""
@@ -122,18 +137,9 @@ def site_tokenizer(m: manifest_mod.Manifest) -> tuple[dict, dict] | None:
     if isinstance(tokenizer, JsonTokenizer) or (isinstance(tokenizer, T5SourceTokenizer) and tokenizer.tok is not None):
         data = portable(json.loads(source.read_text(encoding="utf-8")))  # read with tk's checks of a hostile file
     elif isinstance(tokenizer, MarianTokenizer):
-        if declared.target_vocab:  # the target's ids are another vocabulary's: a second file to decode with
-            raise UsageError(f"{d} is a {m.model} model with separate source and target vocabularies; the browser site "
-                             "runs one shared vocabulary (serve it with tk serve instead)")
-        vocab = read_vocab(d / declared.vocab)
-        data = spm_tokenizer_json(source.read_bytes(), source, vocab, len(vocab), {})
-        pieces = data["model"]["vocab"]
-        known = {p for p, _ in pieces if len(p) == 1}
-        for piece, i in vocab.items():  # the target's pieces: decoded, and never matched in a source ...
-            if pieces[i][0].startswith(UNREACHABLE):
-                # ... but for a character the source model lacks: SentencePiece gives its text, which vocab.json has
-                reachable = len(piece) == 1 and piece not in known and piece != WORD
-                pieces[i][0] = piece if reachable else f"{UNREACHABLE}{piece}"
+        data = _marian_json(d, declared.source, declared.vocab)
+        if declared.target_vocab:  # output ids are the target vocabulary's: the page decodes them with its own file
+            entry["target"] = _marian_json(d, declared.target or declared.source, declared.target_vocab)
     elif isinstance(tokenizer, SpmVocabTokenizer):
         vocab = read_vocab(d / declared.vocab)
         size = max([*vocab.values(), *(declared.languages or {}).values()]) + 1
@@ -213,7 +219,9 @@ def site_tokenizer_problem(m: manifest_mod.Manifest, data: dict, entry: dict) ->
     differ = [label for label, a, b in zip(labels, want, got) if a != b]
     if differ:
         return f"the site's tokenizer gives other ids than the directory's ({differ[0]})"
-    tok, special = Tokenizer.from_str(json.dumps(data)), set(entry["special"])
-    back = [tok.decode([i for i in ids if i not in special], skip_special_tokens=False).strip() for ids in want]
-    differ = [label for label, a, b in zip(labels, tokenizer.decode(want), back) if a != b]
+    # output ids: the target vocabulary's when it is another (decoded with the entry's own tokenizer.json)
+    out = tokenizer.target_ids(list(texts)) if entry.get("target") else want
+    tok, special = Tokenizer.from_str(json.dumps(entry.get("target") or data)), set(entry["special"])
+    back = [tok.decode([i for i in ids if i not in special], skip_special_tokens=False).strip() for ids in out]
+    differ = [label for label, a, b in zip(labels, tokenizer.decode(out), back) if a != b]
     return f"the site's tokenizer gives another text back than the directory's ({differ[0]})" if differ else None

@@ -31,10 +31,12 @@ async function open(entry, spec) {
   const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
   const tok = new Tokenizer(spec, { clean_up_tokenization_spaces: false });
   if (spec.model?.type === "Unigram" && spec.model.byte_fallback) byteFallback(tok.model);
+  // A Marian of separate vocabularies: output ids are the target's, decoded with its tokenizer.json (entry.target).
+  const out = entry.target ? new Tokenizer(entry.target, { clean_up_tokenization_spaces: false }) : tok;
   return new PageTokenizer(
     entry,
     (text, special = false) => tok.encode(text, { add_special_tokens: special }).ids,
-    (ids) => (ids.length ? tok.decode(ids, { clean_up_tokenization_spaces: false }) : ""),
+    (ids) => (ids.length ? out.decode(ids, { clean_up_tokenization_spaces: false }) : ""),
     (token) => tok.model.tokens_to_ids.get(token) ?? null,
   );
 }
