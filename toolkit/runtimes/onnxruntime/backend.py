@@ -40,9 +40,10 @@ def direct_run(session: ort.InferenceSession) -> Callable[[list[str], dict], lis
 
 def _length_axes(encoder: GraphSpec, decoder: GraphSpec) -> dict[str, tuple[int, int]] | None:
     """Each encoder output's batch and source-length axes, where rows may be encoded in groups: every output has both,
-    and the decoder masks by the source lengths. None otherwise (the batch is encoded whole)."""
+    the length axis once, and the decoder masks by the source lengths. None otherwise (the batch is encoded whole): an
+    output over two source axes (the attention variant's self-attention weights) cannot be padded back from a group's."""
     length = encoder.inputs[0].dims[-1]
-    if "src_len" not in decoder.input_names or any("batch" not in t.dims or length not in t.dims for t in encoder.outputs):
+    if "src_len" not in decoder.input_names or any("batch" not in t.dims or t.dims.count(length) != 1 for t in encoder.outputs):
         return None
     return {t.name: (t.dims.index("batch"), t.dims.index(length)) for t in encoder.outputs}
 
