@@ -15,8 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import REPO, built_once
 from convert.test_web import CHROMIUM, static_server
+from hf_marian_fixture import fra_eng_lines
 from hf_seq2seq_fixture import exported_import
 
 from toolkit.convert import web
@@ -253,3 +255,15 @@ def first_step(model, ids: list[list[int]], m: manifest_mod.Manifest) -> np.ndar
     backend = model.backend()
     state = backend.encode(*pad_batch(ids[:16], m.rules().pad))
     return backend.step(np.full(16, m.rules().start), state)[0]
+
+
+# Module fixtures of both browser test files (each file gets its own instance).
+@pytest.fixture(scope="module")
+def pairs(corpus_zip) -> list[tuple[str, str]]:
+    return fra_eng_lines(corpus_zip, 2000)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b

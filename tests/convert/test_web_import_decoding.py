@@ -12,25 +12,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import web_import_fixture
 from convert.test_web import CHROMIUM
-from hf_marian_fixture import fra_eng_lines
-from web_import_fixture import check_page, chromium, copied_site, directory, page_of
+from web_import_fixture import check_page, copied_site, directory, page_of
 
 from toolkit.convert import web
 from toolkit.core import manifest as manifest_mod
 
+browser, pairs = web_import_fixture.browser, web_import_fixture.pairs  # the two files' shared module fixtures
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed: apt-get install -y chromium")]
-
-
-@pytest.fixture(scope="module")
-def pairs(corpus_zip) -> list[tuple[str, str]]:
-    return fra_eng_lines(corpus_zip, 2000)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 @pytest.mark.parametrize("model", ["m2m100", "nllb", "mbart-cc25", "t5", "bart"])

@@ -12,26 +12,16 @@ import json
 
 import numpy as np
 import pytest
+import web_import_fixture
 from convert.test_web import CHROMIUM
-from hf_marian_fixture import fra_eng_lines
-from web_import_fixture import HYPS, check_page, chromium, copied_site, directory, first_step, page_of, python_tokens, site
+from web_import_fixture import HYPS, check_page, copied_site, directory, first_step, page_of, python_tokens, site
 
 from toolkit.core.variants import CATALOGUE
 from toolkit.deploy.translate import open_model
 from toolkit.verify.compare import compare
 
+browser, pairs = web_import_fixture.browser, web_import_fixture.pairs  # the two files' shared module fixtures
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed: apt-get install -y chromium")]
-
-
-@pytest.fixture(scope="module")
-def pairs(corpus_zip) -> list[tuple[str, str]]:
-    return fra_eng_lines(corpus_zip, 2000)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 @pytest.mark.parametrize("model", ["marian", "marian-from-tk", "marian-tc-big", "mbart"])

@@ -149,6 +149,13 @@ class RuntimeChoice(click.Choice):
         pass  # click.Choice.__init__ stores its list; this one is the registry's
 
 
+def shortlist_option(help: str = "Decode each sentence over its own candidates of the model's lexical shortlist (`tk export "
+                     "DIR --shortlist FILE`): the same output alone or in any batch; `tk verify DIR --shortlist` says how "
+                     "far it keeps the output."):
+    """--shortlist, as tk translate and tk serve take it."""
+    return click.option("--shortlist", is_flag=True, help=help)
+
+
 def runtime_option(multiple: bool = False, help: str = "Which engine runs the graphs (openvino: its CPU plugin; needs the openvino extra)."):
     """--runtime, its choices the registered runtimes (toolkit.runtimes.registry); `multiple`: repeatable, into `runtimes`."""
     if multiple:

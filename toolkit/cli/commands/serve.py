@@ -15,6 +15,7 @@ from toolkit.cli.commands.options import (
     declared_option,
     option_group,
     runtime_option,
+    shortlist_option,
 )
 from toolkit.core.errors import UsageError
 from toolkit.serve.options import SCALING, SETTINGS, fields
@@ -49,9 +50,7 @@ LIMIT_OPTIONS = option_group(*(declared_option(o, "tk-serve") for o in SETTINGS)
                                                     "instead of starting a local Ray; every DIR must be at the same path on its nodes.")
 @click.option("--replicas", metavar="N|MIN:MAX",
               help="With --ray: replicas per model, N, or autoscaled between MIN and MAX on the requests waiting on them [default: 1].")
-@click.option("--shortlist", is_flag=True,
-              help="Decode each sentence over its own candidates of each model's lexical shortlist (`tk export DIR --shortlist FILE`): "
-                   "a sentence's translation does not depend on the requests it is batched with.")
+@shortlist_option()
 def serve(models, host, port, provider, variant, runtime, threads, no_batching, limits, allow_hosts, languages, api_keys=None,
           on_ray=False, ray_address=None, replicas=None, shortlist=False):
     """Serve translations over HTTP: POST /v1/translate, LibreTranslate's API (POST /translate, GET /languages),

@@ -25,6 +25,7 @@ from toolkit.cli.commands.options import (
     plural,
     read_glossary,
     runtime_option,
+    shortlist_option,
 )
 from toolkit.core.decode_options import DECLARED
 from toolkit.core.errors import UsageError
@@ -62,9 +63,7 @@ from toolkit.core.errors import UsageError
                    "directory's calibration (`tk evaluate DIR --calibrate`), else a fixed uncalibrated map; stderr says which.")
 @click.option("--min-confidence", type=FiniteFloat(0.0, 1.0), metavar="X",
               help="Name on stderr, in one warning line, the lines whose confidence is below X (0 to 1); the output is unchanged.")
-@click.option("--shortlist", is_flag=True,
-              help="Decode each sentence over its own candidates of the directory's lexical shortlist (`tk export DIR --shortlist "
-                   "FILE`): faster, the same output alone or in any batch; `tk verify DIR --shortlist` says how far it keeps the output.")
+@shortlist_option()
 @LANGUAGES
 def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fallback, variant, backend, runtime, decoding, keep, glossary,
               split, raw, strict, n_best, reference, threads, streams, text_format, quiet, confidence, min_confidence, shortlist, languages):
