@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +35,32 @@ def _a_core_per_worker() -> None:
 
 
 _a_core_per_worker()
+
+# The files of fewest tests and most seconds (2-core AVX2 EPYC, two workers: `pytest -n 2 --dist loadfile --durations=50`),
+# longest first. With --dist loadfile a file runs whole on one worker, and xdist hands files out most tests first, so
+# these came out among the last and one of them could run alone while the other worker had nothing left. Handed out
+# first instead, the hundred short files after them even out where the two workers end.
+LONG_FILES = ("serve/test_serve_ray.py", "pytorch/test_textbook_adapters.py", "test_readme.py", "pytorch/test_hf_t5.py",
+              "verify/test_verify.py", "pytorch/test_hf_marian.py", "bench/test_scale_bench.py", "corpus/test_corpus.py",
+              "pytorch/test_hf_marian_family.py", "bench/test_scale_work_dir.py")
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: the order of pytest_collection_modifyitems below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """LONG_FILES first, in their order; then the rest as xdist would order them (most tests first). A file's tests keep
+    their own order."""
+    tests = Path(__file__).parent
+    per_file = Counter(item.path for item in items)
+
+    def rank(item) -> tuple[int, int]:
+        name = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return (LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES), -per_file[item.path])
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session", autouse=True)
