@@ -375,9 +375,15 @@ def tk_serve(cluster: Cluster, model: Path, replicas: str, *options: str):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 0, "".join(log)[-3000:]
     finally:
+        # A test that failed inside the block: SIGTERM first, so tk serve shuts down the Serve it started on the cluster
+        # (killed outright it leaves Serve running there, and every later test on the cluster fails on it).
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
 
 
 @dataclass
