@@ -166,6 +166,7 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
                 _write_graph(m, graph, variant, tmp / name)
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
     model["tokenizer"] = write_site_tokenizer(m, tmp / model["tokenizer"]["file"])
+    model["glossary"] = site_glossary(m, model)
     model["onnxruntime_web"] = version
     (tmp / "model.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
     for f in SITE.iterdir():  # package data: read through importlib.resources, not from a path of the clone
@@ -177,6 +178,31 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
     for name, source in vendored_tokenizers(model).items():
         shutil.copyfile(TOKENIZERS_DIST / source, tmp / "vendor" / name)
     return model
+
+
+def site_glossary(m: manifest_mod.Manifest, model: dict) -> dict:
+    """What the page's glossary (site/glossary.mjs) takes from Python rather than spelling it twice: the checks' margin
+    and beam (toolkit.deploy.translate), the limits and patterns of finding terms (toolkit.core.glossary, placeholders),
+    and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds), as id lists. A model
+    whose glossary the page cannot put in has only `refused`, the one line the page shows."""
+    from toolkit.core import constrained, glossary, placeholders
+    from toolkit.core.tokenizers import open_tokenizer
+    from toolkit.deploy.translate import FORCED_BEAM, FORCED_MARGIN, check_glossary
+
+    try:
+        check_glossary(m)
+    except UsageError as e:
+        return {"refused": str(e)}
+    if model["tokenizer"]["kind"] != "sentencepiece" or not m.declared().placeholders:
+        return {"refused": f"the page puts glossary terms into tk's own models only, not this imported {m.model} model; "
+                           "translate it with tk translate --glossary"}
+    vocab = next(o for o in m.graphs["decoder"].spec["outputs"] if o["name"] == "log_probs")["dims"][1]
+    starts, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), vocab)
+    ids = lambda kind: [int(i) for i in kind.nonzero()[0]]  # noqa: E731
+    return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "per_input": placeholders.PER_INPUT,
+            "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
+            "format": placeholders.FORMAT_RE.pattern, "inside_word": ids(~starts), "apostrophe": ids(apostrophes),
+            "sentence_end": ids(ends)}
 
 
 def vendored_tokenizers(model: dict) -> dict[str, str]:
