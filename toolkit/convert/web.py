@@ -183,8 +183,9 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
 def site_glossary(m: manifest_mod.Manifest, model: dict) -> dict:
     """What the page's glossary (site/glossary.mjs) takes from Python rather than spelling it twice: the checks' margin
     and beam (toolkit.deploy.translate), the limits and patterns of finding terms (toolkit.core.glossary, placeholders),
-    and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds), as id lists. A model
-    whose glossary the page cannot put in has only `refused`, the one line the page shows."""
+    and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds), as id lists; whether
+    the model was trained on placeholders (else a sentence whose targets cannot be forced in is reported, as tk translate
+    reports it). A model whose glossary the page cannot put in has only `refused`, the one line the page shows."""
     from toolkit.core import constrained, glossary, placeholders
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.deploy.translate import FORCED_BEAM, FORCED_MARGIN, check_glossary
@@ -193,13 +194,16 @@ def site_glossary(m: manifest_mod.Manifest, model: dict) -> dict:
         check_glossary(m)
     except UsageError as e:
         return {"refused": str(e)}
-    if model["tokenizer"]["kind"] != "sentencepiece" or not m.declared().placeholders:
-        return {"refused": f"the page puts glossary terms into tk's own models only, not this imported {m.model} model; "
-                           "translate it with tk translate --glossary"}
+    declared = m.declared().tokenizer
+    if declared.target and not declared.target_vocab and (m.directory / declared.target).read_bytes() != (m.directory / declared.source).read_bytes():
+        # The targets' ids are the target SentencePiece model's pieces (MarianTokenizer.target_ids), which the site lacks.
+        return {"refused": f"the page has no port of this {m.model} model's target tokenizer, which writes a glossary's "
+                           "targets; translate with tk translate --glossary"}
     vocab = next(o for o in m.graphs["decoder"].spec["outputs"] if o["name"] == "log_probs")["dims"][1]
     starts, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), vocab)
     ids = lambda kind: [int(i) for i in kind.nonzero()[0]]  # noqa: E731
-    return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "per_input": placeholders.PER_INPUT,
+    return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
+            "per_input": placeholders.PER_INPUT,
             "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
             "format": placeholders.FORMAT_RE.pattern, "inside_word": ids(~starts), "apostrophe": ids(apostrophes),
             "sentence_end": ids(ends)}

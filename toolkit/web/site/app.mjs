@@ -3,7 +3,7 @@
 
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds } from "./decoding.mjs";
-import { Glossary, restore, translateTerms } from "./glossary.mjs";
+import { Glossary, finished, translateTerms } from "./glossary.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
 async function fetchOk(url, as) {
@@ -124,16 +124,17 @@ window.tk = {
     if (glossary) texts.forEach((t, i) => { const f = glossary.prepare(t, i + 1); if (f) forms.set(i, f); });
     const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
     const out = new Array(texts.length);
-    const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest))
+    const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages)
       : { done: new Map(), later: [] };
     done.forEach((o, i) => { out[i] = o; });
-    // The lines without terms as without a glossary, and step 3's placeholder forms, in one batch (translate.decode_segments).
+    // The lines without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
+    // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments).
     const plain = texts.map((_, i) => i).filter((i) => !forms.has(i) || later.includes(i));
-    const inputs = plain.map((i) => (forms.has(i) ? forms.get(i).protected : texts[i]));
+    const inputs = plain.map((i) => (forms.has(i) ? forms.get(i).protected ?? forms.get(i).forced : texts[i]));
     const hyps = await this.translateIds(await this.encode(inputs, languages), rest);
     plain.forEach((i, k) => {
       const tokens = hyps[k][0].tokens, text = tokenizer.decode(tokens);
-      out[i] = forms.has(i) ? { text: restore(text, forms.get(i).targets), tokens, glossary: "placeholders" } : { text, tokens };
+      out[i] = forms.has(i) ? finished(glossary, forms.get(i), tokens, text, i + 1) : { text, tokens };
     });
     return out;
   },
@@ -187,7 +188,9 @@ button.addEventListener("click", async () => {
     $("output").textContent = out.map((o) => o.text).join("\n");
     const n = lines.filter((l) => l.trim()).length;
     const { fallback } = await runtime;
-    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms${fallback ? ` (${fallback})` : ""}`;
+    const missed = out.filter((o) => o.warning);
+    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms${fallback ? ` (${fallback})` : ""}`
+      + (missed.length ? `; ${missed[0].warning}${missed.length > 1 ? ` (and ${missed.length - 1} more lines)` : ""}` : "");
   } catch (e) {
     $("status").textContent = `error: ${firstLine(e)}`;
   } finally {

@@ -165,7 +165,8 @@ export class Glossary {
   }
 
   // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
-  // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form.
+  // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
+  // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
   // What the page does not port (sentence splitting, numbers and URLs, capitals folding, pieces) is refused in one line.
   prepare(line, lineno) {
     const text = this.clean(line);
@@ -174,6 +175,8 @@ export class Glossary {
     const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
     if (MAY_SPAN.test(text)) refuse("a number, URL or e-mail address");
     if (SENTENCE_BREAK.test(text)) refuse("more than one sentence (put each on a line of its own)");
+    const targets = terms.map((t) => t[2]);
+    if (!this.spec.placeholders) return { forced: text, protected: null, targets };
     const words = text.split(" ");
     if ((!/\p{Ll}/u.test(text) && (text.match(/\p{Lu}/gu) ?? []).length >= 3) || (words.length >= 3 && !words.some((w) => /^\p{Ll}/u.test(w)))) {
       refuse("capitals or Title Case");
@@ -186,7 +189,7 @@ export class Glossary {
       protectedText += text.slice(last, start) + `⦅${i}⦆`;
       last = end;
     });
-    return { forced: forced + text.slice(last), protected: protectedText + text.slice(last), targets: terms.map((t) => t[2]) };
+    return { forced: forced + text.slice(last), protected: protectedText + text.slice(last), targets };
   }
 }
 
@@ -198,7 +201,17 @@ export function tackedOn(text, own, targets) {
 }
 
 // placeholders.restore: each span back exactly once, whatever the model did with its symbol.
-export function restore(text, spans) {
+// A line's translation from its plain decode (`tokens`), its terms' left to placeholders (restored) or, for a model
+// without them, reported as translate.decode_segments reports it.
+export function finished(glossary, form, tokens, text, lineno) {
+  if (form.protected !== null) return { text: restore(text, form.targets), tokens, glossary: "placeholders" };
+  if (glossary.holds(text, form.targets)) return { text, tokens, glossary: "model" };
+  const terms = [...new Set(form.targets)].map(repr).join(", ");
+  return { text, tokens, glossary: "missed", warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
+    + "translation (this model was not trained on tk's placeholders, which would put them back); its output is the model's own translation without them" };
+}
+
+function restore(text, spans) {
   if (!spans.length && !text.includes("⦅") && !text.includes("⦆")) return text;
   const parts = text.split(new RegExp(SYMBOL.source, "g"));
   const words = parts.filter((_, i) => i % 2 === 0).map((w) => w.replace(FRAGMENT, " "));
@@ -226,7 +239,7 @@ export const normalized = (rules, score, tokens, alpha) => (rules.length_penalty
 // constrained.term_forms: a target's ids as a word of its own, and glued to an elided word ("l'automobile") where that differs.
 function termForms(tokenizer, target, end) {
   const [alone, prefix, glued] = [target, "l'", `l'${target}`].map((t) => {
-    const ids = tokenizer.encode(t);
+    const ids = tokenizer.targetIds(t);
     return ids.length && ids[ids.length - 1] === end ? ids.slice(0, -1) : ids;
   });
   const after = glued.slice(prefix.length), same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
@@ -237,11 +250,11 @@ function termForms(tokenizer, target, end) {
 // {text, tokens, glossary: "model" | "forced"} by the same steps and checks as Python, and the lines `later` left to
 // their placeholder form (step 3, decoded with the lines without terms).
 // Over 60 lines: the three steps in order, each a batch as in translate.py.
-export async function translateTerms(glossary, backend, tokenizer, model, forms, opts) {
+export async function translateTerms(glossary, backend, tokenizer, model, forms, opts, languages) {
   const spec = model.glossary, rules = opts.rules, alpha = opts.alpha ?? rules.alpha;
   const done = new Map(), later = [];
   const lines = [...forms.keys()];
-  const ids = lines.map((i) => tokenizer.encode(forms.get(i).forced));
+  const ids = lines.map((i) => tokenizer.encode(forms.get(i).forced, languages));
   const wanted = lines.filter((_, k) => ids[k].length > 0 && ids[k].length <= model.max_len);
   const own = await decodeIds(backend, wanted.map((i) => ids[lines.indexOf(i)]), opts);
   const kinds = kindsOf(spec, model);

@@ -26,7 +26,7 @@ export async function openTokenizer(entry, fetchJson) {
 async function open(entry, spec) {
   if (entry.kind === "sentencepiece") {
     const sp = new SentencePiece(spec);
-    return new PageTokenizer(entry, (text) => sp.encode(text), (ids) => sp.decode(ids), () => null);
+    return new PageTokenizer(entry, (text) => sp.encode(text), (ids) => sp.decode(ids), () => null, null);
   }
   const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
   const tok = new Tokenizer(spec, { clean_up_tokenization_spaces: false });
@@ -38,6 +38,7 @@ async function open(entry, spec) {
     (text, special = false) => tok.encode(text, { add_special_tokens: special }).ids,
     (ids) => (ids.length ? out.decode(ids, { clean_up_tokenization_spaces: false }) : ""),
     (token) => tok.model.tokens_to_ids.get(token) ?? null,
+    entry.target ? (text) => out.encode(text, { add_special_tokens: false }).ids : null,
   );
 }
 
@@ -52,8 +53,9 @@ function byteFallback(model) {
 }
 
 class PageTokenizer {
-  constructor(entry, pieces, text, tokenId) {
+  constructor(entry, pieces, text, tokenId, targetPieces) {
     this.entry = entry;
+    this.targetPieces = targetPieces;
     this.pieces = pieces;
     this.text = text;
     this.tokenId = tokenId;
@@ -92,6 +94,12 @@ class PageTokenizer {
       return e.lang_suffix ? [...ids, e.end, id] : [id, ...ids, e.end];
     }
     return e.end === null ? ids : [...code, ...ids, e.end];
+  }
+
+  // A text's ids as the model writes it in its output (TextTokenizer.target_ids): the target vocabulary's pieces where
+  // the sides have their own, else the source's ids (an end token appended, which constrained decoding drops).
+  targetIds(text) {
+    return this.targetPieces ? this.targetPieces(text) : this.encode(text);
   }
 
   // Output ids to text: special tokens (end, padding, language codes) dropped, as the Python tokenizer's decode.
