@@ -205,8 +205,15 @@ def site_glossary(m: manifest_mod.Manifest, model: dict) -> dict:
     return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
             "per_input": placeholders.PER_INPUT,
             "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
-            "format": placeholders.FORMAT_RE.pattern, "inside_word": ids(~starts), "apostrophe": ids(apostrophes),
+            "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern), "inside_word": ids(~starts), "apostrophe": ids(apostrophes),
             "sentence_end": ids(ends)}
+
+
+def _js_pattern(pattern: str) -> str:
+    """A Python pattern of str as JavaScript's `u` regular expressions read it: a named group's (?P< as (?<, and \\w and
+    \\d (Unicode in Python, ASCII in JavaScript) as the Unicode classes they stand for, inside brackets as they are in
+    placeholders.SPAN_RE; an escaped quote, which JavaScript's `u` mode refuses, as the quote."""
+    return pattern.replace("(?P<", "(?<").replace(r"\w", r"\p{L}\p{N}_").replace(r"\d", r"\p{Nd}").replace('\\"', '"')
 
 
 def vendored_tokenizers(model: dict) -> dict[str, str]:

@@ -15,8 +15,7 @@ const ALNUM = /^[\p{L}\p{N}_]$/u;
 const SYMBOL = /⦅(\d+)⦆/;
 const FRAGMENT = /⦅\d*|\d*⦆/g;
 const TAIL = /[\s.!?…:;»"')\]]*$/u;
-// placeholders._MAY_SPAN: every number, URL, e-mail address or typed placeholder holds one of these.
-const MAY_SPAN = /[\d@⦅]|www\.|https?:\/\//u;
+const CLOSING = { ")": "(", "]": "[", "}": "{" };
 // A sentence end followed by more text: what sentencex may split (the page translates a line holding terms as one sentence).
 const SENTENCE_BREAK = /[.?!…]["'»)\]]*\s+\S/u;
 const fold = (s) => s.toUpperCase().toLowerCase(); // str.casefold's "ß" -> "ss" too
@@ -33,6 +32,7 @@ export class Glossary {
     this.word = new RegExp(`[${unspaced}]|(?:(?![${unspaced}])[${W}])+|[^${W}\\s]`, "gu");
     this.unspaced = new RegExp(spec.unspaced, "u");
     this.format = new RegExp(spec.format, "gu");
+    this.spanPattern = new RegExp(spec.spans, "gu");
     this.trie = new Map();
     this.seen = new Map(); // key -> [source as written, target, where]
     this.size = 0;
@@ -116,8 +116,25 @@ export class Glossary {
     return null;
   }
 
-  // Glossary.find: [start, end, target, source as written] of each occurrence, left to right, the longest of overlapping ones.
-  find(text) {
+  // placeholders.all_spans without --keep terms: [start, end] of each number, URL, e-mail address and typed placeholder.
+  spans(text) {
+    return [...text.matchAll(this.spanPattern)].map((m) => {
+      let end = m.index + m[0].length;
+      if (m.groups.url) { // placeholders.url_end: closing punctuation is the sentence's, and an unbalanced bracket
+        const start = m.index, n = (c) => [...text.slice(start, end)].filter((x) => x === c).length;
+        while (end - start > 1 && ".,;:!?'\")]}".includes(text[end - 1])) {
+          const opener = CLOSING[text[end - 1]];
+          if (opener && n(opener) >= n(text[end - 1])) break;
+          end--;
+        }
+      }
+      return [m.index, end];
+    });
+  }
+
+  // Glossary.find: [start, end, target, source as written] of each occurrence, left to right, the longest of overlapping
+  // ones; one that overlaps one of `spans` without holding it whole is left to the span.
+  find(text, spans) {
     const words = [...text.matchAll(this.word)].map((m) => [m.index, m.index + m[0].length, fold(m[0])]);
     const found = [];
     words.forEach(([start], i) => {
@@ -130,7 +147,8 @@ export class Glossary {
     });
     const taken = [];
     for (const f of found.sort((a, b) => (a[0] - a[1]) - (b[0] - b[1]) || a[0] - b[0])) {
-      if (!taken.some(([s, e]) => s < f[1] && f[0] < e)) taken.push(f);
+      if (taken.some(([s, e]) => s < f[1] && f[0] < e)) continue;
+      if (!spans.some(([s, e]) => s < f[1] && f[0] < e && !(f[0] <= s && e <= f[1]))) taken.push(f);
     }
     return taken.sort((a, b) => a[0] - b[0]);
   }
@@ -170,13 +188,15 @@ export class Glossary {
   // What the page does not port (sentence splitting, numbers and URLs, capitals folding, pieces) is refused in one line.
   prepare(line, lineno) {
     const text = this.clean(line);
-    const terms = this.find(text);
+    const spans = this.spans(text);
+    const terms = this.find(text, spans);
     if (!terms.length) return null;
     const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
-    if (MAY_SPAN.test(text)) refuse("a number, URL or e-mail address");
     if (SENTENCE_BREAK.test(text)) refuse("more than one sentence (put each on a line of its own)");
     const targets = terms.map((t) => t[2]);
     if (!this.spec.placeholders) return { forced: text, protected: null, targets };
+    // A span inside a term is the term's ("Windows 10"); any other would be a placeholder of its own.
+    if (spans.some(([s, e]) => !terms.some(([start, end]) => start <= s && e <= end))) refuse("a number, URL or e-mail address");
     const words = text.split(" ");
     if ((!/\p{Ll}/u.test(text) && (text.match(/\p{Lu}/gu) ?? []).length >= 3) || (words.length >= 3 && !words.some((w) => /^\p{Ll}/u.test(w)))) {
       refuse("capitals or Title Case");
