@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import built_once
 from test_web import SHIPPED, TIMED, options, static_server
 
 from toolkit.core.textprep import TextOptions

@@ -166,7 +166,7 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
                 _write_graph(m, graph, variant, tmp / name)
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
     model["tokenizer"] = write_site_tokenizer(m, tmp / model["tokenizer"]["file"])
-    model["glossary"] = site_glossary(m, model)
+    model["glossary"] = site_glossary(m)
     model["onnxruntime_web"] = version
     (tmp / "model.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
     for f in SITE.iterdir():  # package data: read through importlib.resources, not from a path of the clone
@@ -180,7 +180,7 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
     return model
 
 
-def site_glossary(m: manifest_mod.Manifest, model: dict) -> dict:
+def site_glossary(m: manifest_mod.Manifest) -> dict:
     """What the page's glossary (site/glossary.mjs) takes from Python rather than spelling it twice: the checks' margin
     and beam (toolkit.deploy.translate), the limits and patterns of finding terms (toolkit.core.glossary, placeholders),
     and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds), as id lists; whether
@@ -203,10 +203,9 @@ def site_glossary(m: manifest_mod.Manifest, model: dict) -> dict:
     starts, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), vocab)
     ids = lambda kind: [int(i) for i in kind.nonzero()[0]]  # noqa: E731
     return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
-            "per_input": placeholders.PER_INPUT,
-            "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
-            "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern), "inside_word": ids(~starts), "apostrophe": ids(apostrophes),
-            "sentence_end": ids(ends)}
+            "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
+            "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
+            "inside_word": ids(~starts), "apostrophe": ids(apostrophes), "sentence_end": ids(ends)}
 
 
 def _js_pattern(pattern: str) -> str:

@@ -142,7 +142,9 @@ window.tk = {
 
 // The page's glossary of an object or TSV text (null: none), or the one line why this model's page takes none.
 async function glossaryOf(given) {
-  if (given === undefined || given === null || (typeof given === "string" && !given.trim())) return null;
+  // None, as in Python: no glossary, an empty one (an empty object, a blank box).
+  const empty = typeof given === "string" ? !given.trim() : typeof given === "object" && !Array.isArray(given) && !Object.keys(given ?? {}).length;
+  if (given === undefined || empty) return null;
   const { model } = await loading;
   if (model.glossary.refused) throw new Error(model.glossary.refused);
   return typeof given === "string" ? Glossary.parse(given, "terms", model.glossary) : Glossary.fromObject(given, model.glossary);
