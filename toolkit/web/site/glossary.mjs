@@ -175,10 +175,9 @@ export class Glossary {
   // textprep.clean, for a line without --keep terms: NFC, controls to spaces, format characters out, whitespace runs to one space.
   clean(line) {
     let text = line.normalize("NFC");
-    if (LINE_CONTROL.test(text) || text.match(this.format)) {
+    if (text.search(LINE_CONTROL) >= 0 || text.search(this.format) >= 0) {
       text = text.replace(LINE_CONTROL, " ").replace(this.format, "").normalize("NFC");
     }
-    LINE_CONTROL.lastIndex = 0;
     return text.split(/\s+/u).filter(Boolean).join(" ");
   }
 
