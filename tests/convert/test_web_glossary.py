@@ -84,13 +84,14 @@ def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shippe
 
 
 def test_an_import_s_page_forces_targets_in_and_names_the_sentences_it_could_not(browser, tmp_path_factory, pairs):
-    holding = HOLDING
+    """tk's Transformer as a Marian: trained, so its sentences take each way (the model alone, forced, reported)."""
+    holding, model = HOLDING, "marian-from-tk"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        python = Translator(directory(tmp_path_factory, pairs, "marian-from-tk"), provider="cpu", threads=1).translate(holding, glossary=TERMS)
+        python = Translator(directory(tmp_path_factory, pairs, model), provider="cpu", threads=1).translate(holding, glossary=TERMS)
     missed = [int(re.search(r"texts\[(\d+)\]", str(w.message)).group(1)) + 1 for w in caught if "could not be forced" in str(w.message)]
     assert missed  # Python reports some: the page must name the same
-    with page_of(browser, site(tmp_path_factory, pairs, "marian-from-tk")) as page:
+    with page_of(browser, site(tmp_path_factory, pairs, model)) as page:
         page.wait_for_function("!document.getElementById('translate').disabled")
         got = page.evaluate(TRANSLATE, [holding, {"glossary": TERMS}])
         # In the page: its status names a sentence whose targets could not be forced in.

@@ -194,11 +194,6 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
         check_glossary(m)
     except UsageError as e:
         return {"refused": str(e)}
-    declared = m.declared().tokenizer
-    if declared.target and not declared.target_vocab and (m.directory / declared.target).read_bytes() != (m.directory / declared.source).read_bytes():
-        # The targets' ids are the target SentencePiece model's pieces (MarianTokenizer.target_ids), which the site lacks.
-        return {"refused": f"the page has no port of this {m.model} model's target tokenizer, which writes a glossary's "
-                           "targets; translate with tk translate --glossary"}
     vocab = next(o for o in m.graphs["decoder"].spec["outputs"] if o["name"] == "log_probs")["dims"][1]
     starts, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), vocab)
     ids = lambda kind: [int(i) for i in kind.nonzero()[0]]  # noqa: E731

@@ -33,12 +33,16 @@ async function open(entry, spec) {
   if (spec.model?.type === "Unigram" && spec.model.byte_fallback) byteFallback(tok.model);
   // A Marian of separate vocabularies: output ids are the target's, decoded with its tokenizer.json (entry.target).
   const out = entry.target ? new Tokenizer(entry.target, { clean_up_tokenization_spaces: false }) : tok;
+  // A glossary's targets are written by the target's tokenizer: entry.target's, or a Marian's target SentencePiece model
+  // at the shared vocabulary (entry.target_ids).
+  const terms = entry.target_ids ? new Tokenizer(entry.target_ids, { clean_up_tokenization_spaces: false }) : entry.target ? out : null;
+  if (entry.target_ids?.model?.type === "Unigram" && entry.target_ids.model.byte_fallback) byteFallback(terms.model);
   return new PageTokenizer(
     entry,
     (text, special = false) => tok.encode(text, { add_special_tokens: special }).ids,
     (ids) => (ids.length ? out.decode(ids, { clean_up_tokenization_spaces: false }) : ""),
     (token) => tok.model.tokens_to_ids.get(token) ?? null,
-    entry.target ? (text) => out.encode(text, { add_special_tokens: false }).ids : null,
+    terms ? (text) => terms.encode(text, { add_special_tokens: false }).ids : null,
   );
 }
 
