@@ -1,6 +1,7 @@
 """tk export --web's glossary, in headless Chromium: the page puts a glossary's targets into tk's shipped model's
 translations as `Translator.translate(..., glossary=...)` does on ONNX Runtime CPU (the same text for every sentence,
-greedy and beam 4, by each of the three ways: the model alone, the targets forced in, placeholders), each target as
+greedy and beam 4, by each of the three ways: the model alone, the targets forced in, placeholders; beside numbers and
+URLs too), each target as
 often as its term occurs, and a sentence without terms byte for byte as without the glossary; on an import (tk's
 Transformer as a Marian) by constrained decoding alone, its page naming the sentences whose targets could not be forced
 in, as Python warns of them; a bad glossary line, and a line the page does not handle, are one line in its status.
@@ -20,7 +21,7 @@ from conftest import REPO
 from convert.test_web import CHROMIUM, SHIPPED
 from web_import_fixture import directory, page_of, shipped_site, site
 
-from toolkit.core import glossary, textprep
+from toolkit.core import glossary, placeholders, textprep
 from toolkit.core.errors import DataError, UsageError
 from toolkit.deploy.api import Translator
 
@@ -41,6 +42,9 @@ HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need m
            "Keep your room clean.", "Let's clean our room.", "She was hit by a car.", "Where is the mistake?",
            "He has a Japanese car.", "It's not your problem.", "Money rules the world.", "They were all friends.",
            "Will you take the job?", "I want my bicycle back."]
+# Terms beside numbers, a phone number (a run of two) and a URL: spans the model copies as placeholders.
+SPANS = ["I have 3 cars.", "The car cost 5,000 dollars.", "Call 555 0199 about the house.",
+         "My house is at https://house.example.com now.", "I saw the movie in 2019."]
 WITHOUT = ["I try.", "Tell me.", "Let's go!", "Speak up!", "Try some.", "Do it now.", "I gave up.", "I'll live."]
 APART = ["Visit https://house.example.com today.", "I have 3 houses.", "WHERE IS THE STATION?"]
 
@@ -50,6 +54,7 @@ def test_the_test_sentences_are_what_they_are_said_to_be():
     for text in HOLDING:
         segments = textprep.prepare(text, glossary=g)
         assert len(segments) == 1 and segments[0].forced and not segments[0].case and not segments[0].forced.spans, text
+    assert all(len(textprep.prepare(text, glossary=g)[0].forced.spans) == 1 for text in SPANS)
     assert not any(textprep.prepare(text, glossary=g)[0].forced for text in WITHOUT + APART)
 
 
@@ -69,17 +74,18 @@ def click(page) -> str:
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shipped_page):
-    texts = HOLDING + WITHOUT
+    holding = HOLDING + SPANS
+    texts = holding + WITHOUT
     python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS)
     got = shipped_page.evaluate(TRANSLATE, [texts + APART, {"beam": beam, "glossary": TERMS}])
     wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(texts, python, got) if p != g["text"]]
     assert not wrong, f"{len(wrong)} of {len(texts)} sentences differ from Python's, e.g. {wrong[:3]}"
     g = glossary.from_mapping(TERMS)
-    short = [(t, o["text"]) for t, o in zip(HOLDING, got) if not glossary.holds(o["text"], [f[2] for f in g.find(t)])]
+    short = [(t, o["text"]) for t, o in zip(holding, got) if not glossary.holds(o["text"], [f[2] for f in g.find(t, placeholders.all_spans(t))])]
     assert not short, f"targets not each as often as asked: {short}"
     # A sentence without terms: byte for byte (its text and its tokens) as the page gives it without a glossary.
-    assert got[len(HOLDING):] == shipped_page.evaluate(TRANSLATE, [WITHOUT + APART, {"beam": beam}])
-    ways = Counter(o["glossary"] for o in got[: len(HOLDING)])
+    assert got[len(holding):] == shipped_page.evaluate(TRANSLATE, [WITHOUT + APART, {"beam": beam}])
+    ways = Counter(o["glossary"] for o in got[: len(holding)])
     assert set(ways) == {"model", "forced", "placeholders"}, ways  # each step of the method is held to Python's
 
 
@@ -127,7 +133,8 @@ def test_a_bad_glossary_line_is_one_line_in_the_page_s_status_in_tk_s_words(ship
     error = "(g) => tk.translate(['The house is big.'], {glossary: g}).then(() => 'no error', (e) => e.message)"
     assert shipped_page.evaluate(error, {"house": "demeure", "House": "maison"}) == str(e.value)
     # A line holding terms that the page does not prepare as Python would is refused, never translated without them.
-    shipped_page.fill("#input", "The house has 3 rooms.")
-    shipped_page.fill("#glossary", "house\tdemeure")
-    assert click(shipped_page) == ("error: line 1 holds glossary terms and a number, URL or e-mail address, which the page "
-                                   "does not handle; translate it with tk translate --glossary")
+    shipped_page.fill("#input", "He bought 2 books and 3 cars.")
+    shipped_page.fill("#glossary", "book\tbouquin\nbooks\tbouquins\ncars\tautomobiles")
+    assert click(shipped_page) == ("error: line 1 holds glossary terms and more than 2 of them, numbers, URLs and e-mail "
+                                   "addresses in all (tk translates such a sentence in pieces), which the page does not "
+                                   "handle; translate it with tk translate --glossary")

@@ -16,6 +16,7 @@ const SYMBOL = /⦅(\d+)⦆/;
 const FRAGMENT = /⦅\d*|\d*⦆/g;
 const TAIL = /[\s.!?…:;»"')\]]*$/u;
 const CLOSING = { ")": "(", "]": "[", "}": "{" };
+const RUN_GAP = /^(?:[\s,;/&\-–—]*|\S*)$/u; // placeholders._RUN_GAP: what may stand between spans kept as one
 // A sentence end followed by more text: what sentencex may split (the page translates a line holding terms as one sentence).
 const SENTENCE_BREAK = /[.?!…]["'»)\]]*\s+\S/u;
 const fold = (s) => s.toUpperCase().toLowerCase(); // str.casefold's "ß" -> "ss" too
@@ -184,7 +185,7 @@ export class Glossary {
   // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
   // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
   // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
-  // What the page does not port (sentence splitting, numbers and URLs, capitals folding, pieces) is refused in one line.
+  // What the page does not port (sentence splitting, capitals folding, pieces) is refused in one line.
   prepare(line, lineno) {
     const text = this.clean(line);
     const spans = this.spans(text);
@@ -192,23 +193,36 @@ export class Glossary {
     if (!terms.length) return null;
     const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
     if (SENTENCE_BREAK.test(text)) refuse("more than one sentence (put each on a line of its own)");
-    const targets = terms.map((t) => t[2]);
-    if (!this.spec.placeholders) return { forced: text, protected: null, targets };
-    // A span inside a term is the term's ("Windows 10"); any other would be a placeholder of its own.
-    if (spans.some(([s, e]) => !terms.some(([start, end]) => start <= s && e <= end))) refuse("a number, URL or e-mail address");
+    if (!this.spec.placeholders) return { forced: text, spans: [], protected: null, kept: [], targets: terms.map((t) => t[2]) };
     const words = text.split(" ");
     if ((!/\p{Ll}/u.test(text) && (text.match(/\p{Lu}/gu) ?? []).length >= 3) || (words.length >= 3 && !words.some((w) => /^\p{Ll}/u.test(w)))) {
       refuse("capitals or Title Case");
     }
-    if (terms.length > this.spec.per_input) refuse(`more than ${this.spec.per_input} terms`);
+    // placeholders.protect_terms: a span inside a term is the term's ("Windows 10"), spans with only separators between
+    // them are one run, and a term a run took in is left to the run.
+    const runs = [];
+    for (const [s, e] of spans.filter(([s, e]) => !terms.some(([start, end]) => start <= s && e <= end))) {
+      if (runs.length && RUN_GAP.test(text.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
+      else runs.push([s, e]);
+    }
+    const kept = terms.filter(([start, end]) => !runs.some(([s, e]) => s < end && start < e));
+    if (!kept.length) refuse("a number, URL or e-mail address around them");
+    const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]), ...kept].sort((a, b) => a[0] - b[0]);
+    if (chosen.length > this.spec.per_input) {
+      refuse(`more than ${this.spec.per_input} of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)`);
+    }
+    // The placeholder form (each span a symbol), and the form with the terms as the glossary writes them (capitalised
+    // where the line's is: placeholders._cased_as) and the other spans' symbols numbered from 0 (textprep._with_terms).
     let forced = "", protectedText = "", last = 0;
-    terms.forEach(([start, end, , source], i) => {
-      const cased = /^\p{Lu}/u.test(text.slice(start, end)) ? source[0].toUpperCase() + source.slice(1) : source;
-      forced += text.slice(last, start) + cased;
+    const local = [];
+    chosen.forEach(([start, end, put, source], i) => {
+      const cased = source === null ? null : /^\p{Lu}/u.test(text.slice(start, end)) ? source[0].toUpperCase() + source.slice(1) : source;
+      forced += text.slice(last, start) + (cased ?? `⦅${local.push(put) - 1}⦆`);
       protectedText += text.slice(last, start) + `⦅${i}⦆`;
       last = end;
     });
-    return { forced: forced + text.slice(last), protected: protectedText + text.slice(last), targets };
+    return { forced: forced + text.slice(last), spans: local, protected: protectedText + text.slice(last), kept: chosen.map((c) => c[2]),
+      targets: kept.map((t) => t[2]) };
   }
 }
 
@@ -219,17 +233,17 @@ export function tackedOn(text, own, targets) {
   return [...count(fold(own).match(WORDS) ?? [])].every(([w, n]) => n <= (rest.get(w) ?? 0));
 }
 
-// placeholders.restore: each span back exactly once, whatever the model did with its symbol.
 // A line's translation from its plain decode (`tokens`), its terms' left to placeholders (restored) or, for a model
 // without them, reported as translate.decode_segments reports it.
 export function finished(glossary, form, tokens, text, lineno) {
-  if (form.protected !== null) return { text: restore(text, form.targets), tokens, glossary: "placeholders" };
+  if (form.protected !== null) return { text: restore(text, form.kept), tokens, glossary: "placeholders" };
   if (glossary.holds(text, form.targets)) return { text, tokens, glossary: "model" };
   const terms = [...new Set(form.targets)].map(repr).join(", ");
   return { text, tokens, glossary: "missed", warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
     + "translation (this model was not trained on tk's placeholders, which would put them back); its output is the model's own translation without them" };
 }
 
+// placeholders.restore: each span back exactly once, whatever the model did with its symbol.
 function restore(text, spans) {
   if (!spans.length && !text.includes("⦅") && !text.includes("⦆")) return text;
   const parts = text.split(new RegExp(SYMBOL.source, "g"));
@@ -278,7 +292,7 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
   const own = await decodeIds(backend, wanted.map((i) => ids[lines.indexOf(i)]), opts);
   const kinds = kindsOf(spec, model);
   for (const [w, i] of wanted.entries()) {
-    const form = forms.get(i), mine = own[w][0], mineText = tokenizer.decode(mine.tokens);
+    const form = forms.get(i), mine = own[w][0], mineText = restore(tokenizer.decode(mine.tokens), form.spans);
     if (glossary.holds(mineText, form.targets)) {
       done.set(i, { text: mineText, tokens: mine.tokens, glossary: "model" });
       continue;
@@ -289,7 +303,7 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
       const limit = lengthLimits([src], Math.min(opts.maxLen, model.max_len), opts.maxLenA, opts.maxLenB)[0];
       const h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
       if (h) {
-        const text = tokenizer.decode(h.tokens);
+        const text = restore(tokenizer.decode(h.tokens), form.spans);
         const score = normalized(rules, h.score, h.tokens.length, alpha);
         const mineScore = normalized(rules, mine.score, mine.tokens.length, alpha);
         if (glossary.holds(text, form.targets) && !tackedOn(text, mineText, form.targets) && score > mineScore - spec.forced_margin) {
