@@ -1,7 +1,7 @@
 """tk export --web's glossary, in headless Chromium: the page puts a glossary's targets into tk's shipped model's
 translations as `Translator.translate(..., glossary=...)` does on ONNX Runtime CPU (the same text for every sentence,
 greedy and beam 4, by each of the three ways: the model alone, the targets forced in, placeholders; beside numbers and
-URLs too), each target as
+URLs, in capitals and Title Case too), each target as
 often as its term occurs, and a sentence without terms byte for byte as without the glossary; on an import (tk's
 Transformer as a Marian) by constrained decoding alone, its page naming the sentences whose targets could not be forced
 in, as Python warns of them; a bad glossary line, and a line the page does not handle, are one line in its status.
@@ -45,6 +45,8 @@ HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need m
 # Terms beside numbers, a phone number (a run of two) and a URL: spans the model copies as placeholders.
 SPANS = ["I have 3 cars.", "The car cost 5,000 dollars.", "Call 555 0199 about the house.",
          "My house is at https://house.example.com now.", "I saw the movie in 2019."]
+# Lines in capitals and Title Case, which tk folds to lowercase for the model and gives their case back.
+CASED = ["THE HOUSE IS BIG.", "My Car Is Red.", "Where Is The Money?"]
 WITHOUT = ["I try.", "Tell me.", "Let's go!", "Speak up!", "Try some.", "Do it now.", "I gave up.", "I'll live."]
 APART = ["Visit https://house.example.com today.", "I have 3 houses.", "WHERE IS THE STATION?"]
 
@@ -55,6 +57,7 @@ def test_the_test_sentences_are_what_they_are_said_to_be():
         segments = textprep.prepare(text, glossary=g)
         assert len(segments) == 1 and segments[0].forced and not segments[0].case and not segments[0].forced.spans, text
     assert all(len(textprep.prepare(text, glossary=g)[0].forced.spans) == 1 for text in SPANS)
+    assert [textprep.prepare(text, glossary=g)[0].case for text in CASED] == ["upper", "title", "title"]
     assert not any(textprep.prepare(text, glossary=g)[0].forced for text in WITHOUT + APART)
 
 
@@ -74,7 +77,7 @@ def click(page) -> str:
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shipped_page):
-    holding = HOLDING + SPANS
+    holding = HOLDING + SPANS + CASED
     texts = holding + WITHOUT
     python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS)
     got = shipped_page.evaluate(TRANSLATE, [texts + APART, {"beam": beam, "glossary": TERMS}])

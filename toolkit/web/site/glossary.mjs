@@ -185,7 +185,7 @@ export class Glossary {
   // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
   // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
   // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
-  // What the page does not port (sentence splitting, capitals folding, pieces) is refused in one line.
+  // What the page does not port (sentence splitting, pieces) is refused in one line.
   prepare(line, lineno) {
     const text = this.clean(line);
     const spans = this.spans(text);
@@ -193,11 +193,7 @@ export class Glossary {
     if (!terms.length) return null;
     const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
     if (SENTENCE_BREAK.test(text)) refuse("more than one sentence (put each on a line of its own)");
-    if (!this.spec.placeholders) return { forced: text, spans: [], protected: null, kept: [], targets: terms.map((t) => t[2]) };
-    const words = text.split(" ");
-    if ((!/\p{Ll}/u.test(text) && (text.match(/\p{Lu}/gu) ?? []).length >= 3) || (words.length >= 3 && !words.some((w) => /^\p{Ll}/u.test(w)))) {
-      refuse("capitals or Title Case");
-    }
+    if (!this.spec.placeholders) return { forced: text, spans: [], protected: null, kept: [], targets: terms.map((t) => t[2]), fold: "" };
     // placeholders.protect_terms: a span inside a term is the term's ("Windows 10"), spans with only separators between
     // them are one run, and a term a run took in is left to the run.
     const runs = [];
@@ -216,14 +212,48 @@ export class Glossary {
     let forced = "", protectedText = "", last = 0;
     const local = [];
     chosen.forEach(([start, end, put, source], i) => {
-      const cased = source === null ? null : /^\p{Lu}/u.test(text.slice(start, end)) ? source[0].toUpperCase() + source.slice(1) : source;
-      forced += text.slice(last, start) + (cased ?? `⦅${local.push(put) - 1}⦆`);
+      const written = source === null ? null : /^\p{Lu}/u.test(text.slice(start, end)) ? source[0].toUpperCase() + source.slice(1) : source;
+      forced += text.slice(last, start) + (written ?? `⦅${local.push(put) - 1}⦆`);
       protectedText += text.slice(last, start) + `⦅${i}⦆`;
       last = end;
     });
-    return { forced: forced + text.slice(last), spans: local, protected: protectedText + text.slice(last), kept: chosen.map((c) => c[2]),
-      targets: kept.map((t) => t[2]) };
+    // A line in capitals or Title Case is folded to lowercase for the model and its translation given the case back
+    // (textprep.prepare); one in capitals has no form with the terms as written: its targets must stay as written.
+    protectedText += text.slice(last);
+    const fold = isAllCaps(protectedText) ? "upper" : isTitleCase(protectedText) ? "title" : "";
+    forced = fold === "upper" ? null : fold ? (forced + text.slice(last)).toLowerCase() : forced + text.slice(last);
+    return { forced, spans: local, protected: fold ? protectedText.toLowerCase() : protectedText, kept: chosen.map((c) => c[2]),
+      targets: kept.map((t) => t[2]), fold };
   }
+}
+
+// textprep.is_all_caps, is_title_case: by the Unicode properties Python's str.isupper, islower and isalpha read.
+const isAlpha = (c) => /\p{L}/u.test(c), isLower = (c) => /\p{Lowercase}/u.test(c), isUpper = (c) => /\p{Uppercase}/u.test(c);
+const cased = (c) => isUpper(c) || isLower(c) || c.toLowerCase() !== c.toUpperCase();
+
+function isAllCaps(text) {
+  const chars = [...text];
+  if (chars.some((c) => isLower(c) && isAlpha(c))) return false;
+  let upper = 0;
+  for (const c of chars) {
+    if (isUpper(c)) upper += isAlpha(c);
+    else if (isAlpha(c) && cased(c)) return false;
+  }
+  return upper >= 3;
+}
+
+function isTitleCase(text) {
+  const split = text.split(/\s+/u).filter(Boolean);
+  if (split.length < 3 || split.some((w) => isLower([...w][0]) && isAlpha([...w][0]))) return false;
+  const firsts = split.map((w) => [...w].find((c) => isAlpha(c) && cased(c))).filter(Boolean);
+  return firsts.length >= 3 && firsts.every(isUpper) && !isAllCaps(text);
+}
+
+// textprep.finish: a model input's translation with its case given back and its spans restored.
+function finish(fold, text, spans) {
+  if (fold === "upper") text = text.toUpperCase();
+  else if (fold === "title") text = text.slice(0, 1).toUpperCase() + text.slice(1);
+  return restore(text, spans);
 }
 
 // glossary.tacked_on: every word of the model's own translation is still there besides the targets.
@@ -236,7 +266,7 @@ export function tackedOn(text, own, targets) {
 // A line's translation from its plain decode (`tokens`), its terms' left to placeholders (restored) or, for a model
 // without them, reported as translate.decode_segments reports it.
 export function finished(glossary, form, tokens, text, lineno) {
-  if (form.protected !== null) return { text: restore(text, form.kept), tokens, glossary: "placeholders" };
+  if (form.protected !== null) return { text: finish(form.fold, text, form.kept), tokens, glossary: "placeholders" };
   if (glossary.holds(text, form.targets)) return { text, tokens, glossary: "model" };
   const terms = [...new Set(form.targets)].map(repr).join(", ");
   return { text, tokens, glossary: "missed", warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
@@ -286,13 +316,13 @@ function termForms(tokenizer, target, end) {
 export async function translateTerms(glossary, backend, tokenizer, model, forms, opts, languages) {
   const spec = model.glossary, rules = opts.rules, alpha = opts.alpha ?? rules.alpha;
   const done = new Map(), later = [];
-  const lines = [...forms.keys()];
+  const lines = [...forms.keys()].filter((i) => forms.get(i).forced !== null);
   const ids = lines.map((i) => tokenizer.encode(forms.get(i).forced, languages));
   const wanted = lines.filter((_, k) => ids[k].length > 0 && ids[k].length <= model.max_len);
   const own = await decodeIds(backend, wanted.map((i) => ids[lines.indexOf(i)]), opts);
   const kinds = kindsOf(spec, model);
   for (const [w, i] of wanted.entries()) {
-    const form = forms.get(i), mine = own[w][0], mineText = restore(tokenizer.decode(mine.tokens), form.spans);
+    const form = forms.get(i), mine = own[w][0], mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans);
     if (glossary.holds(mineText, form.targets)) {
       done.set(i, { text: mineText, tokens: mine.tokens, glossary: "model" });
       continue;
@@ -303,7 +333,7 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
       const limit = lengthLimits([src], Math.min(opts.maxLen, model.max_len), opts.maxLenA, opts.maxLenB)[0];
       const h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
       if (h) {
-        const text = restore(tokenizer.decode(h.tokens), form.spans);
+        const text = finish(form.fold, tokenizer.decode(h.tokens), form.spans);
         const score = normalized(rules, h.score, h.tokens.length, alpha);
         const mineScore = normalized(rules, mine.score, mine.tokens.length, alpha);
         if (glossary.holds(text, form.targets) && !tackedOn(text, mineText, form.targets) && score > mineScore - spec.forced_margin) {
@@ -314,7 +344,7 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
     }
     later.push(i);
   }
-  later.push(...lines.filter((i) => !wanted.includes(i)));
+  later.push(...[...forms.keys()].filter((i) => !wanted.includes(i)));
   return { done, later };
 }
 
