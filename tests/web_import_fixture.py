@@ -118,6 +118,19 @@ def site(tmp_path_factory, pairs, model: str) -> Path:
     return built_once(tmp_path_factory, f"web-site-{model}", build) / "site"
 
 
+def shipped_site(tmp_path_factory) -> Path:
+    """`tk export exported/transformer --web SITE`, tk's shipped model, once per run (the WebGPU and glossary tests')."""
+    from click.testing import CliRunner
+
+    from toolkit.cli import main
+
+    def build(root: Path) -> None:
+        r = CliRunner().invoke(main, ["export", str(REPO / "exported" / "transformer"), "--web", str(root / "site")])
+        assert r.exit_code == 0, r.output
+
+    return built_once(tmp_path_factory, "web-site", build) / "site"
+
+
 def copied_site(tmp_path_factory, pairs, model: str, to: Path) -> Path:
     shutil.copytree(site(tmp_path_factory, pairs, model), to)
     return to

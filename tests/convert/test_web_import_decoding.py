@@ -5,7 +5,7 @@ model: the page's token ids and text are the directory's Python tokenizer's on 5
 tokens ONNX Runtime CPU's (the page decodes by the model's declared rules: start and end tokens, pad, generate's beam
 rule and length penalty, the forced first token, the output limit), and another target language chosen in the page is
 tk translate --target-lang's. A hostile tokenizer file in the site is one line in the page; the writer's verify stage
-holds the site's normaliser to the directory's tokenizer."""
+holds the site's normaliser to the directory's tokenizer. A forced-first import's page refuses a glossary in one line."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import json
 import pytest
 import web_import_fixture
 from convert.test_web import CHROMIUM
-from web_import_fixture import check_page, copied_site, directory, page_of
+from web_import_fixture import check_page, copied_site, directory, page_of, site
 
 from toolkit.convert import web
 from toolkit.core import manifest as manifest_mod
+from toolkit.core.errors import UsageError
+from toolkit.deploy.translate import check_glossary
 
 browser, pairs = web_import_fixture.browser, web_import_fixture.pairs  # the two files' shared module fixtures
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed: apt-get install -y chromium")]
@@ -59,3 +61,17 @@ def test_the_writer_s_verify_stage_holds_the_site_s_normaliser_to_the_directory_
     (tmp_path / "site").mkdir()
     model = web.WRITER.write(m, tmp_path / "site", lambda line: None)
     assert web.WRITER.verify(m, tmp_path / "site", model) == "the site's tokenizer gives other ids than the directory's (tabs and newlines)"
+
+
+def test_a_page_of_an_import_that_forces_its_first_token_refuses_a_glossary_in_tk_translate_s_words(browser, tmp_path_factory,
+                                                                                                     pairs):
+    """NLLB's target language is forced first, which constrained decoding (an import's one way in) does not allow."""
+    with pytest.raises(UsageError) as e:
+        check_glossary(manifest_mod.load(directory(tmp_path_factory, pairs, "nllb")))
+    with page_of(browser, site(tmp_path_factory, pairs, "nllb")) as page:
+        page.wait_for_function("!document.getElementById('translate').disabled")
+        page.fill("#input", "The house is big.")
+        page.fill("#glossary", "house\tdemeure")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('error')")
+        assert page.inner_text("#status") == f"error: {e.value}"

@@ -59,3 +59,18 @@ def test_a_missing_graph_gives_the_page_a_one_line_error(browser, tmp_path_facto
         page.wait_for_function("document.getElementById('status').textContent.startsWith('error: ')")
         status = page.inner_text("#status")
         assert graph in status and "\n" not in status.strip(), status
+
+
+def test_the_writer_s_verify_stage_holds_the_target_tokenizer_of_opus_mt_s_shape_to_its_target_ids(tmp_path_factory, pairs,
+                                                                                                    monkeypatch):
+    """opus-mt's shape writes its output by a target SentencePiece model of its own: the site carries it (a glossary's
+    targets' ids in the page), and the writer's verify stage holds it to MarianTokenizer.target_ids."""
+    from toolkit.convert import web_tokenizer
+    from toolkit.core import manifest as manifest_mod
+
+    m = manifest_mod.load(directory(tmp_path_factory, pairs, "marian"))
+    data, entry = web_tokenizer.site_tokenizer(m)
+    assert entry["target_ids"] and web_tokenizer.site_tokenizer_problem(m, data, entry) is None
+    wrong = {**entry, "target_ids": data}  # the source's model in its place
+    monkeypatch.setattr(web_tokenizer, "site_tokenizer", lambda m: (data, wrong))
+    assert web_tokenizer.site_tokenizer_problem(m, data, wrong) == "the site's target tokenizer gives other ids than the directory's"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import built_once
 from test_web import SHIPPED, TIMED, options, static_server
 
 from toolkit.core.textprep import TextOptions
@@ -31,15 +30,9 @@ WEBGPU_BUILD, WASM_BUILD = "asyncify", "ort-wasm-simd-threaded.wasm"  # names in
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The shipped model's site, as `tk export --web` writes it (built once, outside the tests' time limits)."""
-    from click.testing import CliRunner
+    from web_import_fixture import shipped_site
 
-    from toolkit.cli import main
-
-    def build(out: Path) -> None:
-        r = CliRunner().invoke(main, ["export", str(SHIPPED), "--web", str(out / "site")])
-        assert r.exit_code == 0, r.output
-
-    return built_once(tmp_path_factory, "web-site", build) / "site"
+    return shipped_site(tmp_path_factory)
 
 
 def open_page(browser, url: str) -> tuple[object, list[str], list[str]]:

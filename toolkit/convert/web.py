@@ -166,6 +166,7 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
                 _write_graph(m, graph, variant, tmp / name)
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
     model["tokenizer"] = write_site_tokenizer(m, tmp / model["tokenizer"]["file"])
+    model["glossary"] = site_glossary(m)
     model["onnxruntime_web"] = version
     (tmp / "model.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
     for f in SITE.iterdir():  # package data: read through importlib.resources, not from a path of the clone
@@ -177,6 +178,36 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
     for name, source in vendored_tokenizers(model).items():
         shutil.copyfile(TOKENIZERS_DIST / source, tmp / "vendor" / name)
     return model
+
+
+def site_glossary(m: manifest_mod.Manifest) -> dict:
+    """What the page's glossary (site/glossary.mjs) takes from Python rather than spelling it twice: the checks' margin
+    and beam (toolkit.deploy.translate), the limits and patterns of finding terms (toolkit.core.glossary, placeholders),
+    and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds), as id lists; whether
+    the model was trained on placeholders (else a sentence whose targets cannot be forced in is reported, as tk translate
+    reports it). A model whose glossary the page cannot put in has only `refused`, the one line the page shows."""
+    from toolkit.core import constrained, glossary, placeholders
+    from toolkit.core.tokenizers import open_tokenizer
+    from toolkit.deploy.translate import FORCED_BEAM, FORCED_MARGIN, check_glossary
+
+    try:
+        check_glossary(m)
+    except UsageError as e:
+        return {"refused": str(e)}
+    vocab = next(o for o in m.graphs["decoder"].spec["outputs"] if o["name"] == "log_probs")["dims"][1]
+    starts, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), vocab)
+    ids = lambda kind: [int(i) for i in kind.nonzero()[0]]  # noqa: E731
+    return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
+            "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
+            "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
+            "inside_word": ids(~starts), "apostrophe": ids(apostrophes), "sentence_end": ids(ends)}
+
+
+def _js_pattern(pattern: str) -> str:
+    """A Python pattern of str as JavaScript's `u` regular expressions read it: a named group's (?P< as (?<, and \\w and
+    \\d (Unicode in Python, ASCII in JavaScript) as the Unicode classes they stand for, inside brackets as they are in
+    placeholders.SPAN_RE; an escaped quote, which JavaScript's `u` mode refuses, as the quote."""
+    return pattern.replace("(?P<", "(?<").replace(r"\w", r"\p{L}\p{N}_").replace(r"\d", r"\p{Nd}").replace('\\"', '"')
 
 
 def vendored_tokenizers(model: dict) -> dict[str, str]:

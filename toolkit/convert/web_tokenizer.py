@@ -140,6 +140,9 @@ def site_tokenizer(m: manifest_mod.Manifest) -> tuple[dict, dict] | None:
         data = _marian_json(d, declared.source, declared.vocab)
         if declared.target_vocab:  # output ids are the target vocabulary's: the page decodes them with its own file
             entry["target"] = _marian_json(d, declared.target or declared.source, declared.target_vocab)
+        elif declared.target and (d / declared.target).read_bytes() != source.read_bytes():
+            # A glossary's targets are written by the target's SentencePiece model (MarianTokenizer.target_ids).
+            entry["target_ids"] = _marian_json(d, declared.target, declared.vocab)
     elif isinstance(tokenizer, SpmVocabTokenizer):
         vocab = read_vocab(d / declared.vocab)
         size = max([*vocab.values(), *(declared.languages or {}).values()]) + 1
@@ -219,6 +222,10 @@ def site_tokenizer_problem(m: manifest_mod.Manifest, data: dict, entry: dict) ->
     differ = [label for label, a, b in zip(labels, want, got) if a != b]
     if differ:
         return f"the site's tokenizer gives other ids than the directory's ({differ[0]})"
+    if entry.get("target_ids"):  # a glossary's targets' ids, as the page writes them
+        terms = Tokenizer.from_str(json.dumps(entry["target_ids"]))
+        if tokenizer.target_ids(list(texts)) != [terms.encode(t, add_special_tokens=False).ids for t in texts]:
+            return "the site's target tokenizer gives other ids than the directory's"
     # output ids: the target vocabulary's when it is another (decoded with the entry's own tokenizer.json)
     out = tokenizer.target_ids(list(texts)) if entry.get("target") else want
     tok, special = Tokenizer.from_str(json.dumps(entry.get("target") or data)), set(entry["special"])

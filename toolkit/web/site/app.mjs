@@ -3,6 +3,7 @@
 
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds } from "./decoding.mjs";
+import { Glossary, finished, translateTerms } from "./glossary.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
 async function fetchOk(url, as) {
@@ -113,12 +114,41 @@ window.tk = {
     const { model, backend } = await loading;
     return decodeIds(backend, ids, decodeOptions(model, opts));
   },
-  async translate(texts, opts) {
-    const { tokenizer } = await loading;
-    const hyps = await this.translateIds(await this.encode(texts, { sourceLang: opts?.sourceLang, targetLang: opts?.targetLang }), opts);
-    return hyps.map((n) => ({ text: tokenizer.decode(n[0].tokens), tokens: n[0].tokens }));
+  // opts.glossary: source term -> target term, an object or the TSV text (a bad line is one Error in Python's words);
+  // a line holding terms has them put in as tk translate --glossary does (glossary.mjs), and says how in its `glossary`.
+  async translate(texts, opts = {}) {
+    const { tokenizer, model, backend } = await loading;
+    const { glossary: given, ...rest } = opts;
+    const glossary = await glossaryOf(given);
+    const forms = new Map();
+    if (glossary) texts.forEach((t, i) => { const f = glossary.prepare(t, i + 1); if (f) forms.set(i, f); });
+    const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
+    const out = new Array(texts.length);
+    const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages)
+      : { done: new Map(), later: [] };
+    done.forEach((o, i) => { out[i] = o; });
+    // The lines without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
+    // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments).
+    const plain = texts.map((_, i) => i).filter((i) => !forms.has(i) || later.includes(i));
+    const inputs = plain.map((i) => (forms.has(i) ? forms.get(i).protected ?? forms.get(i).forced : texts[i]));
+    const hyps = await this.translateIds(await this.encode(inputs, languages), rest);
+    plain.forEach((i, k) => {
+      const tokens = hyps[k][0].tokens, text = tokenizer.decode(tokens);
+      out[i] = forms.has(i) ? finished(glossary, forms.get(i), tokens, text, i + 1) : { text, tokens };
+    });
+    return out;
   },
 };
+
+// The page's glossary of an object or TSV text (null: none), or the one line why this model's page takes none.
+async function glossaryOf(given) {
+  // None, as in Python: no glossary, an empty one (an empty object, a blank box).
+  const empty = typeof given === "string" ? !given.trim() : typeof given === "object" && !Array.isArray(given) && !Object.keys(given ?? {}).length;
+  if (given === undefined || empty) return null;
+  const { model } = await loading;
+  if (model.glossary.refused) throw new Error(model.glossary.refused);
+  return typeof given === "string" ? Glossary.parse(given, "terms", model.glossary) : Glossary.fromObject(given, model.glossary);
+}
 
 const $ = (id) => document.getElementById(id);
 const button = $("translate");
@@ -155,12 +185,14 @@ button.addEventListener("click", async () => {
   const start = performance.now();
   try {
     const languages = $("languages").hidden ? {} : { sourceLang: $("source").value, targetLang: $("target").value };
-    const out = await window.tk.translate(lines, { beam: Number($("beam").value), ...languages });
+    const out = await window.tk.translate(lines, { beam: Number($("beam").value), glossary: $("glossary").value, ...languages });
     const ms = performance.now() - start;
     $("output").textContent = out.map((o) => o.text).join("\n");
     const n = lines.filter((l) => l.trim()).length;
     const { fallback } = await runtime;
-    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms${fallback ? ` (${fallback})` : ""}`;
+    const missed = out.filter((o) => o.warning);
+    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms${fallback ? ` (${fallback})` : ""}`
+      + (missed.length ? `; ${missed[0].warning}${missed.length > 1 ? ` (and ${missed.length - 1} more lines)` : ""}` : "");
   } catch (e) {
     $("status").textContent = `error: ${firstLine(e)}`;
   } finally {

@@ -26,18 +26,23 @@ export async function openTokenizer(entry, fetchJson) {
 async function open(entry, spec) {
   if (entry.kind === "sentencepiece") {
     const sp = new SentencePiece(spec);
-    return new PageTokenizer(entry, (text) => sp.encode(text), (ids) => sp.decode(ids), () => null);
+    return new PageTokenizer(entry, (text) => sp.encode(text), (ids) => sp.decode(ids), () => null, null);
   }
   const { Tokenizer } = await import("./vendor/tokenizers.min.mjs");
   const tok = new Tokenizer(spec, { clean_up_tokenization_spaces: false });
   if (spec.model?.type === "Unigram" && spec.model.byte_fallback) byteFallback(tok.model);
   // A Marian of separate vocabularies: output ids are the target's, decoded with its tokenizer.json (entry.target).
   const out = entry.target ? new Tokenizer(entry.target, { clean_up_tokenization_spaces: false }) : tok;
+  // A glossary's targets are written by the target's tokenizer: entry.target's, or a Marian's target SentencePiece model
+  // at the shared vocabulary (entry.target_ids).
+  const terms = entry.target_ids ? new Tokenizer(entry.target_ids, { clean_up_tokenization_spaces: false }) : entry.target ? out : null;
+  if (entry.target_ids?.model?.type === "Unigram" && entry.target_ids.model.byte_fallback) byteFallback(terms.model);
   return new PageTokenizer(
     entry,
     (text, special = false) => tok.encode(text, { add_special_tokens: special }).ids,
     (ids) => (ids.length ? out.decode(ids, { clean_up_tokenization_spaces: false }) : ""),
     (token) => tok.model.tokens_to_ids.get(token) ?? null,
+    terms ? (text) => terms.encode(text, { add_special_tokens: false }).ids : null,
   );
 }
 
@@ -52,8 +57,9 @@ function byteFallback(model) {
 }
 
 class PageTokenizer {
-  constructor(entry, pieces, text, tokenId) {
+  constructor(entry, pieces, text, tokenId, targetPieces) {
     this.entry = entry;
+    this.targetPieces = targetPieces;
     this.pieces = pieces;
     this.text = text;
     this.tokenId = tokenId;
@@ -92,6 +98,12 @@ class PageTokenizer {
       return e.lang_suffix ? [...ids, e.end, id] : [id, ...ids, e.end];
     }
     return e.end === null ? ids : [...code, ...ids, e.end];
+  }
+
+  // A text's ids as the model writes it in its output (TextTokenizer.target_ids): the target vocabulary's pieces where
+  // the sides have their own, else the source's ids (an end token appended, which constrained decoding drops).
+  targetIds(text) {
+    return this.targetPieces ? this.targetPieces(text) : this.encode(text);
   }
 
   // Output ids to text: special tokens (end, padding, language codes) dropped, as the Python tokenizer's decode.

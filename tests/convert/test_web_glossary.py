@@ -1,0 +1,143 @@
+"""tk export --web's glossary, in headless Chromium: the page puts a glossary's targets into tk's shipped model's
+translations as `Translator.translate(..., glossary=...)` does on ONNX Runtime CPU (the same text for every sentence,
+greedy and beam 4, by each of the three ways: the model alone, the targets forced in, placeholders; beside numbers and
+URLs, in capitals and Title Case too), each target as
+often as its term occurs, and a sentence without terms byte for byte as without the glossary; on an import (tk's
+Transformer as a Marian) by constrained decoding alone, its page naming the sentences whose targets could not be forced
+in, as Python warns of them; a bad glossary line, and a line the page does not handle, are one line in its status.
+
+The glossary is docs/measurements/glossary/bench-terms.tsv (common words to a form other than the model's own: `car`
+to `automobile`); the sentences are held-out ones holding its terms, and some holding none."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections import Counter
+
+import pytest
+import web_import_fixture
+from conftest import REPO
+from convert.test_web import CHROMIUM, SHIPPED
+from web_import_fixture import directory, page_of, shipped_site, site
+
+from toolkit.core import glossary, placeholders, textprep
+from toolkit.core.errors import DataError, UsageError
+from toolkit.deploy.api import Translator
+
+browser, pairs = web_import_fixture.browser, web_import_fixture.pairs
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed: apt-get install -y chromium")]
+
+TERMS_FILE = REPO / "docs" / "measurements" / "glossary" / "bench-terms.tsv"
+TERMS = dict(line.split("\t") for line in TERMS_FILE.read_text(encoding="utf-8").splitlines())
+TRANSLATE = "([texts, opts]) => tk.translate(texts, opts)"
+
+
+# Held-out sentences (the test split of fra-eng.zip, its first 24 holding terms that the page handles: one sentence,
+# without numbers or capitals) and 8 holding none, and lines without terms that tk's text handling treats apart: a
+# term inside a URL (the URL's), a number, capitals.
+HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need more room.", "This book is new.",
+           "You do a nice job.", "Come into the room.", "Do you share a room?", "I am reading a book.", "I don't like my job.",
+           "I don't want dinner.", "My boss is an idiot.", "Tom has a great car.", "You have many books.",
+           "Keep your room clean.", "Let's clean our room.", "She was hit by a car.", "Where is the mistake?",
+           "He has a Japanese car.", "It's not your problem.", "Money rules the world.", "They were all friends.",
+           "Will you take the job?", "I want my bicycle back."]
+# Terms beside numbers, a phone number (a run of two) and a URL: spans the model copies as placeholders.
+SPANS = ["I have 3 cars.", "The car cost 5,000 dollars.", "Call 555 0199 about the house.",
+         "My house is at https://house.example.com now.", "I saw the movie in 2019."]
+# Lines in capitals and Title Case, which tk folds to lowercase for the model and gives their case back.
+CASED = ["THE HOUSE IS BIG.", "My Car Is Red.", "Where Is The Money?"]
+WITHOUT = ["I try.", "Tell me.", "Let's go!", "Speak up!", "Try some.", "Do it now.", "I gave up.", "I'll live."]
+APART = ["Visit https://house.example.com today.", "I have 3 houses.", "WHERE IS THE STATION?"]
+
+
+def test_the_test_sentences_are_what_they_are_said_to_be():
+    g = glossary.from_mapping(TERMS)
+    for text in HOLDING:
+        segments = textprep.prepare(text, glossary=g)
+        assert len(segments) == 1 and segments[0].forced and not segments[0].case and not segments[0].forced.spans, text
+    assert all(len(textprep.prepare(text, glossary=g)[0].forced.spans) == 1 for text in SPANS)
+    assert [textprep.prepare(text, glossary=g)[0].case for text in CASED] == ["upper", "title", "title"]
+    assert not any(textprep.prepare(text, glossary=g)[0].forced for text in WITHOUT + APART)
+
+
+@pytest.fixture(scope="module")
+def shipped_page(browser, tmp_path_factory):
+    with page_of(browser, shipped_site(tmp_path_factory)) as page:
+        page.wait_for_function("!document.getElementById('translate').disabled")
+        yield page
+
+
+def click(page) -> str:
+    """The page's status once its Translate button has done its work."""
+    page.click("#translate")
+    page.wait_for_function("!document.getElementById('status').textContent.startsWith('translating')")
+    return page.inner_text("#status")
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shipped_page):
+    holding = HOLDING + SPANS + CASED
+    texts = holding + WITHOUT
+    python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS)
+    got = shipped_page.evaluate(TRANSLATE, [texts + APART, {"beam": beam, "glossary": TERMS}])
+    wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(texts, python, got) if p != g["text"]]
+    assert not wrong, f"{len(wrong)} of {len(texts)} sentences differ from Python's, e.g. {wrong[:3]}"
+    g = glossary.from_mapping(TERMS)
+    short = [(t, o["text"]) for t, o in zip(holding, got) if not glossary.holds(o["text"], [f[2] for f in g.find(t, placeholders.all_spans(t))])]
+    assert not short, f"targets not each as often as asked: {short}"
+    # A sentence without terms: byte for byte (its text and its tokens) as the page gives it without a glossary.
+    assert got[len(holding):] == shipped_page.evaluate(TRANSLATE, [WITHOUT + APART, {"beam": beam}])
+    ways = Counter(o["glossary"] for o in got[: len(holding)])
+    assert set(ways) == {"model", "forced", "placeholders"}, ways  # each step of the method is held to Python's
+
+
+def test_an_import_s_page_forces_targets_in_and_names_the_sentences_it_could_not(browser, tmp_path_factory, pairs):
+    """tk's Transformer as a Marian: trained, so its sentences take each way (the model alone, forced, reported)."""
+    holding, model = HOLDING, "marian-from-tk"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        python = Translator(directory(tmp_path_factory, pairs, model), provider="cpu", threads=1).translate(holding, glossary=TERMS)
+    missed = [int(re.search(r"texts\[(\d+)\]", str(w.message)).group(1)) + 1 for w in caught if "could not be forced" in str(w.message)]
+    assert missed  # Python reports some: the page must name the same
+    with page_of(browser, site(tmp_path_factory, pairs, model)) as page:
+        page.wait_for_function("!document.getElementById('translate').disabled")
+        got = page.evaluate(TRANSLATE, [holding, {"glossary": TERMS}])
+        # In the page: its status names a sentence whose targets could not be forced in.
+        shown = [holding[0], holding[missed[0] - 1]]
+        page.fill("#input", "\n".join(shown))
+        page.fill("#glossary", TERMS_FILE.read_text(encoding="utf-8"))
+        page.select_option("#beam", "1")
+        status = click(page)
+        output = page.inner_text("#output").split("\n")
+    wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(holding, python, got) if p != g["text"]]
+    assert not wrong, f"{len(wrong)} of {len(holding)} sentences differ from Python's, e.g. {wrong[:3]}"
+    assert [i + 1 for i, o in enumerate(got) if o["glossary"] == "missed"] == missed
+    assert {o["glossary"] for o in got} == {"model", "forced", "missed"}
+    assert output == [python[0], python[missed[0] - 1]]
+    assert re.fullmatch(r"2 sentences in \d+ ms; warning: line 2: its glossary targets \(.+\) could not be forced into its "
+                        r"translation \(this model was not trained on tk's placeholders, which would put them back\); its output is "
+                        r"the model's own translation without them", status), status
+
+
+BAD = ["house\tdemeure\nbicycle bicyclette\n", "house\tdemeure\tmaison\n", "house\tdemeure\n\nHOUSE\tmaison\n", "house\t \n",
+       "ho\x01use\tdemeure\n", "x" * 501 + "\tdemeure\n"]
+
+
+def test_a_bad_glossary_line_is_one_line_in_the_page_s_status_in_tk_s_words(shipped_page):
+    shipped_page.fill("#input", "The house is big.")
+    for tsv in BAD:
+        with pytest.raises(DataError) as e:
+            glossary.parse(tsv.encode(), "terms")
+        shipped_page.fill("#glossary", tsv)
+        assert click(shipped_page) == f"error: {e.value}", tsv
+    with pytest.raises(UsageError) as e:
+        glossary.from_mapping({"house": "demeure", "House": "maison"})
+    error = "(g) => tk.translate(['The house is big.'], {glossary: g}).then(() => 'no error', (e) => e.message)"
+    assert shipped_page.evaluate(error, {"house": "demeure", "House": "maison"}) == str(e.value)
+    # A line holding terms that the page does not prepare as Python would is refused, never translated without them.
+    shipped_page.fill("#input", "He bought 2 books and 3 cars.")
+    shipped_page.fill("#glossary", "book\tbouquin\nbooks\tbouquins\ncars\tautomobiles")
+    assert click(shipped_page) == ("error: line 1 holds glossary terms and more than 2 of them, numbers, URLs and e-mail "
+                                   "addresses in all (tk translates such a sentence in pieces), which the page does not "
+                                   "handle; translate it with tk translate --glossary")

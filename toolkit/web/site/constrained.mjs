@@ -1,0 +1,109 @@
+// Constrained decoding for glossaries: a line-for-line port of toolkit/core/constrained.py (dynamic beam allocation,
+// one sentence at a time over the page's step backend), so the page forces a target term in where and as Python does.
+// kinds: per output id, starts (begins a word), apostrophes (ends in one), ends (ends a sentence), from model.json.
+
+import { loopCut, topK } from "./decoding.mjs";
+
+const last = (h) => h.tokens[h.tokens.length - 1];
+const desc = (a, b) => (a > b ? -1 : a < b ? 1 : 0);
+const byScore = (x, y) => desc(x[1].score, y[1].score); // Array.prototype.sort is stable, as Python's sort
+
+// constrained._advance: h with `tok` written.
+function advance(h, tok, score, terms, elided) {
+  const met = h.met.slice();
+  let writing = null, held = h.held;
+  if (h.writing) {
+    const [c, v, j] = h.writing;
+    if (terms[c][v][j] === tok) {
+      writing = [c, v, j + 1];
+      held += 1;
+    } else {
+      held -= j;
+    }
+  }
+  if (writing === null) {
+    outer: for (let c = 0; c < terms.length; c++) {
+      if (met[c]) continue;
+      for (let v = 0; v < terms[c].length; v++) {
+        if (terms[c][v][0] === tok && (v === 0 || elided)) { writing = [c, v, 1]; break outer; }
+      }
+    }
+    held += writing !== null;
+  }
+  const ended = writing !== null && writing[2] === terms[writing[0]][writing[1]].length;
+  if (ended) {
+    met[writing[0]] = true;
+    writing = null;
+  }
+  return { tokens: [...h.tokens, tok], score, met, writing, afterTerm: ended, held };
+}
+
+// constrained._candidates: the model's `beam` best it may write, the term's next token, each unwritten term's first, the end.
+function candidates(h, row, terms, beam, starts, eos, elided) {
+  const allMet = h.met.every(Boolean);
+  let lp = row;
+  if (h.afterTerm || !allMet) {
+    lp = row.slice();
+    if (h.afterTerm) {
+      for (let i = 0; i < lp.length; i++) if (!starts[i]) lp[i] = -Infinity;
+      lp[eos] = row[eos];
+    }
+    if (!allMet) lp[eos] = -Infinity;
+  }
+  const wanted = new Set(topK(lp, lp.length, beam).indices[0]);
+  if (h.writing) {
+    const [c, v, j] = h.writing;
+    wanted.add(terms[c][v][j]);
+  }
+  terms.forEach((forms, c) => { if (!h.met[c]) forms.forEach((form, v) => { if (v === 0 || elided) wanted.add(form[0]); }); });
+  if (allMet) wanted.add(eos);
+  return [...wanted].filter((t) => Number.isFinite(lp[t]));
+}
+
+// constrained._allocate: each bank's best (its share of the beam, most term tokens first), then the best of the others.
+function allocate(going, terms, beam) {
+  const banks = new Map();
+  for (const item of going) {
+    if (!banks.has(item[1].held)) banks.set(item[1].held, []);
+    banks.get(item[1].held).push(item);
+  }
+  const share = Math.max(1, Math.floor(beam / (terms.reduce((n, forms) => n + forms[0].length, 0) + 1)));
+  let chosen = [...banks.keys()].sort((a, b) => b - a).flatMap((b) => banks.get(b).slice(0, share));
+  chosen = chosen.sort(byScore).slice(0, beam);
+  const picked = new Set(chosen);
+  chosen.push(...going.filter((item) => !picked.has(item)).slice(0, beam - chosen.length));
+  return chosen.sort(byScore);
+}
+
+// constrained.constrained_search: the best translation of src holding each of `terms` (per occurrence, its forms' ids),
+// at most `limit` tokens, with `beam` rows; null if none finished (or the best loops).
+export async function constrainedSearch(backend, src, terms, limit, beam, alpha, rules, kinds, normalized) {
+  let state = await backend.encode([src]);
+  const eos = rules.end;
+  let hyps = [{ tokens: [], score: 0, met: terms.map(() => false), writing: null, afterTerm: false, held: 0 }];
+  const finished = [];
+  let token = [rules.start];
+  for (let t = 0; t < limit; t++) {
+    const step = await backend.step(token, state);
+    state = step.state;
+    const cands = [];
+    hyps.forEach((h, r) => {
+      if (h.tokens.length && kinds.ends[last(h)] && !h.met.every(Boolean)) return; // its sentence ended without its terms
+      const elided = h.tokens.length > 0 && kinds.apostrophes[last(h)] === 1;
+      const row = step.logProbs.subarray(r * step.vocab, (r + 1) * step.vocab);
+      for (const tok of candidates(h, row, terms, beam, kinds.starts, eos, elided)) cands.push([r, advance(h, tok, h.score + row[tok], terms, elided)]);
+    });
+    cands.sort(byScore);
+    for (const [, h] of cands.slice(0, beam)) if (last(h) === eos) finished.push([normalized(rules, h.score, h.tokens.length - 1, alpha), h]);
+    if (finished.length >= beam) break;
+    const live = allocate(cands.filter(([, h]) => last(h) !== eos), terms, beam);
+    if (!live.length) break;
+    state = backend.select(state, live.map(([r]) => r));
+    hyps = live.map(([, h]) => h);
+    token = hyps.map(last);
+  }
+  if (!finished.length) return null;
+  const best = finished.reduce((a, b) => (b[0] > a[0] ? b : a))[1];
+  const tokens = best.tokens.slice(0, -1);
+  return tokens.length && loopCut(tokens) >= 0 ? null : { tokens, score: best.score };
+}

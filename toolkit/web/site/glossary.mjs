@@ -1,0 +1,356 @@
+// Glossaries in the page: a port of toolkit/core/glossary.py (reading the terms, finding them in a line, the checks
+// holds and tacked_on), of what toolkit/core/textprep.py and placeholders.py do to a line that holds terms, and of
+// toolkit/deploy/translate.py's three steps (_forced: the model alone, then the targets forced in by constrained.mjs,
+// then placeholders). The constants and patterns come from model.json's glossary entry, which toolkit/convert/web.py
+// writes from the Python definitions.
+
+import { decodeIds, lengthLimits } from "./decoding.mjs";
+import { constrainedSearch } from "./constrained.mjs";
+
+const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
+const WORDS = new RegExp(`[${W}]+`, "gu");
+const CONTROL = /[\x00-\x1f\x7f-\x9f]/u;
+const LINE_CONTROL = /[\x00-\x08\x0a-\x1f\x7f-\x9f]/gu; // textprep._CONTROL: tabs stay
+const ALNUM = /^[\p{L}\p{N}_]$/u;
+const SYMBOL = /⦅(\d+)⦆/;
+const FRAGMENT = /⦅\d*|\d*⦆/g;
+const TAIL = /[\s.!?…:;»"')\]]*$/u;
+const CLOSING = { ")": "(", "]": "[", "}": "{" };
+const RUN_GAP = /^(?:[\s,;/&\-–—]*|\S*)$/u; // placeholders._RUN_GAP: what may stand between spans kept as one
+// A sentence end followed by more text: what sentencex may split (the page translates a line holding terms as one sentence).
+const SENTENCE_BREAK = /[.?!…]["'»)\]]*\s+\S/u;
+const fold = (s) => s.toUpperCase().toLowerCase(); // str.casefold's "ß" -> "ss" too
+const count = (items) => items.reduce((m, x) => m.set(x, (m.get(x) ?? 0) + 1), new Map());
+
+// Python's repr of a str, as the Python messages quote terms.
+const repr = (s) => (s.includes("'") && !s.includes('"') ? `"${s}"` : `'${s.replaceAll("\\", "\\\\").replaceAll("'", "\\'")}'`);
+
+export class Glossary {
+  // spec: model.json's glossary entry.
+  constructor(spec) {
+    const unspaced = spec.unspaced.slice(1, -1);
+    this.spec = spec;
+    this.word = new RegExp(`[${unspaced}]|(?:(?![${unspaced}])[${W}])+|[^${W}\\s]`, "gu");
+    this.unspaced = new RegExp(spec.unspaced, "u");
+    this.format = new RegExp(spec.format, "gu");
+    this.spanPattern = new RegExp(spec.spans, "gu");
+    this.trie = new Map();
+    this.seen = new Map(); // key -> [source as written, target, where]
+    this.size = 0;
+  }
+
+  // A TSV text's glossary (glossary.parse): a bad line is an Error naming it, in Python's words.
+  static parse(text, name, spec) {
+    const g = new Glossary(spec);
+    const lines = text.replace(/^\ufeff/, "").split("\n");
+    lines.forEach((raw, i) => {
+      const line = raw.replace(/\r$/, "");
+      if (!line.trim()) return;
+      const fields = line.split("\t");
+      if (fields.length !== 2) {
+        const what = fields.length === 1 ? "has no TAB" : `has ${fields.length - 1} TABs`;
+        throw new Error(`glossary ${name} line ${i + 1} ${what}; write each line as source term, TAB, target term`);
+      }
+      const problem = g.add(fields[0], fields[1], `line ${i + 1}`);
+      if (problem) throw new Error(`glossary ${name} line ${i + 1}: ${problem}`);
+    });
+    if (!g.size) throw new Error(`glossary ${name} has no terms; write one a line as source term, TAB, target term`);
+    return g;
+  }
+
+  // An object's glossary (glossary.from_mapping); null for an empty one.
+  static fromObject(object, spec) {
+    if (object === null || object === undefined) return null;
+    if (typeof object !== "object" || Array.isArray(object)) {
+      throw new Error(`glossary must be an object of source term -> target term, e.g. {"house": "demeure"} (got ${Array.isArray(object) ? "an array" : typeof object})`);
+    }
+    const g = new Glossary(spec);
+    for (const [source, target] of Object.entries(object)) {
+      if (typeof target !== "string") throw new Error(`glossary: each term must be a string (got ${JSON.stringify(source)}: ${JSON.stringify(target)})`);
+      const problem = g.add(source, target, `entry ${repr(source)}`);
+      if (problem) throw new Error(`glossary entry ${repr(source)}: ${problem}`);
+    }
+    return g.size ? g : null;
+  }
+
+  // glossary.term_key: the term's words (NFC, without format characters, case-folded), each with whether a space comes before.
+  key(term) {
+    const text = term.normalize("NFC").replace(this.format, "");
+    const out = [];
+    let last = null;
+    for (const m of text.matchAll(this.word)) {
+      out.push([fold(m[0]), last !== null && m.index > last]);
+      last = m.index + m[0].length;
+    }
+    return out;
+  }
+
+  problem(term, side) {
+    if (!term.trim() || (side === "source" && !this.key(term).length)) return `its ${side} term is empty`;
+    const chars = [...term].length;
+    if (chars > this.spec.max_term_chars) return `its ${side} term has ${chars} characters, more than ${this.spec.max_term_chars}`;
+    const bad = term.match(CONTROL);
+    if (bad) return `its ${side} term holds a control character (U+${bad[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0")})`;
+    return null;
+  }
+
+  add(source, target, where) {
+    target = target.normalize("NFC").split(/\s+/u).filter(Boolean).join(" ");
+    const problem = this.problem(source, "source") ?? this.problem(target, "target");
+    if (problem) return problem;
+    const key = this.key(source), id = JSON.stringify(key);
+    const seen = this.seen.get(id);
+    if (seen) {
+      if (seen[1] === target) return null;
+      return `its source term ${repr(source)} is the term ${repr(seen[0])} of ${seen[2]} (terms match whatever their case), `
+        + `with another target (${repr(seen[1])} there, ${repr(target)} here); keep one`;
+    }
+    this.seen.set(id, [source, target, where]);
+    this.size++;
+    let node = this.trie;
+    for (const [word, spaced] of key) {
+      const k = `${+spaced}${word}`;
+      if (!node.has(k)) node.set(k, new Map());
+      node = node.get(k);
+    }
+    node.end = [target, source.normalize("NFC").replace(this.format, "").split(/\s+/u).filter(Boolean).join(" ")];
+    return null;
+  }
+
+  // placeholders.all_spans without --keep terms: [start, end] of each number, URL, e-mail address and typed placeholder.
+  spans(text) {
+    return [...text.matchAll(this.spanPattern)].map((m) => {
+      let end = m.index + m[0].length;
+      if (m.groups.url) { // placeholders.url_end: closing punctuation is the sentence's, and an unbalanced bracket
+        const start = m.index, n = (c) => [...text.slice(start, end)].filter((x) => x === c).length;
+        while (end - start > 1 && ".,;:!?'\")]}".includes(text[end - 1])) {
+          const opener = CLOSING[text[end - 1]];
+          if (opener && n(opener) >= n(text[end - 1])) break;
+          end--;
+        }
+      }
+      return [m.index, end];
+    });
+  }
+
+  // Glossary.find: [start, end, target, source as written] of each occurrence, left to right, the longest of overlapping
+  // ones; one that overlaps one of `spans` without holding it whole is left to the span.
+  find(text, spans) {
+    const words = [...text.matchAll(this.word)].map((m) => [m.index, m.index + m[0].length, fold(m[0])]);
+    const found = [];
+    words.forEach(([start], i) => {
+      let node = this.trie.get(`0${words[i][2]}`), j = i;
+      while (node) {
+        if (node.end) found.push([start, words[j][1], ...node.end]);
+        if (++j === words.length) break;
+        node = node.get(`${+(words[j][0] > words[j - 1][1])}${words[j][2]}`);
+      }
+    });
+    const taken = [];
+    for (const f of found.sort((a, b) => (a[0] - a[1]) - (b[0] - b[1]) || a[0] - b[0])) {
+      if (taken.some(([s, e]) => s < f[1] && f[0] < e)) continue;
+      if (!spans.some(([s, e]) => s < f[1] && f[0] < e && !(f[0] <= s && e <= f[1]))) taken.push(f);
+    }
+    return taken.sort((a, b) => a[0] - b[0]);
+  }
+
+  glued(a, b) {
+    return ALNUM.test(a) && ALNUM.test(b) && !this.unspaced.test(a) && !this.unspaced.test(b);
+  }
+
+  // placeholders.whole_word
+  wholeWord(text, start, end) {
+    return !(start > 0 && this.glued(text[start - 1], text[start])) && !(end < text.length && this.glued(text[end - 1], text[end]));
+  }
+
+  // glossary.holds: each target exactly as often as `targets` lists it, as written, as whole words.
+  holds(text, targets) {
+    for (const [target, n] of count(targets)) {
+      let found = 0;
+      for (let at = text.indexOf(target); at >= 0; at = text.indexOf(target, at + 1)) found += this.wholeWord(text, at, at + target.length);
+      if (found !== n) return false;
+    }
+    return true;
+  }
+
+  // textprep.clean, for a line without --keep terms: NFC, controls to spaces, format characters out, whitespace runs to one space.
+  clean(line) {
+    let text = line.normalize("NFC");
+    if (text.search(LINE_CONTROL) >= 0 || text.search(this.format) >= 0) {
+      text = text.replace(LINE_CONTROL, " ").replace(this.format, "").normalize("NFC");
+    }
+    return text.split(/\s+/u).filter(Boolean).join(" ");
+  }
+
+  // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
+  // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
+  // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
+  // What the page does not port (sentence splitting, pieces) is refused in one line.
+  prepare(line, lineno) {
+    const text = this.clean(line);
+    const spans = this.spans(text);
+    const terms = this.find(text, spans);
+    if (!terms.length) return null;
+    const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
+    if (SENTENCE_BREAK.test(text)) refuse("more than one sentence (put each on a line of its own)");
+    if (!this.spec.placeholders) return { forced: text, spans: [], protected: null, kept: [], targets: terms.map((t) => t[2]), fold: "" };
+    // placeholders.protect_terms: a span inside a term is the term's ("Windows 10"), spans with only separators between
+    // them are one run, and a term a run took in is left to the run.
+    const runs = [];
+    for (const [s, e] of spans.filter(([s, e]) => !terms.some(([start, end]) => start <= s && e <= end))) {
+      if (runs.length && RUN_GAP.test(text.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
+      else runs.push([s, e]);
+    }
+    const kept = terms.filter(([start, end]) => !runs.some(([s, e]) => s < end && start < e));
+    if (!kept.length) refuse("a number, URL or e-mail address around them");
+    const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]), ...kept].sort((a, b) => a[0] - b[0]);
+    if (chosen.length > this.spec.per_input) {
+      refuse(`more than ${this.spec.per_input} of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)`);
+    }
+    // The placeholder form (each span a symbol), and the form with the terms as the glossary writes them (capitalised
+    // where the line's is: placeholders._cased_as) and the other spans' symbols numbered from 0 (textprep._with_terms).
+    let forced = "", protectedText = "", last = 0;
+    const local = [];
+    chosen.forEach(([start, end, put, source], i) => {
+      const written = source === null ? null : /^\p{Lu}/u.test(text.slice(start, end)) ? source[0].toUpperCase() + source.slice(1) : source;
+      forced += text.slice(last, start) + (written ?? `⦅${local.push(put) - 1}⦆`);
+      protectedText += text.slice(last, start) + `⦅${i}⦆`;
+      last = end;
+    });
+    // A line in capitals or Title Case is folded to lowercase for the model and its translation given the case back
+    // (textprep.prepare); one in capitals has no form with the terms as written: its targets must stay as written.
+    protectedText += text.slice(last);
+    const fold = isAllCaps(protectedText) ? "upper" : isTitleCase(protectedText) ? "title" : "";
+    forced = fold === "upper" ? null : fold ? (forced + text.slice(last)).toLowerCase() : forced + text.slice(last);
+    return { forced, spans: local, protected: fold ? protectedText.toLowerCase() : protectedText, kept: chosen.map((c) => c[2]),
+      targets: kept.map((t) => t[2]), fold };
+  }
+}
+
+// textprep.is_all_caps, is_title_case: by the Unicode properties Python's str.isupper, islower and isalpha read.
+const isAlpha = (c) => /\p{L}/u.test(c), isLower = (c) => /\p{Lowercase}/u.test(c), isUpper = (c) => /\p{Uppercase}/u.test(c);
+const cased = (c) => isUpper(c) || isLower(c) || c.toLowerCase() !== c.toUpperCase();
+
+function isAllCaps(text) {
+  const chars = [...text];
+  if (chars.some((c) => isLower(c) && isAlpha(c))) return false;
+  let upper = 0;
+  for (const c of chars) {
+    if (isUpper(c)) upper += isAlpha(c);
+    else if (isAlpha(c) && cased(c)) return false;
+  }
+  return upper >= 3;
+}
+
+function isTitleCase(text) {
+  const split = text.split(/\s+/u).filter(Boolean);
+  if (split.length < 3 || split.some((w) => isLower([...w][0]) && isAlpha([...w][0]))) return false;
+  const firsts = split.map((w) => [...w].find((c) => isAlpha(c) && cased(c))).filter(Boolean);
+  return firsts.length >= 3 && firsts.every(isUpper) && !isAllCaps(text);
+}
+
+// textprep.finish: a model input's translation with its case given back and its spans restored.
+function finish(fold, text, spans) {
+  if (fold === "upper") text = text.toUpperCase();
+  else if (fold === "title") text = text.slice(0, 1).toUpperCase() + text.slice(1);
+  return restore(text, spans);
+}
+
+// glossary.tacked_on: every word of the model's own translation is still there besides the targets.
+export function tackedOn(text, own, targets) {
+  const rest = count(fold(text).match(WORDS) ?? []);
+  for (const w of targets.flatMap((t) => fold(t).match(WORDS) ?? [])) rest.set(w, (rest.get(w) ?? 0) - 1);
+  return [...count(fold(own).match(WORDS) ?? [])].every(([w, n]) => n <= (rest.get(w) ?? 0));
+}
+
+// A line's translation from its plain decode (`tokens`), its terms' left to placeholders (restored) or, for a model
+// without them, reported as translate.decode_segments reports it.
+export function finished(glossary, form, tokens, text, lineno) {
+  if (form.protected !== null) return { text: finish(form.fold, text, form.kept), tokens, glossary: "placeholders" };
+  if (glossary.holds(text, form.targets)) return { text, tokens, glossary: "model" };
+  const terms = [...new Set(form.targets)].map(repr).join(", ");
+  return { text, tokens, glossary: "missed", warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
+    + "translation (this model was not trained on tk's placeholders, which would put them back); its output is the model's own translation without them" };
+}
+
+// placeholders.restore: each span back exactly once, whatever the model did with its symbol.
+function restore(text, spans) {
+  if (!spans.length && !text.includes("⦅") && !text.includes("⦆")) return text;
+  const parts = text.split(new RegExp(SYMBOL.source, "g"));
+  const words = parts.filter((_, i) => i % 2 === 0).map((w) => w.replace(FRAGMENT, " "));
+  const given = [], wrong = [];
+  parts.filter((_, i) => i % 2 === 1).map(Number).forEach((i, k) => {
+    const fresh = i < spans.length && !given.includes(i);
+    given.push(fresh ? i : null);
+    if (!fresh) wrong.push(k);
+  });
+  const missing = spans.map((_, i) => i).filter((i) => !given.includes(i));
+  for (const k of wrong) if (missing.length) given[k] = missing.shift();
+  if (missing.length) {
+    const w = words[words.length - 1], tail = w.search(TAIL);
+    words[words.length - 1] = `${w.slice(0, tail)} ${missing.map((i) => spans[i]).join(" ")}${w.slice(tail)}`;
+  }
+  let out = words[0];
+  given.forEach((i, k) => { out += (i !== null ? spans[i] : "") + words[k + 1]; });
+  return out.split(/\s+/u).filter(Boolean).join(" ");
+}
+
+// DecodingRules.normalized
+export const normalized = (rules, score, tokens, alpha) => (rules.length_penalty === "hf"
+  ? score / Math.max(1, tokens + 1) ** alpha : score / ((5 + tokens + 1) / 6) ** alpha);
+
+// constrained.term_forms: a target's ids as a word of its own, and glued to an elided word ("l'automobile") where that differs.
+function termForms(tokenizer, target, end) {
+  const [alone, prefix, glued] = [target, "l'", `l'${target}`].map((t) => {
+    const ids = tokenizer.targetIds(t);
+    return ids.length && ids[ids.length - 1] === end ? ids.slice(0, -1) : ids;
+  });
+  const after = glued.slice(prefix.length), same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+  return same(glued.slice(0, prefix.length), prefix) && after.length && !same(after, alone) ? [alone, after] : [alone];
+}
+
+// translate._forced and decode_segments for the lines holding terms (forms: prepare's, by line index): each line's
+// {text, tokens, glossary: "model" | "forced"} by the same steps and checks as Python, and the lines `later` left to
+// their placeholder form (step 3, decoded with the lines without terms).
+// Over 60 lines: the three steps in order, each a batch as in translate.py.
+export async function translateTerms(glossary, backend, tokenizer, model, forms, opts, languages) {
+  const spec = model.glossary, rules = opts.rules, alpha = opts.alpha ?? rules.alpha;
+  const done = new Map(), later = [];
+  const lines = [...forms.keys()].filter((i) => forms.get(i).forced !== null);
+  const ids = lines.map((i) => tokenizer.encode(forms.get(i).forced, languages));
+  const wanted = lines.filter((_, k) => ids[k].length > 0 && ids[k].length <= model.max_len);
+  const own = await decodeIds(backend, wanted.map((i) => ids[lines.indexOf(i)]), opts);
+  const kinds = kindsOf(spec, model);
+  for (const [w, i] of wanted.entries()) {
+    const form = forms.get(i), mine = own[w][0], mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans);
+    if (glossary.holds(mineText, form.targets)) {
+      done.set(i, { text: mineText, tokens: mine.tokens, glossary: "model" });
+      continue;
+    }
+    const terms = form.targets.map((t) => termForms(tokenizer, t, rules.end));
+    if (terms.every((f) => f[0].length)) {
+      const src = ids[lines.indexOf(i)];
+      const limit = lengthLimits([src], Math.min(opts.maxLen, model.max_len), opts.maxLenA, opts.maxLenB)[0];
+      const h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
+      if (h) {
+        const text = finish(form.fold, tokenizer.decode(h.tokens), form.spans);
+        const score = normalized(rules, h.score, h.tokens.length, alpha);
+        const mineScore = normalized(rules, mine.score, mine.tokens.length, alpha);
+        if (glossary.holds(text, form.targets) && !tackedOn(text, mineText, form.targets) && score > mineScore - spec.forced_margin) {
+          done.set(i, { text, tokens: h.tokens, glossary: "forced" });
+          continue;
+        }
+      }
+    }
+    later.push(i);
+  }
+  later.push(...[...forms.keys()].filter((i) => !wanted.includes(i)));
+  return { done, later };
+}
+
+// Per output id: whether it begins a word, ends in an apostrophe, ends a sentence (constrained._piece_kinds, from model.json).
+function kindsOf(spec, model) {
+  const vocab = model.decoder.outputs.find((o) => o.name === "log_probs").dims[1];
+  const mark = (ids, value) => { const a = new Uint8Array(vocab).fill(1 - value); ids.forEach((i) => { a[i] = value; }); return a; };
+  return { starts: mark(spec.inside_word, 0), apostrophes: mark(spec.apostrophe, 1), ends: mark(spec.sentence_end, 1) };
+}
