@@ -135,6 +135,11 @@ class HostState(dict):
         """np.take(value, rows, axis), written into this search's memory for `name`."""
         shape = (*value.shape[:axis], len(rows), *value.shape[axis + 1:])
         size = int(np.prod(shape))
+        held = self._memory.get(name)
+        if held is not None and np.may_share_memory(value, held[0]):
+            # `value` is this memory's own (a select's copy of a tensor no step replaces, the encoder's outputs): into
+            # the other of the name's two memories, since numpy would first copy a source that overlaps its output.
+            name = f"{name}/other"
         flat, last = self._memory.get(name, (None, size))
         if flat is None or flat.size < size or flat.dtype != value.dtype:
             # Room for 32 more steps of the growth since the last reorder (a cache grows by a position a step): fresh

@@ -19,7 +19,6 @@ from toolkit.core.decoding import (
     next_host_state,
     padding_groups,
     reorder_rows,
-    take_rows,
     top_k_rows,
 )
 from toolkit.core.graphs import GraphSpec
@@ -250,7 +249,7 @@ class OrtBackend(StepBackend):
 
     def select(self, state: dict, rows: np.ndarray) -> dict:
         if not self.io_binding:
-            return take_rows(state, rows, self.batch_axis)
+            return reorder_rows(state, rows, self.batch_axis)
         binding = self.selector.io_binding()
         for name, value in state.items():
             binding.bind_ortvalue_input(name, value)
