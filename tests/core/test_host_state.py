@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_beam_search import RandomSteps
 
-from toolkit.core.decoding import HostState, ReorderMemory, beam_search, reorder_rows, take_rows
+from toolkit.core.decoding import HostState, ReorderMemory, beam_search, reorder_rows
 
 AXES = {"src": 0, "cache": 1}  # the cache's batch axis is its second, as a time-major RNN's state
 
