@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_beam_search import RandomSteps
 
-from toolkit.core.decoding import HostState, ReorderMemory, beam_search, reorder_rows, take_rows
+from toolkit.core.decoding import HostState, ReorderMemory, beam_search, reorder_rows
 
 AXES = {"src": 0, "cache": 1}  # the cache's batch axis is its second, as a time-major RNN's state
 
@@ -28,8 +28,8 @@ class CachedSteps(RandomSteps):
         log_probs, inner = super().step(token, {"src": state["src"], "prefix": state["cache"].T})
         return log_probs, state.carried({"src": state["src"], "cache": np.ascontiguousarray(inner["prefix"].T)})
 
-    def select(self, state, rows):
-        return take_rows(state, rows, AXES)
+    def select(self, state, rows):  # into the memory too, as OrtBackend's: "src" is selected again and again
+        return reorder_rows(state, rows, AXES)
 
     def reorder_beams(self, state, rows):
         self.reordered = getattr(self, "reordered", 0) + 1
@@ -95,5 +95,11 @@ def test_a_state_reordered_again_without_a_step_between_is_not_copied_onto_itsel
     want = once["cache"][:, rows].copy()
     twice = reorder_rows(once, rows, {"cache": 1})
     assert np.array_equal(twice["cache"], want)
+    # A tensor no step replaces (the encoder's outputs) is selected from the memory into the memory: into the other of
+    # its two, or numpy would first copy the whole source aside; the third goes back to the first.
+    assert not np.may_share_memory(twice["cache"], once["cache"])
+    want = twice["cache"][:, rows].copy()
+    thrice = reorder_rows(twice, rows, {"cache": 1})
+    assert np.array_equal(thrice["cache"], want) and np.may_share_memory(thrice["cache"], once["cache"])
     with pytest.raises(IndexError):
         reorder_rows(state, np.array([0, 6]), {"cache": 1})

@@ -293,3 +293,38 @@ def test_rows_of_very_different_lengths_are_encoded_in_groups_with_the_whole_bat
             np.testing.assert_allclose(grouped[name][tuple(inside)], value[tuple(inside)], rtol=1e-5, atol=1e-5)
     want = [t.translate([s], beam=4)[0] for s in texts]
     assert t.translate(texts, beam=4, streams=1, batch_size=4) == want
+
+
+@pytest.mark.parametrize("variant", [None, "int8"])
+def test_a_single_request_steps_as_step_top_k_does_on_the_shipped_model(variant):
+    """One sentence decoded greedily steps through OrtBackend.greedy_steps (one feed whose caches are replaced in place):
+    tokens, score and guard must be step_top_k's, on each of the same encoder state's two searches (the state handed in
+    stays as it was), with the loop guard and a length limit that stops some sentences."""
+    import numpy as np
+
+    from toolkit import Translator
+    from toolkit.core import decoding
+    from toolkit.core.tokenizers import open_tokenizer
+
+    t = Translator(SHIPPED, provider="cpu", variant=variant)
+    b = t._backend
+    texts = ["Where is the station?", "We ate bread at noon with our friends.", "Hi.", "No, no, no, no, no, no, no."]
+    ids = open_tokenizer(t.manifest).encode(texts)
+    rules = t.manifest.rules()
+
+    def decoded(backend) -> list[tuple]:
+        out = []
+        for src in ids:
+            state = b.encode(*decoding.pad_batch([src], rules.pad))
+            for limit in (t.manifest.max_len, 4):  # two searches from one state
+                h = decoding._greedy_one(backend, state, limit, True, rules)
+                out.append((h.tokens, h.score, h.stopped))
+        return out
+
+    class Plain:  # step_top_k's arrays: greedy_steps as every StepBackend has it
+        def greedy_steps(self, state):
+            return decoding.one_row_steps(b, state)
+
+    want = decoded(Plain())
+    assert {s for _, _, s in want} >= {"", "length"} and all(np.isfinite(score) for _, score, _ in want)
+    assert decoded(b) == want
