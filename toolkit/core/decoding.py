@@ -144,9 +144,9 @@ def take_sentence_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axi
     keeping `beam` rows a sentence), those tensors take one row per run: at the first beam step, which turns each
     sentence's row into `beam`, they stay as they are. Otherwise one row per row taken (runs of one)."""
     shared = next((n for n in state if n in per_sentence), None)
-    if shared is None or not len(rows):
+    own = next((n for n in state if n not in per_sentence), None)
+    if shared is None or own is None or not len(rows):
         return take_rows(state, rows, batch_axis)
-    own = next(n for n in state if n not in per_sentence)
     group = state[own].shape[batch_axis[own]] // state[shared].shape[batch_axis[shared]]
     sentence = rows // group
     starts = np.flatnonzero(np.diff(sentence)) + 1
