@@ -35,6 +35,7 @@ def main() -> None:
     from toolkit.core import manifest
     from toolkit.core.batching import DecodeOptions, decode_ids
     from toolkit.core.load_cache import default_directory
+    from toolkit.graphs.sentence_cross import cross_per_sentence
     from toolkit.graphs.variants import graph_source
     from toolkit.runtimes.onnxruntime.backend import OrtBackend
     from toolkit.runtimes.onnxruntime.sessions import create_session
@@ -59,7 +60,10 @@ def main() -> None:
         options.profile_file_prefix = prefix
 
     encoder = create_session(graph_source(m, "encoder", args.variant)[0], threads=args.threads)
-    decoder = create_session(graph_source(m, "decoder", args.variant)[0], threads=args.threads, configure=profiled)
+    # As tk loads it on the CPU: the cross-attention regrouped per sentence where it applies.
+    graph = graph_source(m, "decoder", args.variant)[0]
+    graph = cross_per_sentence(graph, specs["decoder"].constant_inputs) or graph
+    decoder = create_session(graph, threads=args.threads, configure=profiled)
     backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"])
     spent: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()

@@ -19,10 +19,12 @@ from toolkit.core.decoding import (
     next_host_state,
     padding_groups,
     reorder_rows,
+    take_sentence_rows,
     top_k_rows,
 )
 from toolkit.core.graphs import GraphSpec
 from toolkit.graphs.helper_graphs import selection_graph, top_k_graph
+from toolkit.graphs.sentence_cross import MARK
 from toolkit.runtimes.onnxruntime.sessions import helper_session, session_provider
 
 
@@ -45,6 +47,12 @@ def _length_axes(encoder: GraphSpec, decoder: GraphSpec) -> dict[str, tuple[int,
     if "src_len" not in decoder.input_names or any("batch" not in t.dims or t.dims.count(length) != 1 for t in encoder.outputs):
         return None
     return {t.name: (t.dims.index("batch"), t.dims.index(length)) for t in encoder.outputs}
+
+
+def per_sentence_cross(decoder: ort.InferenceSession) -> bool:
+    """Whether the decoder session's graph reads the encoder's outputs once per sentence (toolkit.graphs.sentence_cross)."""
+    meta = getattr(decoder, "get_modelmeta", None)
+    return meta is not None and meta().custom_metadata_map.get(MARK[0]) == MARK[1]
 
 
 _SESSION_RUN = ort.InferenceSession.run  # taken at import: tests replace ort.InferenceSession with factories
@@ -91,6 +99,9 @@ class OrtBackend(StepBackend):
         self._helpers: dict[str, ort.InferenceSession] = {}  # the ranking and row-selection sessions
         self._helpers_lock = threading.Lock()
         self._length_axes = _length_axes(encoder_spec, decoder_spec)
+        # The encoder's outputs stay one row per sentence (select below); the CUDA path's row selection takes every
+        # input by row, which the graph reads as groups of one.
+        self._per_sentence = decoder_spec.constant_inputs if not self.io_binding and per_sentence_cross(decoder) else None
 
     # Both helper sessions are made on first use (one sentence decoded greedily needs neither, and
     # building them was a fifth of `tk translate`'s start-up), once per backend and its forks:
@@ -248,6 +259,8 @@ class OrtBackend(StepBackend):
         return self.select(state, rows)
 
     def select(self, state: dict, rows: np.ndarray) -> dict:
+        if self._per_sentence is not None:
+            return take_sentence_rows(state, rows, self.batch_axis, self._per_sentence)
         if not self.io_binding:
             return reorder_rows(state, rows, self.batch_axis)
         binding = self.selector.io_binding()

@@ -16,6 +16,8 @@ from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN
 from toolkit.graphs import variants
+from toolkit.graphs.sentence_cross import cross_per_sentence
+from toolkit.graphs.sentence_cross import digest as sentence_cross_digest
 from toolkit.runtimes.onnxruntime.backend import OrtBackend
 from toolkit.runtimes.onnxruntime.graph_cache import cached_session
 from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session, session_provider
@@ -79,14 +81,21 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
         return create_session(path, *args, **kw)
 
     makers, built = {}, {}
+    specs = m.specs()
+    # On the CPU the decoder's cross-attention reads each sentence's encoder outputs once, not once per beam
+    # (toolkit.graphs.sentence_cross; the backend sees it in the session's metadata).
+    per_sentence = provider == "cpu"
     for name in m.graphs:
         def source(name: str = name) -> Path | bytes:
             graph, built[name] = variants.graph_source(m, name, variant)
-            return shortlisting.graph(graph) if shortlisting is not None and name == "decoder" else graph
+            if shortlisting is not None and name == "decoder":
+                return shortlisting.graph(graph)
+            return (per_sentence and name == "decoder" and cross_per_sentence(graph, specs[name].constant_inputs)) or graph
 
         if cache and provider == "cpu" and not (shortlisting is not None and name == "decoder"):
             # A variant the directory does not store is built only when the cache has no copy of it.
-            makers[name] = functools.partial(cached_session, source, _graph_identity(m, name, variant),
+            identity = _graph_identity(m, name, variant) + (f" {sentence_cross_digest()}" if name == "decoder" else "")
+            makers[name] = functools.partial(cached_session, source, identity,
                                              functools.partial(create, graph=name), threads)
         else:
             makers[name] = lambda name=name: create(source(name), provider, threads=threads, allow_fallback=allow_fallback, graph=name)
