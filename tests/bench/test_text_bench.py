@@ -61,19 +61,27 @@ def test_the_table_says_which_engine_is_faster_and_by_how_much():
 @pytest.mark.timeout(600)
 def test_one_command_compares_every_row_without_torch(tmp_path):
     """The whole comparison runs from one command, torch-free like the deploy path, and writes every row
-    with both sides' times, CTranslate2's threads, and BLEU beside the file rows."""
+    with both sides' times, CTranslate2's threads and backend, and BLEU beside the file rows. --ct2-backend mkl (not
+    CTranslate2's choice on an AMD CPU) is what every CTranslate2 model of the run is loaded with."""
     out = tmp_path / "rows.json"
-    code = ("import sys\nfrom toolkit.cli import main\n"
+    code = ("import os, sys\nimport ctranslate2\nfrom toolkit.cli import main\n"
+            "seen, load = [], ctranslate2.Translator\n"  # CT2_USE_MKL at each load in this process, where CTranslate2 reads it
+            "ctranslate2.Translator = lambda *a, **k: (seen.append(os.environ.get('CT2_USE_MKL')), load(*a, **k))[1]\n"
             f"sys.argv = ['tk', 'bench', '--model', {str(MODEL)!r}, '--text', {str(challenge_file(tmp_path / 't.txt'))!r},"
-            f" '--requests', '2', '--repeat', '1', '--variant', 'fp32', '--beam', '1', '--json', {str(out)!r}]\n"
+            f" '--requests', '2', '--repeat', '1', '--variant', 'fp32', '--beam', '1', '--ct2-backend', 'mkl', '--json', {str(out)!r}]\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+            "assert 'torch' not in sys.modules, 'torch was imported'\nprint('loaded with', sorted(set(seen)), file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=540, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tk defaults here:" in proc.stderr
-    # CTranslate2's version and the matrix products it ran (MKL or oneDNN), as it reports them, beside its threads.
-    assert re.search(r"CTranslate2 4\.\S+ \(SGEMM (DNNL|MKL), int8 (DNNL|MKL), AVX\S*\) float32 fastest here", proc.stderr), proc.stderr
+    assert "loaded with ['1']" in proc.stderr, proc.stderr[-2000:]
+    # CTranslate2's version and the matrix products it ran, as it reports them, beside its threads.
+    assert re.search(r"CTranslate2 4\.\S+ \(SGEMM MKL, int8 MKL, AVX\S*\) float32 fastest here", proc.stderr), proc.stderr
+    assert "CTranslate2 on mkl (--ct2-backend)" in proc.stdout
     rows = json.loads(out.read_text())
+    assert {e["name"]: e["backend"] for e in rows[0]["engines"]} == {
+        "tk": None, "tk on ctranslate2": {"backend": "mkl", "chosen": "forced", "probe": {}},
+        "ctranslate2": {"backend": "mkl", "chosen": "forced", "probe": {}}}
     assert [r["row"] for r in rows] == ["file, greedy", "requests, greedy", "cold start"]
     for r in rows:
         names = [e["name"] for e in r["engines"]]

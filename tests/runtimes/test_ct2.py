@@ -40,7 +40,8 @@ def test_ct2_refuses_a_model_it_cannot_express(random_export, tmp_path):
 def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tiny_export, tmp_path):
     out = tmp_path / "bench.json"
     result = cli("bench", "--model", tiny_export, "--sentences", 6, "--batch-size", 3, "--beam", 1, "--beam", 2, "--repeat", 1,
-                 "--no-textbook", "--variant", "fp32", "--variant", "int8", "--runtime", "ctranslate2", "--json", out)
+                 "--no-textbook", "--variant", "fp32", "--variant", "int8", "--runtime", "ctranslate2", "--ct2-backend", "dnnl",
+                 "--json", out)
     assert result.exit_code == 0, result.output
     assert re.search(r"onnxruntime: batch 3: \d intra-op threads x \d decoding streams \(the fastest measured", result.output)
     # Its version and the matrix products it ran, as CTranslate2 itself reports them (MKL or oneDNN).
@@ -48,6 +49,10 @@ def test_bench_adds_ctranslate2_rows_with_ratios_and_states_the_threads(cli, tin
                      result.output), result.output
     rows = {(r["backend"], r["search"]) for r in json.loads(out.read_text())}
     assert {("ctranslate2 float32", "greedy"), ("ctranslate2 int8", "greedy"), ("ctranslate2 float32", "beam 2")} <= rows
+    # Its CPU backend (given here: the probe of --ct2-backend auto is tests/bench/test_ct2_backend.py's), on its rows.
+    assert {json.dumps(r["ct2_backend"]) for r in json.loads(out.read_text()) if r["backend"].startswith("ctranslate2")} == {
+        json.dumps({"backend": "dnnl", "chosen": "forced", "probe": {}})}
+    assert "CTranslate2 on dnnl (--ct2-backend)" in result.output and "(SGEMM DNNL, int8 DNNL" in result.output
     ratios = result.output[result.output.index("CTranslate2 against tk") :].splitlines()
     greedy = next(line for line in ratios if line.startswith("greedy"))
     assert greedy.split()[-1] == "100%"  # the same greedy tokens as tk's fp32 graphs

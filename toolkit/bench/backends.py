@@ -81,6 +81,7 @@ class Result:
     tokens: int
     peak_mib: float
     outputs: list[list[int]]
+    ct2_backend: dict | None = None  # on CTranslate2's rows: its CPU backend (engine.choose_gemm)
 
 
 def run_interleaved(runs: list[tuple[str, str, int, Callable[[], list[list[int]]]]], sentences: int,
@@ -115,7 +116,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
           textbook: bool = True, repeat: int = 3, variants: list[str] | None = None, echo=print,
           runtimes: list[str] = (registry.DEFAULT,), threads: int | None = None, ct2: bool | None = None,
           ct2_threads: tuple[int, int] | None = None, notes: list[str] | None = None, streams: int | None = None,
-          data: str | None = None) -> list[Result]:
+          data: str | None = None, ct2_backend: str = "auto") -> list[Result]:
     """`variants`: which graph variants to time on each runtime [default: see bench_variants].
 
     `runtimes`: the registered runtimes that read the graphs (onnxruntime on every provider, openvino on its CPU
@@ -124,7 +125,8 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
     both: the fastest pair measured here, from the same candidates as CTranslate2's intra/inter), which every
     runtime whose backends decode streams side by side (RuntimeSpec.streams) runs with.
     `ct2`: add CTranslate2 float32 and int8 rows (None: when ctranslate2 is installed and the
-    model is a post-LN Transformer); `ct2_threads`: its (intra, inter) threads (None: measured).
+    model is a post-LN Transformer); `ct2_threads`: its (intra, inter) threads (None: measured); `ct2_backend`: its
+    CPU backend for the run (auto: the faster in a probe over float32 and int8; engine.choose_gemm).
     `notes`: receives the roofline line (achieved GFLOP/s of fp32 greedy at the largest batch against sgemm peak).
     """
     from toolkit.core import manifest as manifest_mod
@@ -175,6 +177,10 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             raise UsageError(f"--ct2 needs ctranslate2; {ct2_engine.INSTALL_HINT}")
         ct2_dir = tempfile.TemporaryDirectory(prefix="tk-ct2-")
         convert(m, ct2_dir.name)
+        gemm = ct2_engine.choose_gemm(ct2_dir.name, ["float32", "int8"], ct2_backend)
+        echo(ct2_engine.describe_gemm(gemm))
+        gemm_env = ct2_engine.gemm_environment(gemm["backend"])  # before its first load here, to the end of the run
+        gemm_env.__enter__()
         ct2_setting = best_settings(batch_sizes, ct2_threads, lambda c, b: _time_ct2(
             ct2_dir.name, c, src[: probe_size(b)], [b], m.max_len))
         ct2_gemm = ct2_engine.gemm_backends(ct2_dir.name) or "backend not reported"  # MKL or oneDNN, as it says itself
@@ -208,6 +214,10 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
                 echo(_line(r))
     if ct2_dir is not None:
         ct2_dir.cleanup()
+        gemm_env.__exit__(None, None, None)
+        for r in results:
+            if r.backend.startswith(ct2_engine.RUNTIME):  # its own rows and tk's on it (--runtime ctranslate2)
+                r.ct2_backend = gemm
     row = next((r for r in results if r.backend == f"{registry.DEFAULT} cpu" and r.search == "greedy" and r.batch == max(batch_sizes)), None)
     if notes is not None and row is not None and own_transformer(m):
         per_src, per_tgt = matmul_flops_per_token(m.config)

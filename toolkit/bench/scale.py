@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.bench.scale_model import SHAPES, Shape
+from toolkit.bench.scale_worker import COMPUTE, parse
 from toolkit.core.atomic import is_temporary, write_atomic
 from toolkit.core.errors import UsageError
+from toolkit.runtimes.ctranslate2.engine import GEMM, check_gemm, choose_gemm, describe_gemm
 from toolkit.runtimes.ctranslate2.engine import available as ct2_available
 
 ENGINES = ("tk-fp32", "tk-int8", "ct2-fp32", "ct2-int8", "optimum", "transformers",
@@ -95,6 +97,8 @@ class EngineRun:
     seconds: dict[str, list[float]] = field(default_factory=dict)  # row -> each round's seconds
     outputs: dict[str, list[list[int]]] = field(default_factory=dict)  # row -> the last round's tokens
     how: dict[str, list[str]] = field(default_factory=dict)  # row -> each round's faster way (an engine timed two ways)
+    # CTranslate2 on the CPU: its backend (engine.choose_gemm's choice) and the CT2_USE_MKL its worker saw
+    ct2_backend: dict | None = None
 
 
 def _dir_mib(path: Path) -> float:
@@ -221,8 +225,8 @@ class _Worker:
     """One engine's process (toolkit.bench.scale_worker), loaded once."""
 
     def __init__(self, engine: str, model: Path, threads: int, tokens: int, work: Path, python: str | None,
-                 pause: float = PAUSE_S):
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+                 pause: float = PAUSE_S, env: dict[str, str] | None = None):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(env or {})}
         script = [python, str(Path(__file__).with_name("scale_worker.py"))] if python else [sys.executable, "-m", "toolkit.bench.scale_worker"]
         self.log = open(work / f"{engine}.log", "a", encoding="utf-8")  # noqa: SIM115 - open while the process runs
         self.proc = subprocess.Popen(script, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
@@ -283,11 +287,12 @@ def _models(work: Path) -> dict[str, Path]:
 def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list[list[int]], tokens: int, threads: int,
                 repeat: int, peer_python: str | None, echo: Callable[[str], None],
                 unavailable: dict[str, str] | None = None, pause: float = PAUSE_S,
-                real: list[list[int]] | None = None) -> list[EngineRun]:
+                real: list[list[int]] | None = None, gemm: dict[str, dict] | None = None) -> list[EngineRun]:
     """Every engine's rows, the engines taking turns (see the module docstring). `real`: the real rows' sources (`src`
-    the others'). `unavailable`: engines that are reported skipped, with why, and not started. Engines that do not fit
+    the others'). `unavailable`: engines that are reported skipped, with why, and not started. `gemm`: engine ->
+    CTranslate2's backend for it (engine.choose_gemm), set in its worker's environment. Engines that do not fit
     in memory together run in groups (each group's rounds, then the next group's), and the output says so."""
-    runs = [EngineRun(engine) for engine in engines]
+    runs = [EngineRun(engine, ct2_backend=(gemm or {}).get(engine)) for engine in engines]
     pending = list(runs)
     groups = 0
     while pending:
@@ -337,14 +342,17 @@ def _start(run: EngineRun, work: Path, tokens: int, threads: int, peer_python: s
         echo(f"{run.engine}: skipped, {run.error}")
         return None
     kind = run.engine.split("-")[0]
-    worker = _Worker(run.engine, _models(work)[kind], threads, tokens, work,
-                     peer_python if run.engine == "optimum" else None, pause)
+    backend = (run.ct2_backend or {}).get("backend")
+    worker = _Worker(run.engine, _models(work)[kind], threads, tokens, work, peer_python if run.engine == "optimum" else None,
+                     pause, {"CT2_USE_MKL": GEMM[backend]} if backend else None)
     if "error" in worker.hello:
         run.error = worker.hello["error"]
         echo(f"{run.engine}: skipped, {run.error}")
         worker.close()
         return None
     run.version, run.threads = worker.hello["version"], worker.hello["threads"]
+    if run.ct2_backend is not None:  # what the process that loaded CTranslate2 was given
+        run.ct2_backend["CT2_USE_MKL"] = worker.hello.get("CT2_USE_MKL")
     echo(f"{run.engine}: {run.version}; {run.threads}")
     return worker
 
@@ -404,11 +412,13 @@ def table(runs: list[EngineRun], rows: tuple[Row, ...], tokens: int) -> str:
 def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 32, threads: int | None = None,
                 repeat: int = 3, peer_python: str | None = None, rows: tuple[Row, ...] = ROWS,
                 echo: Callable[[str], None] = print, pause: float = PAUSE_S,
-                text: Path | None = None) -> tuple[dict[str, Step], list[EngineRun]]:
+                text: Path | None = None, ct2_backend: str = "auto") -> tuple[dict[str, Step], list[EngineRun]]:
     """Prepares the model (once per `work`) and times `engines` on `rows`; returns the preparation steps and the runs.
     `text`: the file the real rows' sentences come from (required by those rows). `pause`: seconds between turns (the
-    tests' tiny shapes take none: no thread of theirs spins for long)."""
+    tests' tiny shapes take none: no thread of theirs spins for long). `ct2_backend`: CTranslate2's CPU backend (auto:
+    the faster in a probe, per compute type; engine.choose_gemm)."""
     shape = SHAPES[shape_name]
+    check_gemm(ct2_backend)  # before any work
     if tokens + 1 > shape.positions:
         raise UsageError(f"--tokens {tokens} is beyond the model's {shape.positions} positions; give at most {shape.positions - 1}")
     if any(r.real for r in rows) and text is None:
@@ -429,4 +439,12 @@ def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 3
     lengths = f"; real sentences of {min(map(len, real))} to {max(map(len, real))} tokens" if real else ""
     echo(f"{shape.name}: {shape.parameters() / 1e6:.1f}M weights; {len(src)} sources of 24 tokens{lengths}; every engine "
          f"decodes exactly {tokens} tokens per sentence; {threads} threads each; median of {repeat} rounds after a warm-up round")
-    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo, unavailable, pause, real)
+    gemm, chosen = {}, {}  # engine -> its backend; compute type -> the choice (one probe each: fp32 and int8 may differ)
+    for e in engines:
+        if e.startswith("ct2-") and parse(e)[1] == "cpu" and e not in unavailable:
+            compute = COMPUTE[parse(e)[2]]
+            if compute not in chosen:
+                chosen[compute] = choose_gemm(work / "ct2", [compute], ct2_backend, threads)
+                echo(f"ct2 {compute}: {describe_gemm(chosen[compute])}")
+            gemm[e] = dict(chosen[compute])
+    return steps, run_engines(engines, work, rows, src, tokens, threads, repeat, peer_python, echo, unavailable, pause, real, gemm)

@@ -4,7 +4,8 @@ engines still take turns (a slow spell of the machine hits each alike).
 
 Protocol: one JSON object a line. First line in: {"engine", "model", "threads", "tokens"}; out: {"version",
 "threads"} or {"error"}. Then each line in: {"src": [[ids]], "batch", "beam", "per_call"}; out: {"seconds",
-"outputs": [[ids]]} and, for an engine timed more than one way, "how" (the faster way). A closed stdin ends it.
+"outputs": [[ids]]} and, for an engine timed more than one way, "how" (the faster way). CTranslate2's hello also
+holds the CT2_USE_MKL it was started with (its CPU backend). A closed stdin ends it.
 Everything libraries print goes to stderr.
 
 Engines: tk-fp32 and tk-int8 (tk's runtime, its decoding loop: imports toolkit; fp32 is the float32 variant tk runs on
@@ -27,6 +28,8 @@ import json
 import os
 import sys
 import time
+
+COMPUTE = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # CTranslate2's compute type for each precision
 
 
 def parse(engine: str) -> tuple[str, str, str]:
@@ -80,6 +83,7 @@ class _Ct2:
         from toolkit.runtimes.ctranslate2.engine import gemm_backends
 
         self.pause, self.vmap = pause, vmap  # vmap: its vocabulary map (vmap.txt in the model, scale_shortlist)
+        self.use_mkl = os.environ.get("CT2_USE_MKL")  # its backend, as the bench set it (read once, at the first load)
         # Its two ways of using the cores, each row timed with both and the faster kept (its best threads): one batch
         # at a time on every core (intra_threads), or batches side by side, one core each (inter_threads).
         ways = [(threads, 1)] + ([(1, threads)] if device == "cpu" and threads > 1 else [])
@@ -168,7 +172,7 @@ def load(request: dict):
     if kind == "tk":
         return _Tk(model, device, precision, threads, tokens, shortlist=engine.endswith("-shortlist"))
     if kind == "ct2":
-        return _Ct2(model, device, {"fp32": "float32", "fp16": "float16", "int8": "int8"}[precision], threads, tokens,
+        return _Ct2(model, device, COMPUTE[precision], threads, tokens,
                     request["pause"], vmap=engine.endswith("-vmap"))  # pause: the driver's (scale.PAUSE_S, or a test's)
     return _Generate(engine, model, threads, tokens, request.get("work"))
 
@@ -205,7 +209,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - reported as the engine's one line; the other engines' rows go on
         write({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         return
-    write({"version": engine.version, "threads": engine.threads})
+    write({"version": engine.version, "threads": engine.threads, **({"CT2_USE_MKL": engine.use_mkl} if isinstance(engine, _Ct2) else {})})
     serve(engine, sys.stdin, write)
 
 

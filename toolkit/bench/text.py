@@ -15,12 +15,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.core.errors import DataError, UsageError
 from toolkit.runtimes.ctranslate2.engine import RUNTIME as CT2
 
+COMPUTE = {"fp32": "float32", "int8": "int8"}  # CTranslate2's compute type for each variant timed
 FILE_BATCH = 64  # CTranslate2's max_batch_size, and tk's default batch size
 REQUEST_BEAM = 1
 
@@ -35,6 +37,7 @@ class Engine:
     same: float | None = None  # share of translations identical to tk's
     bleu: float | None = None
     version: str = ""
+    backend: dict | None = None  # CTranslate2's CPU backend, on its rows (engine.choose_gemm: which, and the probe's figures)
 
 
 @dataclass
@@ -106,11 +109,14 @@ def timed(fn: Callable[[], object]) -> float:
 
 def bench_text(model_dir: Path, sources: list[str], references: list[str] | None, variants=("fp32", "int8"),
                beams=(1, 4), requests: int = 200, repeat: int = 3, cold_starts: int = 5, peers: tuple[str, ...] = (),
-               peer_python: str | None = None, echo: Callable[[str], None] = print, glossary=None) -> list[TextRow]:
+               peer_python: str | None = None, echo: Callable[[str], None] = print, glossary=None,
+               ct2_backend: str = "auto") -> list[TextRow]:
     """Every row for every variant: the file at each beam, single-sentence requests, cold start. Engines: tk's API
     (ONNX Runtime, defaults), tk's API on its CTranslate2 model, CTranslate2's own translate_batch at its fastest
     threads, and the Hugging Face `peers` (fp32 rows only; toolkit.bench.hf_peers) run by `peer_python`. With a
-    `glossary` (toolkit.core.glossary), each file row is followed by tk's API with it against without it."""
+    `glossary` (toolkit.core.glossary), each file row is followed by tk's API with it against without it.
+    `ct2_backend`: CTranslate2's CPU backend for the whole run (auto: the faster in a probe over the variants' compute
+    types; engine.choose_gemm), set before its first load here: it reads the choice once per process."""
     import shutil
     import tempfile
 
@@ -123,9 +129,12 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
         raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
     m = load(model_dir)
     rows: list[TextRow] = []
-    with tempfile.TemporaryDirectory(prefix="tk-text-bench-") as work:
+    with tempfile.TemporaryDirectory(prefix="tk-text-bench-") as work, ExitStack() as stack:
         ct2_dir = Path(work) / "ct2"
         ct2_convert(m, ct2_dir)
+        gemm = ct2.choose_gemm(ct2_dir, [COMPUTE[v] for v in variants], ct2_backend)
+        echo(ct2.describe_gemm(gemm))
+        stack.enter_context(ct2.gemm_environment(gemm["backend"]))
         tk_ct2_dir = model_dir
         if ctranslate2.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was
             tk_ct2_dir = Path(work) / "model"
@@ -148,6 +157,8 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
             rows.append(row)
             tk_s, ct2_s = cold_start(model_dir, str(ct2_dir), variant, pair.compute, pair.request_threads, sources[0], cold_starts)
             rows.append(TextRow("cold start", variant, 1, [Engine("tk", tk_s), Engine(CT2, ct2_s, _threads(pair.request_threads))]))
+    for e in (e for r in rows for e in r.engines if e.name in (CT2, "tk on ctranslate2")):
+        e.backend = gemm
     return rows
 
 
@@ -173,7 +184,7 @@ class _Pair:
         from toolkit.deploy.api import Translator
 
         self.max_len, self.ct2_dir, self.variant = m.max_len, ct2_dir, variant
-        self.compute = {"fp32": "float32", "int8": "int8"}[variant]
+        self.compute = COMPUTE[variant]
         self.engine = Ct2Text(ct2_dir, m.translation_tokenizer(), self.compute, m.max_len)
         # fp32 is tk's default (None: the fastest graphs with fp32's output); int8 must be asked for.
         self.tk = Translator(model_dir, provider="cpu", variant=None if variant == "fp32" else variant)

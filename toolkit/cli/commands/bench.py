@@ -25,6 +25,7 @@ from toolkit.cli.commands.options import (
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
+from toolkit.runtimes.ctranslate2.engine import GEMM_CHOICES
 from toolkit.runtimes.registry import DEFAULT as DEFAULT_RUNTIME
 
 # toolkit.bench.scale's names, kept here so that `tk --help` imports no bench module (a test keeps them equal).
@@ -74,6 +75,10 @@ SCALE_DEFAULT_ENGINES = SCALE_ENGINES[:6]  # the CPU's; the GPU's are named with
 @click.option("--ct2/--no-ct2", default=None, help="CTranslate2 float32 and int8 rows [default: when ctranslate2 is installed; the ct2 extra].")
 @click.option("--ct2-threads", type=(THREADS, THREADS), metavar="INTRA INTER",
               help="CTranslate2 intra and inter threads [default: the fastest measured first].")
+@click.option("--ct2-backend", type=click.Choice(GEMM_CHOICES), default="auto", show_default=True,
+              help="CTranslate2's CPU matrix products wherever it is timed: mkl, dnnl (oneDNN), or auto: both timed in a short "
+                   "probe, each in a process of its own, the faster kept (per precision with --scale, whose engines have "
+                   "processes of their own; one for the whole run otherwise).")
 @click.option("--scale", type=click.Choice(list(SCALE_SHAPES)),
               help="Fixed-work rows on a model of the size users deploy instead: opus-mt (opus-mt-en-fr's shape, 75M weights), "
                    "built from config with random weights, exported by each engine's own tool, each engine in a process of "
@@ -134,6 +139,7 @@ def _graphs(o: BenchOptions) -> None:
     import platform
 
     from toolkit.bench import backends as b
+    from toolkit.runtimes.ctranslate2.engine import describe_gemm
 
     runtimes, ct2 = _ct2_rows(o.runtimes, o.ct2)
     notes: list[str] = []
@@ -141,10 +147,13 @@ def _graphs(o: BenchOptions) -> None:
                       repeat=o.repeat, variants=list(o.variants) or None, echo=lambda m: click.echo(m, err=True),
                       runtimes=list(runtimes) or [DEFAULT_RUNTIME], threads=o.threads, providers=(o.provider,) if o.provider else PROVIDERS,
                       ct2=False if o.provider == "cuda" and ct2 is None else ct2, ct2_threads=o.ct2_threads, notes=notes, streams=o.streams,
-                      data=o.data_path)
+                      data=o.data_path, ct2_backend=o.ct2_backend)
     for note in notes:
         click.echo(note)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
+    gemm = next((r.ct2_backend for r in results if r.ct2_backend), None)
+    if gemm:
+        click.echo(describe_gemm(gemm))
     click.echo(b.table(results))
     ct2_table = b.ct2_table(results)
     if ct2_table:
@@ -206,6 +215,7 @@ def _text(o: BenchOptions) -> None:
 
     from toolkit.bench import text as text_bench
     from toolkit.core.batching import cores, default_request_threads, default_streams, default_threads
+    from toolkit.runtimes.ctranslate2.engine import describe_gemm
 
     terms = read_glossary(o.glossary, raw=False)
     sources, refs = text_bench.read_text(o.text_path, o.reference)
@@ -215,8 +225,10 @@ def _text(o: BenchOptions) -> None:
          f"for a file, a decoder on {default_request_threads()} thread(s) for a single request")
     rows = text_bench.bench_text(o.model_dir, sources, refs, tuple(o.variants) or ("fp32", "int8"), tuple(o.beams) or (1, 4),
                                  min(o.requests, len(sources)), o.repeat, peers=tuple(dict.fromkeys(o.peers)),
-                                 peer_python=str(o.peer_python) if o.peer_python else None, echo=echo, glossary=terms)
+                                 peer_python=str(o.peer_python) if o.peer_python else None, echo=echo, glossary=terms,
+                                 ct2_backend=o.ct2_backend)
     click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
+    click.echo(describe_gemm(next(e.backend for r in rows for e in r.engines if e.backend)))
     click.echo(text_bench.table(rows))
     write_json(o.json_path, [{**dataclasses.asdict(r), "tk_speedup": {e.name: r.speedup(e) for e in r.engines}} for r in rows])
 
@@ -248,6 +260,7 @@ def _scale(o: BenchOptions) -> None:
 
     from toolkit.bench import scale as scale_bench
     from toolkit.core.load_cache import default_directory
+    from toolkit.runtimes.ctranslate2.engine import describe_gemm
 
     others = [name for name, given in (("--text", o.text_path), ("--serve", o.serve), ("--peer", o.peers), ("--provider", o.provider))
               if given]
@@ -259,13 +272,15 @@ def _scale(o: BenchOptions) -> None:
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
     rows = scale_bench.ROWS + (scale_bench.REAL_ROWS if o.sources_path else ())
     steps, runs = scale_bench.bench_scale(shape, work, engines, tokens, o.threads, o.repeat,
-                                          str(o.peer_python) if o.peer_python else None, rows=rows, echo=echo, text=o.sources_path)
+                                          str(o.peer_python) if o.peer_python else None, rows=rows, echo=echo, text=o.sources_path,
+                                          ct2_backend=o.ct2_backend)
     click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}; "
                f"load average {os.getloadavg()[0]:.1f} at the end")
     click.echo("\n".join(f"- {s.name}: {s.seconds:.0f} s, peak {s.peak_mib:,.0f} MiB"
                           + (f", {s.size_mib:,.0f} MiB on disk" if s.size_mib else "") for s in steps.values()))
     for r in runs:
-        click.echo(f"- {r.engine}: " + (f"skipped ({r.error})" if r.error else f"{r.version}; {r.threads}"))
+        click.echo(f"- {r.engine}: " + (f"skipped ({r.error})" if r.error else f"{r.version}; {r.threads}")
+                   + (f"; {describe_gemm(r.ct2_backend)}" if r.ct2_backend and not r.error else ""))
         for row, ways in r.how.items():  # an engine timed two ways: the faster, each round
             click.echo(f"  {row}: {', '.join(ways)}")
     click.echo("\ntokens/s (each row's median over the rounds):\n")

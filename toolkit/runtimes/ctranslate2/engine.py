@@ -11,12 +11,14 @@ limit and cut the same way. Imports numpy and (lazily) ctranslate2; never torch.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +80,106 @@ def reported_backends(log: str) -> str:
     parts = [f"SGEMM {said['SGEMM backend']}" if "SGEMM backend" in said else "",
              f"int8 {said['GEMM_S8 backend']}" if "GEMM_S8 backend" in said else "", said.get("Selected ISA", "")]
     return ", ".join(p for p in parts if p)
+
+
+# CTranslate2's two CPU matrix-product libraries, by the CT2_USE_MKL value that selects each. It reads the variable once
+# per process, at its first model load (unset: MKL on Intel, oneDNN on AMD), so each is timed in a process of its own
+# and a bench sets it before its first load (in its own environment, or in the environment of the workers it starts).
+GEMM = {"mkl": "1", "dnnl": "0"}
+GEMM_CHOICES = ("auto", *GEMM)
+# A short fixed-work decode: 16 sentences of 24 tokens of the model's own vocabulary, exactly 32 tokens each, greedy;
+# the best of three calls after a warm-up, loaded as load_translator loads. Prints its seconds; CT2_VERBOSE makes CTranslate2 say what it ran.
+_PROBE = """import json, os, sys, threading, time, ctranslate2
+model, compute, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+name = next(n for n in ("shared_vocabulary.json", "source_vocabulary.json") if os.path.exists(os.path.join(model, n)))
+vocab = json.load(open(os.path.join(model, name), encoding="utf-8"))
+n = min(len(vocab) - 4, 500)
+src = [[vocab[4 + (7 * i + 13 * j) % n] for j in range(24)] for i in range(16)]
+loaded = []  # from a short-lived thread, as load_translator loads (why: there)
+loader = threading.Thread(target=lambda: loaded.append(ctranslate2.Translator(model, device="cpu", compute_type=compute,
+                                                                              intra_threads=threads)))
+loader.start(); loader.join()
+t = loaded[0]
+go = lambda: t.translate_batch(src, max_batch_size=16, beam_size=1, min_decoding_length=32, max_decoding_length=32)
+go()
+best = float("inf")
+for _ in range(3):
+    start = time.perf_counter(); go(); best = min(best, time.perf_counter() - start)
+print(json.dumps({"seconds": best}))
+"""
+
+
+def probe_gemm(model_dir: str | Path, compute_type: str, threads: int, rounds: int = 2) -> dict[str, dict]:
+    """Each backend's probe (_PROBE) in processes of its own, taking turns (MKL first, then oneDNN first): per backend
+    {"seconds": the best round's, "reported": what CTranslate2 said it ran} or {"error": why it could not run}."""
+    out: dict[str, dict] = {b: {} for b in GEMM}
+    for i in range(rounds):
+        for backend in list(GEMM) if i % 2 == 0 else list(GEMM)[::-1]:
+            if "error" in out[backend]:
+                continue
+            env = {**os.environ, "CT2_USE_MKL": GEMM[backend], "CT2_VERBOSE": "1"}
+            try:
+                done = subprocess.run([sys.executable, "-c", _PROBE, str(model_dir), compute_type, str(threads)],
+                                      capture_output=True, text=True, timeout=600, env=env)
+            except (OSError, subprocess.SubprocessError) as e:
+                out[backend] = {"error": first_line(e)}
+                continue
+            try:
+                seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+            except (ValueError, IndexError, KeyError):  # it failed: its last line says why (MKL not built in, ...)
+                out[backend] = {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+                continue
+            out[backend] = {"seconds": round(min(seconds, out[backend].get("seconds", seconds)), 4),
+                            "reported": reported_backends(done.stdout + done.stderr)}
+    return out
+
+
+def check_gemm(value: str) -> str:
+    if value not in GEMM_CHOICES:
+        raise UsageError(f"--ct2-backend {value!r} is not a CTranslate2 backend; choose one of {', '.join(GEMM_CHOICES)}")
+    return value
+
+
+def choose_gemm(model_dir: str | Path, compute_types: list[str], forced: str = "auto", threads: int = 0) -> dict:
+    """The CPU backend CTranslate2's timed rows run on, for one process that runs every one of `compute_types`:
+    `forced` (mkl or dnnl), or for "auto" the faster in the probe (summed over the compute types, each as a ratio to
+    its faster backend). {"backend": mkl, dnnl or None (neither probe ran: CTranslate2's own choice), "chosen":
+    "forced" or "probe", "probe": {compute type: probe_gemm's result}}."""
+    if check_gemm(forced) != "auto":
+        return {"backend": forced, "chosen": "forced", "probe": {}}
+    probe = {c: probe_gemm(model_dir, c, threads or cores()) for c in compute_types}
+    ran = [b for b in GEMM if all("seconds" in probe[c][b] for c in compute_types)]
+    cost = lambda b: sum(probe[c][b]["seconds"] / min(probe[c][x]["seconds"] for x in ran) for c in compute_types)  # noqa: E731
+    return {"backend": min(ran, key=cost) if ran else None, "chosen": "probe", "probe": probe}
+
+
+def describe_gemm(choice: dict) -> str:
+    """One line: the backend the rows ran and why, with each probe's figures."""
+    if choice["backend"] is None:
+        return "CTranslate2's own backend (neither probe ran: " + "; ".join(
+            f"{c} {b}: {r.get('error', '')}" for c, p in choice["probe"].items() for b, r in p.items()) + ")"
+    how = "--ct2-backend" if choice["chosen"] == "forced" else "the faster in a probe of 16 sentences x 32 tokens greedy"
+    figures = "; ".join(f"{c}: " + ", ".join(f"{b} {r['seconds']:.3f} s" if "seconds" in r else f"{b} failed ({r['error']})"
+                                             for b, r in p.items()) for c, p in choice["probe"].items())
+    return f"CTranslate2 on {choice['backend']} ({how}{'; ' + figures if figures else ''})"
+
+
+@contextmanager
+def gemm_environment(backend: str | None):
+    """CT2_USE_MKL for `backend` in this process's environment while the block runs (None: left as it is). It selects
+    this process's backend only where CTranslate2 loads no model before the block; child processes inherit it."""
+    if backend is None:
+        yield
+        return
+    before = os.environ.get("CT2_USE_MKL")
+    os.environ["CT2_USE_MKL"] = GEMM[backend]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CT2_USE_MKL", None)
+        else:
+            os.environ["CT2_USE_MKL"] = before
 
 
 def thread_candidates() -> list[tuple[int, int]]:
