@@ -87,24 +87,29 @@ def reported_backends(log: str) -> str:
 # and a bench sets it before its first load (in its own environment, or in the environment of the workers it starts).
 GEMM = {"mkl": "1", "dnnl": "0"}
 GEMM_CHOICES = ("auto", *GEMM)
-# A short fixed-work decode: 16 sentences of 24 tokens of the model's own vocabulary, exactly 32 tokens each, greedy;
-# the best of three calls after a warm-up, loaded as load_translator loads. Prints its seconds; CT2_VERBOSE makes CTranslate2 say what it ran.
+# A short fixed-work decode: 32 sentences of 24 tokens of the model's own vocabulary in batches of 16, exactly 32 tokens
+# each, greedy; the best of three calls after a warm-up, loaded as load_translator loads, at both of the bench's thread
+# ways (intra x 1 and 1 x inter), the faster kept: the backends' order turns with them (opus-mt shape, fp32, 2 cores:
+# MKL 486 and oneDNN 431 tokens/s at 2 x 1, 558 and 894 at 1 x 2; at 2 x 1 alone the probe chose MKL, and the bench's
+# rows, which take the faster thread way, ran 0.66x oneDNN's). Prints its seconds; CT2_VERBOSE makes CTranslate2 say what it ran.
 _PROBE = """import json, os, sys, threading, time, ctranslate2
 model, compute, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 name = next(n for n in ("shared_vocabulary.json", "source_vocabulary.json") if os.path.exists(os.path.join(model, n)))
 vocab = json.load(open(os.path.join(model, name), encoding="utf-8"))
 n = min(len(vocab) - 4, 500)
-src = [[vocab[4 + (7 * i + 13 * j) % n] for j in range(24)] for i in range(16)]
-loaded = []  # from a short-lived thread, as load_translator loads (why: there)
-loader = threading.Thread(target=lambda: loaded.append(ctranslate2.Translator(model, device="cpu", compute_type=compute,
-                                                                              intra_threads=threads)))
-loader.start(); loader.join()
-t = loaded[0]
-go = lambda: t.translate_batch(src, max_batch_size=16, beam_size=1, min_decoding_length=32, max_decoding_length=32)
-go()
+src = [[vocab[4 + (7 * i + 13 * j) % n] for j in range(24)] for i in range(32)]
 best = float("inf")
-for _ in range(3):
-    start = time.perf_counter(); go(); best = min(best, time.perf_counter() - start)
+for intra, inter in {(threads, 1), (1, threads)}:
+    loaded = []  # from a short-lived thread, as load_translator loads (why: there)
+    loader = threading.Thread(target=lambda: loaded.append(ctranslate2.Translator(
+        model, device="cpu", compute_type=compute, intra_threads=intra, inter_threads=inter)))
+    loader.start(); loader.join()
+    t = loaded.pop()
+    go = lambda: t.translate_batch(src, max_batch_size=16, beam_size=1, min_decoding_length=32, max_decoding_length=32)
+    go()
+    for _ in range(3):
+        start = time.perf_counter(); go(); best = min(best, time.perf_counter() - start)
+    del t, go
 print(json.dumps({"seconds": best}))
 """
 
@@ -158,7 +163,7 @@ def describe_gemm(choice: dict) -> str:
     if choice["backend"] is None:
         return "CTranslate2's own backend (neither probe ran: " + "; ".join(
             f"{c} {b}: {r.get('error', '')}" for c, p in choice["probe"].items() for b, r in p.items()) + ")"
-    how = "--ct2-backend" if choice["chosen"] == "forced" else "the faster in a probe of 16 sentences x 32 tokens greedy"
+    how = "--ct2-backend" if choice["chosen"] == "forced" else "the faster in a probe of 32 sentences x 32 tokens greedy, at both thread ways"
     figures = "; ".join(f"{c}: " + ", ".join(f"{b} {r['seconds']:.3f} s" if "seconds" in r else f"{b} failed ({r['error']})"
                                              for b, r in p.items()) for c, p in choice["probe"].items())
     return f"CTranslate2 on {choice['backend']} ({how}{'; ' + figures if figures else ''})"
