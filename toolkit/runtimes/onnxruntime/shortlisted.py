@@ -30,11 +30,11 @@ IDS = "shortlist_ids"  # the union's vocabulary ids, carried in the state for th
 @dataclass
 class Shortlisting:
     """What a load with the shortlist needs: the table, the vocabulary's size and, once the decoder is rewritten
-    (graph), the weights its inputs gather from: (input name, the whole weight, the axis of the vocabulary)."""
+    (graph), the weight inputs it gathers once per batch."""
 
     table: table_mod.Shortlist
     vocab: int
-    weights: list[tuple[str, np.ndarray, int]] = field(default_factory=list)
+    weights: list[graph_mod.Gathered] = field(default_factory=list)
 
     def graph(self, source: Path | bytes) -> bytes:
         graph, self.weights = graph_mod.shortlisted(source, self.vocab)
@@ -60,15 +60,15 @@ class ShortlistBackend(OrtBackend):
         super().__init__(encoder, decoder, encoder_spec, decoder_spec, io_binding=False, stream_sessions=stream_sessions)
         self.shortlisting = shortlisting
         self.batch_axis = {**self.batch_axis, MASK: 0}
-        weights = {name for name, _, _ in shortlisting.weights}
+        weights = {g.name for g in shortlisting.weights}
         self._select_keep = frozenset({*weights, IDS})
         self._beams_keep = decoder_spec.constant_inputs | {*weights, IDS, MASK}  # the mask is the same on a sentence's rows
 
     def encode(self, src: np.ndarray, src_len: np.ndarray):
         state = super().encode(src, src_len)
         ids, allowed = self.shortlisting.table.candidates(src, src_len)
-        for name, weight, axis in self.shortlisting.weights:  # once per batch: every step feeds these same arrays
-            state[name] = np.ascontiguousarray(np.take(weight, ids, axis=axis))
+        for gathered in self.shortlisting.weights:  # once per batch: every step feeds these same arrays
+            state[gathered.name] = gathered.take(ids)
         state[MASK] = np.where(allowed, np.float32(0), np.float32(-np.inf))
         state[IDS] = ids
         return state
