@@ -38,8 +38,20 @@ def shortlisted(model):
     return Translator(model, provider="cpu", variant="fp32", shortlist=True)
 
 
+@pytest.fixture(scope="module")
+def shortlisted_per_sentence(model):
+    """The optimized variant is built in memory, so its decoder also reads each sentence's encoder outputs once
+    (toolkit.graphs.sentence_cross): rows leaving the batch then take those per sentence, the shortlist's weights as
+    they are."""
+    translator = Translator(model, provider="cpu", variant="optimized", shortlist=True)
+    assert translator._backend._per_sentence
+    return translator
+
+
 @pytest.mark.parametrize("beam", [1, 4])
-def test_a_sentence_gets_the_same_tokens_alone_and_in_any_batch(shortlisted, beam):
+@pytest.mark.parametrize("graph", ["stored", "per_sentence"])
+def test_a_sentence_gets_the_same_tokens_alone_and_in_any_batch(request, graph, beam):
+    shortlisted = request.getfixturevalue("shortlisted" if graph == "stored" else "shortlisted_per_sentence")
     alone = [shortlisted.translate_batch([s], beam=beam, streams=1)[0][0].text for s in SENTENCES]
     together = [n[0].text for n in shortlisted.translate_batch(SENTENCES, beam=beam, batch_size=64, streams=1)]
     reversed_ = [n[0].text for n in shortlisted.translate_batch(SENTENCES[::-1], beam=beam, batch_size=64, streams=1)][::-1]
@@ -181,3 +193,19 @@ def test_the_int8_output_layer_is_fed_as_its_product_reads_it(model):
         taken = g.take(ids)
         assert taken.flags["C_CONTIGUOUS"] and taken.shape[1] == len(ids)
         np.testing.assert_array_equal(taken, g.weight[ids].T)
+
+
+def test_beams_keep_one_copy_of_each_sentences_encoder_outputs(shortlisted_per_sentence):
+    """At the first beam step each sentence's row becomes four: the mask takes four rows, the encoder's outputs stay
+    one row per sentence (what sentence_cross saves at beam 4), the gathered weights stay as they are."""
+    from toolkit.graphs.shortlist import MASK
+    from toolkit.runtimes.onnxruntime.shortlisted import IDS
+
+    backend = shortlisted_per_sentence._backend
+    ids = shortlisted_per_sentence.loaded.tokenizer.encode(SENTENCES[:2])
+    width = max(map(len, ids))
+    state = backend.encode(np.array([s + [0] * (width - len(s)) for s in ids]), np.array(list(map(len, ids))))
+    beams = backend.select(state, np.repeat(np.arange(2), 4))
+    assert beams[MASK].shape[0] == 8
+    assert all(beams[n].shape == state[n].shape for n in backend._per_sentence)
+    assert all(beams[g.name] is state[g.name] for g in backend.shortlisting.weights) and beams[IDS] is state[IDS]

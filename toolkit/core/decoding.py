@@ -160,14 +160,15 @@ def take_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axis: dict[s
 
 
 def take_sentence_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axis: dict[str, int],
-                       per_sentence: frozenset[str]) -> dict[str, np.ndarray]:
+                       per_sentence: frozenset[str], keep: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """take_rows for a state whose `per_sentence` tensors (a decoder's encoder outputs and source lengths) hold one row
     per sentence, each sentence's rows next to each other and as many for every sentence (a decoder graph regrouped by
     toolkit.graphs.sentence_cross). Where the rows taken are runs of one length, each from one sentence (beam search
     keeping `beam` rows a sentence), those tensors take one row per run: at the first beam step, which turns each
-    sentence's row into `beam`, they stay as they are. Otherwise one row per row taken (runs of one)."""
+    sentence's row into `beam`, they stay as they are. Otherwise one row per row taken (runs of one). `keep`: tensors
+    without rows (a shortlist's gathered weights), passed on as they are."""
     shared = next((n for n in state if n in per_sentence), None)
-    own = next((n for n in state if n not in per_sentence), None)
+    own = next((n for n in state if n not in per_sentence and n not in keep), None)
     if shared is None or own is None or not len(rows):
         return take_rows(state, rows, batch_axis)
     group = state[own].shape[batch_axis[own]] // state[shared].shape[batch_axis[shared]]
@@ -177,7 +178,7 @@ def take_sentence_rows(state: dict[str, np.ndarray], rows: np.ndarray, batch_axi
     picked = sentence[:: runs[0]] if (runs == runs[0]).all() else sentence
     same = np.array_equal(picked, np.arange(state[shared].shape[batch_axis[shared]]))
     # The rest by reorder_rows: into the search's memory, as every other select on the host.
-    taken = reorder_rows(state, rows, batch_axis, keep=per_sentence)
+    taken = reorder_rows(state, rows, batch_axis, keep=per_sentence | keep)
     for n in per_sentence & taken.keys():
         taken[n] = state[n] if same else np.take(state[n], picked, axis=batch_axis[n])
     return taken

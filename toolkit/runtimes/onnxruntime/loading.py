@@ -88,9 +88,9 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
     for name in m.graphs:
         def source(name: str = name) -> Path | bytes:
             graph, built[name] = variants.graph_source(m, name, variant)
-            if shortlisting is not None and name == "decoder":
-                return shortlisting.graph(graph)
-            return (per_sentence and name == "decoder" and cross_per_sentence(graph, specs[name].constant_inputs)) or graph
+            if per_sentence and name == "decoder":
+                graph = cross_per_sentence(graph, specs[name].constant_inputs) or graph
+            return shortlisting.graph(graph) if shortlisting is not None and name == "decoder" else graph
 
         if cache and provider == "cpu" and not (shortlisting is not None and name == "decoder"):
             # A variant the directory does not store is built only when the cache has no copy of it.

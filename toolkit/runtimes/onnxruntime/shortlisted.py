@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core import shortlist as table_mod
-from toolkit.core.decoding import ReorderMemory, next_host_state, reorder_rows, take_rows, top_k_rows
+from toolkit.core.decoding import ReorderMemory, next_host_state, reorder_rows, take_rows, take_sentence_rows, top_k_rows
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.graphs import shortlist as graph_mod
@@ -93,6 +93,8 @@ class ShortlistBackend(OrtBackend):
         return values, state[IDS][indices], new_state
 
     def select(self, state, rows: np.ndarray):
+        if self._per_sentence is not None:  # the encoder's outputs one row per sentence (toolkit.graphs.sentence_cross)
+            return take_sentence_rows(state, rows, self.batch_axis, self._per_sentence, keep=self._select_keep)
         return take_rows(state, rows, self.batch_axis, keep=self._select_keep)
 
     def reorder_beams(self, state, rows: np.ndarray):
