@@ -182,7 +182,7 @@ def test_the_int8_output_layer_is_fed_as_its_product_reads_it(model):
     m = manifest.load(model)
     vocab = m.config["vocab_size"]
     source, _ = graph_source(m, "decoder", "int8")
-    graph, inputs = graph_mod.shortlisted(source, vocab)
+    graph, inputs, _ = graph_mod.shortlisted(source, vocab)
     rewritten = onnx.load_model_from_string(graph).graph
     fed = {g.name for g in inputs}
     assert not [n for n in rewritten.node if n.op_type == "Transpose" and set(n.input) & fed]
@@ -209,3 +209,36 @@ def test_beams_keep_one_copy_of_each_sentences_encoder_outputs(shortlisted_per_s
     assert beams[MASK].shape[0] == 8
     assert all(beams[n].shape == state[n].shape for n in backend._per_sentence)
     assert all(beams[g.name] is state[g.name] for g in backend.shortlisting.weights) and beams[IDS] is state[IDS]
+
+
+def test_a_decoder_with_a_weights_file_keeps_it_there(model, tmp_path):
+    """The stored fp32 decoder's weights lie in weights.bin: the rewritten graph still refers to that file (its bytes
+    stay small; a session is told the folder) and the weights gathered from are mapped from it, not copied. A graph
+    naming a weights file outside its own directory is refused in one line, the file never read."""
+    import onnx
+
+    from toolkit.core import manifest
+    from toolkit.core.errors import UsageError
+    from toolkit.graphs import shortlist as graph_mod
+
+    m = manifest.load(model)
+    source = m.graph_path("decoder")
+    graph, inputs, folder = graph_mod.shortlisted(source, m.config["vocab_size"])
+    assert folder == source.parent
+    assert len(graph) < (model / "weights.bin").stat().st_size / 4
+    assert inputs and all(isinstance(g.weight, np.memmap) for g in inputs)
+    whole = onnx.load(source)  # the same weight, read by onnx itself
+    tables = {t.name: onnx.numpy_helper.to_array(t) for t in whole.graph.initializer}
+    assert any(np.array_equal(np.asarray(g.weight), tables[n]) for g in inputs for n in tables if tables[n].shape == g.weight.shape)
+
+    hostile = tmp_path / "inside"
+    hostile.mkdir()
+    (tmp_path / "outside.bin").write_bytes((model / "weights.bin").read_bytes())
+    bad = onnx.load(source, load_external_data=False)
+    for t in bad.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "../outside.bin"
+    onnx.save(bad, hostile / "decoder.onnx")
+    with pytest.raises(UsageError, match="not a weights file of its own directory"):
+        graph_mod.shortlisted(hostile / "decoder.onnx", m.config["vocab_size"])

@@ -9,7 +9,10 @@ log-softmax runs over its own sentence's candidates only (toolkit.core.shortlist
 variant's own computes, at its precision, on the columns it is given. A weight the graph transposes before its
 product (the int8 variant keeps the output layer's rows for the tied embedding's lookup) is fed already transposed:
 as an input, the Transpose would run at every step (12 ms of a 40 ms int8 step at the opus-mt shape), where ONNX
-Runtime folds it once for an initializer. Onnx and numpy only: the deploy path builds it at load.
+Runtime folds it once for an initializer. A decoder whose weights lie in a file beside it keeps them there: the
+rewritten graph still refers to that file (a session made from its bytes is told the folder: `folder` below) and the
+weights to gather from are mapped from it, not copied (at the NLLB-600M shape the output layer alone is 1 GB in fp32).
+Onnx and numpy only: the deploy path builds it at load.
 """
 
 from __future__ import annotations
@@ -41,13 +44,15 @@ class Gathered:
         return np.ascontiguousarray(taken if self.perm is None else taken.transpose(self.perm))
 
 
-def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[Gathered]]:
-    """The decoder graph at `source` (any variant) rewritten as the module docstring says, and each new weight input.
-    A decoder that does not end in a log-softmax over an output layer with a vocabulary axis is a one-line error."""
+def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[Gathered], Path | None]:
+    """The decoder graph at `source` (any variant) rewritten as the module docstring says, each new weight input, and
+    the folder its weights' file lies in (None: all inside the graph): a session made from the bytes needs it. A decoder
+    that does not end in a log-softmax over an output layer with a vocabulary axis is a one-line error."""
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
-    model = onnx.load_model_from_string(source) if isinstance(source, bytes) else onnx.load(source)
+    folder = None if isinstance(source, bytes) else Path(source).parent
+    model = onnx.load_model_from_string(source) if isinstance(source, bytes) else onnx.load(source, load_external_data=False)
     graph = model.graph
     tables = {t.name: t for t in graph.initializer}
     axis = {name: list(t.dims).index(vocab) for name, t in tables.items() if vocab in t.dims}
@@ -78,7 +83,7 @@ def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[Gathered]
                 node.input[k] = PREFIX + name
                 if all(PREFIX + name != g.name for g in inputs):
                     table, perm = transposed.get(name, (name, None))
-                    inputs.append(Gathered(PREFIX + name, numpy_helper.to_array(tables[table]), axis[table],
+                    inputs.append(Gathered(PREFIX + name, _weight(tables[table], folder), axis[table],
                                            None if perm is None else tuple(perm)))
     for g in inputs:
         shape = [d if i != g.axis else "shortlist" for i, d in enumerate(g.weight.shape)]
@@ -94,7 +99,28 @@ def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[Gathered]
     if model.ByteSize() >= 2**31:  # one protobuf message holds at most 2 GB
         raise UsageError("--shortlist rewrites the decoder in memory, and this one holds over 2 GB of weights; "
                          "decode it without --shortlist")
-    return model.SerializeToString(), inputs
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
+    return model.SerializeToString(), inputs, folder if external else None
+
+
+def _weight(table, folder: Path | None) -> np.ndarray:
+    """An initializer's values: mapped read-only from its weights file where it lies in one (which must be a file
+    inside the graph's own folder: a path out of the model directory is refused, never followed), else its own."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if table.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(table)
+    where = {e.key: e.value for e in table.external_data}
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(table.data_type))
+    shape = tuple(int(d) for d in table.dims)
+    offset, length = int(where.get("offset", 0)), int(where.get("length", int(np.prod(shape)) * dtype.itemsize))
+    path = (folder / where.get("location", "")).resolve() if folder is not None else None
+    if path is None or not path.is_relative_to(folder.resolve()) or not path.is_file() or \
+            length != int(np.prod(shape)) * dtype.itemsize or offset + length > path.stat().st_size:
+        raise UsageError(f"the decoder's weight {table.name} names {where.get('location')!r}, not a weights file of its "
+                         "own directory that holds it; re-export the model directory")
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
 def _prune(graph) -> None:

@@ -98,7 +98,9 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
             makers[name] = functools.partial(cached_session, source, identity,
                                              functools.partial(create, graph=name), threads)
         else:
-            makers[name] = lambda name=name: create(source(name), provider, threads=threads, allow_fallback=allow_fallback, graph=name)
+            # The shortlisted decoder's configure (its weights file's folder) is read after source() has rewritten it.
+            makers[name] = lambda name=name: create(source(name), provider, threads=threads, allow_fallback=allow_fallback, graph=name,
+                                                    configure=shortlisting.configure if shortlisting is not None and name == "decoder" else None)
     sessions = _concurrently(makers)
     used = session_provider(next(iter(sessions.values())))
     loaded = LoadedOnnxRuntime(m, sessions, used, max(built.values(), default=0.0), shortlisting=shortlisting)  # built side by side

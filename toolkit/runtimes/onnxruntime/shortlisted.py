@@ -35,10 +35,16 @@ class Shortlisting:
     table: table_mod.Shortlist
     vocab: int
     weights: list[graph_mod.Gathered] = field(default_factory=list)
+    folder: Path | None = None  # where the rewritten graph's weights file lies (graph_mod.shortlisted)
 
     def graph(self, source: Path | bytes) -> bytes:
-        graph, self.weights = graph_mod.shortlisted(source, self.vocab)
+        graph, self.weights, self.folder = graph_mod.shortlisted(source, self.vocab)
         return graph
+
+    def configure(self, options) -> None:
+        """Session options for the rewritten graph's bytes: the folder its weights file lies in."""
+        if self.folder is not None:
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder))
 
 
 def prepare(m: Manifest) -> Shortlisting:
