@@ -51,6 +51,9 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
         assert by["tk-fp32"].threads.startswith("2 streams x 1 intra-op threads")  # as `tk translate` on two cores
         ways = {"intra_threads 2 x inter_threads 1", "intra_threads 1 x inter_threads 2"}
         assert all(set(by["ct2-fp32"].how[row.name]) <= ways and by["ct2-fp32"].how[row.name] for row in rows)
+    # Each engine's memory is stated: its worker's resident memory once loaded, and its peak over the rounds.
+    assert all(0 < r.loaded_mib <= r.peak_mib and r.memory().endswith(f"peak {r.peak_mib:,.0f} MiB") for r in runs), \
+        [(r.engine, r.loaded_mib, r.peak_mib) for r in runs]
     for row in rows:
         for run in runs:
             assert [len(o) for o in run.outputs[row.name]] == [TOKENS] * row.sentences, (run.engine, row.name)

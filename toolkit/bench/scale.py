@@ -99,6 +99,14 @@ class EngineRun:
     how: dict[str, list[str]] = field(default_factory=dict)  # row -> each round's faster way (an engine timed two ways)
     # CTranslate2 on the CPU: its backend (engine.choose_gemm's choice) and the CT2_USE_MKL its worker saw
     ct2_backend: dict | None = None
+    loaded_mib: float | None = None  # the worker's resident memory once the engine loaded
+    peak_mib: float | None = None  # its peak resident memory over the rounds (loading included)
+
+    def memory(self) -> str:
+        """'1,297 MiB loaded, peak 2,344 MiB', or '' where the worker said none."""
+        if self.peak_mib is None:
+            return ""
+        return (f"{self.loaded_mib:,.0f} MiB loaded, " if self.loaded_mib is not None else "") + f"peak {self.peak_mib:,.0f} MiB"
 
 
 def _dir_mib(path: Path) -> float:
@@ -350,7 +358,7 @@ def _start(run: EngineRun, work: Path, tokens: int, threads: int, peer_python: s
         echo(f"{run.engine}: skipped, {run.error}")
         worker.close()
         return None
-    run.version, run.threads = worker.hello["version"], worker.hello["threads"]
+    run.version, run.threads, run.loaded_mib = worker.hello["version"], worker.hello["threads"], worker.hello.get("loaded_mib")
     if run.ct2_backend is not None:  # what the process that loaded CTranslate2 was given
         run.ct2_backend["CT2_USE_MKL"] = worker.hello.get("CT2_USE_MKL")
     echo(f"{run.engine}: {run.version}; {run.threads}")
@@ -363,6 +371,8 @@ def _turn(run: EngineRun, worker: _Worker, row: Row, src: list[list[int]], keep:
     if "error" in got:
         run.error = got["error"]
         return
+    if got.get("peak_mib") is not None:
+        run.peak_mib = max(run.peak_mib or 0.0, got["peak_mib"])
     if keep:
         run.seconds.setdefault(row.name, []).append(got["seconds"])
         run.outputs[row.name] = got["outputs"]

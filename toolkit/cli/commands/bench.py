@@ -280,7 +280,8 @@ def _scale(o: BenchOptions) -> None:
                           + (f", {s.size_mib:,.0f} MiB on disk" if s.size_mib else "") for s in steps.values()))
     for r in runs:
         click.echo(f"- {r.engine}: " + (f"skipped ({r.error})" if r.error else f"{r.version}; {r.threads}")
-                   + (f"; {describe_gemm(r.ct2_backend)}" if r.ct2_backend and not r.error else ""))
+                   + (f"; {describe_gemm(r.ct2_backend)}" if r.ct2_backend and not r.error else "")
+                   + (f"; {r.memory()}" if r.memory() and not r.error else ""))
         for row, ways in r.how.items():  # an engine timed two ways: the faster, each round
             click.echo(f"  {row}: {', '.join(ways)}")
     click.echo("\ntokens/s (each row's median over the rounds):\n")
