@@ -100,10 +100,10 @@ class EngineRun:
     # CTranslate2 on the CPU: its backend (engine.choose_gemm's choice) and the CT2_USE_MKL its worker saw
     ct2_backend: dict | None = None
     loaded_mib: float | None = None  # the worker's resident memory once the engine loaded
-    peak_mib: float | None = None  # its peak resident memory over the rounds (loading included)
+    peak_mib: float | None = None  # its peak resident memory, loading and every round included (when it ended)
 
     def memory(self) -> str:
-        """'1,297 MiB loaded, peak 2,344 MiB', or '' where the worker said none."""
+        """'1,297 MiB loaded, peak 2,344 MiB', or '' for an engine that did not run."""
         if self.peak_mib is None:
             return ""
         return (f"{self.loaded_mib:,.0f} MiB loaded, " if self.loaded_mib is not None else "") + f"peak {self.peak_mib:,.0f} MiB"
@@ -255,11 +255,14 @@ class _Worker:
     def run(self, src: list[list[int]], row: Row) -> dict:
         return self._ask({"src": src, "batch": row.batch, "beam": row.beam, "per_call": row.per_call})
 
-    def close(self) -> None:
+    def close(self) -> float:
+        """Ends the worker; its peak resident memory in MiB (wait4's rusage, as _run_step reads a step's)."""
         if self.proc.stdin:
             self.proc.stdin.close()
-        self.proc.wait()
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
         self.log.close()
+        return usage.ru_maxrss / 1024
 
 
 # An engine's memory grows while it decodes (activations, caches, beam copies, arenas it keeps): at the NLLB-600M shape
@@ -316,7 +319,8 @@ def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list
             worker = _start(run, work, tokens, threads, peer_python, unavailable, pause, echo)
             if worker is not None:
                 workers[run.engine] = worker
-                held = _rss_mib(worker.proc.pid) or 0.0
+                run.loaded_mib = _rss_mib(worker.proc.pid)
+                held = run.loaded_mib or 0.0
                 loaded, largest = loaded + held, max(largest, held)
         if not workers:
             continue
@@ -332,8 +336,8 @@ def run_engines(engines: list[str], work: Path, rows: tuple[Row, ...], src: list
                 echo(f"round {i}{' (warm-up, not kept)' if i == 0 else ''} done"
                      + (f" ({', '.join(workers)})" if groups > 1 or pending else ""))
         finally:
-            for w in workers.values():
-                w.close()
+            for run in group:
+                run.peak_mib = workers[run.engine].close()
     return runs
 
 
@@ -358,7 +362,7 @@ def _start(run: EngineRun, work: Path, tokens: int, threads: int, peer_python: s
         echo(f"{run.engine}: skipped, {run.error}")
         worker.close()
         return None
-    run.version, run.threads, run.loaded_mib = worker.hello["version"], worker.hello["threads"], worker.hello.get("loaded_mib")
+    run.version, run.threads = worker.hello["version"], worker.hello["threads"]
     if run.ct2_backend is not None:  # what the process that loaded CTranslate2 was given
         run.ct2_backend["CT2_USE_MKL"] = worker.hello.get("CT2_USE_MKL")
     echo(f"{run.engine}: {run.version}; {run.threads}")
@@ -371,8 +375,6 @@ def _turn(run: EngineRun, worker: _Worker, row: Row, src: list[list[int]], keep:
     if "error" in got:
         run.error = got["error"]
         return
-    if got.get("peak_mib") is not None:
-        run.peak_mib = max(run.peak_mib or 0.0, got["peak_mib"])
     if keep:
         run.seconds.setdefault(row.name, []).append(got["seconds"])
         run.outputs[row.name] = got["outputs"]

@@ -3,8 +3,8 @@ turn by turn, so each engine runs as a user would run it (alone in its process, 
 engines still take turns (a slow spell of the machine hits each alike).
 
 Protocol: one JSON object a line. First line in: {"engine", "model", "threads", "tokens"}; out: {"version",
-"threads", "loaded_mib"} or {"error"}. Then each line in: {"src": [[ids]], "batch", "beam", "per_call"}; out:
-{"seconds", "outputs": [[ids]], "peak_mib"} and, for an engine timed more than one way, "how" (the faster way). CTranslate2's hello also
+"threads"} or {"error"}. Then each line in: {"src": [[ids]], "batch", "beam", "per_call"}; out: {"seconds",
+"outputs": [[ids]]} and, for an engine timed more than one way, "how" (the faster way). CTranslate2's hello also
 holds the CT2_USE_MKL it was started with (its CPU backend). A closed stdin ends it.
 Everything libraries print goes to stderr.
 
@@ -184,27 +184,12 @@ def timed_row(run, src: list[list[int]], batch: int, beam: int, per_call: bool) 
     return {"seconds": time.perf_counter() - start, "outputs": outputs}
 
 
-def memory_mib() -> dict[str, float | None]:
-    """This process's resident memory now ("rss_mib", from /proc: None where there is none) and its peak so far
-    ("peak_mib", ru_maxrss: KiB on Linux), in MiB. Every answer carries the peak, so the bench states each engine's."""
-    import resource
-
-    rss = None
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            rss = next((int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:")), None)
-    except OSError:
-        pass
-    return {"rss_mib": rss, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-
-
 def serve(engine, read, write) -> None:
     for line in read:
         job = json.loads(line)
         src, batch, beam, per_call = job["src"], job["batch"], job["beam"], job["per_call"]
         # An engine timed more than one way (CTranslate2's threads) says which way was faster.
-        answer = engine.timed(src, batch, beam, per_call) if hasattr(engine, "timed") else timed_row(engine.run, src, batch, beam, per_call)
-        write({**answer, "peak_mib": memory_mib()["peak_mib"]})
+        write(engine.timed(src, batch, beam, per_call) if hasattr(engine, "timed") else timed_row(engine.run, src, batch, beam, per_call))
 
 
 def main() -> None:
@@ -224,8 +209,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - reported as the engine's one line; the other engines' rows go on
         write({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         return
-    write({"version": engine.version, "threads": engine.threads, "loaded_mib": memory_mib()["rss_mib"],
-           **({"CT2_USE_MKL": engine.use_mkl} if isinstance(engine, _Ct2) else {})})
+    write({"version": engine.version, "threads": engine.threads, **({"CT2_USE_MKL": engine.use_mkl} if isinstance(engine, _Ct2) else {})})
     serve(engine, sys.stdin, write)
 
 
