@@ -74,8 +74,8 @@ def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[Gathered]
     if OUTPUT not in wide or len(softmax) != 1:
         raise UsageError("--shortlist needs a decoder that ends in a log-softmax over its output layer; this one does not")
     # A Transpose of a wide weight alone: its output is fed (gathered, then transposed) in its place.
-    transposed = {n.output[0]: (n.input[0], tuple(a.ints for a in n.attribute if a.name == "perm")[0])
-                  for n in layer if n.op_type == "Transpose" and n.input[0] in axis and any(a.name == "perm" for a in n.attribute)}
+    transposed = {n.output[0]: (n.input[0], tuple(a.ints)) for n in layer if n.op_type == "Transpose" and n.input[0] in axis
+                  for a in n.attribute if a.name == "perm"}
     inputs: list[Gathered] = []
     for node in layer:
         for k, name in enumerate(node.input):
@@ -83,8 +83,7 @@ def shortlisted(source: Path | bytes, vocab: int) -> tuple[bytes, list[Gathered]
                 node.input[k] = PREFIX + name
                 if all(PREFIX + name != g.name for g in inputs):
                     table, perm = transposed.get(name, (name, None))
-                    inputs.append(Gathered(PREFIX + name, _weight(tables[table], folder), axis[table],
-                                           None if perm is None else tuple(perm)))
+                    inputs.append(Gathered(PREFIX + name, _weight(tables[table], folder), axis[table], perm))
     for g in inputs:
         shape = [d if i != g.axis else "shortlist" for i, d in enumerate(g.weight.shape)]
         dims = shape if g.perm is None else [shape[i] for i in g.perm]
