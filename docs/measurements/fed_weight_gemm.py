@@ -31,7 +31,11 @@ def _ms(columns: int, rows_layout: bool, initializer: bool, m: int = 32, k: int 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {"x": rng.standard_normal((m, k)).astype(np.float32), **({} if initializer else {"W": weight})}
+    return median_ms(session, {"x": rng.standard_normal((m, k)).astype(np.float32), **({} if initializer else {"W": weight})})
+
+
+def median_ms(session, feeds: dict[str, np.ndarray]) -> float:
+    """The median of 10 runs of `session` on `feeds` after 3 warm-up runs, in ms."""
     for _ in range(3):
         session.run(None, feeds)
     times = []

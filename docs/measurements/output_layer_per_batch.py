@@ -10,10 +10,10 @@ N and M as the opus-mt bench's batches gather them: 8,641 x 32 (real, greedy), 7
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
+from fed_weight_gemm import median_ms  # beside this script
 
 K = 512
 CASES = ((8641, 32), (7900, 64), (44417, 32), (3460, 1))
@@ -53,15 +53,7 @@ def _case(n: int, m: int, int8: bool) -> str:
         start = time.perf_counter()
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         made_ms[initializer] = (time.perf_counter() - start) * 1000
-        feeds = {"x": x, **({} if initializer else arrays)}
-        for _ in range(3):
-            session.run(None, feeds)
-        times = []
-        for _ in range(10):
-            start = time.perf_counter()
-            session.run(None, feeds)
-            times.append(time.perf_counter() - start)
-        run_ms[initializer] = statistics.median(times) * 1000
+        run_ms[initializer] = median_ms(session, {"x": x, **({} if initializer else arrays)})
     saved = max(run_ms[False] - run_ms[True], 1e-9)
     return (f"{'int8' if int8 else 'fp32'} {n} x {m}: fed {run_ms[False]:.2f} ms a run; as initializers {run_ms[True]:.2f} ms, "
             f"the session made in {made_ms[True]:.1f} ms: paid back after {made_ms[True] / saved:.0f} runs")
