@@ -202,6 +202,22 @@ def test_ctrl_c_after_the_command_while_the_process_exits_is_one_line():
     assert proc.returncode == 130 and stderr.strip() == "error: interrupted", stderr
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_inside_code_run_from_a_string_still_exits_130(tmp_path, sig):
+    """CI saw `python -m toolkit.cli translate` end by SIGINT (-2) after "error: interrupted": the SIGTERM had
+    landed while the model loaded, inside an eval of a string type hint, and CPython took the KeyboardInterrupt
+    tk caught for an unhandled one. Made certain here, run with -m as there (a script's exit takes another path)."""
+    (tmp_path / "hang.py").write_text(
+        "from toolkit.cli import main\n"
+        "@main.command('hang')\n"
+        "def hang():\n"
+        f"    exec('import os, signal, time\\nos.kill(os.getpid(), signal.{sig})\\ntime.sleep(30)')\n"
+        "main(['hang'])\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]])}
+    proc = subprocess.run([sys.executable, "-m", "hang"], env=env, capture_output=True, timeout=60, preexec_fn=_default_sigint)
+    assert proc.returncode == 130 and proc.stderr.decode().strip() == "error: interrupted", (proc.returncode, proc.stderr)
+
+
 # ---- inputs that used to end in an internal error --------------------------------------------------
 
 def test_an_argument_that_is_not_utf8_is_one_line():

@@ -28,13 +28,20 @@ _received = False  # a signal arrived inside handled(): whatever error follows w
 _said = False  # "error: interrupted" is already on stderr: a later signal exits without saying it twice
 
 
+class Interrupted(KeyboardInterrupt):
+    """What the first signal raises; every `except KeyboardInterrupt` catches it. Not KeyboardInterrupt itself:
+    CPython remembers a KeyboardInterrupt (that exact type) leaving any exec or eval of a string (a dataclass
+    being made, a string type hint read while a model loads) as unhandled, even when tk catches it later, and
+    then ends the process by SIGINT instead of its exit code 130."""
+
+
 def _first(signum, frame) -> None:
     global _received
     _received = True
     for sig in SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _again)
-    raise KeyboardInterrupt
+    raise Interrupted
 
 
 def _again(signum, frame) -> None:
