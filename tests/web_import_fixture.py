@@ -24,8 +24,9 @@ from hf_seq2seq_fixture import exported_import
 from toolkit.convert import web
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import DecodeOptions, decode_ids
+from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizers import choose_languages, open_tokenizer, with_languages
-from toolkit.deploy.translate import open_model
+from toolkit.deploy.translate import open_model, translate_batch
 
 HYPS = "async ([ids, opts]) => (await tk.translateIds(ids, opts)).map((n) => n[0].tokens)"
 
@@ -196,7 +197,9 @@ def check_page(browser, tmp_path_factory, pairs, model: str) -> None:  # Over 60
     """`model`'s site in one page: its tokenizer's ids and text are the directory's Python tokenizer's (open_tokenizer)
     on 50 sentences (and another source language's, where the model has one); for DECODED models the page's greedy,
     beam-4 and tightly guarded tokens are ONNX Runtime CPU's (decode_ids with the model's own DecodeOptions, as tk
-    translate decodes) on 50 held-out sentences, and the decoded text is the Python tokenizer's; for OTHER_TARGET, the
+    translate decodes) on 50 held-out sentences, the decoded text is the Python tokenizer's, and tk.translate's text is
+    tk translate's (a sentence a guard cut decoded again with a wider beam, a loop guard's cut ended on a whole word,
+    each by the tokenizer's own pieces); for OTHER_TARGET, the
     page offers the languages with the export's pair chosen, and a target chosen in it is tk translate --target-lang's."""
     site_dir, d = site(tmp_path_factory, pairs, model), directory(tmp_path_factory, pairs, model)
     m = manifest_mod.load(d)
@@ -227,6 +230,9 @@ def check_page(browser, tmp_path_factory, pairs, model: str) -> None:  # Over 60
         # ends them.
         tight = python_tokens(translator, ids, m, beam=4, batch_size=16, max_len_a=0.4, max_len_b=1)
         assert sum(len(t) < len(b) for t, b in zip(tight, beam)) >= 5  # T5: 10 of 50 (its task prefix lengthens every source)
+        sources = [e for e, _ in pairs[1000:1050]]
+        translated = [n[0].text for n in translate_batch(translator, sources, DecodeOptions.for_manifest(m, batch_size=16),
+                                                          text=TextOptions(enabled=False))]
     if model in OTHER_TARGET:
         target = OTHER_TARGET[model]
         default = python_tokens(translator, ids, m, batch_size=16)
@@ -243,6 +249,7 @@ def check_page(browser, tmp_path_factory, pairs, model: str) -> None:  # Over 60
             assert page.evaluate(HYPS, [ids, {"batchSize": 16, "beam": 4}]) == beam
             assert page.evaluate(HYPS, [ids, {"batchSize": 16, "beam": 4, "maxLenA": 0.4, "maxLenB": 1}]) == tight
             assert page.evaluate("ids => tk.decode(ids)", greedy) == tokenizer.decode(greedy)
+            assert [o["text"] for o in page.evaluate("texts => tk.translate(texts, {batchSize: 16})", sources)] == translated
         if model in OTHER_TARGET:
             assert page.is_visible("#target") and target in page.eval_on_selector_all("#target option", "os => os.map((o) => o.value)")
             declared = m.declared().tokenizer

@@ -23,7 +23,7 @@ import pytest
 from toolkit.convert.web import SITE, write_tokenizer_json
 from toolkit.core import data
 from toolkit.core.batching import GUARDED, DecodeOptions, decode_ids
-from toolkit.core.decoding import pad_batch
+from toolkit.core.decoding import pad_batch, word_end
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import BOS, Tokenizer
 from toolkit.core.variants import CATALOGUE
@@ -59,6 +59,9 @@ AWKWARD = [
 RUNAWAY = ["no no no no no no no no", "ha ha ha ha ha ha ha ha ha ha", "Tom Tom Tom Tom Tom Tom Tom",
            "ahahahahahahahahahahahahahah", "la la la la la la la la la la la la la la", "1 2 3 4 5 6 7 8 9 10 11 12",
            "zzzzzzzzzzzzz"]
+# Greedy runs away on it ("Ils représentententent ...", cut to "Ils représent", which ends on a whole word as "Ils");
+# tk translate decodes it again at beam 4, which ends ("Ils ne représent pas seulement ...").
+RETRIED = "They represent not only themselves but this institution as well."
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +97,26 @@ def node_encode(tokenizer_model: bytes, texts: list[str], tmp_path: Path) -> dic
                            str(tmp_path / "tokenizer.json")], input=json.dumps(texts), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
+def test_the_page_ends_a_loop_guard_s_cut_on_the_word_python_ends_it_on():
+    """decoding.mjs's wordEnd against decoding.word_end on 400 random cuts over random word tables (ids that begin no
+    word, ids that end one, as model.json's words gives them)."""
+    rng = np.random.default_rng(7)
+    cases, want = [], []
+    for _ in range(400):
+        vocab = int(rng.integers(2, 12))
+        begins, ends = rng.random(vocab) < rng.random(), rng.random(vocab) < 0.2 * rng.random()
+        tokens, rest = (rng.integers(0, vocab, int(rng.integers(0, 8))).tolist() for _ in range(2))
+        cases.append({"tokens": tokens, "rest": rest, "vocab": vocab,
+                      "words": {"inside_word": np.flatnonzero(~begins).tolist(), "ends_word": np.flatnonzero(ends).tolist()}})
+        want.append(word_end(tokens, rest, lambda a, b, begins=begins, ends=ends: bool(ends[a] or begins[b])))
+    proc = subprocess.run([NODE, str(REPO / "tests" / "web_word_end.mjs"), str(SITE / "decoding.mjs")], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == want
+    assert sum(w != c["tokens"] for w, c in zip(want, cases)) > 100  # most cuts do move
 
 
 @pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
@@ -211,6 +234,10 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
     assert sum(len(t) < len(g.tokens) for t, g in zip(tight, greedy[:16])) >= 8
     shown = english[:3]
     texts = [n[0].text for n in translate_batch(model, shown, options(model.manifest, beam=4), text=TextOptions(enabled=False))]
+    # What tk translate makes of guarded sentences: the greedy cut decoded again at beam 4, a loop's cut ended on a word.
+    cut = [n[0] for n in decode_ids(model.backend(), model.tokenizer.encode([RETRIED]), options(model.manifest))]
+    retried = [n[0].text for n in translate_batch(model, RUNAWAY + [RETRIED], options(model.manifest), text=TextOptions(enabled=False))]
+    assert cut[0].stopped == "loop" and len(retried[-1].split()) > 5 > len(model.tokenizer.decode([cut[0].tokens])[0].split())
     with static_server(site) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
@@ -238,6 +265,7 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
             page.click("#translate")
             page.wait_for_function("document.getElementById('status').textContent.includes(' ms')")
             assert page.inner_text("#output").splitlines() == texts
+            assert [o["text"] for o in page.evaluate("texts => tk.translate(texts)", RUNAWAY + [RETRIED])] == retried
             assert page.inner_text("#status").startswith("3 sentences in")
             # The README's picture is refreshed only on request, so a test run leaves the tree clean.
             shot = REPO / "docs" / "web-page.png" if os.environ.get("TK_UPDATE_DOCS") else tmp_path / "web-page.png"

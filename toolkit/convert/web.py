@@ -167,6 +167,8 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
     model["tokenizer"] = write_site_tokenizer(m, tmp / model["tokenizer"]["file"])
     model["glossary"] = site_glossary(m)
+    model["words"] = site_words(m)
+    model["retry"] = site_retry()
     model["onnxruntime_web"] = version
     (tmp / "model.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
     for f in SITE.iterdir():  # package data: read through importlib.resources, not from a path of the clone
@@ -183,7 +185,8 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
 def site_glossary(m: manifest_mod.Manifest) -> dict:
     """What the page's glossary (site/glossary.mjs) takes from Python rather than spelling it twice: the checks' margin
     and beam (toolkit.deploy.translate), the limits and patterns of finding terms (toolkit.core.glossary, placeholders),
-    and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds), as id lists; whether
+    and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds; whether it begins a
+    word: site_words), as id lists; whether
     the model was trained on placeholders (else a sentence whose targets cannot be forced in is reported, as tk translate
     reports it). A model whose glossary the page cannot put in has only `refused`, the one line the page shows."""
     from toolkit.core import constrained, glossary, placeholders
@@ -194,13 +197,39 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
         check_glossary(m)
     except UsageError as e:
         return {"refused": str(e)}
-    vocab = next(o for o in m.graphs["decoder"].spec["outputs"] if o["name"] == "log_probs")["dims"][1]
-    starts, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), vocab)
-    ids = lambda kind: [int(i) for i in kind.nonzero()[0]]  # noqa: E731
+    _, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), _output_vocab(m))
     return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
             "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
             "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
-            "inside_word": ids(~starts), "apostrophe": ids(apostrophes), "sentence_end": ids(ends)}
+            "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends)}
+
+
+def site_words(m: manifest_mod.Manifest) -> dict:
+    """Per output id, as id lists: those that begin no word and those that end one (TextTokenizer.begins_word and
+    ends_word), from which the page tells where a word boundary lies (decoding.mjs wordBoundary): where a translation
+    the loop guard stopped ends (wordEnd), and what may follow a glossary term."""
+    from toolkit.core.tokenizers import open_tokenizer
+
+    tokenizer, vocab = open_tokenizer(m), _output_vocab(m)
+    return {"inside_word": [i for i in range(vocab) if not tokenizer.begins_word(i)],
+            "ends_word": [i for i in range(vocab) if tokenizer.ends_word(i)]}
+
+
+def site_retry() -> dict:
+    """How the page decodes again a sentence a guard cut (toolkit.deploy.translate.retried): the wider beam, the widest,
+    and the decoder rows of a batch."""
+    from toolkit.core.decode_options import BEAM_ROWS, MAX_BEAM
+    from toolkit.deploy.translate import RETRY_BEAM
+
+    return {"beam": RETRY_BEAM, "max_beam": MAX_BEAM, "rows": BEAM_ROWS}
+
+
+def _output_vocab(m: manifest_mod.Manifest) -> int:
+    return next(o for o in m.graphs["decoder"].spec["outputs"] if o["name"] == "log_probs")["dims"][1]
+
+
+def _ids(kind) -> list[int]:
+    return [int(i) for i in kind.nonzero()[0]]
 
 
 def _js_pattern(pattern: str) -> str:

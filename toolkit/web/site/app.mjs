@@ -2,7 +2,7 @@
 // browser (no server). window.tk is the same API for scripts and for tests.
 
 import { OrtBackend } from "./backend.mjs";
-import { decodeIds } from "./decoding.mjs";
+import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { Glossary, finished, translateTerms } from "./glossary.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
@@ -60,7 +60,8 @@ async function load() {
     .catch((e) => { throw new Error(`cannot load the ${variant} ${g} graph ${files.graphs[g]}: ${firstLine(e)}`); });
   const encoder = await open("encoder"), decoder = await open("decoder");
   const backend = new OrtBackend(ort, encoder, decoder, model);
-  return { model: { ...model, variant, bytes: files.bytes }, tokenizer, backend, ort, ep, fallback, loadMs: performance.now() };
+  const boundary = wordBoundary(model.words, model.decoder.outputs.find((o) => o.name === "log_probs").dims[1]);
+  return { model: { ...model, variant, bytes: files.bytes }, tokenizer, backend, boundary, ort, ep, fallback, loadMs: performance.now() };
 }
 
 const loading = load();
@@ -117,7 +118,7 @@ window.tk = {
   // opts.glossary: source term -> target term, an object or the TSV text (a bad line is one Error in Python's words);
   // a line holding terms has them put in as tk translate --glossary does (glossary.mjs), and says how in its `glossary`.
   async translate(texts, opts = {}) {
-    const { tokenizer, model, backend } = await loading;
+    const { tokenizer, model, backend, boundary } = await loading;
     const { glossary: given, ...rest } = opts;
     const glossary = await glossaryOf(given);
     const forms = new Map();
@@ -128,12 +129,14 @@ window.tk = {
       : { done: new Map(), later: [] };
     done.forEach((o, i) => { out[i] = o; });
     // The lines without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
-    // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments).
+    // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments). As there, a
+    // sentence whose translation a guard cut is decoded again with a wider beam, and a loop guard's cut ends on a word.
     const plain = texts.map((_, i) => i).filter((i) => !forms.has(i) || later.includes(i));
     const inputs = plain.map((i) => (forms.has(i) ? forms.get(i).protected ?? forms.get(i).forced : texts[i]));
-    const hyps = await this.translateIds(await this.encode(inputs, languages), rest);
+    const ids = await this.encode(inputs, languages), options = decodeOptions(model, rest);
+    const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
     plain.forEach((i, k) => {
-      const tokens = hyps[k][0].tokens, text = tokenizer.decode(tokens);
+      const tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary), text = tokenizer.decode(tokens);
       out[i] = forms.has(i) ? finished(glossary, forms.get(i), tokens, text, i + 1) : { text, tokens };
     });
     return out;

@@ -9,6 +9,9 @@
 // rules: the model's DecodingRules as model.json carries them (toolkit/core/declaration.py): start,
 // end, pad, length_penalty ("gnmt": tk's beam rule, "hf": generate's), alpha, early_stopping,
 // forced_end, max_new_tokens (already in the page's maxLen) and forced_first.
+//
+// Each hypothesis is {tokens, score, stopped, rest}, as decoding.Hypothesis: stopped is "" (it emitted the end token),
+// "length" (its length limit) or "loop" (the loop guard), and rest the tokens the loop guard cut off (wordEnd's input).
 
 // A hypothesis loops when its last token came 4 times in a row, or its last 2-, 3- or 4-token
 // group 3 times in a row.
@@ -104,6 +107,7 @@ export async function greedy(backend, src, maxLen, limits, loopGuard, rules) {
   maxLen = Math.max(...limits);
   const scores = new Float64Array(n);
   const out = src.map(() => []);
+  const stopped = src.map(() => ""), rests = src.map(() => []);
   let alive = src.map((_, i) => i);
   let token = new Array(n).fill(rules.start);
   for (let t = 0; t < maxLen; t++) {
@@ -116,10 +120,13 @@ export async function greedy(backend, src, maxLen, limits, loopGuard, rules) {
       if (token[r] === rules.end) return;
       out[sent].push(token[r]);
       let running = t + 1 < limits[sent];
+      if (!running) stopped[sent] = "length";
       if (loopGuard) {
         const cut = loopCut(out[sent]);
         if (cut >= 0) {
+          rests[sent] = out[sent].slice(cut);
           out[sent].length = cut;
+          stopped[sent] = "loop";
           running = false;
         }
       }
@@ -132,7 +139,7 @@ export async function greedy(backend, src, maxLen, limits, loopGuard, rules) {
       state = backend.select(state, keep);
     }
   }
-  return src.map((_, i) => ({ tokens: out[i], score: scores[i] }));
+  return src.map((_, i) => ({ tokens: out[i], score: scores[i], stopped: stopped[i], rest: rests[i] }));
 }
 
 export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limits, loopGuard, rules) {
@@ -163,6 +170,8 @@ export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limit
         const parentHyp = live[sent][c.parent];
         const hyp = { tokens: c.tok === EOS ? parentHyp.tokens.slice() : [...parentHyp.tokens, c.tok], score: c.score };
         const cut = loopGuard && c.tok !== EOS ? loopCut(hyp.tokens) : -1;
+        hyp.stopped = c.tok === EOS ? "" : cut >= 0 ? "loop" : "length"; // what ends it, if it ends here
+        hyp.rest = cut >= 0 ? hyp.tokens.slice(cut) : [];
         if (cut >= 0) hyp.tokens.length = cut;
         if (c.tok === EOS || step >= limits[sent] - 1 || cut >= 0) done[sent].push(hyp);
         else newLive.push([row + c.parent, c.tok, hyp]);
@@ -182,7 +191,8 @@ export async function beamSearch(backend, src, maxLen, beam, alpha, nBest, limit
     state = backend.select(state, rows);
     token = tokens;
   }
-  return done.map((d, sent) => (d.length ? d : live[sent]).slice()
+  // A sentence with none finished never took a step (every candidate finishes at its length limit).
+  return done.map((d, sent) => (d.length ? d : live[sent].map((h) => ({ ...h, stopped: "length", rest: [] }))).slice()
     .sort((x, y) => desc(normalized(x, alpha), normalized(y, alpha))).slice(0, nBest));
 }
 
@@ -230,7 +240,8 @@ export async function beamSearchHf(backend, src, maxLen, beam, alpha, nBest, lim
           if (!c.hit || !Number.isFinite(c.score)) return;
           const ended = c.tok === rules.end;
           const tokens = ended ? c.seq.slice(0, -1) : c.cut >= 0 ? c.seq.slice(0, c.cut) : c.seq;
-          sent.finished.push({ rank: c.score / (step + 1) ** alpha, tokens, score: c.score });
+          const stopped = ended ? "" : c.cut >= 0 ? "loop" : "length", rest = c.cut >= 0 ? c.seq.slice(c.cut) : [];
+          sent.finished.push({ rank: c.score / (step + 1) ** alpha, tokens, score: c.score, stopped, rest });
         });
         sent.finished.sort((x, y) => desc(x.rank, y.rank)); // stable: earlier entries first among equals
         sent.finished.length = Math.min(sent.finished.length, beam);
@@ -259,8 +270,8 @@ export async function beamSearchHf(backend, src, maxLen, beam, alpha, nBest, lim
       token = nextTokens;
     }
   }
-  return sentences.map((sent) => (sent.finished.length ? sent.finished.slice(0, nBest).map(({ tokens, score }) => ({ tokens, score }))
-    : [{ tokens: [], score: 0 }]));
+  return sentences.map((sent) => (sent.finished.length ? sent.finished.slice(0, nBest).map(({ rank, ...h }) => h)
+    : [{ tokens: [], score: 0, stopped: "length", rest: [] }]));
 }
 
 // Greedy when beam == 1 and one hypothesis is wanted, else beam search by the model's rule (translate_ids).
@@ -285,7 +296,7 @@ export function lengthSortedBatches(lengths, batchSize) {
 export async function decodeIds(backend, src, opts) {
   const { rules } = opts, alpha = opts.alpha ?? rules.alpha;
   src = src.map((s) => s.slice(0, opts.maxSrcLen));
-  const out = src.map(() => [{ tokens: [], score: 0 }]);
+  const out = src.map(() => [{ tokens: [], score: 0, stopped: "", rest: [] }]);
   const todo = src.map((_, i) => i).filter((i) => src[i].length > 0);
   for (const batch of lengthSortedBatches(todo.map((i) => src[i].length), opts.batchSize)) {
     const idx = batch.map((b) => todo[b]);
@@ -295,4 +306,45 @@ export async function decodeIds(backend, src, opts) {
     idx.forEach((i, k) => { out[i] = results[k]; });
   }
   return out;
+}
+
+// decodeIds' results for `src` with `opts`, where a guard cut a sentence's best hypothesis, decoded again with a wider
+// beam (retry.beam, or twice the beam asked for when that is already as wide), keeping every hypothesis it finished:
+// those that ended of their own accord first, then the cut ones; the first cut is kept only where every hypothesis of
+// the wider beam was cut too. toolkit.deploy.translate.retried, with its constants from model.json's retry.
+export async function retried(backend, src, results, opts, retry) {
+  if (!opts.loopGuard && opts.maxLenA === null) return results; // the guards off: the decode asked for
+  const cut = results.map((_, i) => i).filter((i) => results[i][0].stopped && src[i].length > 0);
+  if (!cut.length) return results;
+  const beam = opts.beam < retry.beam ? retry.beam : Math.min(2 * opts.beam, retry.max_beam);
+  const wider = { ...opts, beam, nBest: beam, batchSize: Math.max(1, Math.min(opts.batchSize, Math.floor(retry.rows / beam))) };
+  const sources = cut.map((i) => src[i].slice(0, opts.maxSrcLen));
+  const limits = lengthLimits(sources, opts.maxLen, opts.maxLenA, opts.maxLenB);
+  const again = await decodeIds(backend, sources, wider);
+  const out = results.slice();
+  cut.forEach((i, k) => {
+    const ended = again[k].filter((h) => !h.stopped && h.tokens.length < limits[k]);
+    if (ended.length) out[i] = [...ended, ...again[k].filter((h) => h.stopped || h.tokens.length >= limits[k])].slice(0, opts.nBest);
+  });
+  return out;
+}
+
+// What a hypothesis the loop guard stopped keeps, ending on a whole word (decoding.word_end): the shortest output that
+// holds the kept copy and ends at a word boundary (boundary(a, b): one lies between ids a and b), else the output
+// without its unfinished last word, else the copy as it is.
+export function wordEnd(tokens, rest, boundary) {
+  if (!rest.length) return tokens;
+  const full = [...tokens, ...rest];
+  for (let p = Math.max(tokens.length, 1); p < full.length; p++) if (boundary(full[p - 1], full[p])) return full.slice(0, p);
+  for (let q = tokens.length - 1; q > 0; q--) if (boundary(tokens[q - 1], tokens[q])) return tokens.slice(0, q);
+  return tokens;
+}
+
+// Whether a word boundary lies between two output ids (TextTokenizer.boundary), from model.json's words: the ids that
+// begin no word and the ids that end one.
+export function wordBoundary(words, vocab) {
+  const begins = new Uint8Array(vocab).fill(1), ends = new Uint8Array(vocab);
+  words.inside_word.forEach((i) => { begins[i] = 0; });
+  words.ends_word.forEach((i) => { ends[i] = 1; });
+  return (before, after) => ends[before] === 1 || begins[after] === 1;
 }

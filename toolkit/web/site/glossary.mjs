@@ -348,9 +348,10 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
   return { done, later };
 }
 
-// Per output id: whether it begins a word, ends in an apostrophe, ends a sentence (constrained._piece_kinds, from model.json).
+// Per output id: whether it begins a word (model.json's words), ends in an apostrophe, ends a sentence (constrained.
+// _piece_kinds, from model.json's glossary).
 function kindsOf(spec, model) {
   const vocab = model.decoder.outputs.find((o) => o.name === "log_probs").dims[1];
   const mark = (ids, value) => { const a = new Uint8Array(vocab).fill(1 - value); ids.forEach((i) => { a[i] = value; }); return a; };
-  return { starts: mark(spec.inside_word, 0), apostrophes: mark(spec.apostrophe, 1), ends: mark(spec.sentence_end, 1) };
+  return { starts: mark(model.words.inside_word, 0), apostrophes: mark(spec.apostrophe, 1), ends: mark(spec.sentence_end, 1) };
 }
