@@ -23,6 +23,7 @@ from web_import_fixture import directory, page_of, shipped_site, site
 
 from toolkit.core import glossary, placeholders, textprep
 from toolkit.core.errors import DataError, UsageError
+from toolkit.deploy import translate
 from toolkit.deploy.api import Translator
 
 browser, pairs = web_import_fixture.browser, web_import_fixture.pairs
@@ -34,14 +35,17 @@ TRANSLATE = "([texts, opts]) => tk.translate(texts, opts)"
 
 
 # Held-out sentences (the test split of fra-eng.zip, its first 24 holding terms that the page handles: one sentence,
-# without numbers or capitals) and 8 holding none, and lines without terms that tk's text handling treats apart: a
-# term inside a URL (the URL's), a number, capitals.
+# without numbers or capitals; then four on which constrained decoding alone adds the target beside the model's own word,
+# so the model's own translation gets the target swapped in, and one an import still cannot put its targets into) and 8
+# holding none, and lines without terms that tk's text handling treats apart: a term inside a URL (the URL's), a
+# number, capitals.
 HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need more room.", "This book is new.",
            "You do a nice job.", "Come into the room.", "Do you share a room?", "I am reading a book.", "I don't like my job.",
            "I don't want dinner.", "My boss is an idiot.", "Tom has a great car.", "You have many books.",
            "Keep your room clean.", "Let's clean our room.", "She was hit by a car.", "Where is the mistake?",
            "He has a Japanese car.", "It's not your problem.", "Money rules the world.", "They were all friends.",
-           "Will you take the job?", "I want my bicycle back."]
+           "Will you take the job?", "I want my bicycle back.", "We both have the same problem.", "Tom has already gone to school.",
+           "We study English every day at school.", "She is working on the problem.", "Get a move on kids or you'll miss the school bus."]
 # Terms beside numbers, a phone number (a run of two) and a URL: spans the model copies as placeholders.
 SPANS = ["I have 3 cars.", "The car cost 5,000 dollars.", "Call 555 0199 about the house.",
          "My house is at https://house.example.com now.", "I saw the movie in 2019."]
@@ -76,10 +80,13 @@ def click(page) -> str:
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shipped_page):
+def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shipped_page, monkeypatch):
     holding = HOLDING + SPANS + CASED
     texts = holding + WITHOUT
     python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS)
+    with monkeypatch.context() as without_swaps:  # the sentences do take the swap (translate._swapped), which the page ports
+        without_swaps.setattr(translate, "_swapped", lambda *a: None)
+        assert Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS) != python
     got = shipped_page.evaluate(TRANSLATE, [texts + APART, {"beam": beam, "glossary": TERMS}])
     wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(texts, python, got) if p != g["text"]]
     assert not wrong, f"{len(wrong)} of {len(texts)} sentences differ from Python's, e.g. {wrong[:3]}"

@@ -70,6 +70,17 @@ def test_a_line_without_terms_is_prepared_exactly_as_without_the_glossary():
         assert textprep.prepare(line, glossary=g) == textprep.prepare(line)
 
 
+@pytest.mark.parametrize(("text", "protect", "without"), [
+    ("The car on Main Street is red.", True, "The on is red."), ("My Car Is Red.", True, "my is red."),  # folded as the model reads it
+    ("I have 3 cars and a car.", True, "I have ⦅0⦆ cars and a ."),  # a number's placeholder stays
+    ("The car at 42 Main Street is red.", False, "The at 42 is red.")])  # an import's sentence, as it is
+def test_a_sentence_holding_terms_also_has_its_text_without_them(text, protect, without):
+    """What the model says without the terms tells which of its words translate them (constrained.term_swaps)."""
+    g = glossary.from_mapping({"car": "automobile", "Main Street": "rue Principale"})
+    [segment] = textprep.prepare(text, glossary=g, protect=protect)
+    assert segment.forced.without_terms == without
+
+
 def test_a_glossary_of_ten_thousand_terms_finds_each_term_and_loads_in_one_pass(tmp_path):
     entries = {f"term{k} word{k}": f"cible{k}" for k in range(10_000)}
     path = tmp_path / "big.tsv"
@@ -160,6 +171,16 @@ def test_the_words_around_a_term_agree_with_it(translator):
     assert translator.translate(["He is not too poor to buy a bicycle."])[0].endswith("un vélo.")
     out = translator.translate(["He is not too poor to buy a bicycle."], glossary={"bicycle": "bicyclette"})[0]
     assert out.endswith("une bicyclette.")
+
+
+def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_words_place(translator):
+    """Constrained decoding alone keeps the model's "bruit" and adds the target after it, refused as tacked on, which
+    left the sentence to its placeholder ("... accustom seul à l'accompagner vacarme."); the model's own translation with
+    its word for "noise" swapped for the target is used instead."""
+    text = "It took a long time to accustom myself to the noise."
+    own = translator.translate([text])[0]
+    assert own == "Il m'a fallu longtemps pour m'accompagner au bruit."
+    assert translator.translate([text], glossary={"noise": "vacarme"})[0] == own.replace("bruit", "vacarme")
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -68,10 +68,23 @@ def test_sentences_without_terms_are_byte_identical_and_a_sentence_is_the_same_a
     assert [imported.translate([x], beam=beam, glossary=TERMS)[0] for x in mixed] == with_glossary
 
 
+@pytest.mark.parametrize(("text", "terms", "word", "target"), [
+    ("She was wearing a strange hat.", {"hat": "bonnet"}, "chapeau", "bonnet"),
+    ("Some of the money was stolen.", {"money": "fric"}, "l'argent", "fric")])  # the elided article goes with its word
+def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_words_place(imported, text, terms, word, target):
+    """Constrained decoding alone adds the target beside the model's own word for the term ("Elle portait un chapeau
+    étrange bonnet."), refused as tacked on, which left the sentence reported without its target; the model's own
+    translation with that word swapped for the target is used instead."""
+    own = imported.translate([text])[0]
+    out, reported = translate(imported, [text], glossary=terms)
+    assert word in own and out[0].text == own.replace(word, target) and not reported
+
+
 def test_a_sentence_whose_targets_cannot_be_forced_in_is_reported_never_passed_off(imported, monkeypatch):
     """No placeholder form to fall back on: the model's own translation, a warning naming the text, confidence 0."""
     own = imported.translate(WITH_TERMS)
     monkeypatch.setattr(constrained, "constrained_search", lambda *a, **k: None)
+    monkeypatch.setattr(constrained, "term_swaps", lambda *a, **k: [])
     out, reported = translate(imported, WITH_TERMS, glossary=TERMS)
     assert [h.text for h in out] == own
     assert reported == set(range(len(WITH_TERMS)))

@@ -186,9 +186,9 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
     """What the page's glossary (site/glossary.mjs) takes from Python rather than spelling it twice: the checks' margin
     and beam (toolkit.deploy.translate), the limits and patterns of finding terms (toolkit.core.glossary, placeholders),
     and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds; whether it begins a
-    word: site_words), as id lists; whether
-    the model was trained on placeholders (else a sentence whose targets cannot be forced in is reported, as tk translate
-    reports it). A model whose glossary the page cannot put in has only `refused`, the one line the page shows."""
+    word: site_words), as id lists; whether the model was trained on placeholders (else a sentence whose targets cannot
+    be forced in is reported, as tk translate reports it). A model whose glossary the page cannot put in has only
+    `refused`, the one line the page shows."""
     from toolkit.core import constrained, glossary, placeholders
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.deploy.translate import FORCED_BEAM, FORCED_MARGIN, check_glossary
@@ -197,11 +197,11 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
         check_glossary(m)
     except UsageError as e:
         return {"refused": str(e)}
-    _, apostrophes, ends = constrained._piece_kinds(open_tokenizer(m), _output_vocab(m))
+    _, apostrophes, ends, bare = constrained._piece_kinds(open_tokenizer(m), _output_vocab(m))
     return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
             "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
             "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
-            "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends)}
+            "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends), "bare_apostrophe": _ids(bare)}
 
 
 def site_words(m: manifest_mod.Manifest) -> dict:

@@ -8,7 +8,8 @@ allowed once every term is written, right after a term the next token must begin
 ("automobile" + "s"), and a hypothesis whose sentence has ended (".", "?") without its terms is dropped, so none is
 tacked on after the full stop. Candidates are ranked in banks by how many term tokens they hold and each bank gets its
 share of the beam (the rest goes to the best of any bank), so hypotheses that have written a term live on beside
-better-scored ones that have not yet.
+better-scored ones that have not yet. Where the search's best only adds a term beside the model's own word for it,
+term_swaps gives the model's own translation with that word swapped for the term instead ("voiture" -> "automobile").
 
 The model writes the words around the term as it would around its own choice ("sa chambre", "une bicyclette"), which
 a placeholder in its place does not let it do. What comes out is checked by the caller (toolkit.deploy.translate._forced):
@@ -70,14 +71,15 @@ _SENTENCE_ENDS = {".", "?", "!", "…"}
 
 
 @functools.lru_cache(maxsize=8)
-def _piece_kinds(tokenizer, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _piece_kinds(tokenizer, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per output id: whether it begins a word (or is punctuation), what may follow a term; whether it ends in an
-    apostrophe, where a term's glued form may begin; and whether it ends a sentence ("." "▁?"), after which no term
-    may begin."""
+    apostrophe, where a term's glued form may begin; whether it ends a sentence ("." "▁?"), after which no term
+    may begin; and whether it is an apostrophe alone ("'" after "▁l"), which begins no word of its own."""
     pieces = [tokenizer.piece(i) for i in range(vocab)]
     return (np.array([tokenizer.begins_word(i) for i in range(vocab)], dtype=bool),
             np.array([p.endswith(("'", "’")) for p in pieces], dtype=bool),
-            np.array([p.lstrip("\u2581") in _SENTENCE_ENDS for p in pieces], dtype=bool))
+            np.array([p.lstrip("\u2581") in _SENTENCE_ENDS for p in pieces], dtype=bool),
+            np.array([bool(p) and not p.strip("'’") for p in pieces], dtype=bool))
 
 
 def can_constrain(backend: object, rules: DecodingRules) -> bool:
@@ -136,7 +138,7 @@ def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: l
     kinds = None
     for _ in range(limit):
         log_probs, state = backend.step(token, state)
-        starts, apostrophes, ends = kinds = kinds or _piece_kinds(tokenizer, log_probs.shape[1])
+        starts, apostrophes, ends, _ = kinds = kinds or _piece_kinds(tokenizer, log_probs.shape[1])
         candidates = []
         for r, h in enumerate(hyps):
             if h.tokens and ends[h.tokens[-1]] and not all(h.met):
@@ -165,3 +167,61 @@ def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: l
     if tokens and loop_cut(np.array([tokens]))[0] >= 0:
         return None
     return Hypothesis(tokens, best.score)
+
+
+def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], terms: list[list[list[int]]],
+               rules: DecodingRules, without: list[int]) -> list[tuple[int, ...]]:
+    """The model's own translation `own` (token ids) with one of its words swapped for a term, the word that the source
+    terms account for most first: the one whose log-probability falls most when the model reads `without` (the source
+    with its terms taken out) instead of `src`. After an elided word ("l'argent") the term's glued form takes the word's
+    place ("l'automobile"); a term with none ("fric") takes the elided word's too ("tout fric"). An apostrophe alone
+    continues its word."""
+    if len(own) < 2:
+        return []
+    (with_terms, vocab), (without_terms, _) = (_own_log_probs(backend, ids, own, rules) for ids in (src, without))
+    starts, apostrophes, _, bare = _piece_kinds(tokenizer, vocab)
+    fall = with_terms - without_terms
+    swaps: list[tuple[float, tuple[int, ...]]] = []
+    for i in range(len(own)):
+        elided = i > 0 and bool(apostrophes[own[i - 1]])
+        if not ((starts[own[i]] and not bare[own[i]]) or elided):
+            continue
+        end = i + 1
+        while end < len(own) and not (starts[own[end]] and not bare[own[end]]):
+            end += 1
+        rest, weight = tuple(own[end:]), float(fall[i:end].sum())
+        for forms in terms:
+            if not elided:
+                swaps.append((weight, tuple(own[:i]) + tuple(forms[0]) + rest))
+            elif len(forms) > 1:
+                swaps.append((weight, tuple(own[:i]) + tuple(forms[1]) + rest))
+            else:
+                swaps.append((weight, tuple(own[:_word_start(own, i - 1, starts, bare)]) + tuple(forms[0]) + rest))
+    return [swap for _, swap in sorted(swaps, key=lambda s: -s[0])]
+
+
+def _word_start(own: list[int], j: int, starts: np.ndarray, bare: np.ndarray) -> int:
+    """Where the word holding own[j] (an elided word's last piece) begins: an apostrophe alone ("'" after "▁l") begins
+    none."""
+    if j > 0 and bare[own[j]]:
+        j -= 1
+    while j > 0 and not starts[own[j]]:
+        j -= 1
+    return j
+
+
+def _own_log_probs(backend: StepBackend, src: list[int], own: list[int], rules: DecodingRules) -> tuple[np.ndarray, int]:
+    """The log-probability of each token of `own` as the model reads `src` (its end token's last), and the model's
+    output vocabulary."""
+    state = backend.encode(*pad_batch([src], rules.pad))
+    token, out, vocab = np.array([rules.start], dtype=np.int64), np.zeros(len(own) + 1), 0
+    for i, tok in enumerate([*own, rules.end]):
+        log_probs, state = backend.step(token, state)
+        out[i], vocab = log_probs[0, tok], log_probs.shape[1]
+        token = np.array([tok], dtype=np.int64)
+    return out, vocab
+
+
+def scored(backend: StepBackend, src: list[int], tokens: list[int], rules: DecodingRules) -> Hypothesis:
+    """`tokens` as a translation of `src`: its summed log-probability, the end token's included, as a search scores it."""
+    return Hypothesis(list(tokens), float(_own_log_probs(backend, src, tokens, rules)[0].sum()))

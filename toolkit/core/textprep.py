@@ -58,6 +58,9 @@ class Segment:
     # With glossary terms: this input with the terms as written and their targets in `targets`, translated with those
     # forced in (toolkit.core.constrained); this one, whose placeholders put the targets back, is the fallback.
     forced: Segment | None = None
+    # A forced segment's text with its source terms taken out: what the model says without them tells which of its own
+    # words translate them (constrained.term_places).
+    without_terms: str = ""
 
 
 def clean(line: str, keep: tuple[str, ...] = ()) -> str:
@@ -166,7 +169,8 @@ def _as_written(sentence: str, glossary: Glossary | None) -> Segment:
     segment = Segment(sentence)
     terms = glossary.find(sentence, placeholders.all_spans(sentence, ())) if glossary else []
     if terms:
-        segment.forced = Segment(sentence, targets=[target for _, _, target, _ in terms])
+        cut = "".join(sentence[end:start] for (_, end, *_), (start, *_) in zip([(0, 0), *terms], [*terms, (len(sentence),)]))
+        segment.forced = Segment(sentence, targets=[target for _, _, target, _ in terms], without_terms=" ".join(cut.split()))
     return segment
 
 
@@ -185,8 +189,10 @@ def _with_terms(piece: str, spans: list[str], sources: list[str | None], fold: b
     text = placeholders.SYMBOL_RE.sub(put, piece)
     if not targets:
         return None
+    cut = placeholders.SYMBOL_RE.sub(lambda m: m.group() if sources[int(m.group(1))] is None else "", piece)
     text, local = _renumber(text, spans)
-    return Segment(text.lower() if fold else text, local, case, targets)
+    cut = " ".join(_renumber(cut, spans)[0].split())
+    return Segment(text.lower() if fold else text, local, case, targets, without_terms=cut.lower() if fold else cut)
 
 
 def _pieces(sentence: str) -> list[str]:

@@ -363,6 +363,11 @@ FORCED_BEAM = 4  # the least beam a sentence holding glossary terms is decoded w
 # on the valid split of the glossary term set (docs/glossary.md): every forced translation scoring 10 or more below was
 # a term tacked on or words broken ("Il vit dans la prochaine bourse bourde bourg ville."); sound ones scored up to 8.
 FORCED_MARGIN = 10.0
+# Where the search's best fails those checks (most often it kept the model's own word and added the target beside it:
+# "Il s'est plaint du bruit vacarme."), the model's own translation with its word for the term swapped for the target is
+# tried, by the same checks ("Il s'est plaint du vacarme."): the word the source term accounts for most
+# (constrained.term_swaps). Only that word: on the valid split of the glossary term set, swapping the best of the next
+# few words too ("Il s'est vacarme à propos du bruit.") put more targets in and read worse.
 
 
 def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeOptions, backend: object | None = None,
@@ -420,8 +425,9 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
     """By index, the translation of each segment with glossary terms, its terms as written (Segment.forced): the model's
     own where that holds each target exactly as often as asked (glossary.holds); else the best with the targets forced
     in (toolkit.core.constrained), unless it does not hold them either, only tacks them onto the model's own
-    (glossary.tacked_on), or scores FORCED_MARGIN below it. A segment left out is translated as its placeholder form;
-    so is a sentence longer than the model's maximum, which that form says was truncated."""
+    (glossary.tacked_on), or scores FORCED_MARGIN below it; else the model's own with its word for a target swapped for
+    it (_swapped), by the same checks. A segment left out is translated as its placeholder form; so is a sentence
+    longer than the model's maximum, which that form says was truncated."""
     from toolkit.core import constrained, glossary
 
     rules = t.manifest.rules()
@@ -445,12 +451,11 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
             out[k] = own[k]
             continue
         h = _constrained(t, ids[k], seg.targets, opts, backend, rules)
-        if h is None:
-            continue
-        text = textprep.finish(seg, t.tokenizer.decode([h.tokens])[0])
-        score = rules.normalized(h.score, len(h.tokens), rules.alpha if opts.alpha is None else opts.alpha)
-        if glossary.holds(text, seg.targets) and not glossary.tacked_on(text, mine_text, seg.targets) and score > mine.score - FORCED_MARGIN:
-            found[k] = h
+        if not _passes(t, seg, h, mine, opts):
+            h = _swapped(t, ids[k], seg, backend, rules, mine.text)
+            if not _passes(t, seg, h, mine, opts):
+                continue
+        found[k] = h
     if found:
         # Their hypotheses become translations as every other's do (scores, confidence), through the same decode.
         held = sorted(found)
@@ -458,6 +463,21 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
                          lines=[lines[k] for k in held])
         out.update(zip(held, decoded))
     return out
+
+
+def _passes(t: TranslationModel, segment: textprep.Segment, h: Hypothesis | None, own: Translation, opts: DecodeOptions) -> bool:
+    """Whether a translation with the targets forced in (h) may stand for the segment (_forced's checks against the
+    model's own translation `own`): it holds each target as often as asked, does not merely add them to the model's
+    words, and scores no more than FORCED_MARGIN below it."""
+    from toolkit.core import glossary
+
+    if h is None:
+        return False
+    rules = t.manifest.rules()
+    text, own_text = (textprep.finish(segment, x) for x in (t.tokenizer.decode([h.tokens])[0], own.text))
+    score = rules.normalized(h.score, len(h.tokens), rules.alpha if opts.alpha is None else opts.alpha)
+    return (glossary.holds(text, segment.targets) and not glossary.tacked_on(text, own_text, segment.targets)
+            and score > own.score - FORCED_MARGIN)
 
 
 def _holds(segment: textprep.Segment, h: Translation) -> bool:
@@ -482,6 +502,20 @@ def _constrained(t: TranslationModel, src: list[int], targets: list[str], opts: 
     limit = int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0])
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     return constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules)
+
+
+def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, backend: object, rules, own: str) -> Hypothesis | None:
+    """The model's own translation `own` of src (the segment's ids) with the word that the segment's source terms
+    account for most swapped for a target (constrained.term_swaps), scored by the model; None if there is none."""
+    from toolkit.core import constrained
+
+    terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in segment.targets]
+    without = t.tokenizer.encode([segment.without_terms])[0]
+    if not all(forms[0] for forms in terms) or not without:
+        return None
+    ids = t.tokenizer.target_ids([own])[0]
+    swaps = constrained.term_swaps(backend, t.tokenizer, src, ids[:-1] if ids[-1:] == [rules.end] else ids, terms, rules, without)
+    return constrained.scored(backend, src, list(swaps[0]), rules) if swaps else None
 
 
 def failure_notes(messages: list[str], failed: list[int]) -> list[tuple[int, str]]:

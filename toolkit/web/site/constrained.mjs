@@ -1,6 +1,7 @@
 // Constrained decoding for glossaries: a line-for-line port of toolkit/core/constrained.py (dynamic beam allocation,
 // one sentence at a time over the page's step backend), so the page forces a target term in where and as Python does.
-// kinds: per output id, starts (begins a word), apostrophes (ends in one), ends (ends a sentence), from model.json.
+// kinds: per output id, starts (begins a word), apostrophes (ends in one), ends (ends a sentence), bare (an apostrophe
+// alone), from model.json.
 
 import { loopCut, topK } from "./decoding.mjs";
 
@@ -106,4 +107,55 @@ export async function constrainedSearch(backend, src, terms, limit, beam, alpha,
   const best = finished.reduce((a, b) => (b[0] > a[0] ? b : a))[1];
   const tokens = best.tokens.slice(0, -1);
   return tokens.length && loopCut(tokens) >= 0 ? null : { tokens, score: best.score };
+}
+
+// constrained.term_swaps: the model's own translation `own` (ids) with one of its words swapped for a term, the word the
+// source terms account for most first: the one whose log-probability falls most when the model reads `without` (the
+// source with its terms taken out) instead of `src`.
+export async function termSwaps(backend, src, own, terms, rules, kinds, without) {
+  if (own.length < 2) return [];
+  const withTerms = await ownLogProbs(backend, src, own, rules), withoutTerms = await ownLogProbs(backend, without, own, rules);
+  const begins = (tok) => kinds.starts[tok] === 1 && kinds.bare[tok] !== 1;
+  const swaps = [];
+  for (let i = 0; i < own.length; i++) {
+    const elided = i > 0 && kinds.apostrophes[own[i - 1]] === 1;
+    if (!begins(own[i]) && !elided) continue;
+    let end = i + 1;
+    while (end < own.length && !begins(own[end])) end++;
+    const rest = own.slice(end);
+    let weight = 0;
+    for (let j = i; j < end; j++) weight += withTerms[j] - withoutTerms[j]; // float64, as numpy's sum of float64
+    for (const forms of terms) {
+      if (!elided) swaps.push([weight, [...own.slice(0, i), ...forms[0], ...rest]]);
+      else if (forms.length > 1) swaps.push([weight, [...own.slice(0, i), ...forms[1], ...rest]]);
+      else swaps.push([weight, [...own.slice(0, wordStart(own, i - 1, kinds)), ...forms[0], ...rest]]);
+    }
+  }
+  return swaps.sort((x, y) => desc(x[0], y[0])).map(([, swap]) => swap);
+}
+
+// constrained._word_start: where the word holding own[j] (an elided word's last piece) begins.
+function wordStart(own, j, kinds) {
+  if (j > 0 && kinds.bare[own[j]] === 1) j -= 1;
+  while (j > 0 && kinds.starts[own[j]] !== 1) j -= 1;
+  return j;
+}
+
+// constrained._own_log_probs: the log-probability of each token of `own` and then of the end token, reading `src`.
+async function ownLogProbs(backend, src, own, rules) {
+  let state = await backend.encode([src]);
+  let token = [rules.start];
+  const out = [];
+  for (const tok of [...own, rules.end]) {
+    const step = await backend.step(token, state);
+    state = step.state;
+    out.push(step.logProbs[tok]);
+    token = [tok];
+  }
+  return out;
+}
+
+// constrained.scored: `tokens` as a translation of `src`, its log-probability summed with the end token's.
+export async function scored(backend, src, tokens, rules) {
+  return { tokens, score: (await ownLogProbs(backend, src, tokens, rules)).reduce((a, b) => a + b, 0) };
 }

@@ -4,8 +4,8 @@
 // then placeholders). The constants and patterns come from model.json's glossary entry, which toolkit/convert/web.py
 // writes from the Python definitions.
 
-import { decodeIds, lengthLimits } from "./decoding.mjs";
-import { constrainedSearch } from "./constrained.mjs";
+import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
+import { constrainedSearch, scored, termSwaps } from "./constrained.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -193,7 +193,11 @@ export class Glossary {
     if (!terms.length) return null;
     const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
     if (SENTENCE_BREAK.test(text)) refuse("more than one sentence (put each on a line of its own)");
-    if (!this.spec.placeholders) return { forced: text, spans: [], protected: null, kept: [], targets: terms.map((t) => t[2]), fold: "" };
+    if (!this.spec.placeholders) {
+      // textprep._as_written, and its text without the terms (Segment.without_terms).
+      const without = terms.map(([start], k) => text.slice(k ? terms[k - 1][1] : 0, start)).join("") + text.slice(terms[terms.length - 1][1]);
+      return { forced: text, spans: [], protected: null, kept: [], targets: terms.map((t) => t[2]), fold: "", without: words(without) };
+    }
     // placeholders.protect_terms: a span inside a term is the term's ("Windows 10"), spans with only separators between
     // them are one run, and a term a run took in is left to the run.
     const runs = [];
@@ -209,11 +213,13 @@ export class Glossary {
     }
     // The placeholder form (each span a symbol), and the form with the terms as the glossary writes them (capitalised
     // where the line's is: placeholders._cased_as) and the other spans' symbols numbered from 0 (textprep._with_terms).
-    let forced = "", protectedText = "", last = 0;
+    let forced = "", protectedText = "", without = "", last = 0;
     const local = [];
     chosen.forEach(([start, end, put, source], i) => {
       const written = source === null ? null : /^\p{Lu}/u.test(text.slice(start, end)) ? source[0].toUpperCase() + source.slice(1) : source;
-      forced += text.slice(last, start) + (written ?? `⦅${local.push(put) - 1}⦆`);
+      const symbol = written === null ? `⦅${local.push(put) - 1}⦆` : "";
+      forced += text.slice(last, start) + (written ?? symbol);
+      without += text.slice(last, start) + symbol; // the terms taken out (Segment.without_terms)
       protectedText += text.slice(last, start) + `⦅${i}⦆`;
       last = end;
     });
@@ -222,10 +228,14 @@ export class Glossary {
     protectedText += text.slice(last);
     const fold = isAllCaps(protectedText) ? "upper" : isTitleCase(protectedText) ? "title" : "";
     forced = fold === "upper" ? null : fold ? (forced + text.slice(last)).toLowerCase() : forced + text.slice(last);
+    without = words(without + text.slice(last));
     return { forced, spans: local, protected: fold ? protectedText.toLowerCase() : protectedText, kept: chosen.map((c) => c[2]),
-      targets: kept.map((t) => t[2]), fold };
+      targets: kept.map((t) => t[2]), fold, without: fold ? without.toLowerCase() : without };
   }
 }
+
+// Python's " ".join(text.split()) on a cleaned text (whose only whitespace is single spaces).
+const words = (text) => text.split(" ").filter(Boolean).join(" ");
 
 // textprep.is_all_caps, is_title_case: by the Unicode properties Python's str.isupper, islower and isalpha read.
 const isAlpha = (c) => /\p{L}/u.test(c), isLower = (c) => /\p{Lowercase}/u.test(c), isUpper = (c) => /\p{Uppercase}/u.test(c);
@@ -319,11 +329,14 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
   const lines = [...forms.keys()].filter((i) => forms.get(i).forced !== null);
   const ids = lines.map((i) => tokenizer.encode(forms.get(i).forced, languages));
   const wanted = lines.filter((_, k) => ids[k].length > 0 && ids[k].length <= model.max_len);
-  const own = await decodeIds(backend, wanted.map((i) => ids[lines.indexOf(i)]), opts);
-  const kinds = kindsOf(spec, model);
+  // The model's own translations, as tk translate makes them (a guard's cut decoded again, ended on a word).
+  const ownIds = wanted.map((i) => ids[lines.indexOf(i)]);
+  const own = await retried(backend, ownIds, await decodeIds(backend, ownIds, opts), opts, model.retry);
+  const kinds = kindsOf(spec, model), boundary = wordBoundary(model.words, kinds.starts.length);
   for (const [w, i] of wanted.entries()) {
-    const form = forms.get(i), mine = own[w][0], mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans);
-    if (glossary.holds(mineText, form.targets)) {
+    const form = forms.get(i), mine = { ...own[w][0], tokens: wordEnd(own[w][0].tokens, own[w][0].rest, boundary) };
+    const mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans);
+    if (!mine.stopped && glossary.holds(mineText, form.targets)) {
       done.set(i, { text: mineText, tokens: mine.tokens, glossary: "model" });
       continue;
     }
@@ -331,15 +344,24 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
     if (terms.every((f) => f[0].length)) {
       const src = ids[lines.indexOf(i)];
       const limit = lengthLimits([src], Math.min(opts.maxLen, model.max_len), opts.maxLenA, opts.maxLenB)[0];
-      const h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
-      if (h) {
+      const mineScore = normalized(rules, mine.score, mine.tokens.length, alpha);
+      // translate._passes: holds each target as often as asked, not tacked on, within the margin of the model's own.
+      const passes = (h) => {
+        if (!h) return false;
         const text = finish(form.fold, tokenizer.decode(h.tokens), form.spans);
-        const score = normalized(rules, h.score, h.tokens.length, alpha);
-        const mineScore = normalized(rules, mine.score, mine.tokens.length, alpha);
-        if (glossary.holds(text, form.targets) && !tackedOn(text, mineText, form.targets) && score > mineScore - spec.forced_margin) {
-          done.set(i, { text, tokens: h.tokens, glossary: "forced" });
-          continue;
-        }
+        return glossary.holds(text, form.targets) && !tackedOn(text, mineText, form.targets)
+          && normalized(rules, h.score, h.tokens.length, alpha) > mineScore - spec.forced_margin;
+      };
+      let h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
+      if (!passes(h)) { // translate._swapped: the model's own with its word for a target swapped for it
+        const without = tokenizer.encode(form.without, languages), ownTarget = tokenizer.targetIds(tokenizer.decode(mine.tokens));
+        const swaps = without.length ? await termSwaps(backend, src, ownTarget[ownTarget.length - 1] === rules.end ? ownTarget.slice(0, -1)
+          : ownTarget, terms, rules, kinds, without) : [];
+        h = swaps.length ? await scored(backend, src, swaps[0], rules) : null;
+      }
+      if (passes(h)) {
+        done.set(i, { text: finish(form.fold, tokenizer.decode(h.tokens), form.spans), tokens: h.tokens, glossary: "forced" });
+        continue;
       }
     }
     later.push(i);
@@ -353,5 +375,6 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
 function kindsOf(spec, model) {
   const vocab = model.decoder.outputs.find((o) => o.name === "log_probs").dims[1];
   const mark = (ids, value) => { const a = new Uint8Array(vocab).fill(1 - value); ids.forEach((i) => { a[i] = value; }); return a; };
-  return { starts: mark(model.words.inside_word, 0), apostrophes: mark(spec.apostrophe, 1), ends: mark(spec.sentence_end, 1) };
+  return { starts: mark(model.words.inside_word, 0), apostrophes: mark(spec.apostrophe, 1), ends: mark(spec.sentence_end, 1),
+    bare: mark(spec.bare_apostrophe, 1) };
 }
