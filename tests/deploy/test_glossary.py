@@ -9,6 +9,7 @@ line naming its line. The model is the shipped Transformer, whose own word for "
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ from helpers import one_line_error
 
 from toolkit.core import constrained, glossary, placeholders, textprep
 from toolkit.core.errors import DataError, UsageError
+from toolkit.core.tokenizers import open_tokenizer
 from toolkit.deploy.api import Translator
 from toolkit.deploy.translate import segment_lines
 
@@ -171,6 +173,16 @@ def test_the_words_around_a_term_agree_with_it(translator):
     assert translator.translate(["He is not too poor to buy a bicycle."])[0].endswith("un vélo.")
     out = translator.translate(["He is not too poor to buy a bicycle."], glossary={"bicycle": "bicyclette"})[0]
     assert out.endswith("une bicyclette.")
+
+
+@pytest.mark.parametrize("text", ["I know where the money is.", "Tom has never asked me for money.", "She argued with him about money."])
+def test_a_target_that_takes_no_elision_never_follows_an_elided_article(translator, text):
+    """The model writes "l'argent" or "d'argent"; the search used to put "fric" after the elided article ("Je sais où est
+    l' fric."). After an apostrophe only a target's glued form may begin, and only a target that takes elision has one."""
+    out = translator.translate([text], glossary={"money": "fric"})[0]
+    assert glossary.count(out, "fric") == 1 and not re.search(r"['’] ?fric", out), out
+    tokenizer, end = open_tokenizer(translator.manifest), translator.manifest.rules().end
+    assert [len(constrained.term_forms(tokenizer, t, end)) for t in ("fric", "automobile", "hôtel")] == [1, 2, 2]
 
 
 def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_words_place(translator):

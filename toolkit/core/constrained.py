@@ -3,7 +3,7 @@
 Dynamic beam allocation (Post & Vilar 2018), one sentence at a time over a step backend (toolkit.core.decoding). Each
 hypothesis records which terms it has written and how far into the one it is writing. At each step its candidates
 are the model's `beam` best tokens, the next token of the term it is writing, and the first token of each term it has
-not written (or of the term's form glued to an elided word, after an apostrophe: "l'automobile"); the end token is
+not written (after an apostrophe, of the term's form glued to the elided word: "l'automobile"); the end token is
 allowed once every term is written, right after a term the next token must begin a word, so no suffix is glued to it
 ("automobile" + "s"), and a hypothesis whose sentence has ended (".", "?") without its terms is dropped, so none is
 tacked on after the full stop. Candidates are ranked in banks by how many term tokens they hold and each bank gets its
@@ -49,7 +49,7 @@ def _advance(h: _Hyp, tok: int, score: float, terms: list[list[list[int]]], elid
             held -= j
     if writing is None:
         writing = next(((c, v, 1) for c, forms in enumerate(terms) if not met[c]
-                        for v, form in enumerate(forms) if form[0] == tok and (v == 0 or elided)), None)
+                        for v, form in enumerate(forms) if form[0] == tok and (v > 0) == elided), None)
         held += writing is not None
     ended = writing is not None and writing[2] == len(terms[writing[0]][writing[1]])
     if ended:
@@ -58,13 +58,19 @@ def _advance(h: _Hyp, tok: int, score: float, terms: list[list[list[int]]], elid
     return _Hyp(h.tokens + (tok,), score, tuple(met), writing, ended, held)
 
 
+# The letters a word an article is elided before begins with (French, Italian, Catalan: "l'automobile", "l'hôtel").
+ELIDES = "aeiouyhàâäéèêëîïôöùûüœæ"
+
+
 def term_forms(tokenizer, target: str, end: int) -> list[list[int]]:
-    """A target term's token ids as a word of its own ("▁auto mo b il e"), and as the tokenizer writes it glued to an
-    elided word ("l'automobile": "▁l ' au t o mo b il e"), where that differs: a French article before it is elided.
-    An end token the tokenizer appends (`end`: an imported model's tokenizer ends each text with it) is no part of it."""
+    """A target term's token ids as a word of its own ("▁auto mo b il e"), and, for a target an article is elided before
+    (ELIDES), as the tokenizer writes it glued to an elided word ("l'automobile": "▁l ' au t o mo b il e"). After an
+    elided word only that form may begin, so a target that takes no elision never follows one ("de l' fric"): the model
+    writes its article. An end token the tokenizer appends (`end`: an imported model's tokenizer ends each text with it)
+    is no part of either."""
     alone, prefix, glued = (ids[:-1] if ids[-1:] == [end] else ids for ids in tokenizer.target_ids([target, "l'", f"l'{target}"]))
     after = glued[len(prefix):]
-    return [alone, after] if glued[: len(prefix)] == prefix and after and after != alone else [alone]
+    return [alone, after] if target[:1].casefold() in ELIDES and glued[: len(prefix)] == prefix and after else [alone]
 
 
 _SENTENCE_ENDS = {".", "?", "!", "…"}
@@ -91,8 +97,8 @@ def can_constrain(backend: object, rules: DecodingRules) -> bool:
 def _candidates(h: _Hyp, log_probs: np.ndarray, terms: list[list[list[int]]], beam: int, starts: np.ndarray, eos: int,
                 elided: bool) -> list[int]:
     """A hypothesis's next tokens to weigh: the model's `beam` best that it may write, the next token of the term it is
-    writing, the first of each term it has not written (of its glued form too, after an apostrophe), and the end token
-    once every term is written."""
+    writing, the first of each term it has not written (its glued form after an apostrophe: term_forms), and the end
+    token once every term is written."""
     lp = log_probs
     if h.after_term or not all(h.met):
         lp = log_probs.copy()
@@ -105,7 +111,7 @@ def _candidates(h: _Hyp, log_probs: np.ndarray, terms: list[list[list[int]]], be
     if h.writing:
         c, v, j = h.writing
         wanted.add(terms[c][v][j])
-    wanted.update(form[0] for forms, m in zip(terms, h.met) if not m for v, form in enumerate(forms) if v == 0 or elided)
+    wanted.update(form[0] for forms, m in zip(terms, h.met) if not m for v, form in enumerate(forms) if (v > 0) == elided)
     if all(h.met):
         wanted.add(eos)
     return [t for t in wanted if np.isfinite(lp[t])]

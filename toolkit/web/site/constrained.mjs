@@ -26,7 +26,7 @@ function advance(h, tok, score, terms, elided) {
     outer: for (let c = 0; c < terms.length; c++) {
       if (met[c]) continue;
       for (let v = 0; v < terms[c].length; v++) {
-        if (terms[c][v][0] === tok && (v === 0 || elided)) { writing = [c, v, 1]; break outer; }
+        if (terms[c][v][0] === tok && (v > 0) === elided) { writing = [c, v, 1]; break outer; }
       }
     }
     held += writing !== null;
@@ -56,7 +56,7 @@ function candidates(h, row, terms, beam, starts, eos, elided) {
     const [c, v, j] = h.writing;
     wanted.add(terms[c][v][j]);
   }
-  terms.forEach((forms, c) => { if (!h.met[c]) forms.forEach((form, v) => { if (v === 0 || elided) wanted.add(form[0]); }); });
+  terms.forEach((forms, c) => { if (!h.met[c]) forms.forEach((form, v) => { if ((v > 0) === elided) wanted.add(form[0]); }); });
   if (allMet) wanted.add(eos);
   return [...wanted].filter((t) => Number.isFinite(lp[t]));
 }

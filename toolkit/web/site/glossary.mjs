@@ -309,14 +309,16 @@ function restore(text, spans) {
 export const normalized = (rules, score, tokens, alpha) => (rules.length_penalty === "hf"
   ? score / Math.max(1, tokens + 1) ** alpha : score / ((5 + tokens + 1) / 6) ** alpha);
 
-// constrained.term_forms: a target's ids as a word of its own, and glued to an elided word ("l'automobile") where that differs.
-function termForms(tokenizer, target, end) {
+// constrained.term_forms: a target's ids as a word of its own, and for a target an article is elided before (`elides`,
+// constrained.ELIDES), glued to an elided word ("l'automobile").
+function termForms(tokenizer, target, end, elides) {
   const [alone, prefix, glued] = [target, "l'", `l'${target}`].map((t) => {
     const ids = tokenizer.targetIds(t);
     return ids.length && ids[ids.length - 1] === end ? ids.slice(0, -1) : ids;
   });
   const after = glued.slice(prefix.length), same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
-  return same(glued.slice(0, prefix.length), prefix) && after.length && !same(after, alone) ? [alone, after] : [alone];
+  const first = ([...target][0] ?? "").toUpperCase().toLowerCase(); // str.casefold of its first letter, a substring of elides
+  return elides.includes(first) && same(glued.slice(0, prefix.length), prefix) && after.length ? [alone, after] : [alone];
 }
 
 // translate._forced and decode_segments for the lines holding terms (forms: prepare's, by line index): each line's
@@ -340,7 +342,7 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
       done.set(i, { text: mineText, tokens: mine.tokens, glossary: "model" });
       continue;
     }
-    const terms = form.targets.map((t) => termForms(tokenizer, t, rules.end));
+    const terms = form.targets.map((t) => termForms(tokenizer, t, rules.end, spec.elides));
     if (terms.every((f) => f[0].length)) {
       const src = ids[lines.indexOf(i)];
       const limit = lengthLimits([src], Math.min(opts.maxLen, model.max_len), opts.maxLenA, opts.maxLenB)[0];
