@@ -84,7 +84,7 @@ def test_a_sentence_whose_targets_cannot_be_forced_in_is_reported_never_passed_o
     """No placeholder form to fall back on: the model's own translation, a warning naming the text, confidence 0."""
     own = imported.translate(WITH_TERMS)
     monkeypatch.setattr(constrained, "constrained_search", lambda *a, **k: None)
-    monkeypatch.setattr(constrained, "term_swaps", lambda *a, **k: [])
+    monkeypatch.setattr(constrained, "term_swap", lambda *a, **k: None)
     out, reported = translate(imported, WITH_TERMS, glossary=TERMS)
     assert [h.text for h in out] == own
     assert reported == set(range(len(WITH_TERMS)))

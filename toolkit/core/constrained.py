@@ -9,7 +9,7 @@ allowed once every term is written, right after a term the next token must begin
 tacked on after the full stop. Candidates are ranked in banks by how many term tokens they hold and each bank gets its
 share of the beam (the rest goes to the best of any bank), so hypotheses that have written a term live on beside
 better-scored ones that have not yet. Where the search's best only adds a term beside the model's own word for it,
-term_swaps gives the model's own translation with that word swapped for the term instead ("voiture" -> "automobile").
+term_swap gives the model's own translation with that word swapped for the term instead ("voiture" -> "automobile").
 
 The model writes the words around the term as it would around its own choice ("sa chambre", "une bicyclette"), which
 a placeholder in its place does not let it do. What comes out is checked by the caller (toolkit.deploy.translate._forced):
@@ -175,15 +175,15 @@ def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: l
     return Hypothesis(tokens, best.score)
 
 
-def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], terms: list[list[list[int]]],
-               rules: DecodingRules, without: list[int]) -> list[tuple[int, ...]]:
-    """The model's own translation `own` (token ids) with one of its words swapped for a term, the word that the source
-    terms account for most first: the one whose log-probability falls most when the model reads `without` (the source
-    with its terms taken out) instead of `src`. After an elided word ("l'argent") the term's glued form takes the word's
-    place ("l'automobile"); a term with none ("fric") takes the elided word's too ("tout fric"). An apostrophe alone
-    continues its word."""
+def term_swap(backend: StepBackend, tokenizer, src: list[int], own: list[int], terms: list[list[list[int]]],
+              rules: DecodingRules, without: list[int]) -> tuple[int, ...] | None:
+    """The model's own translation `own` (token ids) with one of its words swapped for a term: the word that the source
+    terms account for most, the one whose log-probability falls most when the model reads `without` (the source with
+    its terms taken out) instead of `src` (the first of equals); None where `own` has no word to swap. After an elided
+    word ("l'argent") the term's glued form takes the word's place ("l'automobile"); a term with none ("fric") takes the
+    elided word's too ("tout fric"). An apostrophe alone continues its word."""
     if len(own) < 2:
-        return []
+        return None
     (with_terms, vocab), (without_terms, _) = (_own_log_probs(backend, ids, own, rules) for ids in (src, without))
     starts, apostrophes, _, bare = _piece_kinds(tokenizer, vocab)
     fall = with_terms - without_terms
@@ -203,7 +203,7 @@ def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], 
                 swaps.append((weight, tuple(own[:i]) + tuple(forms[1]) + rest))
             else:
                 swaps.append((weight, tuple(own[:_word_start(own, i - 1, starts, bare)]) + tuple(forms[0]) + rest))
-    return [swap for _, swap in sorted(swaps, key=lambda s: -s[0])]
+    return max(swaps, key=lambda s: s[0])[1] if swaps else None
 
 
 def _word_start(own: list[int], j: int, starts: np.ndarray, bare: np.ndarray) -> int:

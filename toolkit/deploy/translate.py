@@ -366,7 +366,7 @@ FORCED_MARGIN = 10.0
 # Where the search's best fails those checks (most often it kept the model's own word and added the target beside it:
 # "Il s'est plaint du bruit vacarme."), the model's own translation with its word for the term swapped for the target is
 # tried, by the same checks ("Il s'est plaint du vacarme."): the word the source term accounts for most
-# (constrained.term_swaps). Only that word: on the valid split of the glossary term set, swapping the best of the next
+# (constrained.term_swap). Only that word: on the valid split of the glossary term set, swapping the best of the next
 # few words too ("Il s'est vacarme à propos du bruit.") put more targets in and read worse.
 
 
@@ -450,9 +450,12 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
         if not mine.stopped and glossary.holds(mine_text, seg.targets):
             out[k] = own[k]
             continue
-        h = _constrained(t, ids[k], seg.targets, opts, backend, rules)
+        terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
+        if not all(forms[0] for forms in terms):
+            continue
+        h = _constrained(t, ids[k], terms, opts, backend, rules)
         if not _passes(t, seg, h, mine, opts):
-            h = _swapped(t, ids[k], seg, backend, rules, mine.text)
+            h = _swapped(t, ids[k], seg, terms, backend, rules, mine.text)
             if not _passes(t, seg, h, mine, opts):
                 continue
         found[k] = h
@@ -492,30 +495,29 @@ def _unprotected(segment: textprep.Segment) -> bool:
     return segment.forced is not None and not segment.spans
 
 
-def _constrained(t: TranslationModel, src: list[int], targets: list[str], opts: DecodeOptions, backend: object, rules) -> Hypothesis | None:
-    """The best translation of src holding each target, by toolkit.core.constrained at FORCED_BEAM or the beam asked for."""
+def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]]], opts: DecodeOptions, backend: object,
+                 rules) -> Hypothesis | None:
+    """The best translation of src holding each term (its forms' ids: constrained.term_forms), by toolkit.core.constrained
+    at FORCED_BEAM or the beam asked for."""
     from toolkit.core import constrained
 
-    terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in targets]
-    if not all(forms[0] for forms in terms):
-        return None
     limit = int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0])
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     return constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules)
 
 
-def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, backend: object, rules, own: str) -> Hypothesis | None:
+def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
+             own: str) -> Hypothesis | None:
     """The model's own translation `own` of src (the segment's ids) with the word that the segment's source terms
-    account for most swapped for a target (constrained.term_swaps), scored by the model; None if there is none."""
+    account for most swapped for a term (constrained.term_swap), scored by the model; None if there is none."""
     from toolkit.core import constrained
 
-    terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in segment.targets]
     without = t.tokenizer.encode([segment.without_terms])[0]
-    if not all(forms[0] for forms in terms) or not without:
+    if not without:
         return None
     ids = t.tokenizer.target_ids([own])[0]
-    swaps = constrained.term_swaps(backend, t.tokenizer, src, ids[:-1] if ids[-1:] == [rules.end] else ids, terms, rules, without)
-    return constrained.scored(backend, src, list(swaps[0]), rules) if swaps else None
+    swap = constrained.term_swap(backend, t.tokenizer, src, ids[:-1] if ids[-1:] == [rules.end] else ids, terms, rules, without)
+    return None if swap is None else constrained.scored(backend, src, list(swap), rules)
 
 
 def failure_notes(messages: list[str], failed: list[int]) -> list[tuple[int, str]]:

@@ -109,14 +109,15 @@ export async function constrainedSearch(backend, src, terms, limit, beam, alpha,
   return tokens.length && loopCut(tokens) >= 0 ? null : { tokens, score: best.score };
 }
 
-// constrained.term_swaps: the model's own translation `own` (ids) with one of its words swapped for a term, the word the
-// source terms account for most first: the one whose log-probability falls most when the model reads `without` (the
-// source with its terms taken out) instead of `src`.
-export async function termSwaps(backend, src, own, terms, rules, kinds, without) {
-  if (own.length < 2) return [];
+// constrained.term_swap: the model's own translation `own` (ids) with one of its words swapped for a term: the word the
+// source terms account for most, the one whose log-probability falls most when the model reads `without` (the source
+// with its terms taken out) instead of `src` (the first of equals); null where `own` has no word to swap.
+export async function termSwap(backend, src, own, terms, rules, kinds, without) {
+  if (own.length < 2) return null;
   const withTerms = await ownLogProbs(backend, src, own, rules), withoutTerms = await ownLogProbs(backend, without, own, rules);
   const begins = (tok) => kinds.starts[tok] === 1 && kinds.bare[tok] !== 1;
-  const swaps = [];
+  let best = null, most = -Infinity;
+  const offer = (weight, swap) => { if (best === null || weight > most) [best, most] = [swap, weight]; };
   for (let i = 0; i < own.length; i++) {
     const elided = i > 0 && kinds.apostrophes[own[i - 1]] === 1;
     if (!begins(own[i]) && !elided) continue;
@@ -126,12 +127,12 @@ export async function termSwaps(backend, src, own, terms, rules, kinds, without)
     let weight = 0;
     for (let j = i; j < end; j++) weight += withTerms[j] - withoutTerms[j]; // float64, as numpy's sum of float64
     for (const forms of terms) {
-      if (!elided) swaps.push([weight, [...own.slice(0, i), ...forms[0], ...rest]]);
-      else if (forms.length > 1) swaps.push([weight, [...own.slice(0, i), ...forms[1], ...rest]]);
-      else swaps.push([weight, [...own.slice(0, wordStart(own, i - 1, kinds)), ...forms[0], ...rest]]);
+      if (!elided) offer(weight, [...own.slice(0, i), ...forms[0], ...rest]);
+      else if (forms.length > 1) offer(weight, [...own.slice(0, i), ...forms[1], ...rest]);
+      else offer(weight, [...own.slice(0, wordStart(own, i - 1, kinds)), ...forms[0], ...rest]);
     }
   }
-  return swaps.sort((x, y) => desc(x[0], y[0])).map(([, swap]) => swap);
+  return best;
 }
 
 // constrained._word_start: where the word holding own[j] (an elided word's last piece) begins.
