@@ -185,6 +185,21 @@ def test_a_target_that_takes_no_elision_never_follows_an_elided_article(translat
     assert [len(constrained.term_forms(tokenizer, t, end)) for t in ("fric", "automobile", "hôtel")] == [1, 2, 2]
 
 
+@pytest.mark.parametrize(("text", "terms", "written"), [
+    ("I know where the money is.", {"money": "fric"}, "est le fric."),  # l'argent
+    ("Tom has more money than he needs.", {"money": "fric"}, "plus de fric"),  # d'argent
+    ("Tom has already gone to school.", {"school": "lycée"}, "allé au lycée."),  # à l'école
+    ("Have you ever given money to a beggar?", {"money": "fric"}, "donné du fric"),  # de l'argent
+    ("Tom noticed Mary's mistake.", {"mistake": "faute"}, "la faute de Mary"),  # l'erreur
+])
+def test_a_swapped_in_target_that_takes_no_elision_gets_the_elided_word_back_whole(translator, text, terms, written):
+    """Where the model's own word came with an elided article or preposition ("l'argent") and is swapped for a target
+    that takes no elision, the article comes back whole, in the gender the model scores best, contracted as French
+    writes it ("au lycée"); it used to be dropped with the word ("Je sais où est fric.", "allé à lycée")."""
+    out = translator.translate([text], glossary=terms)[0]
+    assert written in out, out
+
+
 def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_words_place(translator):
     """Constrained decoding alone keeps the model's "bruit" and adds the target after it, refused as tacked on, which
     left the sentence to its placeholder ("... accustom seul à l'accompagner vacarme."); the model's own translation with

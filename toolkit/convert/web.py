@@ -201,7 +201,9 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
     return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
             "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
             "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
-            "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends), "bare_apostrophe": _ids(bare), "elides": constrained.ELIDES}
+            "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends), "bare_apostrophe": _ids(bare), "elides": constrained.ELIDES,
+            "unelided": {short: list(fulls) for short, fulls in constrained.UNELIDED.items()},
+            "contracted": [[*pair, whole] for pair, whole in constrained.CONTRACTED.items()]}
 
 
 def site_words(m: manifest_mod.Manifest) -> dict:

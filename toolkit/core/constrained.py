@@ -9,7 +9,7 @@ allowed once every term is written, right after a term the next token must begin
 tacked on after the full stop. Candidates are ranked in banks by how many term tokens they hold and each bank gets its
 share of the beam (the rest goes to the best of any bank), so hypotheses that have written a term live on beside
 better-scored ones that have not yet. Where the search's best only adds a term beside the model's own word for it,
-term_swap gives the model's own translation with that word swapped for the term instead ("voiture" -> "automobile").
+term_swaps give the model's own translation with that word swapped for the term instead ("voiture" -> "automobile").
 
 The model writes the words around the term as it would around its own choice ("sa chambre", "une bicyclette"), which
 a placeholder in its place does not let it do. What comes out is checked by the caller (toolkit.deploy.translate._forced):
@@ -175,19 +175,22 @@ def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: l
     return Hypothesis(tokens, best.score)
 
 
-def term_swap(backend: StepBackend, tokenizer, src: list[int], own: list[int], terms: list[list[list[int]]],
-              rules: DecodingRules, without: list[int]) -> tuple[int, ...] | None:
-    """The model's own translation `own` (token ids) with one of its words swapped for a term: the word that the source
-    terms account for most, the one whose log-probability falls most when the model reads `without` (the source with
-    its terms taken out) instead of `src` (the first of equals); None where `own` has no word to swap. After an elided
-    word ("l'argent") the term's glued form takes the word's place ("l'automobile"); a term with none ("fric") takes the
-    elided word's too ("tout fric"). An apostrophe alone continues its word."""
+def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], terms: list[list[list[int]]], target: str,
+               rules: DecodingRules, without: list[int]) -> list[tuple[int, ...]]:
+    """The model's own translation `own` (token ids) with one of its words swapped for the first term (`target`, its
+    forms `terms[0]`), in each way the words before it may then be written; the caller keeps the one the model scores
+    best. The word is the one the source terms account for most, the one whose log-probability falls most when the
+    model reads `without` (the source with its terms taken out) instead of `src` (the first of equals); [] where `own`
+    has no word to swap. An article or preposition elided before the word ("l'argent", "d'argent": UNELIDED) stays
+    elided before a term that takes elision ("l'automobile") and comes back whole before one that takes none, in each
+    of its forms ("le fric", "la fric"); one that stands whole before the word ("la voiture") is also offered elided
+    before a term that takes elision ("l'automobile" beside "la automobile"). An apostrophe alone continues its word."""
     if len(own) < 2:
-        return None
+        return []
     (with_terms, vocab), (without_terms, _) = (_own_log_probs(backend, ids, own, rules) for ids in (src, without))
     starts, apostrophes, _, bare = _piece_kinds(tokenizer, vocab)
     fall = with_terms - without_terms
-    swaps: list[tuple[float, tuple[int, ...]]] = []
+    best: tuple[float, int, int, bool] | None = None
     for i in range(len(own)):
         elided = i > 0 and bool(apostrophes[own[i - 1]])
         if not ((starts[own[i]] and not bare[own[i]]) or elided):
@@ -195,15 +198,57 @@ def term_swap(backend: StepBackend, tokenizer, src: list[int], own: list[int], t
         end = i + 1
         while end < len(own) and not (starts[own[end]] and not bare[own[end]]):
             end += 1
-        rest, weight = tuple(own[end:]), float(fall[i:end].sum())
-        for forms in terms:
-            if not elided:
-                swaps.append((weight, tuple(own[:i]) + tuple(forms[0]) + rest))
-            elif len(forms) > 1:
-                swaps.append((weight, tuple(own[:i]) + tuple(forms[1]) + rest))
+        weight = float(fall[i:end].sum())
+        if best is None or weight > best[0]:
+            best = (weight, i, end, elided)
+    if best is None:
+        return []
+    _, i, end, elided = best
+    begin = _word_start(own, i - 1, starts, bare) if elided else i
+    word, rest = tokenizer.decode([own[begin:end]])[0].strip(), tuple(own[end:])
+
+    def ids(text: str) -> tuple[int, ...]:
+        out = tokenizer.target_ids([text])[0]
+        return tuple(out[:-1] if out[-1:] == [rules.end] else out)
+
+    elides = len(terms[0]) > 1
+    cut = next((k for k, c in enumerate(word[:-1]) if c in "'’"), -1)
+    if cut > 0 and word[:cut].casefold() in UNELIDED:  # "l'argent", "d'argent": the elided word stays, or comes back whole
+        short = word[:cut]
+        if elides:
+            return [tuple(own[:begin]) + ids(f"{short}{word[cut]}{target}") + rest]
+        before = _word_start(own, begin - 1, starts, bare) if begin > 0 else 0
+        previous = tokenizer.decode([own[before:begin]])[0].strip() if begin > 0 else ""
+        swaps = []
+        for full in UNELIDED[short.casefold()]:
+            if (previous.casefold(), full) in CONTRACTED:  # "de l'argent": "du fric", not "de le fric"
+                swaps.append(tuple(own[:before]) + ids(f"{_cased(CONTRACTED[previous.casefold(), full], previous)} {target}") + rest)
             else:
-                swaps.append((weight, tuple(own[:_word_start(own, i - 1, starts, bare)]) + tuple(forms[0]) + rest))
-    return max(swaps, key=lambda s: s[0])[1] if swaps else None
+                swaps.append(tuple(own[:begin]) + ids(f"{_cased(full, short)} {target}") + rest)
+        return swaps
+    if elided and elides:  # after an elided word tk does not know ("s'"), the term glued to it
+        return [tuple(own[:i]) + tuple(terms[0][1]) + rest]
+    swaps = [tuple(own[:begin]) + tuple(terms[0][0]) + rest]
+    if elides and begin > 0:  # "la voiture": "l'automobile" beside "la automobile"
+        before = _word_start(own, begin - 1, starts, bare)
+        previous = tokenizer.decode([own[before:begin]])[0].strip()
+        if previous.casefold() in ELIDED:
+            swaps.append(tuple(own[:before]) + ids(f"{_cased(ELIDED[previous.casefold()], previous)}'{target}") + rest)
+    return swaps
+
+
+# The articles and prepositions elided before a vowel or h (ELIDES) in French, Italian and Catalan, by their elided
+# form, and the other way round: where a term swapped in changes whether they elide, the model's score picks the form
+# (gender is the model's to know: "le fric", "la faute").
+UNELIDED = {"l": ("le", "la", "lo", "el"), "d": ("de", "di"), "qu": ("que",), "un": ("una",), "dell": ("dello", "della"),
+            "all": ("allo", "alla"), "nell": ("nello", "nella"), "sull": ("sullo", "sulla"), "dall": ("dallo", "dalla")}
+ELIDED = {full: short for short, fulls in UNELIDED.items() for full in fulls}
+CONTRACTED = {("de", "le"): "du", ("à", "le"): "au"}  # a preposition and the article after it, as French writes them
+
+
+def _cased(word: str, like: str) -> str:
+    """`word` with a capital first letter where `like` has one."""
+    return word[:1].upper() + word[1:] if like[:1].isupper() else word
 
 
 def _word_start(own: list[int], j: int, starts: np.ndarray, bare: np.ndarray) -> int:

@@ -59,7 +59,7 @@ class Segment:
     # forced in (toolkit.core.constrained); this one, whose placeholders put the targets back, is the fallback.
     forced: Segment | None = None
     # A forced segment's text with its source terms taken out: what the model says without them tells which of its own
-    # words translate them (constrained.term_swap).
+    # words translate them (constrained.term_swaps).
     without_terms: str = ""
 
 

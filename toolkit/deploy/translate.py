@@ -366,7 +366,7 @@ FORCED_MARGIN = 10.0
 # Where the search's best fails those checks (most often it kept the model's own word and added the target beside it:
 # "Il s'est plaint du bruit vacarme."), the model's own translation with its word for the term swapped for the target is
 # tried, by the same checks ("Il s'est plaint du vacarme."): the word the source term accounts for most
-# (constrained.term_swap). Only that word: on the valid split of the glossary term set, swapping the best of the next
+# (constrained.term_swaps). Only that word: on the valid split of the glossary term set, swapping the best of the next
 # few words too ("Il s'est vacarme à propos du bruit.") put more targets in and read worse.
 
 
@@ -455,7 +455,7 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
             continue
         h = _constrained(t, ids[k], terms, opts, backend, rules)
         if not _passes(t, seg, h, mine, opts):
-            h = _swapped(t, ids[k], seg, terms, backend, rules, mine.text)
+            h = _swapped(t, ids[k], seg, terms, backend, rules, mine.text, opts)
             if not _passes(t, seg, h, mine, opts):
                 continue
         found[k] = h
@@ -507,17 +507,21 @@ def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
-             own: str) -> Hypothesis | None:
+             own: str, opts: DecodeOptions) -> Hypothesis | None:
     """The model's own translation `own` of src (the segment's ids) with the word that the segment's source terms
-    account for most swapped for a term (constrained.term_swap), scored by the model; None if there is none."""
+    account for most swapped for a term (constrained.term_swaps), the way of writing it the model scores best (by the
+    normalised score the checks compare); None if there is none."""
     from toolkit.core import constrained
 
     without = t.tokenizer.encode([segment.without_terms])[0]
     if not without:
         return None
     ids = t.tokenizer.target_ids([own])[0]
-    swap = constrained.term_swap(backend, t.tokenizer, src, ids[:-1] if ids[-1:] == [rules.end] else ids, terms, rules, without)
-    return None if swap is None else constrained.scored(backend, src, list(swap), rules)
+    swaps = constrained.term_swaps(backend, t.tokenizer, src, ids[:-1] if ids[-1:] == [rules.end] else ids, terms,
+                                   segment.targets[0], rules, without)
+    alpha = rules.alpha if opts.alpha is None else opts.alpha
+    scored = [constrained.scored(backend, src, list(swap), rules) for swap in swaps]
+    return max(scored, key=lambda h: rules.normalized(h.score, len(h.tokens), alpha), default=None)
 
 
 def failure_notes(messages: list[str], failed: list[int]) -> list[tuple[int, str]]:

@@ -109,30 +109,69 @@ export async function constrainedSearch(backend, src, terms, limit, beam, alpha,
   return tokens.length && loopCut(tokens) >= 0 ? null : { tokens, score: best.score };
 }
 
-// constrained.term_swap: the model's own translation `own` (ids) with one of its words swapped for a term: the word the
-// source terms account for most, the one whose log-probability falls most when the model reads `without` (the source
-// with its terms taken out) instead of `src` (the first of equals); null where `own` has no word to swap.
-export async function termSwap(backend, src, own, terms, rules, kinds, without) {
-  if (own.length < 2) return null;
+// constrained.term_swaps: the model's own translation `own` (ids) with one of its words swapped for the first term
+// (`target`, its forms terms[0]), in each way the words before it may then be written: the word the source terms account
+// for most, the one whose log-probability falls most when the model reads `without` (the source with its terms taken
+// out) instead of `src` (the first of equals); [] where `own` has no word to swap. An elided article or preposition
+// (spec.unelided) stays elided before a term that takes elision and comes back whole before one that takes none, in
+// each of its forms (spec.contracted: "du fric", not "de le fric"); one that stands whole before the word is also
+// offered elided before a term that takes elision.
+export async function termSwaps(backend, tokenizer, src, own, terms, target, rules, kinds, without, spec) {
+  if (own.length < 2) return [];
   const withTerms = await ownLogProbs(backend, src, own, rules), withoutTerms = await ownLogProbs(backend, without, own, rules);
   const begins = (tok) => kinds.starts[tok] === 1 && kinds.bare[tok] !== 1;
-  let best = null, most = -Infinity;
-  const offer = (weight, swap) => { if (best === null || weight > most) [best, most] = [swap, weight]; };
+  let best = null;
   for (let i = 0; i < own.length; i++) {
     const elided = i > 0 && kinds.apostrophes[own[i - 1]] === 1;
     if (!begins(own[i]) && !elided) continue;
     let end = i + 1;
     while (end < own.length && !begins(own[end])) end++;
-    const rest = own.slice(end);
     let weight = 0;
     for (let j = i; j < end; j++) weight += withTerms[j] - withoutTerms[j]; // float64, as numpy's sum of float64
-    for (const forms of terms) {
-      if (!elided) offer(weight, [...own.slice(0, i), ...forms[0], ...rest]);
-      else if (forms.length > 1) offer(weight, [...own.slice(0, i), ...forms[1], ...rest]);
-      else offer(weight, [...own.slice(0, wordStart(own, i - 1, kinds)), ...forms[0], ...rest]);
+    if (best === null || weight > best.weight) best = { weight, i, end, elided };
+  }
+  if (best === null) return [];
+  const { i, end, elided } = best;
+  const begin = elided ? wordStart(own, i - 1, kinds) : i;
+  const word = tokenizer.decode(own.slice(begin, end)).trim(), rest = own.slice(end);
+  const ids = (text) => {
+    const out = tokenizer.targetIds(text);
+    return out.length && out[out.length - 1] === rules.end ? out.slice(0, -1) : out;
+  };
+  const lower = (w) => w.toLowerCase(); // str.casefold on the words spec.unelided and spec.contracted hold
+  const elides = terms[0].length > 1;
+  const unelided = new Map(Object.entries(spec.unelided)), elidedOf = new Map();
+  for (const [short, fulls] of unelided) for (const full of fulls) if (!elidedOf.has(full)) elidedOf.set(full, short);
+  const contracted = new Map(spec.contracted.map(([a, b, whole]) => [`${a} ${b}`, whole]));
+  const chars = [...word.slice(0, -1)];
+  let cut = -1;
+  for (let k = 0, at = 0; k < chars.length; at += chars[k].length, k++) if ("'’".includes(chars[k])) { cut = at; break; }
+  if (cut > 0 && unelided.has(lower(word.slice(0, cut)))) {
+    const short = word.slice(0, cut);
+    if (elides) return [[...own.slice(0, begin), ...ids(`${short}${word[cut]}${target}`), ...rest]];
+    const before = begin > 0 ? wordStart(own, begin - 1, kinds) : 0;
+    const previous = begin > 0 ? tokenizer.decode(own.slice(before, begin)).trim() : "";
+    return unelided.get(lower(short)).map((full) => {
+      const whole = contracted.get(`${lower(previous)} ${full}`);
+      return whole !== undefined ? [...own.slice(0, before), ...ids(`${cased(whole, previous)} ${target}`), ...rest]
+        : [...own.slice(0, begin), ...ids(`${cased(full, short)} ${target}`), ...rest];
+    });
+  }
+  if (elided && elides) return [[...own.slice(0, i), ...terms[0][1], ...rest]];
+  const swaps = [[...own.slice(0, begin), ...terms[0][0], ...rest]];
+  if (elides && begin > 0) {
+    const before = wordStart(own, begin - 1, kinds), previous = tokenizer.decode(own.slice(before, begin)).trim();
+    if (elidedOf.has(lower(previous))) {
+      swaps.push([...own.slice(0, before), ...ids(`${cased(elidedOf.get(lower(previous)), previous)}'${target}`), ...rest]);
     }
   }
-  return best;
+  return swaps;
+}
+
+// constrained._cased: `word` with a capital first letter where `like` has one.
+function cased(word, like) {
+  const c = like.slice(0, 1);
+  return c !== c.toLowerCase() && c === c.toUpperCase() ? word.slice(0, 1).toUpperCase() + word.slice(1) : word;
 }
 
 // constrained._word_start: where the word holding own[j] (an elided word's last piece) begins.

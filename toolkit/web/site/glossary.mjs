@@ -5,7 +5,7 @@
 // writes from the Python definitions.
 
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
-import { constrainedSearch, scored, termSwap } from "./constrained.mjs";
+import { constrainedSearch, scored, termSwaps } from "./constrained.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -357,9 +357,13 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
       let h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
       if (!passes(h)) { // translate._swapped: the model's own with its word for a target swapped for it
         const without = tokenizer.encode(form.without, languages), ownTarget = tokenizer.targetIds(tokenizer.decode(mine.tokens));
-        const swap = without.length ? await termSwap(backend, src, ownTarget[ownTarget.length - 1] === rules.end ? ownTarget.slice(0, -1)
-          : ownTarget, terms, rules, kinds, without) : null;
-        h = swap === null ? null : await scored(backend, src, swap, rules);
+        const swaps = without.length ? await termSwaps(backend, tokenizer, src, ownTarget[ownTarget.length - 1] === rules.end
+          ? ownTarget.slice(0, -1) : ownTarget, terms, form.targets[0], rules, kinds, without, spec) : [];
+        h = null; // the way of writing it the model scores best, the first of equals
+        for (const swap of swaps) {
+          const s = await scored(backend, src, swap, rules);
+          if (h === null || normalized(rules, s.score, s.tokens.length, alpha) > normalized(rules, h.score, h.tokens.length, alpha)) h = s;
+        }
       }
       if (passes(h)) {
         done.set(i, { text: finish(form.fold, tokenizer.decode(h.tokens), form.spans), tokens: h.tokens, glossary: "forced" });
