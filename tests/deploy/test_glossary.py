@@ -200,6 +200,13 @@ def test_a_swapped_in_target_that_takes_no_elision_gets_the_elided_word_back_who
     assert written in out, out
 
 
+def test_a_word_that_elides_before_a_target_that_takes_elision_is_written_elided(translator):
+    """The search writes the article before it knows the target follows: "Prendras-tu le emploi ?". The article elided
+    and glued to the target is kept where the model scores it better (constrained.elided)."""
+    out = translator.translate(["Will you take the job?"], glossary={"job": "emploi"})[0]
+    assert "l'emploi" in out and "le emploi" not in out, out
+
+
 def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_words_place(translator):
     """Constrained decoding alone keeps the model's "bruit" and adds the target after it, refused as tacked on, which
     left the sentence to its placeholder ("... accustom seul à l'accompagner vacarme."); the model's own translation with

@@ -237,6 +237,32 @@ def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], 
     return swaps
 
 
+def elided(tokenizer, tokens: list[int], terms: list[list[list[int]]], targets: list[str], end: int) -> list[int] | None:
+    """`tokens` (a search's translation) with each whole word that elides (ELIDED: "le", "de") before a term that takes
+    elision written elided and glued to it ("le emploi" -> "l'emploi", "de automobile" -> "d'automobile"); None where
+    there is none. The search writes the word before it knows the term follows; the caller keeps whichever of the two
+    the model scores better."""
+    starts = {tok: tokenizer.begins_word(tok) for tok in set(tokens)}  # _piece_kinds' of these tokens alone
+    bare = {tok: bool(p) and not p.strip("'’") for tok in starts for p in [tokenizer.piece(tok)]}
+    out, changed, p = list(tokens), False, 1
+    while p < len(out):
+        hit = next(((forms[0], target) for forms, target in zip(terms, targets)
+                    if len(forms) > 1 and out[p:p + len(forms[0])] == forms[0]), None)
+        if hit is None or not starts[out[p]]:
+            p += 1
+            continue
+        before = _word_start(out, p - 1, starts, bare)
+        previous = tokenizer.decode([out[before:p]])[0].strip()
+        if previous.casefold() not in ELIDED:
+            p += 1
+            continue
+        glued = tokenizer.target_ids([f"{_cased(ELIDED[previous.casefold()], previous)}'{hit[1]}"])[0]
+        glued = glued[:-1] if glued[-1:] == [end] else glued
+        out[before:p + len(hit[0])] = glued
+        changed, p = True, before + len(glued)
+    return out if changed else None
+
+
 # The articles and prepositions elided before a vowel or h (ELIDES) in French, Italian and Catalan, by their elided
 # form, and the other way round: where a term swapped in changes whether they elide, the model's score picks the form
 # (gender is the model's to know: "le fric", "la faute").

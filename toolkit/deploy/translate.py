@@ -453,7 +453,7 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
         terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
         if not all(forms[0] for forms in terms):
             continue
-        h = _constrained(t, ids[k], terms, opts, backend, rules)
+        h = _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
         if not _passes(t, seg, h, mine, opts):
             h = _swapped(t, ids[k], seg, terms, backend, rules, mine.text, opts)
             if not _passes(t, seg, h, mine, opts):
@@ -495,15 +495,22 @@ def _unprotected(segment: textprep.Segment) -> bool:
     return segment.forced is not None and not segment.spans
 
 
-def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]]], opts: DecodeOptions, backend: object,
-                 rules) -> Hypothesis | None:
-    """The best translation of src holding each term (its forms' ids: constrained.term_forms), by toolkit.core.constrained
-    at FORCED_BEAM or the beam asked for."""
+def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]]], targets: list[str], opts: DecodeOptions,
+                 backend: object, rules) -> Hypothesis | None:
+    """The best translation of src holding each term (its forms' ids: constrained.term_forms; `targets`, their text), by
+    toolkit.core.constrained at FORCED_BEAM or the beam asked for, with a word that elides written elided before a term
+    that takes elision (constrained.elided) where the model scores that better."""
     from toolkit.core import constrained
 
     limit = int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0])
     alpha = rules.alpha if opts.alpha is None else opts.alpha
-    return constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules)
+    h = constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules)
+    glued = None if h is None else constrained.elided(t.tokenizer, h.tokens, terms, targets, rules.end)
+    if glued is None:
+        return h
+    other = constrained.scored(backend, src, glued, rules)
+    norm = lambda x: rules.normalized(x.score, len(x.tokens), alpha)  # noqa: E731
+    return other if norm(other) > norm(h) else h
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,

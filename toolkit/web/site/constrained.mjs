@@ -168,6 +168,27 @@ export async function termSwaps(backend, tokenizer, src, own, terms, target, rul
   return swaps;
 }
 
+// constrained.elided: `tokens` (a search's translation) with each whole word that elides (spec.unelided's full forms)
+// before a term that takes elision written elided and glued to it ("le emploi" -> "l'emploi"); null where there is none.
+export function elidedTokens(tokenizer, tokens, terms, targets, end, kinds, spec) {
+  const elidedOf = new Map();
+  for (const [short, fulls] of Object.entries(spec.unelided)) for (const full of fulls) if (!elidedOf.has(full)) elidedOf.set(full, short);
+  const out = tokens.slice(), same = (a, at, b) => b.every((x, k) => a[at + k] === x);
+  let changed = false, p = 1;
+  while (p < out.length) {
+    const k = terms.findIndex((forms) => forms.length > 1 && p + forms[0].length <= out.length && same(out, p, forms[0]));
+    if (k < 0 || kinds.starts[out[p]] !== 1) { p++; continue; }
+    const before = wordStart(out, p - 1, kinds), previous = tokenizer.decode(out.slice(before, p)).trim();
+    if (!elidedOf.has(previous.toLowerCase())) { p++; continue; }
+    let glued = tokenizer.targetIds(`${cased(elidedOf.get(previous.toLowerCase()), previous)}'${targets[k]}`);
+    if (glued.length && glued[glued.length - 1] === end) glued = glued.slice(0, -1);
+    out.splice(before, p + terms[k][0].length - before, ...glued);
+    changed = true;
+    p = before + glued.length;
+  }
+  return changed ? out : null;
+}
+
 // constrained._cased: `word` with a capital first letter where `like` has one.
 function cased(word, like) {
   const c = like.slice(0, 1);

@@ -5,7 +5,7 @@
 // writes from the Python definitions.
 
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
-import { constrainedSearch, scored, termSwaps } from "./constrained.mjs";
+import { constrainedSearch, elidedTokens, scored, termSwaps } from "./constrained.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -355,6 +355,11 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
           && normalized(rules, h.score, h.tokens.length, alpha) > mineScore - spec.forced_margin;
       };
       let h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
+      const glued = h === null ? null : elidedTokens(tokenizer, h.tokens, terms, form.targets, rules.end, kinds, spec);
+      if (glued !== null) { // translate._constrained: a word that elides, elided before the term where the model scores that better
+        const other = await scored(backend, src, glued, rules);
+        if (normalized(rules, other.score, other.tokens.length, alpha) > normalized(rules, h.score, h.tokens.length, alpha)) h = other;
+      }
       if (!passes(h)) { // translate._swapped: the model's own with its word for a target swapped for it
         const without = tokenizer.encode(form.without, languages), ownTarget = tokenizer.targetIds(tokenizer.decode(mine.tokens));
         const swaps = without.length ? await termSwaps(backend, tokenizer, src, ownTarget[ownTarget.length - 1] === rules.end
