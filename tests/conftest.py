@@ -165,6 +165,20 @@ def random_export(tmp_path_factory):
 
 
 @pytest.fixture()
+def tiny_bench_work(tmp_path_factory, tmp_path) -> Path:
+    """A copy of `tk bench --scale tiny`'s work directory with every step prepared (the model in every form the engines
+    read: 20 s of exports and conversions), made once per run; the copy is the test's own to run the bench in."""
+    from toolkit.bench import scale
+
+    def build(out: Path) -> None:
+        scale.prepare(scale.SHAPES["tiny"], out / "work", ct2=True, echo=lambda m: None, int8=True, shortlist=True)
+
+    work = tmp_path / "work"
+    shutil.copytree(built_once(tmp_path_factory, "bench-tiny", build) / "work", work)
+    return work
+
+
+@pytest.fixture()
 def cli():
     """Runs `tk ...` in-process; returns the click Result (stderr mixed into output)."""
     from click.testing import CliRunner

@@ -13,9 +13,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("ctranslate2", reason="the ct2 extra")
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("ct2-backend") / "work"  # the tiny model, built by the first test that runs
+@pytest.fixture()
+def work(tiny_bench_work):
+    return tiny_bench_work
 
 
 def test_a_forced_backend_is_what_the_worker_loading_ctranslate2_was_given(work):

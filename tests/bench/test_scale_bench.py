@@ -21,7 +21,7 @@ CUDA = {"tk-cuda-fp32": "ONNX Runtime could not load its CUDA provider", "transf
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("shape", "engines"), [("tiny", ENGINES), ("tiny-m2m100", ["tk-fp32", "ct2-fp32", "transformers"])])
-def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_path, shape, engines):
+def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_path, shape, engines, request):
     """Marian (opus-mt's architecture) and M2M100 (NLLB's), each converted by CTranslate2's own converter."""
     from toolkit.bench import scale
 
@@ -34,6 +34,8 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
     # Marian on two threads: tk decodes the batches of a row on two streams (as `tk translate` does on two cores), and
     # CTranslate2 is timed both of its ways (intra or inter threads), the faster kept. M2M100 on one (the suite's time).
     threads = 2 if shape == "tiny" else 1
+    if shape == "tiny":  # the shared, prepared work directory (copied to tmp_path / "work")
+        request.getfixturevalue("tiny_bench_work")
     steps, runs = scale.bench_scale(shape, tmp_path / "work", engines, tokens=TOKENS, threads=threads, repeat=1, rows=rows,
                                     echo=lambda m: None, pause=0.0, text=text)
     # Without a GPU each CUDA engine says why in one line and the others' rows go on; with one, it runs like the rest.

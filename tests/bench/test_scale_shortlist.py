@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TOKENS = 7
 
 
-def test_shortlist_rows_run_beside_tk_and_ctranslate2_vmap(tmp_path):
+def test_shortlist_rows_run_beside_tk_and_ctranslate2_vmap(tmp_path, tiny_bench_work):
     pytest.importorskip("ctranslate2")
     from toolkit.bench import scale
     from toolkit.core import manifest, shortlist
@@ -22,7 +22,7 @@ def test_shortlist_rows_run_beside_tk_and_ctranslate2_vmap(tmp_path):
 
     rows = (scale.Row("greedy, batches of 3", 6, 3, 1), scale.Row("beam 4, batches of 2", 4, 2, 4))
     engines = ["tk-fp32", "tk-fp32-shortlist", "tk-int8-shortlist", "ct2-fp32-vmap"]
-    steps, runs = scale.bench_scale("tiny", tmp_path / "work", engines, tokens=TOKENS, threads=1, repeat=1, rows=rows,
+    steps, runs = scale.bench_scale("tiny", tiny_bench_work, engines, tokens=TOKENS, threads=1, repeat=1, rows=rows,
                                     echo=lambda m: None, pause=0.0)
     assert [r.error for r in runs] == [None] * len(engines)
     assert "synthetic shortlist for tk and vmap for CTranslate2" in steps
