@@ -77,7 +77,7 @@ def test_a_line_without_terms_is_prepared_exactly_as_without_the_glossary():
     ("I have 3 cars and a car.", True, "I have ⦅0⦆ cars and a ."),  # a number's placeholder stays
     ("The car at 42 Main Street is red.", False, "The at 42 is red.")])  # an import's sentence, as it is
 def test_a_sentence_holding_terms_also_has_its_text_without_them(text, protect, without):
-    """What the model says without the terms tells which of its words translate them (constrained.term_swap)."""
+    """What the model says without the terms tells which of its words translate them (constrained.term_swaps)."""
     g = glossary.from_mapping({"car": "automobile", "Main Street": "rue Principale"})
     [segment] = textprep.prepare(text, glossary=g, protect=protect)
     assert segment.forced.without_terms == without

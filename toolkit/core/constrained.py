@@ -277,9 +277,9 @@ def _cased(word: str, like: str) -> str:
     return word[:1].upper() + word[1:] if like[:1].isupper() else word
 
 
-def _word_start(own: list[int], j: int, starts: np.ndarray, bare: np.ndarray) -> int:
+def _word_start(own: list[int], j: int, starts, bare) -> int:
     """Where the word holding own[j] (an elided word's last piece) begins: an apostrophe alone ("'" after "▁l") begins
-    none."""
+    none. starts, bare: _piece_kinds' arrays, or mappings of own's tokens alone."""
     if j > 0 and bare[own[j]]:
         j -= 1
     while j > 0 and not starts[own[j]]:
