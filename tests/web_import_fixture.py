@@ -91,7 +91,7 @@ def _bart(path: Path, pairs: list) -> None:
 # model -> (the name its own test module builds it under, its builder)
 BUILDS = {
     "marian": ("hf-marian-shared-swish", _marian), "marian-tc-big": ("hf-marian-tc-big", _marian_tc_big),
-    "marian-from-tk": ("web-marian", _marian_from_tk), "m2m100": ("hf-m2m100", _m2m100), "nllb": ("hf-nllb", _nllb),
+    "marian-from-tk": ("shipped-as-marian", _marian_from_tk), "m2m100": ("hf-m2m100", _m2m100), "nllb": ("hf-nllb", _nllb),
     "mbart": ("hf-mbart-mbart50", _mbart("mbart50")), "mbart-cc25": ("hf-mbart-cc25", _mbart("cc25")), "t5": ("hf-t5", _t5),
     "bart": ("hf-bart", _bart),
 }

@@ -15,6 +15,14 @@ from dataclasses import dataclass
 
 from toolkit.core.errors import UsageError
 
+BEAM_ROWS = 128  # decoder rows (sentences x beam) of a default beam-search batch on CPU
+# Twice those for a decoder whose self-attention cache holds at most SMALL_CACHE floats per row and position (tk's 7M
+# Transformer: 1,024; the opus-mt shape 6,144): there a step's fixed cost, the search's Python and the runs' overhead,
+# is a large share of it, and more rows a step spread it. First 2,000 Tatoeba Challenge sentences, shipped model, beam
+# 4, 1 thread x 2 streams, 2-core AVX2 EPYC, median of 4 (`python docs/measurements/per_core.py --lines 2000
+# --tk-batch-sizes 32,64 --streams 2 --repeat 4`): fp32 5.66 -> 5.23 s, int8 2.86 -> 2.70 s.
+SMALL_CACHE, SMALL_CACHE_ROWS = 2048, 256
+
 # Bounds of the options. Beam is capped where a larger one only burns memory and time (beam 5000 took a minute
 # and 3 GB for one sentence); streams beyond the cores only wait. Threads are not a decoding option, but the API
 # and the CLI check a session's intra-op threads against the same bound.
@@ -65,7 +73,8 @@ OPTIONS = (
     Declared("alpha", float, None, *ALPHA, "Length penalty exponent for beam search [default: the model's own: 0.6 for tk's models, "
              "the generation config's length_penalty for an imported one].", none="for the model's own"),
     Declared("max_len", int, None, 1, None, "Longest translation in subword tokens [default: the model's maximum]."),
-    Declared("batch_size", int, None, 1, None, "Sentences per batch [default: 64; on CPU with --beam, about 128 / beam].", ("cli", "api"),
+    Declared("batch_size", int, None, 1, None,
+             "Sentences per batch [default: 64; on CPU with --beam, about 128 / beam, 256 / beam for a small decoder].", ("cli", "api"),
              caps=(("cli", MAX_CLI_BATCH),)),
     Declared("max_tokens", int, None, 1, None, "Or a budget of padded source tokens per batch.", ("cli", "api")),
     Declared("max_len_a", float, 2.0, *MAX_LEN_A, "Guard: an output is at most A * source tokens + B long (with --max-len-b).",
@@ -174,11 +183,12 @@ class DecodeOptions:
 
     @classmethod
     def for_model(cls, max_positions: int, provider: str = "cpu", *, rules: object | None = None, max_output: int | None = None,
-                  **given: object) -> DecodeOptions:
+                  rows: int = BEAM_ROWS, **given: object) -> DecodeOptions:
         """The options as a user gives them (`given`: the declared OPTIONS, by name; one left out is its declared default:
         guards on, max_len the model's maximum, and any larger one cut to it, batch_size chosen for the beam and provider
         (default_batch_size), streams one per core (default_streams)) for a model of `max_positions` positions, whose
-        sources are cut to it. rules: the model's decoding rules; max_output: its default output limit (None: its positions)."""
+        sources are cut to it. rules: the model's decoding rules; max_output: its default output limit (None: its positions);
+        rows: the decoder rows of a default beam-search batch on CPU (beam_rows)."""
         unknown = sorted(set(given) - set(DECLARED))
         if unknown:
             raise TypeError(f"for_model() got an unexpected keyword argument {unknown[0]!r}")
@@ -191,7 +201,7 @@ class DecodeOptions:
         # every call of the API (a single request), so it is set in place instead of checked again.
         opts.max_len = min(opts.max_len, max_positions)
         if v["batch_size"] is None:
-            opts.batch_size = default_batch_size(opts.beam, provider)
+            opts.batch_size = default_batch_size(opts.beam, provider, rows)
         if v["streams"] is None:
             opts.streams = default_streams()
         return opts
@@ -201,7 +211,8 @@ class DecodeOptions:
         """for_model for the model of manifest `m` (toolkit.core.manifest.Manifest: its positions, default output limit and
         decoding rules), with the options a user gave (for_model's keywords). The one builder of user-facing options:
         `tk serve` decodes with exactly what `tk translate` and the API decode with, guards included."""
-        return cls.for_model(m.max_len, provider, rules=m.rules(), max_output=m.max_output_len, **given)
+        return cls.for_model(m.max_len, provider, rules=m.rules(), max_output=m.max_output_len, rows=beam_rows(m.cache_width),
+                             **given)
 
 
 def cores() -> int:
@@ -217,17 +228,23 @@ def default_streams() -> int:
     return min(cores(), 4)
 
 
-BEAM_ROWS = 128  # decoder rows (sentences x beam) of a default beam-search batch on CPU
 
 
-def default_batch_size(beam: int, provider: str = "cpu") -> int:
-    """Sentences per batch unless told: 64, and on CPU under beam search as many as make about 128 decoder rows
-    (beam x sentences), so a batch's cache stays small while it is reordered at every step.
+def beam_rows(cache_width: int | None) -> int:
+    """Decoder rows of a default beam-search batch on CPU for a decoder whose self-attention cache holds `cache_width`
+    floats per row and position (None: not known)."""
+    return SMALL_CACHE_ROWS if cache_width is not None and cache_width <= SMALL_CACHE else BEAM_ROWS
 
-    Measured on 2 cores (AVX-512), first 2,000 Tatoeba Challenge sentences, beam 4, 1 thread x 2 streams, seconds:
-    fp32 32 sentences 5.44, 64 5.70; int8 3.56, 3.85. Greedy is flat from 48 to 96 (fp32 1.62 to 1.68 s).
+
+def default_batch_size(beam: int, provider: str = "cpu", rows: int = BEAM_ROWS) -> int:
+    """Sentences per batch unless told: 64, and on CPU under beam search as many as make about `rows` decoder rows
+    (beam x sentences; beam_rows), so a batch's cache stays small while it is reordered at every step.
+
+    Measured on 2 cores (AVX-512), first 2,000 Tatoeba Challenge sentences, beam 4, 1 thread x 2 streams, seconds,
+    before the decoder read the encoder's outputs once per sentence: fp32 32 sentences 5.44, 64 5.70; int8 3.56, 3.85.
+    Greedy is flat from 48 to 96 (fp32 1.62 to 1.68 s).
     """
-    return 64 if beam == 1 or provider != "cpu" else max(1, min(64, BEAM_ROWS // beam))
+    return 64 if beam == 1 or provider != "cpu" else max(1, min(64, rows // beam))
 
 
 def max_len_problem(max_len: int | None, max_positions: int, option: str = "--max-len") -> str | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import math
 import os
 import re
 import types
@@ -224,6 +226,16 @@ class Manifest:
 
     def specs(self) -> dict[str, GraphSpec]:
         return {name: GraphSpec.from_dict(g.spec) for name, g in self.graphs.items()}
+
+    @functools.cached_property  # read at every call of the API
+    def cache_width(self) -> int | None:
+        """Floats per row and position of the decoder's cache (the inputs its outputs replace at each step), from the
+        decoder's declared shapes; None without a decoder."""
+        decoder = self.specs().get("decoder")
+        if decoder is None:
+            return None
+        cached = set(decoder.updates.values())
+        return sum(math.prod(d for d in t.dims if isinstance(d, int)) for t in decoder.inputs if t.name in cached)
 
     def variants(self) -> list[str]:
         return [PLAIN, *self.stored]

@@ -133,8 +133,7 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     problem = max_len_problem(decoding["max_len"], t.manifest.max_len)
     if problem:
         raise UsageError(problem)
-    opts = DecodeOptions.for_model(t.manifest.max_len, t.provider, n_best=n_best, streams=streams, rules=t.manifest.rules(),
-                                   max_output=t.manifest.max_output_len, **decoding)
+    opts = DecodeOptions.for_manifest(t.manifest, t.provider, n_best=n_best, streams=streams, **decoding)
     text_opts = TextOptions(keep=tuple(keep), split=split, enabled=not raw, glossary=terms)
     if document is not None:
         _translate_document(t, document, output_path, opts, strict, text_opts, say)

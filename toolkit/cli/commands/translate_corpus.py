@@ -77,7 +77,7 @@ def translate_corpus(model_dir, inputs, output_dir, address, workers, threads, s
     if problem:
         raise UsageError(problem)
     # One stream per actor: the actors are the parallelism, each on its node's share of the cores.
-    decode = DecodeOptions.for_model(m.max_len, provider, streams=1, rules=m.rules(), max_output=m.max_output_len, **decoding)
+    decode = DecodeOptions.for_manifest(m, provider, streams=1, **decoding)
     terms = read_glossary(glossary, raw, m)
     text = {"keep": tuple(keep), "split": split, "enabled": not raw, "glossary": terms}
     # What changes a translation: a rerun into the same OUTPUT_DIR must agree on all of it.
