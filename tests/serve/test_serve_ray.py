@@ -248,10 +248,20 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM
 ENGLISH = ["I'm home.", "Tom is reading a book in the garden.", "We will see what happens tomorrow.", "Where is the station?"]
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not given before by this process: the OS may hand a port just closed out again, and
+    Ray refuses two of its components on one port ("dashboard_agent_http is trying to use a port number 41479 that is
+    used by other components")."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def descendants(procs: list[subprocess.Popen]) -> list[psutil.Process]:
@@ -309,10 +319,13 @@ def cluster(tmp_path_factory):
     try:
         nodes.append(start_node(["--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--include-dashboard=false",
                                  f"--ray-client-server-port={free_port()}", f"--dashboard-port={free_port()}"], tmp / "head.log", env))
-        wait_for(lambda: reachable(port), 90, f"the head node never listened; {(tmp / 'head.log').read_text()[-2000:]}")
+        wait_for(lambda: reachable(port) or nodes[0].poll() is not None, 90,
+                 lambda: f"the head node never listened; {(tmp / 'head.log').read_text()[-2000:]}")
+        assert nodes[0].poll() is None, f"the head node ended; {(tmp / 'head.log').read_text()[-2000:]}"
         nodes.append(start_node([f"--address=127.0.0.1:{port}"], tmp / "worker.log", env))
-        wait_for(lambda: "Ray runtime started" in (tmp / "worker.log").read_text(), 90,
-                 f"the second node never joined; {(tmp / 'worker.log').read_text()[-2000:]}")
+        wait_for(lambda: "Ray runtime started" in (tmp / "worker.log").read_text() or nodes[1].poll() is not None, 90,
+                 lambda: f"the second node never joined; {(tmp / 'worker.log').read_text()[-2000:]}")
+        assert nodes[1].poll() is None, f"the second node ended; {(tmp / 'worker.log').read_text()[-2000:]}"
         yield Cluster(f"127.0.0.1:{port}", nodes, env)
     finally:
         end(nodes)
@@ -327,13 +340,15 @@ def reachable(port: int) -> bool:
         return False
 
 
-def wait_for(check, seconds: float, why: str, every: float = 0.5):
+def wait_for(check, seconds: float, why, every: float = 0.5):
+    """check()'s first true value within `seconds`, else an AssertionError saying `why` (a string, or a function giving
+    it then: a log read when the wait is over, not before it)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if found := check():
             return found
         time.sleep(every)
-    raise AssertionError(why)
+    raise AssertionError(why() if callable(why) else why)
 
 
 class Server:
