@@ -228,8 +228,6 @@ def default_streams() -> int:
     return min(cores(), 4)
 
 
-
-
 def beam_rows(cache_width: int | None) -> int:
     """Decoder rows of a default beam-search batch on CPU for a decoder whose self-attention cache holds `cache_width`
     floats per row and position (None: not known)."""

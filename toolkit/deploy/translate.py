@@ -506,11 +506,7 @@ def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     h = constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules)
     glued = None if h is None else constrained.elided(t.tokenizer, h.tokens, terms, targets, rules.end)
-    if glued is None:
-        return h
-    other = constrained.scored(backend, src, glued, rules)
-    norm = lambda x: rules.normalized(x.score, len(x.tokens), alpha)  # noqa: E731
-    return other if norm(other) > norm(h) else h
+    return h if glued is None else _best_scored([h, constrained.scored(backend, src, glued, rules)], rules, alpha)
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
@@ -527,8 +523,13 @@ def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, ter
     swaps = constrained.term_swaps(backend, t.tokenizer, src, ids[:-1] if ids[-1:] == [rules.end] else ids, terms,
                                    segment.targets[0], rules, without)
     alpha = rules.alpha if opts.alpha is None else opts.alpha
-    scored = [constrained.scored(backend, src, list(swap), rules) for swap in swaps]
-    return max(scored, key=lambda h: rules.normalized(h.score, len(h.tokens), alpha), default=None)
+    return _best_scored([constrained.scored(backend, src, list(swap), rules) for swap in swaps], rules, alpha)
+
+
+def _best_scored(hyps: list[Hypothesis], rules, alpha: float) -> Hypothesis | None:
+    """Of ways of writing one translation, the one the model scores best by the normalised score _passes compares (the
+    first of equals); None if there is none."""
+    return max(hyps, key=lambda h: rules.normalized(h.score, len(h.tokens), alpha), default=None)
 
 
 def failure_notes(messages: list[str], failed: list[int]) -> list[tuple[int, str]]:

@@ -140,8 +140,7 @@ export async function termSwaps(backend, tokenizer, src, own, terms, target, rul
   };
   const lower = (w) => w.toLowerCase(); // str.casefold on the words spec.unelided and spec.contracted hold
   const elides = terms[0].length > 1;
-  const unelided = new Map(Object.entries(spec.unelided)), elidedOf = new Map();
-  for (const [short, fulls] of unelided) for (const full of fulls) if (!elidedOf.has(full)) elidedOf.set(full, short);
+  const unelided = new Map(Object.entries(spec.unelided)), elidedOf = elidedForms(spec);
   const contracted = new Map(spec.contracted.map(([a, b, whole]) => [`${a} ${b}`, whole]));
   const chars = [...word.slice(0, -1)];
   let cut = -1;
@@ -171,9 +170,7 @@ export async function termSwaps(backend, tokenizer, src, own, terms, target, rul
 // constrained.elided: `tokens` (a search's translation) with each whole word that elides (spec.unelided's full forms)
 // before a term that takes elision written elided and glued to it ("le emploi" -> "l'emploi"); null where there is none.
 export function elidedTokens(tokenizer, tokens, terms, targets, end, kinds, spec) {
-  const elidedOf = new Map();
-  for (const [short, fulls] of Object.entries(spec.unelided)) for (const full of fulls) if (!elidedOf.has(full)) elidedOf.set(full, short);
-  const out = tokens.slice(), same = (a, at, b) => b.every((x, k) => a[at + k] === x);
+  const elidedOf = elidedForms(spec), out = tokens.slice(), same = (a, at, b) => b.every((x, k) => a[at + k] === x);
   let changed = false, p = 1;
   while (p < out.length) {
     const k = terms.findIndex((forms) => forms.length > 1 && p + forms[0].length <= out.length && same(out, p, forms[0]));
@@ -187,6 +184,13 @@ export function elidedTokens(tokenizer, tokens, terms, targets, end, kinds, spec
     p = before + glued.length;
   }
   return changed ? out : null;
+}
+
+// constrained.ELIDED: each full form of spec.unelided, by its elided form ("la" -> "l").
+function elidedForms(spec) {
+  const out = new Map();
+  for (const [short, fulls] of Object.entries(spec.unelided)) for (const full of fulls) if (!out.has(full)) out.set(full, short);
+  return out;
 }
 
 // constrained._cased: `word` with a capital first letter where `like` has one.
