@@ -226,12 +226,25 @@ def test_sentences_without_terms_are_byte_identical_with_and_without_the_glossar
     assert [translator.translate([x], beam=beam, glossary=TERMS)[0] for x in mixed] == with_glossary
 
 
-def test_a_line_of_several_sentences_and_the_n_best_hold_each_target(translator):
+def test_a_line_of_several_sentences_holds_each_target(translator):
     line = "I sold the house. He bought a bicycle for the house."
     out = translator.translate([line], glossary=TERMS)[0]
     assert glossary.count(out, "demeure") == 2 and glossary.count(out, "bicyclette") == 1
-    for h in translator.translate_batch(["The house is big."], beam=4, n_best=2, glossary=TERMS)[0]:
-        assert glossary.count(h.text, "demeure") == 1
+
+
+@pytest.mark.parametrize("text, terms", [
+    ("The house is big.", {"house": "demeure"}),  # the model's own best lacks the target: the search's n-best, not its best alone
+    ("I like my car.", {"car": "voiture"}),  # the model's own best holds it, its third ("J'aime mon véhicule.") does not
+])
+def test_every_hypothesis_of_the_n_best_holds_the_target_and_the_first_is_the_single_translation(translator, text, terms):
+    (target,) = terms.values()
+    nbest = translator.translate_batch([text], beam=4, n_best=3, glossary=terms)[0]
+    assert 1 < len(nbest) <= 3, nbest
+    assert all(glossary.count(h.text, target) == 1 for h in nbest), [h.text for h in nbest]
+    assert len({h.text for h in nbest}) == len(nbest)
+    assert nbest[0].text == translator.translate([text], beam=4, glossary=terms)[0]
+    if target == "voiture":  # what the guarantee guards against: a lower hypothesis of the model's own without the target
+        assert any(glossary.count(h.text, target) != 1 for h in translator.translate_batch([text], beam=4, n_best=3)[0])
 
 
 def test_the_api_refuses_a_glossary_that_is_not_a_dict_of_terms(translator):

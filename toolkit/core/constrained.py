@@ -132,10 +132,10 @@ def _allocate(going: list[tuple[int, _Hyp]], terms: list[list[list[int]]], beam:
 
 
 def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: list[list[list[int]]], limit: int, beam: int,
-                       alpha: float, rules: DecodingRules) -> Hypothesis | None:
-    """The best translation of `src` (token ids) that holds each of `terms` (one per occurrence, each its forms' token
-    ids: term_forms), at most `limit` tokens long, by dynamic beam allocation with `beam` rows; None if none finished
-    (or the best loops)."""
+                       alpha: float, rules: DecodingRules, n_best: int = 1) -> list[Hypothesis]:
+    """The best translations of `src` (token ids) that hold each of `terms` (one per occurrence, each its forms' token
+    ids: term_forms), at most `limit` tokens long, by dynamic beam allocation with `beam` rows (at least n_best): up to
+    `n_best` of them, best first, none that loops; [] if none finished or the best loops."""
     state = backend.encode(*pad_batch([src], rules.pad))
     eos = rules.end
     hyps = [_Hyp((), 0.0, (False,) * len(terms), None, False)]
@@ -166,13 +166,17 @@ def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: l
         state = backend.select(state, np.array([r for r, _ in live], dtype=np.int64))
         hyps = [h for _, h in live]
         token = np.array([h.tokens[-1] for h in hyps], dtype=np.int64)
-    if not finished:
-        return None
-    best = max(finished, key=lambda f: f[0])[1]
-    tokens = list(best.tokens[:-1])
-    if tokens and loop_cut(np.array([tokens]))[0] >= 0:
-        return None
-    return Hypothesis(tokens, best.score)
+    out: list[Hypothesis] = []
+    for _, h in sorted(finished, key=lambda f: -f[0]):  # best first, the first of equals first
+        tokens = list(h.tokens[:-1])
+        if tokens and loop_cut(np.array([tokens]))[0] >= 0:
+            if not out:
+                return []
+            continue
+        out.append(Hypothesis(tokens, h.score))
+        if len(out) == n_best:
+            break
+    return out
 
 
 def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], terms: list[list[list[int]]], target: str,

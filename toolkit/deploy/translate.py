@@ -413,11 +413,11 @@ def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts:
 class _Decoded:
     """A backend that answers decode_ids with hypotheses already found (decode_all: a runtime with a loop of its own)."""
 
-    def __init__(self, hypotheses: list[Hypothesis]):
-        self.hypotheses = hypotheses
+    def __init__(self, hypotheses: list[list[Hypothesis]]):
+        self.hypotheses = hypotheses  # each sentence's, best first
 
     def decode_all(self, src: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
-        return [[h] for h in self.hypotheses]
+        return [list(nbest) for nbest in self.hypotheses]
 
 
 def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeOptions, backend: object, decode: Callable,
@@ -426,8 +426,10 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
     own where that holds each target exactly as often as asked (glossary.holds); else the best with the targets forced
     in (toolkit.core.constrained), unless it does not hold them either, only tacks them onto the model's own
     (glossary.tacked_on), or scores FORCED_MARGIN below it; else the model's own with its word for a target swapped for
-    it (_swapped), by the same checks. A segment left out is translated as its placeholder form; so is a sentence
-    longer than the model's maximum, which that form says was truncated."""
+    it (_swapped), by the same checks. With opts.n_best, every hypothesis given holds the targets: the model's own that
+    lack them are left out, the search's that pass the checks take their places, and a segment may get fewer than
+    asked. A segment left out is translated as its placeholder form; so is a sentence longer than the model's maximum,
+    which that form says was truncated."""
     from toolkit.core import constrained, glossary
 
     rules = t.manifest.rules()
@@ -443,28 +445,39 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
         return {}
     # The model's own translations (no warnings: the placeholder form, should it be used, gives its own).
     own = dict(zip(wanted, decode(t, [segments[k].forced.text for k in wanted], opts, backend=backend, lines=[lines[k] for k in wanted])))
-    out, found = {}, {}
+    out: dict[int, list[Translation]] = {}
+    found: dict[int, list[Hypothesis]] = {}
     for k in wanted:
         seg, mine = segments[k].forced, own[k][0]
         mine_text = textprep.finish(seg, mine.text)
-        if not mine.stopped and glossary.holds(mine_text, seg.targets):
-            out[k] = own[k]
-            continue
         terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
+        if not mine.stopped and glossary.holds(mine_text, seg.targets):
+            # With --n-best, only the model's hypotheses that hold the targets; the search's fill the places of the others.
+            out[k] = [h for h in own[k] if not h.stopped and glossary.holds(textprep.finish(seg, h.text), seg.targets)]
+            if len(out[k]) < len(own[k]) and all(forms[0] for forms in terms):
+                found[k] = [h for h in _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
+                            if _passes(t, seg, h, mine, opts)]
+            continue
         if not all(forms[0] for forms in terms):
             continue
-        h = _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
-        if not _passes(t, seg, h, mine, opts):
-            h = _swapped(t, ids[k], seg, terms, backend, rules, mine.text, opts)
-            if not _passes(t, seg, h, mine, opts):
-                continue
-        found[k] = h
-    if found:
+        hyps = _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
+        if hyps and _passes(t, seg, hyps[0], mine, opts):
+            found[k] = [h for h in hyps if _passes(t, seg, h, mine, opts)]
+            continue
+        h = _swapped(t, ids[k], seg, terms, backend, rules, mine.text, opts)
+        if _passes(t, seg, h, mine, opts):
+            found[k] = [h]
+    held = [k for k in sorted(found) if found[k]]
+    if held:
         # Their hypotheses become translations as every other's do (scores, confidence), through the same decode.
-        held = sorted(found)
         decoded = decode(t, [segments[k].forced.text for k in held], opts, backend=_Decoded([found[k] for k in held]),
                          lines=[lines[k] for k in held])
-        out.update(zip(held, decoded))
+        for k, nbest in zip(held, decoded):
+            given = {h.text for h in out.get(k, [])}
+            merged = out.get(k, []) + [h for h in nbest if h.text not in given]
+            # The model's own best first where it holds the targets, then best-scored first.
+            out[k] = merged[:1] + sorted(merged[1:], key=lambda h: -h.score) if k in out else merged
+            out[k] = out[k][:opts.n_best]
     return out
 
 
@@ -496,17 +509,20 @@ def _unprotected(segment: textprep.Segment) -> bool:
 
 
 def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]]], targets: list[str], opts: DecodeOptions,
-                 backend: object, rules) -> Hypothesis | None:
-    """The best translation of src holding each term (its forms' ids: constrained.term_forms; `targets`, their text), by
-    toolkit.core.constrained at FORCED_BEAM or the beam asked for, with a word that elides written elided before a term
-    that takes elision (constrained.elided) where the model scores that better."""
+                 backend: object, rules) -> list[Hypothesis]:
+    """The best translations of src holding each term (its forms' ids: constrained.term_forms; `targets`, their text),
+    up to opts.n_best, best first, by toolkit.core.constrained at FORCED_BEAM or the beam asked for, each with a word
+    that elides written elided before a term that takes elision (constrained.elided) where the model scores that better."""
     from toolkit.core import constrained
 
     limit = int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0])
     alpha = rules.alpha if opts.alpha is None else opts.alpha
-    h = constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules)
-    glued = None if h is None else constrained.elided(t.tokenizer, h.tokens, terms, targets, rules.end)
-    return h if glued is None else _best_scored([h, constrained.scored(backend, src, glued, rules)], rules, alpha)
+    out = []
+    for h in constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules,
+                                            opts.n_best):
+        glued = constrained.elided(t.tokenizer, h.tokens, terms, targets, rules.end)
+        out.append(h if glued is None else _best_scored([h, constrained.scored(backend, src, glued, rules)], rules, alpha))
+    return out
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
