@@ -232,6 +232,12 @@ def test_a_line_of_several_sentences_holds_each_target(translator):
     assert glossary.count(out, "demeure") == 2 and glossary.count(out, "bicyclette") == 1
 
 
+def test_a_kept_term_is_copied_verbatim_where_a_glossary_term_has_the_same_words(translator):
+    """--keep Apple (the brand) and a glossary's apple -> pomme: the glossary matches any case, the kept term as typed."""
+    out = translator.translate(["Apple sells phones. I ate an apple."], keep=["Apple"], glossary={"apple": "pomme"})[0]
+    assert glossary.count(out, "Apple") == 1 and glossary.count(out, "pomme") == 1, out
+
+
 @pytest.mark.parametrize("text, terms", [
     ("The house is big.", {"house": "demeure"}),  # the model's own best lacks the target: the search's n-best, not its best alone
     ("I like my car.", {"car": "voiture"}),  # the model's own best holds it, its third ("J'aime mon véhicule.") does not

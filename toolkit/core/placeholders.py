@@ -151,6 +151,9 @@ def protect_terms(text: str, keep: Iterable[str] = (), glossary: Glossary | None
     glossary term's occurrence (None for a number, URL, e-mail address or kept term)."""
     spans = all_spans(text, keep)
     terms = glossary.find(text, spans) if glossary else []
+    if terms and keep:  # an occurrence within a kept term, its very words included, is the kept term's: copied verbatim
+        verbatim = [(m.start(), m.end()) for p in term_patterns(tuple(keep)) for m in p.finditer(text) if whole_word(text, m.start(), m.end())]
+        terms = [t for t in terms if not any(s <= t[0] and t[1] <= e for s, e in verbatim)]
     if not terms:
         protected, kept = _replace(text, merge_runs(text, spans) if len(spans) > 1 else spans)
         return protected, kept, [None] * len(kept)
