@@ -57,6 +57,19 @@ def test_inline_elements_stay_around_their_own_words():
     assert markup.translate_html([fragment], reversed_words) == ['<p>sleeps <a href="/x?a=1&amp;b=2" title="Keep">cat red</a> the</p>']
 
 
+def test_an_element_whose_translation_alone_repeats_itself_goes_around_its_words_in_the_sentence():
+    """A word translated alone can come out repeated (the shipped model: "world" -> "le monde monde monde le monde"):
+    the element is put around the same words in the sentence's translation, not given the repeats."""
+    table = {"Hello world.": "Salut le monde.", "Hello": "Salut", "world": "le monde monde monde le monde",
+             "I like my red car.": "J'aime ma voiture rouge.", "red": "Rouge rouge rouge", "I like my": "J'aime mon", "car.": "voiture."}
+    out = markup.translate_html(["<p>Hello <b>world</b>.</p>", "<p>I like my <i>red</i> car.</p>"], lambda texts: [table[t] for t in texts])
+    assert out == ["<p>Salut <b>le monde</b>.</p>", "<p>J'aime ma voiture <i>rouge</i>.</p>"]
+    # Words of the sentence that are not all the element's, or not every one of them, are no match: text node by text node.
+    table.update({"world": "le monde entier", "red": "rouge vif"})
+    out = markup.translate_html(["<p>Hello <b>world</b>.</p>", "<p>I like my <i>red</i> car.</p>"], lambda texts: [table[t] for t in texts])
+    assert out == ["<p>Salut <b>le monde entier</b>.</p>", "<p>J'aime mon <i>rouge vif</i> voiture.</p>"]
+
+
 def test_a_block_whose_element_is_not_found_is_translated_run_by_run():
     table = {"I'm home.": "Je suis chez moi.", "I'm": "Je suis", "home": "à la maison"}
     out = markup.translate_html(["<p>I'm <b>home</b>.</p>"], lambda texts: [table[t] for t in texts])[0]

@@ -9,8 +9,10 @@ blocks at every tag that is not an inline element (p, li, td, br, img, ...), and
 whole, so a sentence keeps its words together across `<b>` or `<a>`. The inline elements of a block (each holding text
 only) are put back around their own words: each one's text is translated alone too, and found in the block's
 translation (in any order; in their written order where a block has more than FREE_ORDER of them). Where one is not
-found there (the model put it otherwise), or inline elements nest, the block is translated text run by text run
-instead, which keeps every element in place at some cost to the translation. The content of script, style, code, kbd,
+found there, as written or as a run of the block translation's words that holds each of its words and no other (a
+word translated alone may come out repeated: "le monde monde le monde" is found as "le monde"), or inline elements
+nest, the block is translated text run by text run instead, which keeps every element in place at some cost to the
+translation. The content of script, style, code, kbd,
 samp, var, pre and textarea, and of any element marked translate="no" (HTML's own attribute) or class="notranslate",
 is not translated; attributes are never translated. Entities are decoded for translation and a translation is escaped
 again (`&amp;` stays `&amp;`; a named character such as `&eacute;` comes back as the character itself, which is the
@@ -414,18 +416,41 @@ def _in_order(target: str, folded: str | None, wanted: list[tuple[int, str]]) ->
 
 def _find(target: str, folded: str | None, words: str, taken: list[tuple[int, int, int]]) -> tuple[int, int] | None:
     """Where words first occur in target outside the spans taken (exactly, else ignoring case: folded is target.casefold(),
-    None where that has another length)."""
+    None where that has another length), else where their words do (_same_words)."""
     if not words:
         return None
     for haystack, needle in ((target, words), (folded, words.casefold())):
         if haystack is None:
-            return None
+            break
         start = haystack.find(needle)
         while start >= 0:
             end = start + len(needle)
             if all(end <= s or start >= e for s, e, _ in taken):
                 return start, end
             start = haystack.find(needle, start + 1)
+    return _same_words(target, words, taken)
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _same_words(target: str, words: str, taken: list[tuple[int, int, int]]) -> tuple[int, int] | None:
+    """The first run of target's words, outside the spans taken, that holds each word of `words` and no other (any case,
+    any order, repeats aside); None if there is none. A word or two translated alone can come out repeated or
+    reordered ("world" -> "le monde monde monde le monde", "red" -> "rouge rouge rouge") where the whole sentence
+    translates well ("Salut le monde."): the element then goes around "le monde" rather than the block being translated
+    text node by text node, with the repeats."""
+    mine = {w.casefold() for w in _WORD.findall(words)}
+    found = [(m.start(), m.end(), m.group().casefold()) for m in _WORD.finditer(target)]
+    i = 0
+    while i < len(found):
+        j = i
+        while j < len(found) and found[j][2] in mine:
+            j += 1
+        start, end = (found[i][0], found[j - 1][1]) if j > i else (0, 0)
+        if j > i and {w for *_, w in found[i:j]} == mine and all(end <= s or start >= e for s, e, _ in taken):
+            return start, end
+        i = max(j, i + 1)
     return None
 
 
