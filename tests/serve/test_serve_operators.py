@@ -34,18 +34,37 @@ def test_source_auto_routes_each_request_to_the_pair_of_its_detected_language(fr
         r = client.post("/translate", json={"q": FRENCH[2], "source": "auto", "target": "en"})
         assert r.status_code == 200, r.text
         assert r.json()["translatedText"] == german[1].translate([FRENCH[2]])[0]
-        assert r.json()["detectedLanguage"]["language"] == "fr" and r.json()["detectedLanguage"]["confidence"] == 100.0
+        assert r.json()["detectedLanguage"]["language"] == "fr" and r.json()["detectedLanguage"]["confidence"] > 90
         r = client.post("/translate", json={"q": TEXTS, "source": "auto", "target": "fr"})
         assert r.json()["translatedText"] == french[1].translate(TEXTS)
         assert [d["language"] for d in r.json()["detectedLanguage"]] == ["en"] * 3
         r = client.post("/v1/translate", json={"text": TEXTS[0], "source": "auto", "target": "fr"})
         assert r.json()["translations"] == french[1].translate(TEXTS[:1]) and r.json()["detected_language"]["language"] == "en"
-        # /detect chooses among every served source language, best first, in percent
+        # /detect chooses among every served language, best first, in percent
         found = client.post("/detect", data={"q": "Le chat dort sur le canapé depuis ce matin."}).json()
         assert found[0]["language"] == "fr" and found[0]["confidence"] > 50
         assert {d["language"] for d in found} == {"en", "fr"}
         r = client.post("/translate", json={"q": "Hi.", "source": "auto", "target": "de"})
         assert r.status_code == 400 and "de is not a target served here" in r.json()["error"]
+
+
+def test_a_text_already_in_the_target_language_comes_back_as_it_is_and_detect_ranks_every_served_language(french):
+    """An en-fr server given French with source "auto": LibreTranslate gives it back as it is and /detect names French;
+    tk used to detect among the sources alone (English, at 100%) and translate French as if it were English."""
+    with running([ModelSpec(lambda: french[0], (("en", "fr"),), "tiny")], config()) as client:
+        wait_ready(client)
+        found = client.post("/detect", data={"q": "Le chat dort sur le canapé depuis ce matin."}).json()
+        assert found[0]["language"] == "fr" and found[0]["confidence"] > 90 and {d["language"] for d in found} == {"en", "fr"}
+        r = client.post("/translate", json={"q": FRENCH, "source": "auto", "target": "fr", "alternatives": 1})
+        assert r.json()["translatedText"] == FRENCH and [d["language"] for d in r.json()["detectedLanguage"]] == ["fr"] * 3
+        r = client.post("/v1/translate", json={"text": FRENCH[:1], "source": "auto", "target": "fr"})
+        assert r.json()["translations"] == FRENCH[:1] and r.json()["detected_language"]["language"] == "fr"
+        upload = {"file": ("lettre.txt", "\n".join(FRENCH).encode(), "text/plain")}
+        url = client.post("/translate_file", data={"source": "auto", "target": "fr"}, files=upload).json()["translatedFileUrl"]
+        assert client.get(url[url.index("/download_file"):]).text == "\n".join(FRENCH)
+        # English is still translated, as from source "en"
+        r = client.post("/translate", json={"q": TEXTS, "source": "auto", "target": "fr"})
+        assert r.json()["translatedText"] == french[1].translate(TEXTS)
 
 
 def test_a_key_is_required_read_from_every_place_clients_send_it_and_limited(french, german, caplog):

@@ -37,7 +37,7 @@ def label(code: str) -> str:
 
 
 class LanguageDetector:
-    """Detects which of `codes` (served source languages, LibreTranslate's codes) a text is in. Languages the detector
+    """Detects which of `codes` (served languages, LibreTranslate's codes, sources first) a text is in. Languages the detector
     does not know are left out of detection (`undetectable`); a text is then given one of the others, or nothing."""
 
     def __init__(self, codes: Iterable[str]):
@@ -68,6 +68,8 @@ class LanguageDetector:
             return [(next(iter(self.by_label.values())), 100.0)]
         if not any(ch.isalpha() for ch in text):
             return [(code, 0.0) for code in list(self.by_label.values())[:top]]  # digits and punctuation are in no language
-        ranked = self._identifier.rank(text)
+        # Equal likelihoods (a text too short to tell, "Hi.") in the order of `codes`: the caller names sources first.
+        order = {lab: k for k, lab in enumerate(self.by_label)}
+        ranked = sorted(self._identifier.rank(text), key=lambda lp: (-lp[1], order[lp[0]]))
         total = sum(p for _, p in ranked) or 1.0
         return [(self.by_label[lab], round(100.0 * p / total, 2)) for lab, p in ranked[:top]]
