@@ -110,7 +110,7 @@ def test_a_non_utf8_line_fails_only_its_shard_and_a_fixed_input_resumes(cli, tin
     assert (out / "translations.txt").read_text(encoding="utf-8").splitlines() == plain(cli, tiny_export, tmp_path, english[:15])
 
 
-@pytest.mark.parametrize("problem", ["not-ours", "other-options", "no-column", "wrong-column", "no-input"])
+@pytest.mark.parametrize("problem", ["not-ours", "other-options", "no-column", "wrong-column", "no-input", "device"])
 def test_refusals_are_one_line_and_touch_nothing(cli, tiny_export, ray_address, corpus, tmp_path, problem):
     d, parquet, _ = corpus
     out = tmp_path / "out"
@@ -125,12 +125,15 @@ def test_refusals_are_one_line_and_touch_nothing(cli, tiny_export, ray_address, 
         args = [parquet, out]
     elif problem == "wrong-column":
         args = [parquet, out, "--column", "text"]
+    elif problem == "device":  # a device, read by offset shard by shard as a file is, is no input
+        args = ["/dev/null", out]
     else:
         args = [tmp_path / "missing*.txt", out]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     result = run(cli, tiny_export, *args)
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert problem != "device" or "/dev/null is not a regular file" in result.output
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 

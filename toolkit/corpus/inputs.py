@@ -38,6 +38,8 @@ def find_sources(inputs: list[str], column: str | None) -> list[Source]:
             found = sorted(Path(f) for f in glob.glob(arg) if Path(f).is_file())
             if not found:
                 raise UsageError(f"input pattern {arg} matches no files")
+        elif p.exists():  # a device, a pipe, a socket: shards are read by offset, more than once
+            raise UsageError(f"input {arg} is not a regular file; save it to a file and give that")
         else:
             raise UsageError(f"input {arg} does not exist; give text files, a directory or a glob of them")
         paths.extend(found)
