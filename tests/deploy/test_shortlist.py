@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -110,6 +111,10 @@ def test_verify_accepts_a_shortlist_that_changes_nothing(tmp_path, corpus_zip, v
     assert verdict.identical == verdict.sentences == 40 and verdict.problems == []
     assert verdict.shortlisted == verdict.plain
     assert verdict.candidates == verdict.vocab == vocab  # every sentence decodes over the whole output layer
+    assert guard.record(directory, verdict) == variant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an accepted shortlist loads without a word
+        Translator(directory, provider="cpu", variant=variant, shortlist=True)
 
 
 def test_serve_shortlist_answers_what_each_sentence_gets_alone(model, shortlisted):
@@ -137,7 +142,27 @@ def test_serve_shortlist_answers_what_each_sentence_gets_alone(model, shortliste
 def test_tk_translate_shortlist_writes_what_the_api_gives(model, shortlisted, cli):
     result = cli("translate", "--model", model, "--variant", "fp32", "--shortlist", "-q", *SENTENCES[:4])
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines() == shortlisted.translate(SENTENCES[:4])
+    warning, *lines = result.output.splitlines()  # the shortlist was never checked: one warning line first (below)
+    assert warning.startswith("warning: the shortlist of ") and lines == shortlisted.translate(SENTENCES[:4])
+
+
+def test_a_shortlist_tk_verify_refused_or_never_checked_is_said_on_every_load(model, corpus_zip, cli, tmp_path):
+    """A shortlist is used as given, as an int8 variant is, but never in silence where its guard said no or never ran:
+    tk translate and tk serve print one warning line, Translator warns (ShortlistWarning); `tk verify --shortlist
+    --record` stores the verdict they read."""
+    from toolkit.deploy.api import ShortlistWarning
+
+    directory = tmp_path / "transformer"
+    shutil.copytree(model, directory)
+    with pytest.warns(ShortlistWarning, match="has not been checked on fp32: .* run tk verify .* --shortlist --record"):
+        Translator(directory, provider="cpu", variant="optimized", shortlist=True)  # the optimized graphs: fp32's verdict
+    result = cli("verify", directory, "--shortlist", "--record", "--sentences", 40, "--data", corpus_zip)
+    assert result.exit_code == 1 and "recorded the shortlist's verdict on fp32" in result.output, result.output
+    result = cli("translate", "--model", directory, "--shortlist", "-q", SENTENCES[0])
+    assert result.exit_code == 0 and result.output.splitlines()[0].startswith(
+        f"warning: the shortlist of {directory} was refused by tk verify --shortlist on fp32 ("), result.output
+    with pytest.warns(ShortlistWarning, match="has not been checked on int8"):  # a verdict holds for its own variant
+        Translator(directory, provider="cpu", variant="int8", shortlist=True)
 
 
 def test_export_shortlist_is_for_an_exported_directory_alone(cli, tmp_path):

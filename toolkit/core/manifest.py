@@ -131,6 +131,8 @@ class ShortlistRecord:
     frequent: int
     sizes: dict | None = None
     command: str | None = None
+    # `tk verify DIR --shortlist --record`: its verdict per variant ("fp32", "int8"): accepted, identical share, sentences
+    checked: dict | None = None
 
 
 # JSON key -> field name where the two differ (a method or a clearer name took the key).

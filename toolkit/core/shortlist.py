@@ -119,3 +119,24 @@ def estimate(src: list[list[int]], tgt: list[list[int]], per_token: int = PER_TO
     top = np.argsort(-c_tgt, kind="stable")[:frequent]
     fixed = np.unique(np.concatenate([top[c_tgt[top] > 0], np.asarray(always, dtype=np.int64)]))
     return Shortlist(offsets, t_kept.astype(np.int32), fixed.astype(np.int32))
+
+
+def checked_as(variant: str) -> str:
+    """The variant whose `tk verify --shortlist` verdict holds for `variant`: the optimized graphs compute fp32's output."""
+    return "fp32" if variant == "optimized" else variant
+
+
+def unguarded_note(directory: str | Path, checked: dict | None, variant: str) -> str | None:
+    """What to tell a user decoding `directory` with its shortlist on `variant` (`checked`: the shortlist record's
+    verdicts, ShortlistRecord.checked): that `tk verify --shortlist` refused it, or never checked it there; None once it
+    was accepted. The shortlist is used either way, as an int8 variant is; the note says how far to trust it."""
+    key = checked_as(variant)
+    verdict = (checked or {}).get(key)
+    if verdict is None:
+        return (f"the shortlist of {directory} has not been checked on {key}: its translations may differ from the model's own; "
+                f"run tk verify {directory} --shortlist{'' if key == 'fp32' else f' --variant {key}'} --record")
+    if not verdict.get("accepted"):
+        return (f"the shortlist of {directory} was refused by tk verify --shortlist on {key} ({verdict.get('identical', 0):.1%} of "
+                f"{verdict.get('sentences', 0):,} translations identical): export another (a larger file, a larger --per-token) "
+                "or translate without --shortlist")
+    return None

@@ -85,6 +85,10 @@ class SpanRepairWarning(UserWarning):
     """A translation's protected spans were put back by the fallback (the model dropped, repeated or invented one)."""
 
 
+class ShortlistWarning(UserWarning):
+    """The directory's shortlist was refused by `tk verify --shortlist` on this variant, or never checked there."""
+
+
 class TextFailedWarning(UserWarning):
     """tk failed on one of the texts (an internal error): it was translated as plain text without placeholders, or
     given an empty translation; the other texts are translated as usual."""
@@ -111,6 +115,8 @@ class Translator:
             model_dir = default_model()
         self.model_dir = Path(model_dir)
         self.loaded = open_model(model_dir, provider, variant, allow_cpu_fallback, threads, runtime=runtime, shortlist=shortlist)
+        if self.loaded.note:
+            warnings.warn(self.loaded.note, ShortlistWarning, stacklevel=2)
         self.variant = self.loaded.variant
         self._backend = self.loaded.backend()
 

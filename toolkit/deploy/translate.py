@@ -23,6 +23,7 @@ from toolkit.core.batching import BEAM_ROWS, DecodeOptions, decode_ids, fitting_
 from toolkit.core.decode_options import MAX_BEAM
 from toolkit.core.decoding import Hypothesis, length_limits, word_end
 from toolkit.core.errors import DataError, ToolkitError, UsageError, describe_os_error, first_line, os_failure
+from toolkit.core.shortlist import unguarded_note
 from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
 from toolkit.core.tokenizers import MarianTokenizer, open_tokenizer, with_languages
@@ -44,6 +45,7 @@ class TranslationModel:
     runtime: str | None = DEFAULT_RUNTIME  # which engine runs the graphs (toolkit.runtimes); None for a reference
     threads: int | None = None  # intra-op threads of each CPU session (None: not a CPU ONNX Runtime session)
     variant: str = "fp32"  # the graphs it runs (toolkit.core.variants)
+    note: str | None = None  # a warning for whoever loaded it: a shortlist tk verify refused or never checked
 
     @property
     def where(self) -> str:
@@ -95,8 +97,9 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
         threads, request_threads = spec.default_threads(provider)
     loaded = load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads,
                   shortlist=shortlist)
+    note = unguarded_note(m.directory, m.shortlist.checked, variant) if shortlist and m.shortlist is not None else None
     return TranslationModel(m, tokenizer, loaded.backend, loaded.provider, time.perf_counter() - start, loaded.built_s, runtime,
-                            getattr(loaded, "threads", None), variant)
+                            getattr(loaded, "threads", None), variant, note)
 
 
 @dataclass

@@ -69,6 +69,21 @@ def check(model_dir: str | Path, variant: str = "fp32", sentences: int = SENTENC
                             candidates, vocab)
 
 
+def record(model_dir: str | Path, verdict: ShortlistVerdict) -> str:
+    """Stores the verdict in the shortlist's record of manifest.json (`tk verify --shortlist --record`), where tk translate,
+    tk serve and Translator read it when they decode with the shortlist (toolkit.core.shortlist.unguarded_note); returns
+    the variant it is recorded for. A shortlist exported again starts without one."""
+    from toolkit.core import manifest as manifest_mod
+    from toolkit.core.shortlist import checked_as
+
+    key = checked_as(verdict.variant)
+    with manifest_mod.updating(model_dir) as m:
+        m.shortlist.checked = {**(m.shortlist.checked or {}), key: {
+            "accepted": not verdict.problems, "identical": round(verdict.share, 4), "sentences": verdict.sentences,
+            "bleu": [verdict.plain["bleu"], verdict.shortlisted["bleu"]], "chrf": [verdict.plain["chrf"], verdict.shortlisted["chrf"]]}}
+    return key
+
+
 def _sizes(translator, english: list[str]) -> tuple[float, int]:
     """The mean number of candidates the sentences decode over, and the output layer's size: what the shortlist saves."""
     from toolkit.core import shortlist as table_mod

@@ -124,6 +124,9 @@ def served_models(arguments: tuple[str, ...], provider: str | None, variant: str
     planned = plan_models(arguments)
     default = default_pair(planned, **languages)  # an unknown code is one line, before any model loads
     loaded = open_models(planned, provider, variant, threads, runtime, shortlist)
+    for _, t in loaded:
+        if t.note:
+            click.echo(f"warning: {t.note}", err=True)
     specs = [ModelSpec((lambda t=t: t), plan.pairs, f"{Path(plan.directory).name} ({t.manifest.model}, {t.variant}"
                        f"{', shortlist' if shortlist else ''}) on {t.where}, "
                        + plan.shown() + (", batching off" if no_batching else ""), plan.codes, plan.fills) for plan, t in loaded]

@@ -124,6 +124,8 @@ def translate(text, input_path, output_path, model_dir, provider, allow_cpu_fall
     if provider == "cuda" and t.provider != "cuda":
         say("warning: CUDA unavailable, running on CPU (--allow-cpu-fallback)")
     say(f"model {model_dir} ({t.manifest.model}, {t.variant}{', shortlist' if shortlist else ''}) on {t.where}; ready in {t.startup_s:.2f}s")
+    if t.note:
+        click.echo(f"warning: {t.note}", err=True)
     t = t.for_languages(**languages)  # the source code on each sentence, the target forced first
     if t.built_s:
         from toolkit.core.variants import export_flag

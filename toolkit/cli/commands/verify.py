@@ -87,7 +87,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
     writable_file(json_path, "--json")
     writable_file(localize_plot, "--localize-plot")
     if shortlist:
-        return _verify_shortlist(model_dir, variants, sentences, data_path, min_identical, hf_dir)
+        return _verify_shortlist(model_dir, variants, sentences, data_path, min_identical, hf_dir, record)
     if hf_dir is not None:
         if max_len is not None or full:
             raise UsageError("--to-hf runs its own checks; drop --max-len and --full")
@@ -133,7 +133,7 @@ def verify(model_dir, provider, runtime, variants, atol, rtol, seed, sentences, 
 
 
 def _verify_shortlist(model_dir: Path, variants: tuple[str, ...], sentences: int | None, data_path, min_identical: float,
-                      hf_dir: Path | None) -> None:
+                      hf_dir: Path | None, record: bool = False) -> None:
     from toolkit.verify import shortlist
 
     if len(variants) > 1 or hf_dir is not None:
@@ -142,6 +142,9 @@ def _verify_shortlist(model_dir: Path, variants: tuple[str, ...], sentences: int
                               data_path, min_identical)
     for line in shortlist.render(verdict):
         click.echo(line)
+    if record:
+        key = shortlist.record(model_dir, verdict)
+        click.echo(f"recorded the shortlist's verdict on {key} in {Path(model_dir) / 'manifest.json'}", err=True)
     if verdict.problems:
         raise SystemExit(1)
 
