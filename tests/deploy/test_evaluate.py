@@ -44,3 +44,9 @@ def test_evaluate_without_record_leaves_the_manifest_alone(cli, tiny_export, cor
     before = (model / manifest.NAME).read_bytes()
     assert cli("evaluate", model, "--data", corpus_zip, "--beam", 1, "--limit", 2).exit_code == 0
     assert (model / manifest.NAME).read_bytes() == before
+
+
+def test_evaluate_of_one_sentence_scores_it_and_says_confidence_needs_more(cli, tiny_export, corpus_zip):
+    result = cli("evaluate", tiny_export, "--data", corpus_zip, "--beam", 1, "--limit", 1)
+    assert result.exit_code == 0, result.output
+    assert "confidence, test_split greedy: not measured on one sentence" in result.output and '"sentences": 1' in result.output

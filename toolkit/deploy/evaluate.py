@@ -57,6 +57,9 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
                 results[f"{name}_{search}"] = {"bleu": s["bleu"], "chrf": s["chrf"], "sentences": len(src),
                                                "seconds": round(seconds, 1), "signature": s["signature"]}
             echo(score_line(f"{name} {search}", results[f"{name}_{search}"]))
+            if len(best) < 2:  # confidence ranks sentences against each other: one sentence (--limit 1) has nothing to rank
+                echo(f"confidence, {name} {search}: not measured on one sentence")
+                continue
             rated = confidence_report(best, references, model.manifest)
             results[f"{name}_{search}"]["confidence"] = rated
             echo(confidence_line(f"{name} {search}", rated))
