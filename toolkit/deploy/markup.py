@@ -445,7 +445,9 @@ def _same_words(target: str, words: str, taken: list[tuple[int, int, int]]) -> t
     i = 0
     while i < len(found):
         j = i
-        while j < len(found) and found[j][2] in mine:
+        # A run's words follow one another with nothing but spaces, apostrophes or hyphens between them ("dog. small",
+        # across a full stop, is two runs).
+        while j < len(found) and found[j][2] in mine and (j == i or not target[found[j - 1][1]:found[j][0]].strip(" '’-")):
             j += 1
         start, end = (found[i][0], found[j - 1][1]) if j > i else (0, 0)
         if j > i and {w for *_, w in found[i:j]} == mine and all(end <= s or start >= e for s, e, _ in taken):
