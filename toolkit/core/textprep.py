@@ -63,6 +63,27 @@ class Segment:
     without_terms: str = ""
 
 
+# Punctuation around a word that stays outside a word kept for its characters ("🐱." keeps "🐱", "(©" keeps "©").
+_AROUND = ".,;:!?¡¿\"'()[]{}«»“”‘’"
+
+
+def unspelled(line: str, alphabet: frozenset[str] | None) -> tuple[str, ...]:
+    """The words of `line` holding a character that `alphabet` (the model's tokenizer's: Tokenizer.alphabet) does not
+    spell, such as an emoji, ©, ° or £ for the shipped model, without the punctuation around them: copied verbatim as
+    --keep terms are. The model met such characters only as raw bytes, if at all; given them, it derailed the whole
+    sentence ("I love it 👍" -> "J'adore qu'il fasse des croyants ..."). Control and format characters, spaces (which
+    cleaning removes) and combining marks (a stray one beside a letter) make no word kept; a format character inside a
+    kept word stays (an emoji's joiners)."""
+    if alphabet is None or alphabet.issuperset(line):
+        return ()
+    out = []
+    for word in line.split():
+        core = word.strip(_AROUND)  # quotes the model does not spell around a word it does ("“sting") keep nothing
+        if any(c not in alphabet and unicodedata.category(c)[0] not in "CZM" for c in core):
+            out.append(core)
+    return tuple(dict.fromkeys(out))
+
+
 def clean(line: str, keep: tuple[str, ...] = ()) -> str:
     """NFC, control characters and format characters removed, runs of whitespace collapsed. Format
     characters are invisible and the model never saw them (a bidirectional mark turns "Hello." into

@@ -7,6 +7,7 @@ and with byte fallback no input character is ever unknown.
 
 from __future__ import annotations
 
+import functools
 import io
 import unicodedata
 from abc import ABC, abstractmethod
@@ -73,6 +74,11 @@ class TextTokenizer(ABC):
     def piece(self, token: int) -> str:
         """Output id `token`'s piece as the tokenizer's vocabulary writes it (▁ where it begins a word); "" for an id it
         has no piece for."""
+
+    @property
+    def alphabet(self) -> frozenset[str] | None:
+        """The characters its pieces spell, or None where the kind does not say (every character then counts as spelled)."""
+        return None
 
     def begins_word(self, token: int) -> bool:
         """Whether output id `token` begins a word (piece_begins_word of its piece)."""
@@ -148,4 +154,12 @@ class Tokenizer(TextTokenizer):
 
     def piece(self, token: int) -> str:
         return self.sp.id_to_piece(token) if 0 <= token < self.sp.get_piece_size() else ""
+
+    @functools.cached_property
+    def alphabet(self) -> frozenset[str]:
+        """The characters its pieces spell, byte-fallback and control pieces aside: every character of the text it was
+        trained on (character_coverage 1.0). Any other reaches the model as raw UTF-8 bytes, which it rarely met."""
+        sp = self.sp
+        return frozenset(c for i in range(sp.get_piece_size()) if not (sp.is_byte(i) or sp.is_control(i) or sp.is_unknown(i))
+                         for c in sp.id_to_piece(i)) - {"▁"}
 
