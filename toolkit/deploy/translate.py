@@ -456,14 +456,15 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
     for k in wanted:
         seg, mine = segments[k].forced, own[k][0]
         mine_text = textprep.finish(seg, mine.text)
-        terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
         if not mine.stopped and glossary.holds(mine_text, seg.targets):
             # With --n-best, only the model's hypotheses that hold the targets; the search's fill the places of the others.
             out[k] = [h for h in own[k] if not h.stopped and glossary.holds(textprep.finish(seg, h.text), seg.targets)]
-            if len(out[k]) < len(own[k]) and all(forms[0] for forms in terms):
+            terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets] if len(out[k]) < len(own[k]) else []
+            if terms and all(forms[0] for forms in terms):
                 found[k] = [h for h in _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
                             if _passes(t, seg, h, mine, opts)]
             continue
+        terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
         if not all(forms[0] for forms in terms):
             continue
         hyps = _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
