@@ -189,7 +189,7 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
     word: site_words), as id lists; whether the model was trained on placeholders (else a sentence whose targets cannot
     be forced in is reported, as tk translate reports it). A model whose glossary the page cannot put in has only
     `refused`, the one line the page shows."""
-    from toolkit.core import constrained, glossary, placeholders
+    from toolkit.core import constrained, glossary, placeholders, textprep
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.deploy.translate import FORCED_BEAM, FORCED_MARGIN, check_glossary
 
@@ -197,13 +197,16 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
         check_glossary(m)
     except UsageError as e:
         return {"refused": str(e)}
-    _, apostrophes, ends, bare = constrained._piece_kinds(open_tokenizer(m), _output_vocab(m))
+    tokenizer = open_tokenizer(m)
+    _, apostrophes, ends, bare = constrained._piece_kinds(tokenizer, _output_vocab(m))
     return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
             "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
             "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
             "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends), "bare_apostrophe": _ids(bare), "elides": constrained.ELIDES,
             "unelided": {short: list(fulls) for short, fulls in constrained.UNELIDED.items()},
-            "contracted": [[*pair, whole] for pair, whole in constrained.CONTRACTED.items()]}
+            "contracted": [[*pair, whole] for pair, whole in constrained.CONTRACTED.items()],
+            # textprep.unspelled's: the characters the tokenizer spells, and the punctuation kept outside such a word
+            "alphabet": "".join(sorted(tokenizer.alphabet)) if tokenizer.alphabet is not None else None, "around": textprep.AROUND}
 
 
 def site_words(m: manifest_mod.Manifest) -> dict:

@@ -64,7 +64,7 @@ class Segment:
 
 
 # Punctuation around a word that stays outside a word kept for its characters ("🐱." keeps "🐱", "(©" keeps "©").
-_AROUND = ".,;:!?¡¿\"'()[]{}«»“”‘’"
+AROUND = ".,;:!?¡¿\"'()[]{}«»“”‘’"
 
 
 def unspelled(line: str, alphabet: frozenset[str] | None) -> tuple[str, ...]:
@@ -78,7 +78,7 @@ def unspelled(line: str, alphabet: frozenset[str] | None) -> tuple[str, ...]:
         return ()
     out = []
     for word in line.split():
-        core = word.strip(_AROUND)  # quotes the model does not spell around a word it does ("“sting") keep nothing
+        core = word.strip(AROUND)  # quotes the model does not spell around a word it does ("“sting") keep nothing
         if any(c not in alphabet and unicodedata.category(c)[0] not in "CZM" for c in core):
             out.append(core)
     return tuple(dict.fromkeys(out))

@@ -207,6 +207,9 @@ export class Glossary {
     }
     const kept = terms.filter(([start, end]) => !runs.some(([s, e]) => s < end && start < e));
     if (!kept.length) refuse("a number, URL or e-mail address around them");
+    if (this.spec.alphabet !== null && text.split(" ").some((w) => unspelled(w, this.spec))) {
+      refuse("a character the model does not spell (tk translate keeps such a word as it is)");
+    }
     const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]), ...kept].sort((a, b) => a[0] - b[0]);
     if (chosen.length > this.spec.per_input) {
       refuse(`more than ${this.spec.per_input} of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)`);
@@ -232,6 +235,18 @@ export class Glossary {
     return { forced, spans: local, protected: fold ? protectedText.toLowerCase() : protectedText, kept: chosen.map((c) => c[2]),
       targets: kept.map((t) => t[2]), fold, without: fold ? without.toLowerCase() : without };
   }
+}
+
+// textprep.unspelled: whether a word holds a character the model's tokenizer does not spell (spec.alphabet), the
+// punctuation around it (spec.around) aside; control and format characters, spaces and combining marks count for none.
+function unspelled(word, spec) {
+  const around = new Set(spec.around);
+  const chars = [...word];
+  let start = 0, end = chars.length;
+  while (start < end && around.has(chars[start])) start++;
+  while (end > start && around.has(chars[end - 1])) end--;
+  const alphabet = spec.alphabetSet ?? (spec.alphabetSet = new Set(spec.alphabet));
+  return chars.slice(start, end).some((c) => !alphabet.has(c) && !/[\p{C}\p{Z}\p{M}]/u.test(c));
 }
 
 // Python's " ".join(text.split()) on a cleaned text (whose only whitespace is single spaces).
