@@ -48,6 +48,13 @@ def test_a_challenge_file_carries_sources_and_references_and_a_plain_one_takes_r
         read_text(tmp_path / "empty.txt")
 
 
+def test_the_cold_start_sentence_is_one_a_command_line_can_carry():
+    from toolkit.bench.text import cold_start_sentence
+
+    assert cold_start_sentence(["\x00\x01", "I'm home.", "Go."]) == "I'm home."
+    assert cold_start_sentence(["\x00"]) == "Hello."
+
+
 def test_the_table_says_which_engine_is_faster_and_by_how_much():
     rows = [TextRow("file, greedy", "fp32", 2000, [Engine("tk", 2.0, "defaults", 1.0, 43.8),
                                                    Engine("ctranslate2", 3.0, "1 x 2", 0.99, 43.3)]),
