@@ -186,7 +186,7 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
         if failed is not None and lineno not in failed:
             failed.append(lineno)
 
-    segments = segment_lines(t.manifest, texts, text, fail, t.tokenizer.alphabet)
+    segments = segment_lines(t.manifest, texts, text, fail, lambda: t.tokenizer.alphabet)
     notes: list[str] = []  # the decode's warnings, said once it succeeded (not again for a retry line by line)
 
     def decode(lines: list[int]) -> list[list[tuple[textprep.Segment, list[Translation]]]]:
@@ -245,9 +245,10 @@ def check_glossary(m: manifest_mod.Manifest | None, enabled: bool = True) -> Non
 
 def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
                   fail: Callable[[int, Exception, str], None] | None = None,
-                  alphabet: frozenset[str] | None = None) -> list[list[textprep.Segment]]:
+                  alphabet: Callable[[], frozenset[str] | None] | None = None) -> list[list[textprep.Segment]]:
     """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them,
-    which also keep verbatim the words holding a character `alphabet` (its tokenizer's) does not spell (textprep.unspelled).
+    which also keep verbatim the words holding a character `alphabet()` (its tokenizer's, made only when a line needs it)
+    does not spell (textprep.unspelled).
     With `fail`, a line whose preparation raises an unexpected error is prepared again as plain sentences (no
     placeholders or capitals folding: what the model makes of the text itself), else it has none (an empty
     translation), and `fail(index, error, what became of it)` is told; without, the error is raised."""
