@@ -51,6 +51,8 @@ SPANS = ["I have 3 cars.", "The car cost 5,000 dollars.", "Call 555 0199 about t
          "My house is at https://house.example.com now.", "I saw the movie in 2019."]
 # Lines in capitals and Title Case, which tk folds to lowercase for the model and gives their case back.
 CASED = ["THE HOUSE IS BIG.", "My Car Is Red.", "Where Is The Money?"]
+# Lines that are nothing but a term (a list item, a label): their placeholder form gives the target as it is.
+LONE = ["Car", "money!"]
 WITHOUT = ["I try.", "Tell me.", "Let's go!", "Speak up!", "Try some.", "Do it now.", "I gave up.", "I'll live."]
 APART = ["Visit https://house.example.com today.", "I have 3 houses.", "WHERE IS THE STATION?"]
 
@@ -62,6 +64,7 @@ def test_the_test_sentences_are_what_they_are_said_to_be():
         assert len(segments) == 1 and segments[0].forced and not segments[0].case and not segments[0].forced.spans, text
     assert all(len(textprep.prepare(text, glossary=g)[0].forced.spans) == 1 for text in SPANS)
     assert [textprep.prepare(text, glossary=g)[0].case for text in CASED] == ["upper", "title", "title"]
+    assert all(not any(c.isalpha() for c in textprep.prepare(text, glossary=g)[0].forced.without_terms) for text in LONE)
     assert not any(textprep.prepare(text, glossary=g)[0].forced for text in WITHOUT + APART)
 
 
@@ -81,7 +84,7 @@ def click(page) -> str:
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shipped_page, monkeypatch):
-    holding = HOLDING + SPANS + CASED
+    holding = HOLDING + SPANS + CASED + LONE
     texts = holding + WITHOUT
     python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS)
     with monkeypatch.context() as without_swaps:  # the sentences do take the swap (translate._swapped), which the page ports

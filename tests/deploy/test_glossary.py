@@ -232,6 +232,14 @@ def test_a_line_of_several_sentences_holds_each_target(translator):
     assert glossary.count(out, "demeure") == 2 and glossary.count(out, "bicyclette") == 1
 
 
+def test_a_line_that_is_nothing_but_a_term_is_its_target(translator):
+    """A list item or a button label ("House"): the search had forced the target into the tiny model's poor translation
+    of a lone word ("Hon demeure chez lui"); the placeholder form gives the target as it is."""
+    for text, target in [("House", "demeure"), ("house!", "demeure"), ("Bicycle.", "bicyclette"), ("Main Street", "rue Principale")]:
+        out = translator.translate([text], glossary=TERMS)[0]
+        assert [w for w in re.findall(r"\w+", out)] == target.split(), (text, out)
+
+
 def test_a_kept_term_is_copied_verbatim_where_a_glossary_term_has_the_same_words(translator):
     """--keep Apple (the brand) and a glossary's apple -> pomme: the glossary matches any case, the kept term as typed."""
     out = translator.translate(["Apple sells phones. I ate an apple."], keep=["Apple"], glossary={"apple": "pomme"})[0]

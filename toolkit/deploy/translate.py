@@ -455,6 +455,8 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
     out: dict[int, list[Translation]] = {}
     found: dict[int, list[Hypothesis]] = {}
     for k in wanted:
+        if segments[k].spans and not any(c.isalpha() for c in segments[k].forced.without_terms):
+            continue  # nothing but terms ("House", a list item): their placeholder form gives the targets as they are
         seg, mine = segments[k].forced, own[k][0]
         mine_text = textprep.finish(seg, mine.text)
         if not mine.stopped and glossary.holds(mine_text, seg.targets):

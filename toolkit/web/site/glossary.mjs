@@ -351,6 +351,8 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
   const own = await retried(backend, ownIds, await decodeIds(backend, ownIds, opts), opts, model.retry);
   const kinds = kindsOf(spec, model), boundary = wordBoundary(model.words, kinds.starts.length);
   for (const [w, i] of wanted.entries()) {
+    // Nothing but terms ("House"): their placeholder form gives the targets as they are (translate._forced).
+    if (forms.get(i).protected !== null && !/\p{L}/u.test(forms.get(i).without)) { later.push(i); continue; }
     const form = forms.get(i), mine = { ...own[w][0], tokens: wordEnd(own[w][0].tokens, own[w][0].rest, boundary) };
     const mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans);
     if (!mine.stopped && glossary.holds(mineText, form.targets)) {
