@@ -391,7 +391,11 @@ def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts:
     decode = decode or decode_sentences
     lines = lines if lines is not None else [1] * len(segments)
     forced = _forced(t, segments, opts, backend, decode, lines)
-    plain = [k for k in range(len(segments)) if k not in forced]
+    # A model input with no letter outside its placeholders ("2019", "👍", "555 0199, 555 0200", a glossary term alone) is
+    # its own translation: the model given a lone placeholder wrote it twice or not at all, and the fallback's repair
+    # then warned and capped the confidence of a line copied right.
+    copied = {k for k in range(len(segments)) if k not in forced and segments[k].spans and _letterless(segments[k].text)}
+    plain = [k for k in range(len(segments)) if k not in forced and k not in copied]
     # A segment of a model not trained on placeholders has no placeholder form: where its terms could not be forced in,
     # its translation is the model's own, reported in a warning naming its line, listed in `missed`, its confidence FAILED.
     out: list = [None] * len(segments)
@@ -414,7 +418,16 @@ def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts:
         done(len(forced))
     for k, nbest in forced.items():
         out[k] = (segments[k].forced, nbest)
+    for k in copied:
+        out[k] = (segments[k], [Translation(segments[k].text, 0.0, 0, 0, 1)])
+    if done and copied:
+        done(len(copied))
     return out
+
+
+def _letterless(text: str) -> bool:
+    """Whether a model input has no letter outside its placeholder symbols."""
+    return not any(c.isalpha() for c in placeholders.SYMBOL_RE.sub("", text))
 
 
 class _Decoded:
@@ -445,18 +458,16 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
             raise UsageError(f"--glossary forces its terms into this {t.manifest.model} model's output in tk's own decoding loop, "
                              "which CTranslate2 does not run; translate with --runtime onnxruntime")
         return {}
-    wanted = [k for k, seg in enumerate(segments) if seg.forced is not None]
+    # Not a segment of nothing but terms ("House", a list item): its placeholder form is its translation (decode_segments).
+    wanted = [k for k, seg in enumerate(segments) if seg.forced is not None and not (seg.spans and _letterless(seg.forced.without_terms))]
     ids = dict(zip(wanted, t.tokenizer.encode([segments[k].forced.text for k in wanted])))
     wanted = [k for k in wanted if 0 < len(ids[k]) <= t.manifest.max_len]
     if not wanted:
         return {}
     # The model's own translations (no warnings: the placeholder form, should it be used, gives its own).
     own = dict(zip(wanted, decode(t, [segments[k].forced.text for k in wanted], opts, backend=backend, lines=[lines[k] for k in wanted])))
-    out: dict[int, list[Translation]] = {}
-    found: dict[int, list[Hypothesis]] = {}
+    out, found = {}, {}  # by index: the translations given; the hypotheses found with the targets forced in, best first
     for k in wanted:
-        if segments[k].spans and not any(c.isalpha() for c in segments[k].forced.without_terms):
-            continue  # nothing but terms ("House", a list item): their placeholder form gives the targets as they are
         seg, mine = segments[k].forced, own[k][0]
         mine_text = textprep.finish(seg, mine.text)
         if not mine.stopped and glossary.holds(mine_text, seg.targets):

@@ -131,7 +131,13 @@ window.tk = {
     // The lines without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
     // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments). As there, a
     // sentence whose translation a guard cut is decoded again with a wider beam, and a loop guard's cut ends on a word.
-    const plain = texts.map((_, i) => i).filter((i) => !forms.has(i) || later.includes(i));
+    // A placeholder form with no letter outside its placeholders (a term alone: "House") is its own translation, as in
+    // translate.decode_segments.
+    const letterless = (i) => forms.has(i) && (forms.get(i).protected ?? null) !== null && !/\p{L}/u.test(forms.get(i).protected.replace(/⦅\d+⦆/gu, ""));
+    texts.forEach((_, i) => {
+      if (later.includes(i) && letterless(i)) out[i] = finished(glossary, forms.get(i), [], forms.get(i).protected, i + 1);
+    });
+    const plain = texts.map((_, i) => i).filter((i) => (!forms.has(i) || later.includes(i)) && !letterless(i));
     const inputs = plain.map((i) => (forms.has(i) ? forms.get(i).protected ?? forms.get(i).forced : texts[i]));
     const ids = await this.encode(inputs, languages), options = decodeOptions(model, rest);
     const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
