@@ -205,6 +205,18 @@ def test_a_repaired_line_is_warned_about_by_number_and_counted(shipped):
     assert len(warnings) == 3 and "line 7:" in warnings[0] and "'123' repeated" in warnings[1] and "line 9:" in warnings[2]
 
 
+def test_a_line_with_no_letter_outside_its_spans_is_its_own_translation_whatever_the_model_writes(shipped):
+    """A number, an emoji or a run of phone numbers alone: the model is not asked (given a lone placeholder the shipped
+    model wrote it twice, and each such line was warned about and capped at confidence 0.3)."""
+    from toolkit.deploy.translate import translate_batch
+
+    warnings: list[str] = []
+    lines = ["2019", "👍", "555 0199, 555 0200", "3.14 !"]
+    out = translate_batch(scripted(shipped, "Appelle ⦅0⦆ ⦅0⦆ ⦅1⦆."), lines, DecodeOptions.bare(max_len=64, **GUARDED), warn=warnings.append)
+    assert [n[0].text for n in out] == lines and warnings == []
+    assert all(n[0].confidence == 1.0 for n in out)
+
+
 def test_the_command_line_summary_counts_repaired_lines(cli, shipped, monkeypatch):
     from toolkit.deploy import translate
 
