@@ -161,8 +161,7 @@ class Tokenizer(TextTokenizer):
         trained on (character_coverage 1.0). Any other reaches the model as raw UTF-8 bytes, which it rarely met."""
         sp = self.sp
         pieces = sp.id_to_piece(list(range(sp.get_piece_size())))
-        # Only pieces written <...> can be byte (<0x41>), control (<s>) or unknown ones: asked about alone (1 ms, not 6,
-        # at every start).
+        # Only pieces written <...> can be byte (<0x41>), control (<s>) or unknown ones: only those are asked about
+        # (2 ms for the shipped model's 6,000 pieces, against 6 asking about every piece).
         return frozenset("".join(p for i, p in enumerate(pieces)
                                  if not (p[:1] == "<" and p[-1:] == ">" and (sp.is_byte(i) or sp.is_control(i) or sp.is_unknown(i))))) - {"▁"}
-

@@ -394,7 +394,7 @@ def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts:
     # A model input with no letter outside its placeholders ("2019", "👍", "555 0199, 555 0200", a glossary term alone) is
     # its own translation: the model given a lone placeholder wrote it twice or not at all, and the fallback's repair
     # then warned and capped the confidence of a line copied right.
-    copied = {k for k in range(len(segments)) if k not in forced and segments[k].spans and _letterless(segments[k].text)}
+    copied = {k for k in range(len(segments)) if k not in forced and _its_own_translation(segments[k])}
     plain = [k for k in range(len(segments)) if k not in forced and k not in copied]
     # A segment of a model not trained on placeholders has no placeholder form: where its terms could not be forced in,
     # its translation is the model's own, reported in a warning naming its line, listed in `missed`, its confidence FAILED.
@@ -425,9 +425,9 @@ def decode_segments(t: TranslationModel, segments: list[textprep.Segment], opts:
     return out
 
 
-def _letterless(text: str) -> bool:
-    """Whether a model input has no letter outside its placeholder symbols."""
-    return not any(c.isalpha() for c in placeholders.SYMBOL_RE.sub("", text))
+def _its_own_translation(segment: textprep.Segment) -> bool:
+    """Whether a model input is its own translation: placeholders with no letter outside them (decode_segments)."""
+    return bool(segment.spans) and not any(c.isalpha() for c in placeholders.SYMBOL_RE.sub("", segment.text))
 
 
 class _Decoded:
@@ -459,7 +459,7 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
                              "which CTranslate2 does not run; translate with --runtime onnxruntime")
         return {}
     # Not a segment of nothing but terms ("House", a list item): its placeholder form is its translation (decode_segments).
-    wanted = [k for k, seg in enumerate(segments) if seg.forced is not None and not (seg.spans and _letterless(seg.forced.without_terms))]
+    wanted = [k for k, seg in enumerate(segments) if seg.forced is not None and not _its_own_translation(seg)]
     ids = dict(zip(wanted, t.tokenizer.encode([segments[k].forced.text for k in wanted])))
     wanted = [k for k in wanted if 0 < len(ids[k]) <= t.manifest.max_len]
     if not wanted:
