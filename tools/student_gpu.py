@@ -329,6 +329,13 @@ def progress(run: Path | None = None) -> dict | None:
             "elapsed_s": round(p["elapsed"]), "finished": bool(ckpt.get("metrics")), "metrics": ckpt.get("metrics")}
 
 
+def recipe_changes(text: str | None = None) -> tuple[str, ...]:
+    """STUDENT_SET="epochs=44 average_last=8": recipe settings this run changes (`--set` pairs), e.g. a longer schedule
+    when the rental's box holds more epochs than the recipe's."""
+    text = os.environ.get("STUDENT_SET", "") if text is None else text
+    return tuple(x for pair in text.split() for x in ("--set", pair))
+
+
 def stage_train(args) -> dict | None:
     """Starts the run or resumes it, for at most args.minutes of training; nothing when it has finished."""
     state = progress()
@@ -389,7 +396,7 @@ def pack_run(out: Path, finished: bool) -> dict:
 def stage_call1(args) -> None:
     stage_env()
     minutes = float(os.environ.get("STUDENT_TRAIN_MIN", CALL1.step("train")))  # a shorter or longer box for a rental's leftover
-    state = stage_train(argparse.Namespace(minutes=minutes, device="cuda"))
+    state = stage_train(argparse.Namespace(minutes=minutes, device="cuda", extra=recipe_changes()))
     index = pack_run(Path(args.out), state["finished"])
     print(f"call1: {index['name']} packed ({index['bytes'] / 2**20:.1f} MiB, {len(index['parts'])} parts); "
           + ("now call2, at once" if state["finished"] else "call2 at once trains on; if it never comes, resume from this"))
@@ -405,7 +412,7 @@ def stage_call2(args) -> None:
                  "from step 1's files instead: `tools/student_gpu.py unpack DIR` then `tools/student_gpu.py export`")
     if not state["finished"]:
         stage_env()
-        state = stage_train(argparse.Namespace(minutes=CALL2.step("train"), device="cuda"))
+        state = stage_train(argparse.Namespace(minutes=CALL2.step("train"), device="cuda", extra=recipe_changes()))
         if not state["finished"]:
             index = pack_run(Path(args.out), finished=False)
             sys.exit(f"student_gpu call2: training is not done; {index['name']} packed under $OUT: unpack it and resume "
