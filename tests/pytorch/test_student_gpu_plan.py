@@ -85,6 +85,9 @@ def test_the_run_calls_are_short_commands_and_call2_carries_nothing():
     args = student_gpu.train_args(student_gpu.CALL1.step("train"))
     assert args[args.index("--max-minutes") + 1] == str(student_gpu.CALL1.step("train"))
     assert f"finish_minutes={student_gpu.CALL1.step('train')}" in args and "batch_tokens=24000" in args and "compile=false" in args
+    # STUDENT_SET's recipe changes (a longer schedule for a longer box) reach tk train as --set pairs
+    changed = student_gpu.train_args(5.5, extra=student_gpu.recipe_changes("epochs=40 average_last=8"))
+    assert changed[-4:] == ["--set", "epochs=40", "--set", "average_last=8"] and student_gpu.recipe_changes("") == ()
     fits, line = student_gpu.carry_fits(40 * 2**20, 20 * 2**20)
     assert fits and "60.0 MiB" in line
     assert not student_gpu.carry_fits(40 * 2**20, 25 * 2**20)[0]
