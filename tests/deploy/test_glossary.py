@@ -217,6 +217,21 @@ def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_wor
     assert translator.translate([text], glossary={"noise": "vacarme"})[0] == own.replace("bruit", "vacarme")
 
 
+@pytest.mark.parametrize(("text", "terms", "own_word"), [
+    ("Please deposit the money in a bank.", {"money": "fric"}, "argent"),
+    ("The child came aboard the plane in a good mood.", {"child": "gamin"}, "enfant"),
+])
+def test_a_target_the_search_puts_in_another_words_place_gives_way_to_the_models_word_swapped(translator, text, terms, own_word):
+    """The search's best held the target but in place of another word, beside the model's own word for the term ("S'il
+    vous plaît, dépose l'argent dans une banque fric.", "L'enfant arriva à bord de l'avion en gamin."). The model's own
+    translation with that word swapped scores better, so it is the translation: the target where the model's word was."""
+    own = translator.translate([text])[0]
+    assert own_word in own, own
+    out = translator.translate([text], glossary=terms)[0]
+    target = next(iter(terms.values()))
+    assert glossary.count(out, target) == 1 and own_word not in out, out
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_sentences_without_terms_are_byte_identical_with_and_without_the_glossary_alone_or_batched(translator, beam):
     mixed = [x for pair in zip(WITHOUT_TERMS, WITH_TERMS) for x in pair]

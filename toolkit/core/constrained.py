@@ -179,19 +179,26 @@ def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: l
     return out
 
 
-def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], terms: list[list[list[int]]], target: str,
-               rules: DecodingRules, without: list[int]) -> list[tuple[int, ...]]:
-    """The model's own translation `own` (token ids) with one of its words swapped for the first term (`target`, its
-    forms `terms[0]`), in each way the words before it may then be written; the caller keeps the one the model scores
-    best. The word is the one the source terms account for most, the one whose log-probability falls most when the
-    model reads `without` (the source with its terms taken out) instead of `src` (the first of equals); [] where `own`
-    has no word to swap. An article or preposition elided before the word ("l'argent", "d'argent": UNELIDED) stays
-    elided before a term that takes elision ("l'automobile") and comes back whole before one that takes none, in each
-    of its forms ("le fric", "la fric"); one that stands whole before the word ("la voiture") is also offered elided
-    before a term that takes elision ("l'automobile" beside "la automobile"). An apostrophe alone continues its word."""
+@dataclass(frozen=True)
+class TermWord:
+    """Where the model's own word for a term stands in its translation `own` (ids): own[begin:end], `i` where the word
+    itself begins (after an elided article: "l'" of "l'argent" begins at `begin`), and its text."""
+
+    begin: int
+    i: int
+    end: int
+    elided: bool
+    text: str
+
+
+def term_word(backend: StepBackend, tokenizer, src: list[int], own: list[int], rules: DecodingRules,
+              without: list[int]) -> TermWord | None:
+    """The word of the model's own translation `own` (token ids) that the source terms account for most: the one whose
+    log-probability falls most when the model reads `without` (the source with its terms taken out) instead of `src`
+    (the first of equals); None where `own` has no word. An apostrophe alone continues its word."""
     if len(own) < 2:
-        return []
-    (with_terms, vocab), (without_terms, _) = (_own_log_probs(backend, ids, own, rules) for ids in (src, without))
+        return None
+    (with_terms, without_terms), vocab = _own_log_probs_each(backend, [src, without], own, rules)
     starts, apostrophes, _, bare = _piece_kinds(tokenizer, vocab)
     fall = with_terms - without_terms
     best: tuple[float, int, int, bool] | None = None
@@ -206,10 +213,24 @@ def term_swaps(backend: StepBackend, tokenizer, src: list[int], own: list[int], 
         if best is None or weight > best[0]:
             best = (weight, i, end, elided)
     if best is None:
-        return []
+        return None
     _, i, end, elided = best
     begin = _word_start(own, i - 1, starts, bare) if elided else i
-    word, rest = tokenizer.decode([own[begin:end]])[0].strip(), tuple(own[end:])
+    return TermWord(begin, i, end, elided, tokenizer.decode([own[begin:end]])[0].strip())
+
+
+def term_swaps(tokenizer, own: list[int], found: TermWord, terms: list[list[list[int]]], target: str,
+               rules: DecodingRules) -> list[tuple[int, ...]]:
+    """The model's own translation `own` (token ids) with its word for the first term (`found`: term_word) swapped for
+    that term (`target`, its forms `terms[0]`), in each way the words before it may then be written; the caller keeps
+    the one the model scores best. An article or preposition elided before the word ("l'argent", "d'argent": UNELIDED)
+    stays elided before a term that takes elision ("l'automobile") and comes back whole before one that takes none, in
+    each of its forms ("le fric", "la fric"); one that stands whole before the word ("la voiture") is also offered
+    elided before a term that takes elision ("l'automobile" beside "la automobile")."""
+    begin, i, end, elided = found.begin, found.i, found.end, found.elided
+    starts = {tok: tokenizer.begins_word(tok) for tok in set(own)}  # _piece_kinds' of own's tokens alone
+    bare = {tok: bool(p) and not p.strip("'’") for tok in starts for p in [tokenizer.piece(tok)]}
+    word, rest = found.text, tuple(own[end:])
 
     def ids(text: str) -> tuple[int, ...]:
         out = tokenizer.target_ids([text])[0]
@@ -300,6 +321,19 @@ def _own_log_probs(backend: StepBackend, src: list[int], own: list[int], rules: 
         log_probs, state = backend.step(token, state)
         out[i], vocab = log_probs[0, tok], log_probs.shape[1]
         token = np.array([tok], dtype=np.int64)
+    return out, vocab
+
+
+def _own_log_probs_each(backend: StepBackend, srcs: list[list[int]], own: list[int], rules: DecodingRules) -> tuple[np.ndarray, int]:
+    """The log-probability of each token of `own` (its end token's last) as the model reads each of `srcs`, read in one
+    padded batch (one decoder run a token for all of them: term_word's two readings cost about one), and the model's
+    output vocabulary."""
+    state = backend.encode(*pad_batch(srcs, rules.pad))
+    token, out, vocab = np.full(len(srcs), rules.start, dtype=np.int64), np.zeros((len(srcs), len(own) + 1)), 0
+    for i, tok in enumerate([*own, rules.end]):
+        log_probs, state = backend.step(token, state)
+        out[:, i], vocab = log_probs[:, tok], log_probs.shape[1]
+        token = np.full(len(srcs), tok, dtype=np.int64)
     return out, vocab
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO
 
 from toolkit.core import confidence as conf
 from toolkit.core import manifest as manifest_mod
@@ -28,6 +28,9 @@ from toolkit.core.textprep import TextOptions
 from toolkit.core.tokenizer import Tokenizer
 from toolkit.core.tokenizers import MarianTokenizer, open_tokenizer, with_languages
 from toolkit.runtimes import DEFAULT_RUNTIME
+
+if TYPE_CHECKING:
+    from toolkit.core.constrained import TermWord
 
 CHUNK_LINES = 2048  # lines read, sorted and translated at a time: bounds memory on any input size
 
@@ -481,13 +484,7 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
         terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
         if not all(forms[0] for forms in terms):
             continue
-        hyps = _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
-        if hyps and _passes(t, seg, hyps[0], mine, opts):
-            found[k] = [h for h in hyps if _passes(t, seg, h, mine, opts)]
-            continue
-        h = _swapped(t, ids[k], seg, terms, backend, rules, mine.text, opts)
-        if _passes(t, seg, h, mine, opts):
-            found[k] = [h]
+        found[k] = _search_or_swap(t, ids[k], seg, terms, mine, opts, backend, rules)
     held = [k for k in sorted(found) if found[k]]
     if held:
         # Their hypotheses become translations as every other's do (scores, confidence), through the same decode.
@@ -500,6 +497,31 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
             out[k] = merged[:1] + sorted(merged[1:], key=lambda h: -h.score) if k in out else merged
             out[k] = out[k][:opts.n_best]
     return out
+
+
+def _search_or_swap(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], mine: Translation,
+                    opts: DecodeOptions, backend: object, rules) -> list[Hypothesis]:
+    """A segment's translations with its targets forced in that pass the checks (_passes), best first: the search's
+    (_constrained); where they fail, the model's own translation `mine` with its word for the term swapped for the
+    target (_swapped). Where the search's best keeps that word as often as `mine` does, the target took another word's
+    place ("Il vendit sa propre voiture sans automobile.", "dépose l'argent dans une banque fric."), and the swap comes
+    first if it passes and the model scores it better: the beam missed it ("Veuillez déposer le fric dans une banque.")."""
+    hyps = _constrained(t, src, terms, segment.targets, opts, backend, rules)
+    passing = [h for h in hyps if _passes(t, segment, h, mine, opts)] if hyps and _passes(t, segment, hyps[0], mine, opts) else []
+    where = None
+    if passing:
+        where = _own_word(t, src, segment, backend, rules, mine.text)
+        if where is None or not _kept_own_word(t, passing[0], mine.text, where[1].text, segment.targets):
+            return passing
+    h = _swapped(t, src, segment, terms, backend, rules, mine.text, opts, where)
+    if not _passes(t, segment, h, mine, opts):
+        return passing
+    if not passing:
+        return [h]
+    alpha = rules.alpha if opts.alpha is None else opts.alpha
+    if _best_scored([passing[0], h], rules, alpha) is not h:
+        return passing
+    return [h] + [x for x in passing if not _kept_own_word(t, x, mine.text, where[1].text, segment.targets)]
 
 
 def _passes(t: TranslationModel, segment: textprep.Segment, h: Hypothesis | None, own: Translation, opts: DecodeOptions) -> bool:
@@ -547,20 +569,46 @@ def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
-             own: str, opts: DecodeOptions) -> Hypothesis | None:
+             own: str, opts: DecodeOptions, where: tuple[list[int], TermWord] | None = None) -> Hypothesis | None:
     """The model's own translation `own` of src (the segment's ids) with the word that the segment's source terms
-    account for most swapped for a term (constrained.term_swaps), the way of writing it the model scores best (by the
-    normalised score the checks compare); None if there is none."""
+    account for most (`where`, _own_word's, found here if not given) swapped for a term (constrained.term_swaps), the
+    way of writing it the model scores best (by the normalised score the checks compare); None if there is none."""
+    from toolkit.core import constrained
+
+    found = where or _own_word(t, src, segment, backend, rules, own)
+    if found is None:
+        return None
+    swaps = constrained.term_swaps(t.tokenizer, found[0], found[1], terms, segment.targets[0], rules)
+    alpha = rules.alpha if opts.alpha is None else opts.alpha
+    return _best_scored([constrained.scored(backend, src, list(swap), rules) for swap in swaps], rules, alpha)
+
+
+def _own_word(t: TranslationModel, src: list[int], segment: textprep.Segment, backend: object, rules,
+              own: str) -> tuple[list[int], TermWord] | None:
+    """The model's own translation `own` as ids, and where in it stands its word for the segment's terms
+    (constrained.term_word); None where the source is nothing but terms or the translation has no word."""
     from toolkit.core import constrained
 
     without = t.tokenizer.encode([segment.without_terms])[0]
     if not without:
         return None
     ids = t.tokenizer.target_ids([own])[0]
-    swaps = constrained.term_swaps(backend, t.tokenizer, src, ids[:-1] if ids[-1:] == [rules.end] else ids, terms,
-                                   segment.targets[0], rules, without)
-    alpha = rules.alpha if opts.alpha is None else opts.alpha
-    return _best_scored([constrained.scored(backend, src, list(swap), rules) for swap in swaps], rules, alpha)
+    ids = ids[:-1] if ids[-1:] == [rules.end] else ids
+    found = constrained.term_word(backend, t.tokenizer, src, ids, rules, without)
+    return None if found is None else (ids, found)
+
+
+def _kept_own_word(t: TranslationModel, h: Hypothesis, own: str, word: str, targets: list[str]) -> bool:
+    """Whether a translation with the targets forced in (h) still holds the model's own word for the term (`word`, in
+    its own translation `own`) as often as that translation does, the targets' own words aside ("fille" in "jeune
+    fille"): then the target took another word's place."""
+    from toolkit.core import glossary
+
+    def outside_targets(text: str) -> int:
+        return glossary.count(text, word) - sum(glossary.count(text, x) * glossary.count(x, word) for x in set(targets))
+
+    n = outside_targets(own)
+    return n > 0 and outside_targets(t.tokenizer.decode([h.tokens])[0]) >= n
 
 
 def _best_scored(hyps: list[Hypothesis], rules, alpha: float) -> Hypothesis | None:

@@ -2,7 +2,7 @@
 and a 10,000-entry glossary's load time and cost per sentence. docs/glossary.md gives the figures.
 
     python docs/measurements/glossary/measure.py [--model exported/transformer] [--data ../shared/data/fra-eng.zip]
-        [--threads 1] [--only terms|time|big] [--split test|valid] [--forced-beam 4] [--json OUT]
+        [--threads 1] [--provider cpu|cuda] [--only terms|time|big] [--split test|valid] [--forced-beam 4] [--json OUT]
 
 The term test sets come from fra-eng.zip's held-out splits (toolkit.core.data: the valid and test English sentences,
 which the shipped model never trained on; not the Tatoeba Challenge test set). LEXICON lists English word forms with
@@ -27,6 +27,8 @@ Figures:
   as written, a hyphen counting as part of a word);
 - BLEU and chrF of the rest of the sentence: every French form of the item's word removed from the output and from the
   references; and of the whole sentence;
+- doubled: outputs that hold the asked form and, beside it, the model's own choice for the word (the word said twice,
+  which the rest-of-sentence scores cannot see: they remove both);
 - decode time of the test sets' English, greedy and beam 4, each way, in one run (best of 3, interleaved);
 - 10,000 entries: load time of the TSV file, cost per sentence of preparing the lines with and without it (and, for
   scale, of a loop of 10,000 regex searches), and whether every line holding none of its terms is translated byte
@@ -182,13 +184,21 @@ def without_forms(text: str, term: str) -> str:
     return " ".join(text.split())
 
 
-def scores(items: list[dict], outputs: list[str]) -> dict:
+def doubled(item: dict, output: str, own: dict[str, str]) -> bool:
+    """Whether the output holds the asked form and, beside it, the model's own choice for the word (`own`): the word
+    said twice, once as asked and once as the model would (`dépose l'argent dans une banque fric.`)."""
+    rest = WORD[item["target"]].sub(" ", output)
+    return count(output, item["target"]) > 0 and count(rest, own[item["term"]]) > 0
+
+
+def scores(items: list[dict], outputs: list[str], own: dict[str, str]) -> dict:
     term_ok = sum(count(o, i["target"], ignore_case=False) == i["times"] for i, o in zip(items, outputs))
+    twice = sum(doubled(i, o, own) for i, o in zip(items, outputs))
     whole = bleu_chrf(outputs, [i["refs"] for i in items])
     rest = bleu_chrf([without_forms(o, i["term"]) for i, o in zip(items, outputs)],
                      [[without_forms(r, i["term"]) for r in i["refs"]] for i in items])
     return {"term_rate": round(100 * term_ok / len(items), 1), "bleu": whole["bleu"], "chrf": whole["chrf"],
-            "rest_bleu": rest["bleu"], "rest_chrf": rest["chrf"]}
+            "rest_bleu": rest["bleu"], "rest_chrf": rest["chrf"], "doubled": twice}
 
 
 def term_sets(translator, corpus) -> tuple[dict[str, str], dict[str, list[dict]]]:
@@ -221,7 +231,7 @@ def term_set(translator, corpus, only: str = "") -> dict:
             for how in modes(translator):
                 counts: Counter = Counter()
                 outputs[how] = translate_items(translator, kept, how, counts, beam=beam)
-                row[f"beam{beam}"][how] = {**scores(kept, outputs[how]), **({"written": f"{counts['written']}/{counts['wanted']}"}
+                row[f"beam{beam}"][how] = {**scores(kept, outputs[how], own), **({"written": f"{counts['written']}/{counts['wanted']}"}
                                                                             if how == "glossary" else {})}
             if beam == 1 and name == "test-reference":
                 out["examples"] = [{"en": i["en"], "asked": {i["term"]: i["target"]}, **{h: outputs[h][k] for h in modes(translator)},
@@ -306,6 +316,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=REPO / "exported" / "transformer")
     parser.add_argument("--data", type=Path, default=None, help="fra-eng.zip [default: tk's own search, toolkit.core.data.find]")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="where ONNX Runtime runs the graphs")
     parser.add_argument("--json", type=Path, help="write the figures here (the parts run replace theirs in an existing file)")
     parser.add_argument("--only", choices=["terms", "time", "big"], action="append")
     parser.add_argument("--split", choices=["test", "valid"], default="", help="the term sets of one split only [default: both]")
@@ -313,9 +324,9 @@ def main() -> None:
     args = parser.parse_args()
     from toolkit import Translator
 
-    translator = Translator(args.model, provider="cpu", threads=args.threads)
+    translator = Translator(args.model, provider=args.provider, threads=args.threads)
     corpus = data.load_corpus(args.data, download=False)
-    out: dict = {"model": args.model.name, "corpus": Path(corpus.source).name}
+    out: dict = {"model": args.model.name, "corpus": Path(corpus.source).name, "provider": args.provider}
     only = set(args.only or ["terms", "time", "big"])
     if "terms" in only:
         from toolkit.deploy import translate

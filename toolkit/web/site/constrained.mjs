@@ -109,16 +109,12 @@ export async function constrainedSearch(backend, src, terms, limit, beam, alpha,
   return tokens.length && loopCut(tokens) >= 0 ? null : { tokens, score: best.score };
 }
 
-// constrained.term_swaps: the model's own translation `own` (ids) with one of its words swapped for the first term
-// (`target`, its forms terms[0]), in each way the words before it may then be written: the word the source terms account
-// for most, the one whose log-probability falls most when the model reads `without` (the source with its terms taken
-// out) instead of `src` (the first of equals); [] where `own` has no word to swap. An elided article or preposition
-// (spec.unelided) stays elided before a term that takes elision and comes back whole before one that takes none, in
-// each of its forms (spec.contracted: "du fric", not "de le fric"); one that stands whole before the word is also
-// offered elided before a term that takes elision.
-export async function termSwaps(backend, tokenizer, src, own, terms, target, rules, kinds, without, spec) {
-  if (own.length < 2) return [];
-  const withTerms = await ownLogProbs(backend, src, own, rules), withoutTerms = await ownLogProbs(backend, without, own, rules);
+// constrained.term_word: where the word of the model's own translation `own` (ids) that the source terms account for
+// most stands, the one whose log-probability falls most when the model reads `without` (the source with its terms taken
+// out) instead of `src` (the first of equals): { begin, i, end, elided, text }; null where `own` has no word.
+export async function termWord(backend, tokenizer, src, own, rules, kinds, without) {
+  if (own.length < 2) return null;
+  const [withTerms, withoutTerms] = await ownLogProbsEach(backend, [src, without], own, rules);
   const begins = (tok) => kinds.starts[tok] === 1 && kinds.bare[tok] !== 1;
   let best = null;
   for (let i = 0; i < own.length; i++) {
@@ -130,10 +126,20 @@ export async function termSwaps(backend, tokenizer, src, own, terms, target, rul
     for (let j = i; j < end; j++) weight += withTerms[j] - withoutTerms[j]; // float64, as numpy's sum of float64
     if (best === null || weight > best.weight) best = { weight, i, end, elided };
   }
-  if (best === null) return [];
+  if (best === null) return null;
   const { i, end, elided } = best;
   const begin = elided ? wordStart(own, i - 1, kinds) : i;
-  const word = tokenizer.decode(own.slice(begin, end)).trim(), rest = own.slice(end);
+  return { begin, i, end, elided, text: tokenizer.decode(own.slice(begin, end)).trim() };
+}
+
+// constrained.term_swaps: the model's own translation `own` (ids) with its word for the first term (`found`: termWord)
+// swapped for that term (`target`, its forms terms[0]), in each way the words before it may then be written. An elided
+// article or preposition (spec.unelided) stays elided before a term that takes elision and comes back whole before one
+// that takes none, in each of its forms (spec.contracted: "du fric", not "de le fric"); one that stands whole before
+// the word is also offered elided before a term that takes elision.
+export function termSwaps(tokenizer, own, found, terms, target, rules, kinds, spec) {
+  const { begin, i, end, elided } = found;
+  const word = found.text, rest = own.slice(end);
   const ids = (text) => {
     const out = tokenizer.targetIds(text);
     return out.length && out[out.length - 1] === rules.end ? out.slice(0, -1) : out;
@@ -216,6 +222,21 @@ async function ownLogProbs(backend, src, own, rules) {
     state = step.state;
     out.push(step.logProbs[tok]);
     token = [tok];
+  }
+  return out;
+}
+
+// constrained._own_log_probs_each: the log-probability of each token of `own` (the end token's last) as the model reads
+// each of `srcs`, in one padded batch.
+async function ownLogProbsEach(backend, srcs, own, rules) {
+  let state = await backend.encode(srcs);
+  let token = srcs.map(() => rules.start);
+  const out = srcs.map(() => []);
+  for (const tok of [...own, rules.end]) {
+    const step = await backend.step(token, state);
+    state = step.state;
+    srcs.forEach((_, r) => out[r].push(step.logProbs[r * step.vocab + tok]));
+    token = srcs.map(() => tok);
   }
   return out;
 }

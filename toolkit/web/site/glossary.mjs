@@ -5,7 +5,7 @@
 // writes from the Python definitions.
 
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
-import { constrainedSearch, elidedTokens, scored, termSwaps } from "./constrained.mjs";
+import { constrainedSearch, elidedTokens, scored, termSwaps, termWord } from "./constrained.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -163,13 +163,16 @@ export class Glossary {
     return !(start > 0 && this.glued(text[start - 1], text[start])) && !(end < text.length && this.glued(text[end - 1], text[end]));
   }
 
+  // glossary.count: how often `target` stands in `text` as written, as a whole word.
+  count(text, target) {
+    let found = 0;
+    for (let at = text.indexOf(target); at >= 0; at = text.indexOf(target, at + 1)) found += this.wholeWord(text, at, at + target.length);
+    return found;
+  }
+
   // glossary.holds: each target exactly as often as `targets` lists it, as written, as whole words.
   holds(text, targets) {
-    for (const [target, n] of count(targets)) {
-      let found = 0;
-      for (let at = text.indexOf(target); at >= 0; at = text.indexOf(target, at + 1)) found += this.wholeWord(text, at, at + target.length);
-      if (found !== n) return false;
-    }
+    for (const [target, n] of count(targets)) if (this.count(text, target) !== n) return false;
     return true;
   }
 
@@ -377,15 +380,39 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
         const other = await scored(backend, src, glued, rules);
         if (normalized(rules, other.score, other.tokens.length, alpha) > normalized(rules, h.score, h.tokens.length, alpha)) h = other;
       }
-      if (!passes(h)) { // translate._swapped: the model's own with its word for a target swapped for it
-        const without = tokenizer.encode(form.without, languages), ownTarget = tokenizer.targetIds(tokenizer.decode(mine.tokens));
-        const swaps = without.length ? await termSwaps(backend, tokenizer, src, ownTarget[ownTarget.length - 1] === rules.end
-          ? ownTarget.slice(0, -1) : ownTarget, terms, form.targets[0], rules, kinds, without, spec) : [];
-        h = null; // the way of writing it the model scores best, the first of equals
-        for (const swap of swaps) {
+      const mineRaw = tokenizer.decode(mine.tokens);
+      const ownWord = async () => { // translate._own_word: the model's own translation's ids, and its word for the terms
+        const without = tokenizer.encode(form.without, languages), ownTarget = tokenizer.targetIds(mineRaw);
+        if (!without.length) return null;
+        const ownIds = ownTarget[ownTarget.length - 1] === rules.end ? ownTarget.slice(0, -1) : ownTarget;
+        const found = await termWord(backend, tokenizer, src, ownIds, rules, kinds, without);
+        return found === null ? null : { ownIds, found };
+      };
+      const swapped = async (where) => { // translate._swapped: the model's own with its word for a target swapped for it
+        if (where === null) return null;
+        let best = null; // the way of writing it the model scores best, the first of equals
+        for (const swap of termSwaps(tokenizer, where.ownIds, where.found, terms, form.targets[0], rules, kinds, spec)) {
           const s = await scored(backend, src, swap, rules);
-          if (h === null || normalized(rules, s.score, s.tokens.length, alpha) > normalized(rules, h.score, h.tokens.length, alpha)) h = s;
+          if (best === null || normalized(rules, s.score, s.tokens.length, alpha) > normalized(rules, best.score, best.tokens.length, alpha)) best = s;
         }
+        return best;
+      };
+      // translate._kept_own_word: the model's own word for the term as often as in its own translation, the targets'
+      // own words aside ("fille" in "jeune fille").
+      const kept = (x, word) => {
+        const outside = (text) => glossary.count(text, word)
+          - [...new Set(form.targets)].reduce((n, t) => n + glossary.count(text, t) * glossary.count(t, word), 0);
+        const n = outside(mineRaw);
+        return n > 0 && outside(tokenizer.decode(x.tokens)) >= n;
+      };
+      if (passes(h)) {
+        const where = await ownWord(); // the search put the target in beside the model's own word: the swap, where it
+        if (where !== null && kept(h, where.found.text)) { // passes and the model scores it better (the first of equals)
+          const s = await swapped(where);
+          if (passes(s) && normalized(rules, s.score, s.tokens.length, alpha) > normalized(rules, h.score, h.tokens.length, alpha)) h = s;
+        }
+      } else {
+        h = await swapped(await ownWord());
       }
       if (passes(h)) {
         done.set(i, { text: finish(form.fold, tokenizer.decode(h.tokens), form.spans), tokens: h.tokens, glossary: "forced" });
