@@ -25,6 +25,9 @@ On the GPU machine, one command per step, back to back (a machine left idle is h
 Back here (CPU): unpack, export (when only step 1's files came back), evaluate, bench, decide, ship;
 train [--device cpu] resumes a compact resume state anywhere.
 
+Environment: STUDENT_TRAIN_MIN, step 1's training box in minutes; STUDENT_SET="epochs=40 ...", recipe settings the run
+changes (`tk train --set` pairs); STUDENT_COMPILE=true, the compiled step.
+
 The ship rule: the student replaces the shipped Transformer only if it beats it on the Tatoeba Challenge set and on
 the held-out split (beam 4; greedy not lower), decodes on CPU at least as fast (every `tk bench --text` row of tk's
 fp32 API), passes `tk verify` on CPU and keeps exported/ within its 40 MiB budget. The recipe's goals, printed beside
