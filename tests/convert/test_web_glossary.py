@@ -130,6 +130,15 @@ def test_an_import_s_page_forces_targets_in_and_names_the_sentences_it_could_not
                         r"the model's own translation without them", status), status
 
 
+def test_the_page_never_writes_a_term_after_a_word_only_written_elided(shipped_page):
+    """Python's search lets no term begin as a word of its own after "l" before its apostrophe (constrained._piece_kinds'
+    stubs): "le fric", not "l fric". The page must give what Python gives."""
+    texts, terms = ["Please deposit the money in a bank."], {"money": "fric", "bank": "banque"}
+    python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, glossary=terms)
+    assert python == ["Veuillez déposer le fric dans une banque."]
+    assert [o["text"] for o in shipped_page.evaluate(TRANSLATE, [texts, {"glossary": terms}])] == python
+
+
 BAD = ["house\tdemeure\nbicycle bicyclette\n", "house\tdemeure\tmaison\n", "house\tdemeure\n\nHOUSE\tmaison\n", "house\t \n",
        "ho\x01use\tdemeure\n", "x" * 501 + "\tdemeure\n"]
 

@@ -233,6 +233,14 @@ def test_a_target_the_search_puts_in_another_words_place_gives_way_to_the_models
 
 
 @pytest.mark.parametrize("beam", [1, 4])
+def test_a_term_never_follows_a_word_only_written_elided(translator, beam):
+    """The search wrote "l" (whose apostrophe the tokenizer writes as a token of its own) and then the target as a word
+    of its own: "Veuillez déposer l fric dans une banque." After such a word only a term's glued form may begin."""
+    out = translator.translate(["Please deposit the money in a bank."], glossary={"money": "fric", "bank": "banque"}, beam=beam)[0]
+    assert not re.search(r"(?<![\w'’])[ld] fric", out) and glossary.count(out, "fric") == 1, out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
 def test_sentences_without_terms_are_byte_identical_with_and_without_the_glossary_alone_or_batched(translator, beam):
     mixed = [x for pair in zip(WITHOUT_TERMS, WITH_TERMS) for x in pair]
     with_glossary = translator.translate(mixed, beam=beam, glossary=TERMS)

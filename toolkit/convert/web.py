@@ -198,11 +198,12 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
     except UsageError as e:
         return {"refused": str(e)}
     tokenizer = open_tokenizer(m)
-    _, apostrophes, ends, bare = constrained._piece_kinds(tokenizer, _output_vocab(m))
+    _, apostrophes, ends, bare, stubs = constrained._piece_kinds(tokenizer, _output_vocab(m))
     return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
             "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
             "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
-            "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends), "bare_apostrophe": _ids(bare), "elides": constrained.ELIDES,
+            "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends), "bare_apostrophe": _ids(bare),
+            "elision_stub": _ids(stubs), "elides": constrained.ELIDES,
             "unelided": {short: list(fulls) for short, fulls in constrained.UNELIDED.items()},
             "contracted": [[*pair, whole] for pair, whole in constrained.CONTRACTED.items()],
             # textprep.unspelled's: the characters the tokenizer spells, and the punctuation kept outside such a word

@@ -77,15 +77,19 @@ _SENTENCE_ENDS = {".", "?", "!", "…"}
 
 
 @functools.lru_cache(maxsize=8)
-def _piece_kinds(tokenizer, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _piece_kinds(tokenizer, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per output id: whether it begins a word (or is punctuation), what may follow a term; whether it ends in an
     apostrophe, where a term's glued form may begin; whether it ends a sentence ("." "▁?"), after which no term
-    may begin; and whether it is an apostrophe alone ("'" after "▁l"), which begins no word of its own."""
+    may begin; whether it is an apostrophe alone ("'" after "▁l"), which begins no word of its own; and whether it is
+    a word that is only ever written elided (ELISION_STUBS: "▁l" before its "'"), after which no term may begin as a
+    word of its own ("l fric")."""
     pieces = [tokenizer.piece(i) for i in range(vocab)]
-    return (np.array([tokenizer.begins_word(i) for i in range(vocab)], dtype=bool),
+    starts = np.array([tokenizer.begins_word(i) for i in range(vocab)], dtype=bool)
+    return (starts,
             np.array([p.endswith(("'", "’")) for p in pieces], dtype=bool),
             np.array([p.lstrip("\u2581") in _SENTENCE_ENDS for p in pieces], dtype=bool),
-            np.array([bool(p) and not p.strip("'’") for p in pieces], dtype=bool))
+            np.array([bool(p) and not p.strip("'’") for p in pieces], dtype=bool),
+            starts & np.array([p.lstrip("\u2581Ġ").casefold() in ELISION_STUBS for p in pieces], dtype=bool))
 
 
 def can_constrain(backend: object, rules: DecodingRules) -> bool:
@@ -95,23 +99,27 @@ def can_constrain(backend: object, rules: DecodingRules) -> bool:
 
 
 def _candidates(h: _Hyp, log_probs: np.ndarray, terms: list[list[list[int]]], beam: int, starts: np.ndarray, eos: int,
-                elided: bool) -> list[int]:
+                elided: bool, stub: bool = False) -> list[int]:
     """A hypothesis's next tokens to weigh: the model's `beam` best that it may write, the next token of the term it is
-    writing, the first of each term it has not written (its glued form after an apostrophe: term_forms), and the end
-    token once every term is written."""
+    writing, the first of each term it has not written (its glued form after an apostrophe: term_forms; none as a word
+    of its own right after a word only ever written elided, `stub`: "l fric"), and the end token once every term is
+    written."""
     lp = log_probs
-    if h.after_term or not all(h.met):
+    unwritten = [forms for forms, m in zip(terms, h.met) if not m]
+    if h.after_term or unwritten or stub:
         lp = log_probs.copy()
         if h.after_term:
             lp[~starts] = -np.inf
             lp[eos] = log_probs[eos]
-        if not all(h.met):
+        if unwritten:
             lp[eos] = -np.inf
+        if stub:
+            lp[[forms[0][0] for forms in unwritten]] = -np.inf
     wanted = set(np.argpartition(-lp, beam)[:beam].tolist())
     if h.writing:
         c, v, j = h.writing
         wanted.add(terms[c][v][j])
-    wanted.update(form[0] for forms, m in zip(terms, h.met) if not m for v, form in enumerate(forms) if (v > 0) == elided)
+    wanted.update(form[0] for forms in unwritten for v, form in enumerate(forms) if (v > 0) == elided and not (stub and v == 0))
     if all(h.met):
         wanted.add(eos)
     return [t for t in wanted if np.isfinite(lp[t])]
@@ -144,15 +152,16 @@ def constrained_search(backend: StepBackend, tokenizer, src: list[int], terms: l
     kinds = None
     for _ in range(limit):
         log_probs, state = backend.step(token, state)
-        starts, apostrophes, ends, _ = kinds = kinds or _piece_kinds(tokenizer, log_probs.shape[1])
+        starts, apostrophes, ends, _, stubs = kinds = kinds or _piece_kinds(tokenizer, log_probs.shape[1])
         candidates = []
         for r, h in enumerate(hyps):
             if h.tokens and ends[h.tokens[-1]] and not all(h.met):
                 # Its sentence ended without its terms: what it could still write is a term tacked on ("... grandi. demeure.").
                 continue
             elided = bool(h.tokens) and bool(apostrophes[h.tokens[-1]])
+            stub = bool(h.tokens) and bool(stubs[h.tokens[-1]])
             candidates += [(r, _advance(h, tok, h.score + float(log_probs[r, tok]), terms, elided))
-                           for tok in _candidates(h, log_probs[r], terms, beam, starts, eos, elided)]
+                           for tok in _candidates(h, log_probs[r], terms, beam, starts, eos, elided, stub)]
         candidates.sort(key=lambda item: -item[1].score)
         # An end token finishes its hypothesis where it ranks within the beam, as in tk's beam search.
         for _, h in candidates[:beam]:
@@ -199,7 +208,7 @@ def term_word(backend: StepBackend, tokenizer, src: list[int], own: list[int], r
     if len(own) < 2:
         return None
     (with_terms, without_terms), vocab = _own_log_probs_each(backend, [src, without], own, rules)
-    starts, apostrophes, _, bare = _piece_kinds(tokenizer, vocab)
+    starts, apostrophes, _, bare, _ = _piece_kinds(tokenizer, vocab)
     fall = with_terms - without_terms
     best: tuple[float, int, int, bool] | None = None
     for i in range(len(own)):
@@ -294,6 +303,7 @@ def elided(tokenizer, tokens: list[int], terms: list[list[list[int]]], targets: 
 UNELIDED = {"l": ("le", "la", "lo", "el"), "d": ("de", "di"), "qu": ("que",), "un": ("una",), "dell": ("dello", "della"),
             "all": ("allo", "alla"), "nell": ("nello", "nella"), "sull": ("sullo", "sulla"), "dall": ("dallo", "dalla")}
 ELIDED = {full: short for short, fulls in UNELIDED.items() for full in fulls}
+ELISION_STUBS = frozenset(UNELIDED) - {"un"}  # the elided forms that are no word of their own ("un" is one)
 CONTRACTED = {("de", "le"): "du", ("à", "le"): "au"}  # a preposition and the article after it, as French writes them
 
 

@@ -40,7 +40,7 @@ function advance(h, tok, score, terms, elided) {
 }
 
 // constrained._candidates: the model's `beam` best it may write, the term's next token, each unwritten term's first, the end.
-function candidates(h, row, terms, beam, starts, eos, elided) {
+function candidates(h, row, terms, beam, starts, eos, elided, stub) {
   const allMet = h.met.every(Boolean);
   let lp = row;
   if (h.afterTerm || !allMet) {
@@ -50,13 +50,15 @@ function candidates(h, row, terms, beam, starts, eos, elided) {
       lp[eos] = row[eos];
     }
     if (!allMet) lp[eos] = -Infinity;
+    // after a word only ever written elided ("l" before its "'"), no term as a word of its own ("l fric")
+    if (stub) terms.forEach((forms, c) => { if (!h.met[c]) lp[forms[0][0]] = -Infinity; });
   }
   const wanted = new Set(topK(lp, lp.length, beam).indices[0]);
   if (h.writing) {
     const [c, v, j] = h.writing;
     wanted.add(terms[c][v][j]);
   }
-  terms.forEach((forms, c) => { if (!h.met[c]) forms.forEach((form, v) => { if ((v > 0) === elided) wanted.add(form[0]); }); });
+  terms.forEach((forms, c) => { if (!h.met[c]) forms.forEach((form, v) => { if ((v > 0) === elided && !(stub && v === 0)) wanted.add(form[0]); }); });
   if (allMet) wanted.add(eos);
   return [...wanted].filter((t) => Number.isFinite(lp[t]));
 }
@@ -91,8 +93,9 @@ export async function constrainedSearch(backend, src, terms, limit, beam, alpha,
     hyps.forEach((h, r) => {
       if (h.tokens.length && kinds.ends[last(h)] && !h.met.every(Boolean)) return; // its sentence ended without its terms
       const elided = h.tokens.length > 0 && kinds.apostrophes[last(h)] === 1;
+      const stub = h.tokens.length > 0 && kinds.stubs[last(h)] === 1;
       const row = step.logProbs.subarray(r * step.vocab, (r + 1) * step.vocab);
-      for (const tok of candidates(h, row, terms, beam, kinds.starts, eos, elided)) cands.push([r, advance(h, tok, h.score + row[tok], terms, elided)]);
+      for (const tok of candidates(h, row, terms, beam, kinds.starts, eos, elided, stub)) cands.push([r, advance(h, tok, h.score + row[tok], terms, elided)]);
     });
     cands.sort(byScore);
     for (const [, h] of cands.slice(0, beam)) if (last(h) === eos) finished.push([normalized(rules, h.score, h.tokens.length - 1, alpha), h]);

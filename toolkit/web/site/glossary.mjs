@@ -431,5 +431,5 @@ function kindsOf(spec, model) {
   const vocab = model.decoder.outputs.find((o) => o.name === "log_probs").dims[1];
   const mark = (ids, value) => { const a = new Uint8Array(vocab).fill(1 - value); ids.forEach((i) => { a[i] = value; }); return a; };
   return { starts: mark(model.words.inside_word, 0), apostrophes: mark(spec.apostrophe, 1), ends: mark(spec.sentence_end, 1),
-    bare: mark(spec.bare_apostrophe, 1) };
+    bare: mark(spec.bare_apostrophe, 1), stubs: mark(spec.elision_stub, 1) };
 }
