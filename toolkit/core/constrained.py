@@ -205,11 +205,27 @@ def term_word(backend: StepBackend, tokenizer, src: list[int], own: list[int], r
     """The word of the model's own translation `own` (token ids) that the source terms account for most: the one whose
     log-probability falls most when the model reads `without` (the source with its terms taken out) instead of `src`
     (the first of equals); None where `own` has no word. An apostrophe alone continues its word."""
+    return term_words(backend, tokenizer, [(src, own, without)], rules)[0]
+
+
+def term_words(backend: StepBackend, tokenizer, items: list[tuple[list[int], list[int], list[int]]], rules: DecodingRules,
+               rows: int = 64) -> list[TermWord | None]:
+    """term_word of each (src, own, without), the readings of many sentences in padded batches of up to `rows`: a
+    glossary's sentences pay one decoder run a token for all of them, not two readings each."""
+    out: list[TermWord | None] = []
+    for at in range(0, len(items), max(1, rows // 2)):
+        chunk = items[at: at + max(1, rows // 2)]
+        reads, vocab = _read_each(backend, [x for src, _, without in chunk for x in (src, without)],
+                                  [own for _, own, _ in chunk for _ in (0, 1)], rules)
+        out += [_word_of(tokenizer, own, reads[2 * k] - reads[2 * k + 1], vocab) for k, (_, own, _) in enumerate(chunk)]
+    return out
+
+
+def _word_of(tokenizer, own: list[int], fall: np.ndarray, vocab: int) -> TermWord | None:
+    """The word of `own` whose tokens' log-probabilities fall most (`fall`, per token), the first of equals."""
     if len(own) < 2:
         return None
-    (with_terms, without_terms), vocab = _own_log_probs_each(backend, [src, without], own, rules)
     starts, apostrophes, _, bare, _ = _piece_kinds(tokenizer, vocab)
-    fall = with_terms - without_terms
     best: tuple[float, int, int, bool] | None = None
     for i in range(len(own)):
         elided = i > 0 and bool(apostrophes[own[i - 1]])
@@ -334,17 +350,20 @@ def _own_log_probs(backend: StepBackend, src: list[int], own: list[int], rules: 
     return out, vocab
 
 
-def _own_log_probs_each(backend: StepBackend, srcs: list[list[int]], own: list[int], rules: DecodingRules) -> tuple[np.ndarray, int]:
-    """The log-probability of each token of `own` (its end token's last) as the model reads each of `srcs`, read in one
-    padded batch (one decoder run a token for all of them: term_word's two readings cost about one), and the model's
-    output vocabulary."""
+def _read_each(backend: StepBackend, srcs: list[list[int]], owns: list[list[int]], rules: DecodingRules) -> tuple[list[np.ndarray], int]:
+    """The log-probability of each token of owns[r] (its end token's last) as the model reads srcs[r], all rows read
+    in one padded batch (one decoder run a token for all of them), and the model's output vocabulary."""
     state = backend.encode(*pad_batch(srcs, rules.pad))
-    token, out, vocab = np.full(len(srcs), rules.start, dtype=np.int64), np.zeros((len(srcs), len(own) + 1)), 0
-    for i, tok in enumerate([*own, rules.end]):
+    seqs = [[*own, rules.end] for own in owns]
+    longest = max(map(len, seqs))
+    table = np.array([seq + [rules.end] * (longest - len(seq)) for seq in seqs], dtype=np.int64)  # past its end: ignored
+    token, read, vocab = np.full(len(seqs), rules.start, dtype=np.int64), np.zeros(table.shape), 0
+    rows = np.arange(len(seqs))
+    for i in range(longest):
         log_probs, state = backend.step(token, state)
-        out[:, i], vocab = log_probs[:, tok], log_probs.shape[1]
-        token = np.full(len(srcs), tok, dtype=np.int64)
-    return out, vocab
+        read[:, i], vocab = log_probs[rows, table[:, i]], log_probs.shape[1]
+        token = table[:, i]
+    return [read[r, :len(seq)] for r, seq in enumerate(seqs)], vocab
 
 
 def scored(backend: StepBackend, src: list[int], tokens: list[int], rules: DecodingRules) -> Hypothesis:

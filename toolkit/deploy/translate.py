@@ -470,6 +470,10 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
     # The model's own translations (no warnings: the placeholder form, should it be used, gives its own).
     own = dict(zip(wanted, decode(t, [segments[k].forced.text for k in wanted], opts, backend=backend, lines=[lines[k] for k in wanted])))
     out, found = {}, {}  # by index: the translations given; the hypotheses found with the targets forced in, best first
+    # Where the model's own translation lacks the targets, its word for the terms, read for all such segments at once.
+    lacking = [k for k in wanted if own[k][0].stopped or not glossary.holds(textprep.finish(segments[k].forced, own[k][0].text),
+                                                                               segments[k].forced.targets)]
+    words = dict(zip(lacking, _own_words(t, [(ids[k], segments[k].forced, own[k][0].text) for k in lacking], backend, rules)))
     for k in wanted:
         seg, mine = segments[k].forced, own[k][0]
         mine_text = textprep.finish(seg, mine.text)
@@ -484,7 +488,7 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
         terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
         if not all(forms[0] for forms in terms):
             continue
-        found[k] = _search_or_swap(t, ids[k], seg, terms, mine, opts, backend, rules)
+        found[k] = _search_or_swap(t, ids[k], seg, terms, mine, opts, backend, rules, words.get(k))
     held = [k for k in sorted(found) if found[k]]
     if held:
         # Their hypotheses become translations as every other's do (scores, confidence), through the same decode.
@@ -500,19 +504,16 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
 
 
 def _search_or_swap(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], mine: Translation,
-                    opts: DecodeOptions, backend: object, rules) -> list[Hypothesis]:
+                    opts: DecodeOptions, backend: object, rules, where: tuple[list[int], TermWord] | None) -> list[Hypothesis]:
     """A segment's translations with its targets forced in that pass the checks (_passes), best first: the search's
     (_constrained); where they fail, the model's own translation `mine` with its word for the term swapped for the
-    target (_swapped). Where the search's best keeps that word as often as `mine` does, the target took another word's
+    target (_swapped; `where`: _own_words'). Where the search's best keeps that word as often as `mine` does, the target took another word's
     place ("Il vendit sa propre voiture sans automobile.", "dépose l'argent dans une banque fric."), and the swap comes
     first if it passes and the model scores it better: the beam missed it ("Veuillez déposer le fric dans une banque.")."""
     hyps = _constrained(t, src, terms, segment.targets, opts, backend, rules)
     passing = [h for h in hyps if _passes(t, segment, h, mine, opts)] if hyps and _passes(t, segment, hyps[0], mine, opts) else []
-    where = None
-    if passing:
-        where = _own_word(t, src, segment, backend, rules, mine.text)
-        if where is None or not _kept_own_word(t, passing[0], mine.text, where[1].text, segment.targets):
-            return passing
+    if passing and (where is None or not _kept_own_word(t, passing[0], mine.text, where[1].text, segment.targets)):
+        return passing
     h = _swapped(t, src, segment, terms, backend, rules, mine.text, opts, where)
     if not _passes(t, segment, h, mine, opts):
         return passing
@@ -569,13 +570,13 @@ def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
-             own: str, opts: DecodeOptions, where: tuple[list[int], TermWord] | None = None) -> Hypothesis | None:
+             own: str, opts: DecodeOptions, where: tuple[list[int], TermWord] | None) -> Hypothesis | None:
     """The model's own translation `own` of src (the segment's ids) with the word that the segment's source terms
-    account for most (`where`, _own_word's, found here if not given) swapped for a term (constrained.term_swaps), the
-    way of writing it the model scores best (by the normalised score the checks compare); None if there is none."""
+    account for most (`where`: _own_words') swapped for a term (constrained.term_swaps), the way of writing it the model
+    scores best (by the normalised score the checks compare); None if there is none."""
     from toolkit.core import constrained
 
-    found = where or _own_word(t, src, segment, backend, rules, own)
+    found = where
     if found is None:
         return None
     swaps = constrained.term_swaps(t.tokenizer, found[0], found[1], terms, segment.targets[0], rules)
@@ -583,19 +584,22 @@ def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, ter
     return _best_scored([constrained.scored(backend, src, list(swap), rules) for swap in swaps], rules, alpha)
 
 
-def _own_word(t: TranslationModel, src: list[int], segment: textprep.Segment, backend: object, rules,
-              own: str) -> tuple[list[int], TermWord] | None:
-    """The model's own translation `own` as ids, and where in it stands its word for the segment's terms
-    (constrained.term_word); None where the source is nothing but terms or the translation has no word."""
+def _own_words(t: TranslationModel, items: list[tuple[list[int], textprep.Segment, str]], backend: object,
+               rules) -> list[tuple[list[int], TermWord] | None]:
+    """For each (src, segment, own): the model's own translation `own` as ids, and where in it stands its word for the
+    segment's terms (constrained.term_words, all read together); None where the source is nothing but terms or the
+    translation has no word."""
     from toolkit.core import constrained
 
-    without = t.tokenizer.encode([segment.without_terms])[0]
-    if not without:
-        return None
-    ids = t.tokenizer.target_ids([own])[0]
-    ids = ids[:-1] if ids[-1:] == [rules.end] else ids
-    found = constrained.term_word(backend, t.tokenizer, src, ids, rules, without)
-    return None if found is None else (ids, found)
+    owns = [t.tokenizer.target_ids([own])[0] for _, _, own in items]
+    owns = [ids[:-1] if ids[-1:] == [rules.end] else ids for ids in owns]
+    withouts = t.tokenizer.encode([segment.without_terms for _, segment, _ in items]) if items else []
+    readable = [k for k, without in enumerate(withouts) if without]
+    found = constrained.term_words(backend, t.tokenizer, [(items[k][0], owns[k], withouts[k]) for k in readable], rules)
+    out: list[tuple[list[int], TermWord] | None] = [None] * len(items)
+    for k, word in zip(readable, found):
+        out[k] = None if word is None else (owns[k], word)
+    return out
 
 
 def _kept_own_word(t: TranslationModel, h: Hypothesis, own: str, word: str, targets: list[str]) -> bool:
