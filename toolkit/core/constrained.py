@@ -200,18 +200,13 @@ class TermWord:
     text: str
 
 
-def term_word(backend: StepBackend, tokenizer, src: list[int], own: list[int], rules: DecodingRules,
-              without: list[int]) -> TermWord | None:
-    """The word of the model's own translation `own` (token ids) that the source terms account for most: the one whose
-    log-probability falls most when the model reads `without` (the source with its terms taken out) instead of `src`
-    (the first of equals); None where `own` has no word. An apostrophe alone continues its word."""
-    return term_words(backend, tokenizer, [(src, own, without)], rules)[0]
-
-
 def term_words(backend: StepBackend, tokenizer, items: list[tuple[list[int], list[int], list[int]]], rules: DecodingRules,
                rows: int = 64) -> list[TermWord | None]:
-    """term_word of each (src, own, without), the readings of many sentences in padded batches of up to `rows`: a
-    glossary's sentences pay one decoder run a token for all of them, not two readings each."""
+    """For each (src, own, without): where the word of the model's own translation `own` (token ids) that the source
+    terms account for most stands, the one whose log-probability falls most when the model reads `without` (the source
+    with its terms taken out) instead of `src` (the first of equals); None where `own` has no word. An apostrophe alone
+    continues its word. The readings of many sentences go in padded batches of up to `rows`: a glossary's sentences
+    pay one decoder run a token for all of them, not two readings each."""
     out: list[TermWord | None] = []
     for at in range(0, len(items), max(1, rows // 2)):
         chunk = items[at: at + max(1, rows // 2)]
@@ -246,7 +241,7 @@ def _word_of(tokenizer, own: list[int], fall: np.ndarray, vocab: int) -> TermWor
 
 def term_swaps(tokenizer, own: list[int], found: TermWord, terms: list[list[list[int]]], target: str,
                rules: DecodingRules) -> list[tuple[int, ...]]:
-    """The model's own translation `own` (token ids) with its word for the first term (`found`: term_word) swapped for
+    """The model's own translation `own` (token ids) with its word for the first term (`found`: term_words') swapped for
     that term (`target`, its forms `terms[0]`), in each way the words before it may then be written; the caller keeps
     the one the model scores best. An article or preposition elided before the word ("l'argent", "d'argent": UNELIDED)
     stays elided before a term that takes elision ("l'automobile") and comes back whole before one that takes none, in

@@ -112,7 +112,7 @@ export async function constrainedSearch(backend, src, terms, limit, beam, alpha,
   return tokens.length && loopCut(tokens) >= 0 ? null : { tokens, score: best.score };
 }
 
-// constrained.term_word: where the word of the model's own translation `own` (ids) that the source terms account for
+// constrained.term_words, one sentence at a time: where the word of the model's own translation `own` (ids) that the source terms account for
 // most stands, the one whose log-probability falls most when the model reads `without` (the source with its terms taken
 // out) instead of `src` (the first of equals): { begin, i, end, elided, text }; null where `own` has no word.
 export async function termWord(backend, tokenizer, src, own, rules, kinds, without) {
@@ -229,7 +229,7 @@ async function ownLogProbs(backend, src, own, rules) {
   return out;
 }
 
-// constrained._own_log_probs_each: the log-probability of each token of `own` (the end token's last) as the model reads
+// constrained._read_each: the log-probability of each token of `own` (the end token's last) as the model reads
 // each of `srcs`, in one padded batch.
 async function ownLogProbsEach(backend, srcs, own, rules) {
   let state = await backend.encode(srcs);
