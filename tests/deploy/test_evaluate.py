@@ -50,3 +50,22 @@ def test_evaluate_of_one_sentence_scores_it_and_says_confidence_needs_more(cli, 
     result = cli("evaluate", tiny_export, "--data", corpus_zip, "--beam", 1, "--limit", 1)
     assert result.exit_code == 0, result.output
     assert "confidence, test_split greedy: not measured on one sentence" in result.output and '"sentences": 1' in result.output
+
+
+def test_evaluate_on_cuda_refuses_a_silent_cpu_run_and_never_records_its_scores(cli, tiny_export, corpus_zip, tmp_path,
+                                                                                 cuda_falls_back):
+    """Scores said to be CUDA's must be CUDA's: where the provider does not load, one line and no scores; and the
+    manifest's records stay the CPU's figures, which other commands compare against."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_export, model)
+    before = (model / manifest.NAME).read_bytes()
+    refused = cli("evaluate", model, "--data", corpus_zip, "--beam", 1, "--limit", 2, "--provider", "cuda")
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    assert refused.output.strip().splitlines()[-1].startswith("error: ONNX Runtime could not load its CUDA provider")
+    assert "BLEU" not in refused.output
+    for extra in ("--record", "--calibrate", "--robustness"):
+        result = cli("evaluate", model, "--data", corpus_zip, "--limit", 2, "--provider", "cuda", extra)
+        assert result.exit_code == 2 and "--provider cuda scores the test sets only: drop --record" in result.output
+    assert (model / manifest.NAME).read_bytes() == before
+    scored = cli("evaluate", model, "--data", corpus_zip, "--beam", 1, "--limit", 2)
+    assert scored.exit_code == 0 and '"provider": "cpu"' in scored.output

@@ -7,11 +7,11 @@ from toolkit.core.scoring import bleu_chrf, sentence_chrf
 
 def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4), batch_size: int = 64,
                    limit: int | None = None, threads: int | None = None, variant: str = "fp32", echo=print,
-                   languages: dict | None = None) -> dict:
+                   languages: dict | None = None, provider: str = "cpu") -> dict:
     """Scores an exported translation model with ONNX Runtime on the held-out test split
     (all references of each English sentence, and single-reference) and on the public
-    Tatoeba Challenge test set (single reference, as published models report it). `languages`: a multilingual
-    model's source_lang and target_lang, as tk translate takes them (None: its default pair)."""
+    Tatoeba Challenge test set (single reference, as published models report it). `languages`: a multilingual model's
+    source_lang and target_lang (None: its default pair). `provider`: cuda refuses a silent CPU run, as tk translate."""
     import time
     from pathlib import Path
 
@@ -19,7 +19,7 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     from toolkit.core.batching import DecodeOptions
     from toolkit.deploy.translate import open_model
 
-    model = open_model(directory, "cpu", variant, threads=threads).for_languages(**(languages or {}))
+    model = open_model(directory, provider, variant, threads=threads).for_languages(**(languages or {}))
     if model.built_s:
         echo(f"{variant} graphs: not stored in {directory}, built in memory from its fp32 graphs in {model.built_s:.2f}s")
     corpus = data.load_corpus(corpus_path, download=corpus_path is None)
@@ -33,7 +33,8 @@ def evaluate_model(directory, corpus_path=None, challenge_path=None, beams=(1, 4
     if challenge_path:
         pairs = data.read_challenge_test(Path(challenge_path))[:limit]
         sets["tatoeba_challenge"] = ([en for en, _ in pairs], [[fr] for _, fr in pairs])
-    results: dict = {"variant": variant, "test_split_english_sentences": len(english), "test_split_pairs": sum(len(r) for r in refs)}
+    results: dict = {"variant": variant, "provider": model.provider, "test_split_english_sentences": len(english),
+                     "test_split_pairs": sum(len(r) for r in refs)}
     for beam in beams:
         search = "greedy" if beam == 1 else f"beam{beam}"
         for name, (src, references) in sets.items():

@@ -14,6 +14,7 @@ from toolkit.cli.commands.options import (
     SEED,
     THREADS,
     TakesModel,
+    provider_option,
 )
 from toolkit.core.variants import NAMES
 
@@ -31,6 +32,7 @@ from toolkit.core.variants import NAMES
 @click.option("--threads", type=THREADS, help="ONNX Runtime intra-op threads [default: all cores].")
 @click.option("--variant", type=click.Choice(NAMES), default="fp32", show_default=True,
               help="Which exported graphs to score (recorded per variant).")
+@provider_option("cpu", help="Where ONNX Runtime runs the graphs (the scores and the confidence; --record stores CPU scores only).")
 @click.option("--robustness", is_flag=True,
               help="Instead: score the held-out split as people type it (no final punctuation, lowercase, capitals, "
                    "short phrases, names/numbers/URLs, several sentences per line) and the runaway rate.")
@@ -40,8 +42,8 @@ from toolkit.core.variants import NAMES
               help="Instead: how many unseen names come out verbatim (k of n) on a name test set, e.g. docs/names-test.tsv "
                    "[beam: the first --beam, default 4].")
 @LANGUAGES
-def evaluate(model_dir, data_path, challenge, beams, limit, record, calibrate, threads, variant, robustness, seed, raw, names_path,
-             languages):
+def evaluate(model_dir, data_path, challenge, beams, limit, record, calibrate, threads, variant, provider, robustness, seed, raw,
+             names_path, languages):
     """Score an exported model: BLEU and chrF (sacrebleu) on the test split and the Tatoeba Challenge set, and how well
     the translations' confidences pick out the bad ones (the mean sentence chrF of the 10% least confident against the
     rest's, and Spearman's correlation of confidence with sentence chrF).
@@ -55,6 +57,10 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, calibrate, t
     from toolkit.deploy.evaluate import evaluate_model, evaluate_robustness
 
     choose_languages(manifest_mod.load(model_dir), **languages)  # an unknown code: one line, before any model loads
+    if provider != "cpu" and (record or calibrate or robustness or names_path):
+        # The manifest's records are CPU figures that other commands compare against; the other modes score on the CPU.
+        raise click.UsageError(f"--provider {provider} scores the test sets only: drop --record, --calibrate, --robustness "
+                               "and --names, or run them with --provider cpu")
     if calibrate:
         from toolkit.deploy.evaluate import calibrate_model
 
@@ -81,7 +87,7 @@ def evaluate(model_dir, data_path, challenge, beams, limit, record, calibrate, t
             manifest_mod.record_metric(model_dir, "robustness", variant, results)
         return
     scores = evaluate_model(model_dir, data_path, challenge, beams or (1, 4), limit=limit, threads=threads,
-                            variant=variant, echo=lambda m: click.echo(m, err=True), languages=languages)
+                            variant=variant, provider=provider, echo=lambda m: click.echo(m, err=True), languages=languages)
     click.echo(json.dumps(scores, indent=2))
     if record:
         manifest_mod.record_metric(model_dir, "evaluation", variant, scores)
