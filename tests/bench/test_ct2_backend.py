@@ -57,3 +57,15 @@ def test_a_bad_backend_is_one_line_before_any_work(cli, tmp_path):
     with pytest.raises(UsageError, match="--ct2-backend 'openblas' is not a CTranslate2 backend; choose one of auto, mkl"):
         scale.bench_scale("tiny", tmp_path / "w", ["ct2-fp32"], ct2_backend="openblas")
     assert not (tmp_path / "w").exists()
+
+
+def test_ctranslate2_is_timed_at_the_thread_counts_of_the_cpus_this_process_may_use(monkeypatch):
+    """On 2 CPUs of a 16-core host (taskset, a container's share), CTranslate2's candidates stop at 2 threads: more
+    would time it against oversubscribed cores, not at its best."""
+    import os
+
+    from toolkit.runtimes.ctranslate2.engine import thread_candidates
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 7}, raising=False)
+    assert thread_candidates() == [(1, 1), (1, 2), (2, 1)]

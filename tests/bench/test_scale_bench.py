@@ -21,7 +21,7 @@ CUDA = {"tk-cuda-fp32": "ONNX Runtime could not load its CUDA provider", "transf
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("shape", "engines"), [("tiny", ENGINES), ("tiny-m2m100", ["tk-fp32", "ct2-fp32", "transformers"])])
-def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_path, shape, engines, request):
+def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_path, shape, engines, request, monkeypatch):
     """Marian (opus-mt's architecture) and M2M100 (NLLB's), each converted by CTranslate2's own converter."""
     from toolkit.bench import scale
 
@@ -64,8 +64,16 @@ def test_every_engine_decodes_the_same_tokens_and_tk_matches_transformers(tmp_pa
     # The preparation's cost is reported, and a second run reuses what the first one built.
     assert {"tk export hf:DIR", "CTranslate2 TransformersConverter"} <= set(steps)
     if shape == "tiny":
-        again, _ = scale.bench_scale(shape, tmp_path / "work", ["tk-fp32"], tokens=TOKENS, threads=1, repeat=1,
-                                     rows=rows[:1], echo=lambda m: None, pause=0.0)
+        # Without --threads each engine gets the CPUs this process may use (taskset's or a container's share), not the
+        # host's count: 16 threads on 2 allowed cores buried a rented machine's run.
+        import os
+
+        monkeypatch.setattr(os, "cpu_count", lambda: 16)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+        said: list[str] = []
+        again, _ = scale.bench_scale(shape, tmp_path / "work", ["tk-fp32"], tokens=TOKENS, threads=None, repeat=1,
+                                     rows=rows[:1], echo=said.append, pause=0.0)
+        assert any("; 1 threads each;" in m for m in said), said
         assert again and {k: v.seconds for k, v in again.items()} == {k: steps[k].seconds for k in again}
     else:
         _tks_own_conversion_of_an_untrained_model_verifies(tmp_path / "work")

@@ -17,6 +17,7 @@ from toolkit.bench.text import timed
 from toolkit.core import architectures
 from toolkit.core.batching import DecodeOptions, decode_ids
 from toolkit.core.declaration import TK
+from toolkit.core.decode_options import cores
 from toolkit.core.decoding import Hypothesis, pad_batch
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import ProviderError, UsageError, first_line
@@ -164,7 +165,7 @@ def bench(model_dir, sentences: int = 64, batch_sizes=(1, 64), beams=(1, 4), pro
             loads[name, p, v, t] = registry.load(m, name, p, v, threads=t)
         return loads[name, p, v, t]
 
-    given = (threads or max(1, (os.cpu_count() or 1) // (streams or 1)), streams or 1) if threads or streams else None
+    given = (threads or max(1, cores() // (streams or 1)), streams or 1) if threads or streams else None
     tk_setting = best_settings(batch_sizes, given, lambda c, b: _time_tk(
         load("cpu", "fp32", c[0]).backend(), src[: probe_size(b)], [b], m.max_len, c[1]))
     echo(f"{registry.DEFAULT}: " + describe_settings(tk_setting, "intra-op threads", "decoding streams")

@@ -37,6 +37,7 @@ from pathlib import Path
 from toolkit.bench.scale_model import SHAPES, Shape
 from toolkit.bench.scale_worker import COMPUTE, parse
 from toolkit.core.atomic import is_temporary, write_atomic
+from toolkit.core.decode_options import cores
 from toolkit.core.errors import UsageError
 from toolkit.runtimes.ctranslate2.engine import GEMM, check_gemm, choose_gemm, describe_gemm
 from toolkit.runtimes.ctranslate2.engine import available as ct2_available
@@ -435,7 +436,7 @@ def bench_scale(shape_name: str, work: Path, engines: list[str], tokens: int = 3
         raise UsageError(f"--tokens {tokens} is beyond the model's {shape.positions} positions; give at most {shape.positions - 1}")
     if any(r.real for r in rows) and text is None:
         raise UsageError("the real-sentence rows read their sentences from a file; give --sources FILE")
-    threads = threads or os.cpu_count() or 1
+    threads = threads or cores()  # taskset's or a container's share, not the host's count
     unavailable = {}
     if any(e.startswith("ct2") for e in engines) and not ct2_available():
         # Its own conversion cannot run either: the other engines' rows go on.

@@ -22,6 +22,7 @@ from toolkit.cli.commands.options import (
     runtime_option,
     writable_file,
 )
+from toolkit.core.decode_options import cores
 from toolkit.core.engines import PROVIDERS
 from toolkit.core.errors import UsageError
 from toolkit.core.variants import NAMES
@@ -150,7 +151,7 @@ def _graphs(o: BenchOptions) -> None:
                       data=o.data_path, ct2_backend=o.ct2_backend)
     for note in notes:
         click.echo(note)
-    click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}")
+    click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}")
     gemm = next((r.ct2_backend for r in results if r.ct2_backend), None)
     if gemm:
         click.echo(describe_gemm(gemm))
@@ -177,7 +178,7 @@ def _serve(o: BenchOptions) -> None:
     args = [a for v in o.variants[:1] for a in ("--variant", v)] + (["--provider", o.provider] if o.provider else [])
     run = bench_serve_ray if o.on_ray else bench_serve
     results = run(o.model_dir, english[:o.sentences], o.clients, (o.beams or (1,))[0], args, echo=lambda m: click.echo(m, err=True))
-    click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores; clients and server share them; loopback")
+    click.echo(f"machine: {platform.machine()}, {cores()} cores; clients and server share them; loopback")
     click.echo(load_table(results))
     write_json(o.json_path, [{**r.__dict__, "throughput": r.throughput} for r in results])
 
@@ -274,7 +275,7 @@ def _scale(o: BenchOptions) -> None:
     steps, runs = scale_bench.bench_scale(shape, work, engines, tokens, o.threads, o.repeat,
                                           str(o.peer_python) if o.peer_python else None, rows=rows, echo=echo, text=o.sources_path,
                                           ct2_backend=o.ct2_backend)
-    click.echo(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}; "
+    click.echo(f"machine: {platform.machine()}, {cores()} cores, {platform.processor() or platform.system()}; "
                f"load average {os.getloadavg()[0]:.1f} at the end")
     click.echo("\n".join(f"- {s.name}: {s.seconds:.0f} s, peak {s.peak_mib:,.0f} MiB"
                           + (f", {s.size_mib:,.0f} MiB on disk" if s.size_mib else "") for s in steps.values()))

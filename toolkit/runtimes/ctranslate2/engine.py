@@ -190,9 +190,7 @@ def gemm_environment(backend: str | None):
 def thread_candidates() -> list[tuple[int, int]]:
     """(intra, inter) threads worth trying, for CTranslate2 and for tk's (intra-op threads, streams) alike:
     all cores in one translation, or one core per concurrent batch."""
-    import os
-
-    n = min(os.cpu_count() or 1, 4)
+    n = min(cores(), 4)
     return sorted({(c, 1) for c in range(1, n + 1)} | {(1, n)})
 
 
