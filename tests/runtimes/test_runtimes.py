@@ -247,7 +247,7 @@ def test_every_runtime_and_provider_option_offers_the_declared_lists():
             if param.name == "provider":
                 with_provider.add(name)
                 assert tuple(c for c in param.type.choices if c != "all") == PROVIDERS, name
-    assert with_provider == {"translate", "serve", "verify", "bench", "attention", "translate-corpus"}
+    assert with_provider == {"translate", "serve", "verify", "bench", "attention", "translate-corpus", "evaluate"}
 
 
 @pytest.mark.slow
