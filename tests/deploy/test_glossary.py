@@ -313,3 +313,32 @@ def test_ctranslate2_gives_each_target_once_through_placeholders(tmp_path, cli):
     for text, out in zip(WITH_TERMS, ct2.translate(WITH_TERMS, glossary=TERMS)):
         for target, n in occurrences(text).items():
             assert glossary.count(out, target) == n, (text, out)
+
+
+def test_sentences_searched_side_by_side_get_what_each_gets_alone_in_one_decoder_step_a_token(translator):
+    """The constrained searches of a call's sentences share each decoder step (their hypotheses are rows of one batch):
+    a sentence gets the hypotheses it gets searched alone, whatever the others' lengths, terms and end; and the batch
+    takes one decoder run a step, not one per sentence."""
+    from toolkit.deploy.translate import FORCED_BEAM
+
+    model = translator.loaded
+    backend, rules, tok = model.backend(), model.manifest.rules(), model.tokenizer
+    asks = [("The house is big.", ["demeure"]), ("He is not too poor to buy a bicycle, and his house is small.", ["bicyclette", "demeure"]),
+            ("Go.", ["demeure"]), ("This house is bigger than that house over there by the old river.", ["demeure", "demeure"])]
+    items = [(tok.encode([en])[0], [constrained.term_forms(tok, target, rules.end) for target in targets], 40) for en, targets in asks]
+    alpha = rules.alpha
+    alone = [constrained.constrained_search(backend, tok, src, terms, limit, FORCED_BEAM, alpha, rules, n_best=2)
+             for src, terms, limit in items]
+    steps = []
+    real = backend.step
+    backend.step = lambda token, state: steps.append(len(token)) or real(token, state)
+    try:
+        together = constrained.constrained_searches(backend, tok, items, FORCED_BEAM, alpha, rules, n_best=2)
+    finally:
+        backend.step = real
+    # The same tokens; the scores as fp32 rows of another batch round them (a padded row's sums run in another order),
+    # as in tk's beam search over a batch of sentences.
+    assert [[h.tokens for h in hs] for hs in together] == [[h.tokens for h in hs] for hs in alone]
+    assert [[h.score for h in hs] for hs in together] == [[pytest.approx(h.score, rel=1e-6) for h in hs] for hs in alone]
+    assert all(hs for hs in alone)  # each found its targets: the comparison is of real searches
+    assert steps[0] == len(items) and max(steps) > FORCED_BEAM + 1 and len(steps) <= 40, steps

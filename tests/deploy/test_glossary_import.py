@@ -83,7 +83,7 @@ def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_wor
 def test_a_sentence_whose_targets_cannot_be_forced_in_is_reported_never_passed_off(imported, monkeypatch):
     """No placeholder form to fall back on: the model's own translation, a warning naming the text, confidence 0."""
     own = imported.translate(WITH_TERMS)
-    monkeypatch.setattr(constrained, "constrained_search", lambda *a, **k: [])
+    monkeypatch.setattr(constrained, "constrained_searches", lambda backend, tokenizer, items, *a, **k: [[] for _ in items])
     monkeypatch.setattr(constrained, "term_swaps", lambda *a, **k: [])
     out, reported = translate(imported, WITH_TERMS, glossary=TERMS)
     assert [h.text for h in out] == own

@@ -469,26 +469,17 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
         return {}
     # The model's own translations (no warnings: the placeholder form, should it be used, gives its own).
     own = dict(zip(wanted, decode(t, [segments[k].forced.text for k in wanted], opts, backend=backend, lines=[lines[k] for k in wanted])))
-    out, found = {}, {}  # by index: the translations given; the hypotheses found with the targets forced in, best first
+    out = {}  # by index: the translations given
     # Where the model's own translation lacks the targets, its word for the terms, read for all such segments at once.
     lacking = [k for k in wanted if own[k][0].stopped or not glossary.holds(textprep.finish(segments[k].forced, own[k][0].text),
                                                                                segments[k].forced.targets)]
     words = dict(zip(lacking, _own_words(t, [(ids[k], segments[k].forced, own[k][0].text) for k in lacking], backend, rules)))
     for k in wanted:
-        seg, mine = segments[k].forced, own[k][0]
-        mine_text = textprep.finish(seg, mine.text)
-        if not mine.stopped and glossary.holds(mine_text, seg.targets):
+        seg = segments[k].forced
+        if k not in lacking:
             # With --n-best, only the model's hypotheses that hold the targets; the search's fill the places of the others.
             out[k] = [h for h in own[k] if not h.stopped and glossary.holds(textprep.finish(seg, h.text), seg.targets)]
-            terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets] if len(out[k]) < len(own[k]) else []
-            if terms and all(forms[0] for forms in terms):
-                found[k] = [h for h in _constrained(t, ids[k], terms, seg.targets, opts, backend, rules)
-                            if _passes(t, seg, h, mine, opts)]
-            continue
-        terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in seg.targets]
-        if not all(forms[0] for forms in terms):
-            continue
-        found[k] = _search_or_swap(t, ids[k], seg, terms, mine, opts, backend, rules, words.get(k))
+    found = _searched(t, segments, wanted, ids, own, out, words, opts, backend)
     held = [k for k in sorted(found) if found[k]]
     if held:
         # Their hypotheses become translations as every other's do (scores, confidence), through the same decode.
@@ -503,14 +494,41 @@ def _forced(t: TranslationModel, segments: list[textprep.Segment], opts: DecodeO
     return out
 
 
+def _searched(t: TranslationModel, segments: list[textprep.Segment], wanted: list[int], ids: dict, own: dict, out: dict,
+              words: dict, opts: DecodeOptions, backend: object) -> dict[int, list[Hypothesis]]:
+    """_forced's hypotheses with the targets forced in, by index, best first: for a segment whose own translation lacks
+    its targets (not in `out`), _search_or_swap's; for one whose own n-best lost hypotheses that lacked them (`out`
+    shorter than `own`), the search's that pass the checks. Every search of the call side by side (one decoder step
+    for many sentences: constrained.constrained_searches), each as it would be alone."""
+    from toolkit.core import constrained
+
+    rules = t.manifest.rules()
+    searching = {}  # by index: the terms' forms of each segment whose targets are searched for
+    for k in wanted:
+        if k in out and len(out[k]) == len(own[k]):
+            continue
+        terms = [constrained.term_forms(t.tokenizer, target, rules.end) for target in segments[k].forced.targets]
+        if all(forms[0] for forms in terms):
+            searching[k] = terms
+    searched = _constrained(t, [(ids[k], terms, segments[k].forced.targets) for k, terms in searching.items()], opts, backend, rules)
+    found = {}
+    for (k, terms), hyps in zip(searching.items(), searched):
+        seg, mine = segments[k].forced, own[k][0]
+        if k in out:
+            found[k] = [h for h in hyps if _passes(t, seg, h, mine, opts)]
+        else:
+            found[k] = _search_or_swap(t, ids[k], seg, terms, mine, opts, backend, rules, words.get(k), hyps)
+    return found
+
+
 def _search_or_swap(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], mine: Translation,
-                    opts: DecodeOptions, backend: object, rules, where: tuple[list[int], TermWord] | None) -> list[Hypothesis]:
+                    opts: DecodeOptions, backend: object, rules, where: tuple[list[int], TermWord] | None,
+                    hyps: list[Hypothesis]) -> list[Hypothesis]:
     """A segment's translations with its targets forced in that pass the checks (_passes), best first: the search's
-    (_constrained); where they fail, the model's own translation `mine` with its word for the term swapped for the
+    (_constrained's `hyps`); where they fail, the model's own translation `mine` with its word for the term swapped for the
     target (_swapped; `where`: _own_words'). Where the search's best keeps that word as often as `mine` does, the target took another word's
     place ("Il vendit sa propre voiture sans automobile.", "dépose l'argent dans une banque fric."), and the swap comes
     first if it passes and the model scores it better: the beam missed it ("Veuillez déposer le fric dans une banque.")."""
-    hyps = _constrained(t, src, terms, segment.targets, opts, backend, rules)
     passing = [h for h in hyps if _passes(t, segment, h, mine, opts)] if hyps and _passes(t, segment, hyps[0], mine, opts) else []
     if passing and (where is None or not _kept_own_word(t, passing[0], mine.text, where[1].text, segment.targets)):
         return passing
@@ -552,21 +570,23 @@ def _unprotected(segment: textprep.Segment) -> bool:
     return segment.forced is not None and not segment.spans
 
 
-def _constrained(t: TranslationModel, src: list[int], terms: list[list[list[int]]], targets: list[str], opts: DecodeOptions,
-                 backend: object, rules) -> list[Hypothesis]:
-    """The best translations of src holding each term (its forms' ids: constrained.term_forms; `targets`, their text),
-    up to opts.n_best, best first, by toolkit.core.constrained at FORCED_BEAM or the beam asked for, each with a word
-    that elides written elided before a term that takes elision (constrained.elided) where the model scores that better."""
+def _constrained(t: TranslationModel, items: list[tuple[list[int], list[list[list[int]]], list[str]]], opts: DecodeOptions,
+                 backend: object, rules) -> list[list[Hypothesis]]:
+    """For each (src, terms, targets): the best translations of src holding each term (its forms' ids:
+    constrained.term_forms; `targets`, their text), up to opts.n_best, best first, by toolkit.core.constrained at
+    FORCED_BEAM or the beam asked for (the sentences searched side by side), each with a word that elides written
+    elided before a term that takes elision (constrained.elided) where the model scores that better."""
     from toolkit.core import constrained
 
-    limit = int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0])
     alpha = rules.alpha if opts.alpha is None else opts.alpha
-    out = []
-    for h in constrained.constrained_search(backend, t.tokenizer, src, terms, limit, max(opts.beam, FORCED_BEAM), alpha, rules,
-                                            opts.n_best):
-        glued = constrained.elided(t.tokenizer, h.tokens, terms, targets, rules.end)
-        out.append(h if glued is None else _best_scored([h, constrained.scored(backend, src, glued, rules)], rules, alpha))
-    return out
+    limits = [int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0]) for src, _, _ in items]
+    found = constrained.constrained_searches(backend, t.tokenizer, [(src, terms, limit) for (src, terms, _), limit in zip(items, limits)],
+                                             max(opts.beam, FORCED_BEAM), alpha, rules, opts.n_best)
+    glued = {(k, j): g for k, ((src, terms, targets), hyps) in enumerate(zip(items, found)) for j, h in enumerate(hyps)
+             if (g := constrained.elided(t.tokenizer, h.tokens, terms, targets, rules.end)) is not None}
+    read = dict(zip(glued, constrained.scored_each(backend, [(items[k][0], g) for (k, _), g in glued.items()], rules)))
+    return [[h if (k, j) not in read else _best_scored([h, read[k, j]], rules, alpha) for j, h in enumerate(hyps)]
+            for k, hyps in enumerate(found)]
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
@@ -581,7 +601,7 @@ def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, ter
         return None
     swaps = constrained.term_swaps(t.tokenizer, found[0], found[1], terms, segment.targets[0], rules)
     alpha = rules.alpha if opts.alpha is None else opts.alpha
-    return _best_scored([constrained.scored(backend, src, list(swap), rules) for swap in swaps], rules, alpha)
+    return _best_scored(constrained.scored_each(backend, [(src, list(swap)) for swap in swaps], rules), rules, alpha)
 
 
 def _own_words(t: TranslationModel, items: list[tuple[list[int], textprep.Segment, str]], backend: object,

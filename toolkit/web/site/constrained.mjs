@@ -215,7 +215,7 @@ function wordStart(own, j, kinds) {
   return j;
 }
 
-// constrained._own_log_probs: the log-probability of each token of `own` and then of the end token, reading `src`.
+// constrained._read_each of one row: the log-probability of each token of `own` and then of the end token, reading `src`.
 async function ownLogProbs(backend, src, own, rules) {
   let state = await backend.encode([src]);
   let token = [rules.start];
