@@ -36,7 +36,8 @@ TRANSLATE = "([texts, opts]) => tk.translate(texts, opts)"
 
 # Held-out sentences (the test split of fra-eng.zip, its first 24 holding terms that the page handles: one sentence,
 # without numbers or capitals; then four on which constrained decoding alone adds the target beside the model's own word,
-# so the model's own translation gets the target swapped in, and one an import still cannot put its targets into) and 8
+# so the model's own translation gets the target swapped in, and one an import still cannot put its targets into; then
+# two of the valid split where the search's such translation scores better than the swap, which is taken all the same) and 8
 # holding none, and lines without terms that tk's text handling treats apart: a term inside a URL (the URL's), a
 # number, capitals.
 HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need more room.", "This book is new.",
@@ -45,7 +46,8 @@ HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need m
            "Keep your room clean.", "Let's clean our room.", "She was hit by a car.", "Where is the mistake?",
            "He has a Japanese car.", "It's not your problem.", "Money rules the world.", "They were all friends.",
            "Will you take the job?", "I want my bicycle back.", "We both have the same problem.", "Tom has already gone to school.",
-           "We study English every day at school.", "She is working on the problem.", "Get a move on kids or you'll miss the school bus."]
+           "We study English every day at school.", "She is working on the problem.", "Get a move on kids or you'll miss the school bus.",
+           "We've got a really big problem here.", "My car broke down this morning and won't be repaired until Friday."]
 # Terms beside numbers, a phone number (a run of two) and a URL: spans the model copies as placeholders.
 SPANS = ["I have 3 cars.", "The car cost 5,000 dollars.", "Call 555 0199 about the house.",
          "My house is at https://house.example.com now.", "I saw the movie in 2019."]

@@ -220,11 +220,15 @@ def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_wor
 @pytest.mark.parametrize(("text", "terms", "own_word"), [
     ("Please deposit the money in a bank.", {"money": "fric"}, "argent"),
     ("The child came aboard the plane in a good mood.", {"child": "gamin"}, "enfant"),
+    # The search's translation scores better than the swap here, and still says the word twice.
+    ("We've got a really big problem here.", {"problem": "souci"}, "problème"),
+    ("My car broke down this morning and won't be repaired until Friday.", {"car": "automobile"}, "voiture"),
 ])
 def test_a_target_the_search_puts_in_another_words_place_gives_way_to_the_models_word_swapped(translator, text, terms, own_word):
     """The search's best held the target but in place of another word, beside the model's own word for the term ("S'il
-    vous plaît, dépose l'argent dans une banque fric.", "L'enfant arriva à bord de l'avion en gamin."). The model's own
-    translation with that word swapped scores better, so it is the translation: the target where the model's word was."""
+    vous plaît, dépose l'argent dans une banque fric.", "Nous avons un souci ici vraiment grand problème, ici.", "Ma
+    voiture ... ne sera automobile jusqu'à vendredi."). The model's own translation with that word swapped passes the
+    checks, so it is the translation, whatever the two score: the target where the model's word was."""
     own = translator.translate([text])[0]
     assert own_word in own, own
     out = translator.translate([text], glossary=terms)[0]

@@ -407,9 +407,9 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
       };
       if (passes(h)) {
         const where = await ownWord(); // the search put the target in beside the model's own word: the swap, where it
-        if (where !== null && kept(h, where.found.text)) { // passes and the model scores it better (the first of equals)
-          const s = await swapped(where);
-          if (passes(s) && normalized(rules, s.score, s.tokens.length, alpha) > normalized(rules, h.score, h.tokens.length, alpha)) h = s;
+        if (where !== null && kept(h, where.found.text)) { // passes, whatever the two score: the model's word said twice
+          const s = await swapped(where); // is the worse mistake ("une banque fric")
+          if (passes(s)) h = s;
         }
       } else {
         h = await swapped(await ownWord());
