@@ -407,14 +407,10 @@ def _read_each(backend: StepBackend, srcs: list[list[int]], owns: list[list[int]
     return [read[r, :len(seq)] for r, seq in enumerate(seqs)], vocab
 
 
-def scored(backend: StepBackend, src: list[int], tokens: list[int], rules: DecodingRules) -> Hypothesis:
-    """`tokens` as a translation of `src`: its summed log-probability, the end token's included, as a search scores it."""
-    return scored_each(backend, [(src, tokens)], rules)[0]
-
-
 def scored_each(backend: StepBackend, items: list[tuple[list[int], list[int]]], rules: DecodingRules, rows: int = 64) -> list[Hypothesis]:
-    """scored of each (src, tokens), read in padded batches of up to `rows` (_read_each): a call's ways of writing its
-    sentences' terms (elided, swapped) read together rather than one decoder run a token for each."""
+    """Each (src, tokens): `tokens` as a translation of `src`, its summed log-probability (the end token's included, as
+    a search scores it), read in padded batches of up to `rows` (_read_each): a call's ways of writing its sentences'
+    terms (elided, swapped) read together rather than one decoder run a token for each."""
     out: list[Hypothesis] = []
     for at in range(0, len(items), rows):
         chunk = items[at: at + rows]

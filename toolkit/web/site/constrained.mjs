@@ -244,7 +244,7 @@ async function ownLogProbsEach(backend, srcs, own, rules) {
   return out;
 }
 
-// constrained.scored: `tokens` as a translation of `src`, its log-probability summed with the end token's.
+// constrained.scored_each of one: `tokens` as a translation of `src`, its log-probability summed with the end token's.
 export async function scored(backend, src, tokens, rules) {
   return { tokens, score: (await ownLogProbs(backend, src, tokens, rules)).reduce((a, b) => a + b, 0) };
 }
