@@ -411,3 +411,27 @@ def test_commands_that_translate_refuse_a_directory_that_cannot_in_one_line(cli,
             r = cli(*args)
             assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) == 1, (args, r.output)
     assert not (tmp_path / "site").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_signal_as_the_output_is_opened_leaves_no_temporary_file(cli, tiny_export, tmp_path, monkeypatch):
+    """Python delivers a signal as a call returns: as os.open returns the new temporary file, before any code holds it to
+    remove it. (CI once caught a SIGINT there: exit 130, and `.out.txt.<pid>-<hex>.tmp` left beside the output.)"""
+    from toolkit.core import atomic
+
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("Go.\n")
+    out.write_text("previous results\n")
+    real = os.open
+
+    def interrupted_as_it_returns(path, *args, **kwargs):
+        fd = real(path, *args, **kwargs)
+        if Path(path).name.startswith(".out.txt."):
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(atomic.os, "open", interrupted_as_it_returns)
+    result = cli("translate", "--model", tiny_export, "-i", src, "-o", out, "-q")
+    assert result.exit_code == 130, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    assert out.read_text() == "previous results\n"

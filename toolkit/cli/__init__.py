@@ -30,6 +30,7 @@ from toolkit.cli.commands.train import train
 from toolkit.cli.commands.translate import translate
 from toolkit.cli.commands.translate_corpus import translate_corpus
 from toolkit.cli.commands.verify import verify
+from toolkit.core import atomic
 from toolkit.core.errors import ToolkitError, describe_os_error, first_line, os_error_exit_code
 
 # What the torch extra installs: the build side (train, export from PyTorch, verify, bench's PyTorch rows).
@@ -65,8 +66,11 @@ class Group(click.Group):
                 click.echo("error: standard output is closed; reopen it or write to a file (-o FILE where the command has it)", err=True)
             sys.exit(2)
         try:
-            with signals.handled():
-                return super().invoke(ctx)
+            try:
+                with signals.handled():
+                    return super().invoke(ctx)
+            finally:
+                atomic.abort_unfinished()  # an output interrupted as it was opened, before its owner could abort it
         except ToolkitError as e:
             if signals.interrupted() and e.exit_code != 130:  # raised because of the signal (see below): say that
                 signals.say_interrupted()

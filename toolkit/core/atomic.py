@@ -22,6 +22,10 @@ from typing import IO
 
 # Only names of exactly this form are ever removed: a user's own dotfiles never match it.
 _TEMPORARY = re.compile(r"\..+\.(\d{1,9})-[0-9a-f]{8}\.tmp")
+# This process's writers whose temporary may exist, neither committed nor aborted. A signal turned into
+# KeyboardInterrupt is delivered as a call returns: as os.open returns the new file, or as open() returns the writer,
+# before any owner holds it to abort. The command's end (toolkit.cli) aborts what is left here (abort_unfinished).
+_UNFINISHED: set[AtomicWriter] = set()
 
 
 def _umask() -> int:
@@ -125,7 +129,14 @@ class AtomicWriter:
         remove_stale_temporaries(self.target.parent)
         mode = (self.target.stat().st_mode & 0o7777) if self.target.is_file() else 0o666 & ~_umask()
         self.tmp = self.target.parent / f".{self.target.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        self.pid = os.getpid()
+        _UNFINISHED.add(self)  # before the file exists: an interrupt as it is made still finds it
+        try:
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except FileExistsError:
+            self.tmp = None  # another's file of that name: never removed
+            _UNFINISHED.discard(self)
+            raise
         try:
             os.fchmod(fd, mode)
             self.file = os.fdopen(fd, "w", encoding="utf-8", newline="\n") if self.text else os.fdopen(fd, "wb")
@@ -163,6 +174,7 @@ class AtomicWriter:
             self.file.close()
             os.replace(self.tmp, self.target)
             self.tmp = None
+            _UNFINISHED.discard(self)
         except BaseException:
             self.abort()
             raise
@@ -175,6 +187,15 @@ class AtomicWriter:
             with contextlib.suppress(OSError):
                 os.unlink(self.tmp)
         self.tmp = None
+        _UNFINISHED.discard(self)
+
+
+def abort_unfinished() -> None:
+    """Removes the temporary file of each writer of this process that was neither committed nor aborted (_UNFINISHED):
+    what a command interrupted as it opened its output leaves. A forked child's copies of its parent's are not its own."""
+    for writer in list(_UNFINISHED):
+        if writer.pid == os.getpid():
+            writer.abort()
 
 
 @contextlib.contextmanager
