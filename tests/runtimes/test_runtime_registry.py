@@ -28,7 +28,7 @@ def load(m, provider, variant, **options):
 
 
 RUNTIME = registry.RuntimeSpec(name="probe-rt", runs=registry.GRAPHS, load=load, version=lambda: "0.1",
-                               providers=("cpu",), variants=("fp32",), default_threads=lambda provider: (1, None))
+                               providers=("cpu",), variants=("fp32",), default_threads=lambda provider, variant, m: (1, None))
 '''
 
 

@@ -56,12 +56,18 @@ class _Tk:
         else:
             # As `tk translate` runs on `threads` cores (batching.default_threads and default_request_threads): several
             # batches decode side by side, one stream per core (up to 4) on sessions of their own, and a call of one
-            # batch decodes on every core, the decoder session's workers spinning between the steps of the call.
+            # batch decodes on every core, the decoder session's workers spinning between the steps of the call (on
+            # one thread for a small model's int8 decoder).
+            from toolkit.core.batching import one_request_thread
+            from toolkit.runtimes.onnxruntime.runtime import weights_bytes
+
             self.streams = max(1, min(threads, 4))
+            request = 1 if one_request_thread(variant, weights_bytes(self.m) // 4) else min(threads, 4)
             self.loaded = registry.load(self.m, registry.DEFAULT, "cpu", variant, threads=max(1, threads // self.streams),
-                                        request_threads=min(threads, 4), shortlist=shortlist)
+                                        request_threads=request, shortlist=shortlist)
+            on_one_call = f"{request} spinning decoder threads" if request > 1 else "1 decoder thread"
             self.threads = (f"{self.streams} streams x {max(1, threads // self.streams)} intra-op threads for several batches; "
-                            f"{min(threads, 4)} spinning decoder threads for a call of one batch")
+                            f"{on_one_call} for a call of one batch")
         self.backend = self.loaded.backend()
         self.tokens = tokens
         self.version = registry.get(registry.DEFAULT).label() + f", tk {variant} on {device}"

@@ -31,14 +31,30 @@ def default_threads() -> int:
     return max(1, cores() // default_streams())
 
 
-def default_request_threads() -> int:
+# An int8 decoder of fewer weights than this decodes a call of one batch on one thread: its products at one row are
+# too small to share out. Measured on 2 cores (AVX-512 VNNI AMD EPYC), first 200 Tatoeba Challenge sentences one per
+# call: the shipped 7.3M-weight model in int8, 2.7 ms a request on one thread against 4.1 ms on two spinning threads
+# (two without spinning: 4.2 ms; at beam 4 both 8 ms); opus-mt's shape (74.7M) in int8, one sentence per call, 211
+# and 241 tokens/s on one thread against 338 and 316 on two. Where between the two the line lies was not measured.
+SMALL_INT8_WEIGHTS = 16_000_000
+
+
+def default_request_threads(variant: str = "fp32", weights: int = 0) -> int:
     """ONNX Runtime intra-op threads of the decoder for a call of one batch (a single request) unless told: every
-    core, up to 4, with workers that spin between the steps. Streams, which take the cores between them, decode on
+    core, up to 4, with workers that spin between the steps, except for an int8 decoder of under SMALL_INT8_WEIGHTS
+    `weights` (the model's fp32 weights), which runs on one. Streams, which take the cores between them, decode on
     sessions of default_threads(). Measured on 2 cores (AVX-512), 200 Tatoeba Challenge sentences one per call,
-    ms: fp32 10.1 -> 6.9, int8 5.2 -> 4.4. Two threads without spinning: fp32 9.2, int8 5.7; the encoder's workers
-    spinning too: 13.2 and 7.5 (each session's spinning workers take the cores from the next one run).
+    ms: fp32 10.1 -> 6.9, int8 5.2 -> 4.4 (then). Two threads without spinning: fp32 9.2, int8 5.7; the encoder's
+    workers spinning too: 13.2 and 7.5 (each session's spinning workers take the cores from the next one run). Again
+    on 2 cores of an AVX-512 VNNI EPYC, the shipped model's optimized fp32 graphs: 4.6 ms on two spinning threads,
+    5.9 on one.
     """
-    return min(cores(), 4)
+    return 1 if one_request_thread(variant, weights) else min(cores(), 4)
+
+
+def one_request_thread(variant: str, weights: int) -> bool:
+    """Whether a call of one batch decodes on one thread whatever the cores: a small model's int8 decoder."""
+    return variant == "int8" and weights < SMALL_INT8_WEIGHTS
 
 
 def fitting_streams(streams: int, threads: int | None) -> int:

@@ -97,7 +97,7 @@ def open_model(directory: str | Path, provider: str | None = None, variant: str 
     variant = spec.default_variant(provider, m) if variant is None else variant
     request_threads = None
     if threads is None:
-        threads, request_threads = spec.default_threads(provider)
+        threads, request_threads = spec.default_threads(provider, variant, m)
     loaded = load(m, runtime, provider, variant, allow_fallback, threads, cache=True, request_threads=request_threads,
                   shortlist=shortlist)
     note = unguarded_note(m.directory, m.shortlist.checked, variant) if shortlist and m.shortlist is not None else None

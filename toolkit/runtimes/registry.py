@@ -41,7 +41,7 @@ def _plain(provider: str, m: Manifest | None = None) -> str:
     return "fp32"  # toolkit.core.variants.PLAIN: the exported graphs, which every runtime runs
 
 
-def _no_threads(provider: str) -> tuple[int | None, int | None]:
+def _no_threads(provider: str, variant: str, m: Manifest) -> tuple[int | None, int | None]:
     return None, None
 
 
@@ -52,7 +52,7 @@ class RuntimeSpec:
     load(m, provider, variant, *, allow_fallback, threads, cache, request_threads, check_io) -> LoadedRuntime: the
     loader, which checks its sessions' inputs and outputs against the manifest when `check_io` (verify reports a
     mismatch as a row of its own instead).
-    default_provider() when none is given; default_variant(provider, m) when variant is None; default_threads(provider)
+    default_provider() when none is given; default_variant(provider, m) when variant is None; default_threads(provider, variant, m)
     -> (threads, request_threads) when threads is None. streams: its backends' forks decode side by side on
     sessions of `threads` threads each (tk's streams pay off; a file's streams are cut to the cores / threads).
     verify: "module:function" of verify's checks for a runtime that reads no graphs (None: the graph checks).
@@ -67,7 +67,7 @@ class RuntimeSpec:
     variants: tuple[str, ...] = ("fp32",)  # the catalogue's variants it runs (toolkit.core.variants), "attention" included
     default_provider: Callable[[], str] = _cpu
     default_variant: Callable[[str, Manifest | None], str] = _plain
-    default_threads: Callable[[str], tuple[int | None, int | None]] = _no_threads
+    default_threads: Callable[[str, str, Manifest], tuple[int | None, int | None]] = _no_threads
     streams: bool = False
     verify: str | None = None
     graph_outputs: Callable[..., dict[str, Any]] | None = None

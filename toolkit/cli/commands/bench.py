@@ -215,15 +215,19 @@ def _text(o: BenchOptions) -> None:
     import platform
 
     from toolkit.bench import text as text_bench
-    from toolkit.core.batching import cores, default_request_threads, default_streams, default_threads
+    from toolkit.core.batching import default_request_threads, default_streams, default_threads
+    from toolkit.core.manifest import load as load_manifest
     from toolkit.runtimes.ctranslate2.engine import describe_gemm
+    from toolkit.runtimes.onnxruntime.runtime import weights_bytes
 
     terms = read_glossary(o.glossary, raw=False)
     sources, refs = text_bench.read_text(o.text_path, o.reference)
     sources, refs = sources[:o.lines], refs[:o.lines] if refs else None
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    weights = weights_bytes(load_manifest(o.model_dir)) // 4
+    per_variant = ", ".join(f"{v} {default_request_threads(v, weights)}" for v in (tuple(o.variants) or ("fp32", "int8")))
     echo(f"{len(sources)} lines of {o.text_path}; tk defaults here: {default_threads()} thread(s) x {default_streams()} stream(s) "
-         f"for a file, a decoder on {default_request_threads()} thread(s) for a single request")
+         f"for a file, a decoder on this many threads for a single request: {per_variant}")
     rows = text_bench.bench_text(o.model_dir, sources, refs, tuple(o.variants) or ("fp32", "int8"), tuple(o.beams) or (1, 4),
                                  min(o.requests, len(sources)), o.repeat, peers=tuple(dict.fromkeys(o.peers)),
                                  peer_python=str(o.peer_python) if o.peer_python else None, echo=echo, glossary=terms,

@@ -50,20 +50,23 @@ def default_variant(provider: str, m: Manifest | None = None) -> str:
     # Same translations as fp32 (verify demands it of "optimized"); fewer nodes a step: one sentence
     # per call, first 200 Tatoeba Challenge sentences, 12.9 ms -> 11.7 ms; a 2,000-line file 3.03 -> 2.96 s.
     fast = FAST_PLAIN[provider]
-    if m is not None and fast != PLAIN and fast not in m.stored and _weights_bytes(m) > LARGE_WEIGHTS_BYTES:
+    if m is not None and fast != PLAIN and fast not in m.stored and weights_bytes(m) > LARGE_WEIGHTS_BYTES:
         return PLAIN
     return fast
 
 
-def _weights_bytes(m: Manifest) -> int:
+def weights_bytes(m: Manifest) -> int:
     """The size of the model's external weights files (a stat each: start-up reads no graph for this)."""
     files = {g.weights.file for g in m.graphs.values() if g.weights is not None}
     return sum((m.directory / f).stat().st_size for f in files if (m.directory / f).is_file())
 
 
-def threads_for(provider: str) -> tuple[int | None, int | None]:
-    """On CPU never all cores per session (the default streams share them); a call of one batch has them all."""
-    return (default_threads(), default_request_threads()) if provider == "cpu" else (None, None)
+def threads_for(provider: str, variant: str, m: Manifest) -> tuple[int | None, int | None]:
+    """On CPU never all cores per session (the default streams share them); a call of one batch has them all, but a
+    small model's int8 decoder (batching.default_request_threads)."""
+    if provider != "cpu":
+        return None, None
+    return default_threads(), default_request_threads(variant, weights_bytes(m) // 4)
 
 
 def graph_outputs(source: Path | bytes, provider: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
