@@ -103,8 +103,8 @@ def _new_directory(writer: Writer, lands: NewDirectory, source: Path, out: Path,
     m = load_model_directory(writer, source)
     target = outputs.prepare(out, option=writer.option, sources=[source], force=force, owned=lambda d: lands.owned(d, m),
                              what=lands.what, keep_foreign=lands.keep_foreign)
+    m.check_files()  # before validate, which may parse the graphs: a corrupt file is refused as one, not parsed
     writer.validate(m)
-    m.check_files()
     kept: list[str] = []
     with outputs.writing(target, skipped=kept.extend) as tmp:
         _verify(writer, m, tmp, writer.write(m, tmp, echo), out)
@@ -119,8 +119,8 @@ def _into_model_directory(writer: Writer, lands: IntoModelDirectory, source: Pat
     load_model_directory(writer, source)  # a source that is no model directory is refused before its lock (which opens it)
     with manifest.locked(source):
         m = load_model_directory(writer, source)  # read again under the lock: another command may have written it meanwhile
+        m.check_files()  # before validate, which may parse the graphs (--optimize reads their weights' sizes)
         writer.validate(m)
-        m.check_files()
         present = lands.replaces(m)
         if present and not force:
             raise UsageError(f"{source} already has {present}; use --force to {lands.again}")
