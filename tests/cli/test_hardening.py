@@ -95,6 +95,10 @@ def _edit_manifest(directory: Path, edit) -> None:
     path.write_text(json.dumps(edit(data)))
 
 
+def _decoding(d: dict, **rules) -> dict:
+    return {**d, "declaration": {**d["declaration"], "decoding": {**d["declaration"]["decoding"], **rules}}}
+
+
 @pytest.mark.parametrize("edit, expected", [
     (lambda d: [d], "not an object"),
     (lambda d: "x", "not an object"),
@@ -106,6 +110,10 @@ def _edit_manifest(directory: Path, edit) -> None:
     (lambda d: {**d, "graphs": {**d["graphs"], "encoder": {**d["graphs"]["encoder"], "file": "../../etc/passwd"}}}, "inside the model directory"),
     (lambda d: {**d, "graphs": {**d["graphs"], "decoder": 3}}, "graphs.decoder is not an object"),
     (lambda d: {**d, "config": {**d["config"], "max_len": "64"}}, "max_len"),
+    # A target token the decoder does not score (once found: an IndexError in the decoding loop).
+    (lambda d: _decoding(d, forced_first=d["config"]["vocab_size"]), "declaration.decoding.forced_first is 600, not a token"),
+    (lambda d: _decoding(d, end=d["config"]["vocab_size"] + 5), "declaration.decoding.end is 605, not a token"),
+    (lambda d: _decoding(d, start=10**6), "declaration.decoding.start is 1000000, not a token"),
 ])
 def test_manifest_is_validated_against_its_schema_when_read(cli, tiny_export, tmp_path, edit, expected):
     model = _copy(tiny_export, tmp_path)

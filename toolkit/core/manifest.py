@@ -213,8 +213,25 @@ class Manifest:
         cached = self.__dict__.get("_declared")
         if cached is None or cached[0] is not self.declaration:
             parsed = Declaration() if self.declaration is None else Declaration.from_dict(self.declaration, str(self.directory / NAME))
+            self._check_token_ids(parsed.decoding)
             cached = self.__dict__["_declared"] = (self.declaration, parsed)
         return cached[1]
+
+    def _check_token_ids(self, rules: DecodingRules) -> None:
+        """The decoding rules' target tokens must be tokens the decoder scores (the width of its log_probs output): an
+        edited manifest's forced_first of 6000 for a vocabulary of 6000 failed as an IndexError in the decoding loop."""
+        decoder = self.graphs.get("decoder")
+        spec = decoder.spec if decoder is not None and isinstance(decoder.spec, dict) else {}
+        outputs = spec.get("outputs") if isinstance(spec.get("outputs"), list) else []
+        dims = next((o.get("dims") for o in outputs if isinstance(o, dict) and o.get("name") == "log_probs"), None)
+        vocab = dims[-1] if isinstance(dims, list) and dims and type(dims[-1]) is int else None
+        if vocab is None:
+            return
+        for name in ("start", "end", "forced_first"):
+            value = getattr(rules, name)
+            if value is not None and value >= vocab:
+                raise UsageError(f"{self.directory / NAME}: declaration.decoding.{name} is {value}, not a token of this model "
+                                 f"(its decoder scores {vocab:,} tokens); re-export the model directory")
 
     def rules(self) -> DecodingRules:
         """How this model is decoded (start and end tokens, length penalty), whatever runs its graphs."""

@@ -23,12 +23,17 @@ def cross_per_sentence(graph: Path | bytes, constants: frozenset[str]) -> bytes 
     """The decoder `graph` with its cross-attention regrouped per sentence (module docstring), marked with MARK; None
     where that does not apply: no fused cross-attention, a constant input (`constants`: the encoder's outputs and the
     source lengths) read by anything else (its rows would no longer match the step's rows), or weights stored outside
-    the graph (not rewritten in memory)."""
+    the graph (not rewritten in memory), or a graph that does not parse (ONNX Runtime's load then says what is wrong
+    with it, as for any other graph)."""
     import numpy as np
     import onnx
+    from google.protobuf.message import DecodeError
     from onnx import helper, numpy_helper
 
-    model = onnx.load_model_from_string(graph) if isinstance(graph, bytes) else onnx.load(graph, load_external_data=False)
+    try:
+        model = onnx.load_model_from_string(graph) if isinstance(graph, bytes) else onnx.load(graph, load_external_data=False)
+    except (DecodeError, OSError):
+        return None
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         return None
     nodes = list(model.graph.node)  # one wrapper per node: they are told apart by id below
