@@ -231,7 +231,10 @@ def site_retry() -> dict:
 
 
 def _output_vocab(m: manifest_mod.Manifest) -> int:
-    return next(o for o in m.graphs["decoder"].spec["outputs"] if o["name"] == "log_probs")["dims"][1]
+    vocab = m.output_vocab()
+    if vocab is None:
+        raise UsageError(f"{m.directory}'s decoder has no log_probs output for the page's glossary; re-export the model directory")
+    return vocab
 
 
 def _ids(kind) -> list[int]:

@@ -217,14 +217,28 @@ class Manifest:
             cached = self.__dict__["_declared"] = (self.declaration, parsed)
         return cached[1]
 
-    def _check_token_ids(self, rules: DecodingRules) -> None:
-        """The decoding rules' target tokens must be tokens the decoder scores (the width of its log_probs output): an
-        edited manifest's forced_first of 6000 for a vocabulary of 6000 failed as an IndexError in the decoding loop."""
+    def output_vocab(self) -> int | None:
+        """The tokens the decoder scores: the declared width of its log_probs output (None: no such output). A width
+        that is not a whole number of at least 1 is refused in one line (an edited manifest's "" failed as a TypeError
+        where the browser page's glossary tables are made)."""
         decoder = self.graphs.get("decoder")
         spec = decoder.spec if decoder is not None and isinstance(decoder.spec, dict) else {}
         outputs = spec.get("outputs") if isinstance(spec.get("outputs"), list) else []
         dims = next((o.get("dims") for o in outputs if isinstance(o, dict) and o.get("name") == "log_probs"), None)
-        vocab = dims[-1] if isinstance(dims, list) and dims and type(dims[-1]) is int else None
+        if dims is None:
+            return None
+        last = dims[-1] if isinstance(dims, list) and dims else None
+        if type(last) is int and last >= 1:
+            return last
+        if isinstance(last, str) and last:
+            return None  # a named axis: the width is the graph's to say
+        raise UsageError(f"{self.directory / NAME}: the decoder's log_probs output is declared {dims!r}, its last axis "
+                         "not a number of tokens; re-export the model directory")
+
+    def _check_token_ids(self, rules: DecodingRules) -> None:
+        """The decoding rules' target tokens must be tokens the decoder scores (output_vocab): an edited manifest's
+        forced_first of 6000 for a vocabulary of 6000 failed as an IndexError in the decoding loop."""
+        vocab = self.output_vocab()
         if vocab is None:
             return
         for name in ("start", "end", "forced_first"):

@@ -12,7 +12,7 @@ import torch
 
 from toolkit.core import architectures
 from toolkit.core.declaration import ADAPTER
-from toolkit.core.errors import UsageError
+from toolkit.core.errors import UsageError, first_line
 from toolkit.core.manifest import CheckpointRecord, Manifest
 from toolkit.pytorch import checkpoint, registry
 
@@ -274,5 +274,10 @@ def weights_from_graphs(m: Manifest, entry, cfg, like: torch.nn.Module | None = 
     state, missing = resolve_parameters(model, found)
     if missing:
         raise UsageError(f"parameter {missing[0]} is in no graph of {m.directory}; verify needs the training checkpoint")
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:  # shapes that differ: the graphs' weights are not of the model the config describes
+        detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), first_line(e))
+        raise UsageError(f"the weights in the graphs of {m.directory} do not fit the model its manifest.json's config "
+                         f"describes ({detail[:200]}); re-export the model directory") from None
     return model

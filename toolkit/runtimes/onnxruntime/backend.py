@@ -22,6 +22,7 @@ from toolkit.core.decoding import (
     take_sentence_rows,
     top_k_rows,
 )
+from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec
 from toolkit.graphs.helper_graphs import selection_graph, top_k_graph
 from toolkit.graphs.sentence_cross import MARK
@@ -92,6 +93,10 @@ class OrtBackend(StepBackend):
         # (position among the outputs, the input it replaces) of each cache output, for greedy_steps
         self._cache_outputs = [(i, decoder_spec.updates[n]) for i, n in enumerate(self.output_names) if n in decoder_spec.updates]
         self._run_decoder = direct_run(decoder)
+        unbatched = next((t for t in decoder_spec.inputs[1:] if "batch" not in t.dims), None)
+        if unbatched is not None:  # the state is selected and reordered along that axis at every step
+            raise UsageError(f"the model's manifest.json declares the decoder input {unbatched.name} as {list(unbatched.dims)}, "
+                             "without its 'batch' axis; re-export the model directory")
         self.batch_axis = {t.name: t.dims.index("batch") for t in decoder_spec.inputs[1:]}
         self._reorder_memory = ReorderMemory()  # one per thread of its callers; a fork has its own (fork)
         self.device = session_provider(decoder)
