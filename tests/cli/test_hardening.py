@@ -132,11 +132,15 @@ def test_manifest_is_validated_against_its_schema_when_read(cli, tiny_export, tm
 
 
 def test_a_decoder_input_without_its_batch_axis_or_weights_unlike_the_config_are_one_line(cli, tiny_export, tmp_path):
-    """Once found by generated corruptions: a ValueError in the decoding loop's setup, a RuntimeError in verify's
-    rebuild of the model. (verify's own interface check fails the first one as a row.)"""
+    """Once found by generated corruptions: a ValueError in the decoding loop's setup, ONNX Runtime's refusal of a cache
+    of 0 heads, a RuntimeError in verify's rebuild of the model. (verify's own interface check fails the first one as
+    a row.)"""
     model = _copy(tiny_export, tmp_path)
     _edit_manifest(model, lambda d: _decoder_dims(d, "inputs", 1, 0, 0))
     assert "self_k_0 as [0, 4, 'past_len', 16], without its 'batch' axis" in one_line_error(cli("translate", "Go.", "--model", model), 2)
+    _edit_manifest(model, lambda d: _decoder_dims(_decoder_dims(d, "inputs", 1, 0, "batch"), "inputs", 1, 1, 0))  # 0 heads
+    line = one_line_error(cli("translate", "Go.", "--model", model), 2)
+    assert "input self_k_0 has the shape [batch, 4, past_len, 16], manifest.json declares [batch, 0, past_len, 16]" in line, line
     other = _copy(tiny_export, tmp_path / "other")
     _edit_manifest(other, lambda d: {**d, "config": {k: v for k, v in d["config"].items() if k != "vocab_size"}})
     line = one_line_error(cli("verify", other, "--sentences", "1"), 2)

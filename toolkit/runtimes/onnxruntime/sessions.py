@@ -108,6 +108,7 @@ class OrtRunner:
     def __init__(self, session: ort.InferenceSession):
         self.session = session
         self.input_names = [i.name for i in session.get_inputs()]
+        self.input_shapes = [i.shape for i in session.get_inputs()]  # sizes as numbers, named axes as names (or None)
         self.output_names = [o.name for o in session.get_outputs()]
         self.provider = session_provider(session)
 
