@@ -211,6 +211,7 @@ def corrupt(directory: Path, kind: str, target: str, how) -> None:
 @example(corruption=("json", "manifest.json", (18, "", False)), command="verify")  # once found: an emptied tensor name crashed verify
 @example(corruption=("json", "manifest.json", (5375, None, False)), command="verify")  # once found: a nulled attention output crashed verify
 @example(corruption=("json", "manifest.json", (167569, [], False)), command="translate")  # once found: a list in place of a string crashed translate
+@example(corruption=("flip", "tokenizer.model", (0.5, 7)), command="verify")  # once found: a piece no longer UTF-8 crashed verify
 @example(corruption=("truncate", "decoder.onnx", (0.5, 0)), command="verify")  # once found: the per-sentence rewrite parsed a cut graph
 @example(corruption=("truncate", "encoder.onnx", (0.5, 0)), command="add-variant")  # once found: --optimize parsed a cut graph
 @given(corruption=corruptions(), command=st.sampled_from(["translate", "translate", "translate", "verify", "add-variant"]))

@@ -108,7 +108,7 @@ class Tokenizer(TextTokenizer):
             tokenizer = cls(Path(path).read_bytes())
             tokenizer.sp.encode("a")  # an empty proto loads without complaint and fails only here
             return tokenizer
-        except (OSError, RuntimeError) as e:  # sentencepiece raises RuntimeError for a corrupt model
+        except (OSError, RuntimeError, ValueError) as e:  # sentencepiece: RuntimeError, or UnicodeDecodeError for a corrupt piece
             raise UsageError(f"tokenizer {path} is unreadable or corrupt ({first_line(e, 80)}); re-export the model directory") from None
 
     @classmethod

@@ -85,7 +85,7 @@ def _load_spm(path: Path) -> spm.SentencePieceProcessor:
         sp = spm.SentencePieceProcessor(model_proto=path.read_bytes())
         sp.encode("a")  # an empty proto loads without complaint and fails only here
         return sp
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, ValueError) as e:  # ValueError: a piece that is not UTF-8 (UnicodeDecodeError)
         raise UsageError(f"tokenizer {path} is unreadable or corrupt ({first_line(e, 80)}); re-export the model directory") from None
 
 
