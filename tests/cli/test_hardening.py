@@ -121,7 +121,8 @@ def _decoding(d: dict, **rules) -> dict:
     (lambda d: _decoding(d, end=d["config"]["vocab_size"] + 5), "declaration.decoding.end is 605, not a token"),
     (lambda d: _decoding(d, start=10**6), "declaration.decoding.start is 1000000, not a token"),
     # Declared shapes the decoding loop reads (once found: a ValueError and a TypeError).
-    (lambda d: _decoder_dims(d, "outputs", 0, 1, ""), "log_probs output is declared ['batch', ''], its last axis not a number"),
+    (lambda d: _decoder_dims(d, "outputs", 0, 1, 0), "log_probs output is declared ['batch', 0], its last axis not a number"),
+    (lambda d: _decoder_dims(d, "inputs", 1, 1, ""), "graphs.decoder.spec.inputs has a malformed tensor"),  # once: a KeyError
 ])
 def test_manifest_is_validated_against_its_schema_when_read(cli, tiny_export, tmp_path, edit, expected):
     model = _copy(tiny_export, tmp_path)
@@ -141,6 +142,8 @@ def test_a_decoder_input_without_its_batch_axis_or_weights_unlike_the_config_are
     _edit_manifest(model, lambda d: _decoder_dims(_decoder_dims(d, "inputs", 1, 0, "batch"), "inputs", 1, 1, 0))  # 0 heads
     line = one_line_error(cli("translate", "Go.", "--model", model), 2)
     assert "input self_k_0 has the shape [batch, 4, past_len, 16], manifest.json declares [batch, 0, past_len, 16]" in line, line
+    _edit_manifest(model, lambda d: _decoder_dims(d, "inputs", 1, 1, "heads"))  # a name tk has no size for
+    assert "declares an axis 'heads' that is none of the model's" in one_line_error(cli("translate", "Go.", "--model", model), 2)
     other = _copy(tiny_export, tmp_path / "other")
     _edit_manifest(other, lambda d: {**d, "config": {k: v for k, v in d["config"].items() if k != "vocab_size"}})
     line = one_line_error(cli("verify", other, "--sentences", "1"), 2)

@@ -502,6 +502,14 @@ def _file_problem(entry, where: str) -> str | None:
     return None
 
 
+_AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\+[0-9]+)?")
+
+
+def _dim_ok(d) -> bool:
+    """An axis of a declared tensor: a size (a whole number of at least 0) or a name ("batch", "past_len+1")."""
+    return (type(d) is int and d >= 0) or (isinstance(d, str) and _AXIS.fullmatch(d) is not None)
+
+
 def _spec_problem(spec, where: str) -> str | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         return f"{where} is not a graph declaration"
@@ -511,7 +519,7 @@ def _spec_problem(spec, where: str) -> str | None:
             return f"{where}.{side} must be a non-empty list"
         for t in tensors:
             if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("dtype"), str) and t["dtype"] in DTYPES
-                    and isinstance(t.get("dims"), list) and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in t["dims"])
+                    and isinstance(t.get("dims"), list) and all(map(_dim_ok, t["dims"]))
                     and isinstance(t.get("fill"), str)):
                 return f"{where}.{side} has a malformed tensor {str(t)[:60]}"
     names = {side: [t["name"] for t in spec[side]] for side in ("inputs", "outputs")}
@@ -671,7 +679,7 @@ def _attention_problem(att, graphs: set[str]) -> str | None:
             return f"attention.{graph} must be a list"
         for t in tensors:
             if not (isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] and isinstance(t.get("dtype"), str) and t["dtype"] in DTYPES
-                    and isinstance(t.get("dims"), list) and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in t["dims"])
+                    and isinstance(t.get("dims"), list) and all(map(_dim_ok, t["dims"]))
                     and isinstance(t.get("fill", "normal"), str)):
                 return f"attention.{graph} has a malformed output {str(t)[:60]}"
     return None
