@@ -214,19 +214,19 @@ def corrupt(directory: Path, kind: str, target: str, how) -> None:
 @example(corruption=("flip", "tokenizer.model", (0.5, 7)), command="verify")  # once found: a piece no longer UTF-8 crashed verify
 @example(corruption=("truncate", "decoder.onnx", (0.5, 0)), command="verify")  # once found: the per-sentence rewrite parsed a cut graph
 @example(corruption=("truncate", "encoder.onnx", (0.5, 0)), command="add-variant")  # once found: --optimize parsed a cut graph
-@given(corruption=corruptions(), command=st.sampled_from(["translate", "translate", "translate", "verify", "add-variant"]))
+@given(corruption=corruptions(), command=st.sampled_from(["translate", "translate", "translate", "verify", "add-variant", "int8", "web",
+                                                         "ctranslate2", "to-hf"]))
 def test_generated_corruptions_of_a_model_directory(tiny_export, corruption, command):
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"
         shutil.copytree(tiny_export, model)
         corrupt(model, *corruption)
         before = snapshot(model)
-        if command == "translate":
-            result = run("translate", "-q", "--model", model, "Go.", "I lost.")
-        elif command == "verify":
-            result = run("verify", model, "--sentences", 1)
-        else:
-            result = run("export", model, "--optimize")
+        args = {"translate": ["translate", "-q", "--model", model, "Go.", "I lost."], "verify": ["verify", model, "--sentences", 1],
+                "add-variant": ["export", model, "--optimize"], "int8": ["export", model, "--quantize", "int8"],
+                "web": ["export", model, "--web", Path(tmp) / "site"], "ctranslate2": ["export", model, "--ctranslate2"],
+                "to-hf": ["export", model, "--to-hf", Path(tmp) / "hf"]}[command]
+        result = run(*args)
         assert_clean(result)
         if command == "translate" and result.exit_code == 0:
             assert result.stdout.count("\n") == 2
