@@ -32,10 +32,12 @@ def default_threads() -> int:
 
 
 # An int8 decoder of fewer weights than this decodes a call of one batch on one thread: its products at one row are
-# too small to share out. Measured on 2 cores (AVX-512 VNNI AMD EPYC), first 200 Tatoeba Challenge sentences one per
-# call: the shipped 7.3M-weight model in int8, 2.7 ms a request on one thread against 4.1 ms on two spinning threads
-# (two without spinning: 4.2 ms; at beam 4 both 8 ms); opus-mt's shape (74.7M) in int8, one sentence per call, 211
-# and 241 tokens/s on one thread against 338 and 316 on two. Where between the two the line lies was not measured.
+# too small to share out. Measured on 2 cores (AVX-512 VNNI AMD EPYC), 200 Tatoeba Challenge sentences one per call
+# (`python docs/measurements/request_threads.py`, each setting in processes of its own, in turns): the shipped 7.3M-weight
+# model in int8 took 2.8 to 3.3 ms a request on one thread, and on two spinning threads either as much or 4.1 to 4.6
+# ms, from one process to the next (at beam 4 both about 8 ms): never faster, on twice the CPU. Its fp32 graphs are
+# faster on two (4.6 against 6.2 ms), and so is opus-mt's shape (74.7M) in int8: one sentence per call, 338 and 316
+# tokens/s on two threads, 211 and 241 on one. Where between the two sizes the line lies was not measured.
 SMALL_INT8_WEIGHTS = 16_000_000
 
 
@@ -45,9 +47,7 @@ def default_request_threads(variant: str = "fp32", weights: int = 0) -> int:
     `weights` (the model's fp32 weights), which runs on one. Streams, which take the cores between them, decode on
     sessions of default_threads(). Measured on 2 cores (AVX-512), 200 Tatoeba Challenge sentences one per call,
     ms: fp32 10.1 -> 6.9, int8 5.2 -> 4.4 (then). Two threads without spinning: fp32 9.2, int8 5.7; the encoder's
-    workers spinning too: 13.2 and 7.5 (each session's spinning workers take the cores from the next one run). Again
-    on 2 cores of an AVX-512 VNNI EPYC, the shipped model's optimized fp32 graphs: 4.6 ms on two spinning threads,
-    5.9 on one.
+    workers spinning too: 13.2 and 7.5 (each session's spinning workers take the cores from the next one run).
     """
     return 1 if one_request_thread(variant, weights) else min(cores(), 4)
 
