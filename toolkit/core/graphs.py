@@ -38,7 +38,7 @@ class TensorSpec:
 def eval_dim(dim: str, sizes: dict[str, int]) -> int:
     """Size of a named dim; "past_len+1" style names add a constant to a named size."""
     base, _, plus = dim.partition("+")
-    if base not in sizes or not (plus.isdigit() or not plus):  # an edited manifest's axis: "" failed as a KeyError
+    if base not in sizes:  # a name the manifest's schema let through that the model has no size for (once: "", a KeyError)
         from toolkit.core.errors import UsageError
 
         raise UsageError(f"manifest.json declares an axis {dim!r} that is none of the model's ({', '.join(sorted(sizes))}); "
