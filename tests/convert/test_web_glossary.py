@@ -21,7 +21,7 @@ from conftest import REPO
 from convert.test_web import CHROMIUM, SHIPPED
 from web_import_fixture import directory, page_of, shipped_site, site
 
-from toolkit.core import glossary, placeholders, textprep
+from toolkit.core import constrained, glossary, placeholders, textprep
 from toolkit.core.errors import DataError, UsageError
 from toolkit.deploy import translate
 from toolkit.deploy.api import Translator
@@ -91,6 +91,9 @@ def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shippe
     python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS)
     with monkeypatch.context() as without_swaps:  # the sentences do take the swap (translate._swapped), which the page ports
         without_swaps.setattr(translate, "_swapped", lambda *a: None)
+        assert Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS) != python
+    with monkeypatch.context() as as_written:  # and their articles take another form before a target (constrained.agreeing)
+        as_written.setattr(constrained, "agreeing", lambda tokenizer, tokens, *a: [list(tokens)])
         assert Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS) != python
     got = shipped_page.evaluate(TRANSLATE, [texts + APART, {"beam": beam, "glossary": TERMS}])
     wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(texts, python, got) if p != g["text"]]

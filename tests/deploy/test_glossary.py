@@ -201,10 +201,46 @@ def test_a_swapped_in_target_that_takes_no_elision_gets_the_elided_word_back_who
 
 
 def test_a_word_that_elides_before_a_target_that_takes_elision_is_written_elided(translator):
-    """The search writes the article before it knows the target follows: "Prendras-tu le emploi ?". The article elided
-    and glued to the target is kept where the model scores it better (constrained.elided)."""
+    """The search writes the article before it knows the target follows: "Prendras-tu le emploi ?". Before a target
+    beginning with a vowel only the article's elided form may stand (constrained.agreeing)."""
     out = translator.translate(["Will you take the job?"], glossary={"job": "emploi"})[0]
     assert "l'emploi" in out and "le emploi" not in out, out
+
+
+# Articles and determiners written only before a consonant (French): none may stand right before "automobile".
+BEFORE_A_CONSONANT = re.compile(r"(?<![\w'’])(le|la|ma|ta|sa|ce|de|que)\s+automobile", re.I)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("text", ["I didn't see your car outside.", "My car was stolen last night.",
+                                  "They told me to stay in the car.", "The car is old, but in good condition."])
+def test_the_article_before_a_target_is_one_that_may_stand_before_it(translator, text, beam):
+    """The model's own word was "voiture", and its article stayed when the target took its place, by the search or the
+    swap: "ta automobile", "Ma automobile", "la automobile". The article is now written in each form of its kind that
+    may stand before the target (ton, mon, l') and the model's score picks."""
+    out = translator.translate([text], glossary={"car": "automobile"}, beam=beam)[0]
+    assert glossary.count(out, "automobile") == 1 and not BEFORE_A_CONSONANT.search(out), out
+
+
+@pytest.mark.parametrize(("written", "target", "ways"), [
+    ("Je n'ai pas vu ta automobile dehors.", "automobile", ["Je n'ai pas vu ton automobile dehors."]),  # "ta" never before a vowel
+    ("Cette lycée est loin.", "lycée", ["Cette lycée est loin.", "Ce lycée est loin."]),  # gender is the model's to know
+    ("Il tient au habits.", "habits", ["Il tient au habits.", "Il tient à la habits.", "Il tient aux habits.", "Il tient à l'habits."]),
+    ("Tout dépend du météo.", "météo", ["Tout dépend du météo.", "Tout dépend de la météo."]),  # no plural before "météo"
+    ("Prendras-tu le emploi ?", "emploi", ["Prendras-tu l'emploi ?"]),
+    ("Il a une voiture.", "voiture", ["Il a une voiture.", "Il a un voiture."]),
+    ("Il dort dans sa voiture.", "voiture", ["Il dort dans sa voiture.", "Il dort dans son voiture."]),
+    ("Il aime la maison.", "maison", ["Il aime la maison.", "Il aime le maison."]),
+])
+def test_the_ways_of_writing_the_article_before_a_target(translator, written, target, ways):
+    """constrained.agreeing: the sentence itself first where its article may stand before the target, then the article in
+    each other form of its kind that may (for a vowel or a consonant, both before an h; plural forms only before a
+    target ending as a plural does)."""
+    tokenizer, end = open_tokenizer(translator.manifest), translator.manifest.rules().end
+    tokens = [tok for tok in tokenizer.target_ids([written])[0] if tok != end]
+    found = constrained.agreeing(tokenizer, tokens, [constrained.term_forms(tokenizer, target, end)], [target], end)
+    assert tokenizer.decode(found) == ways
+    assert (found[0] == tokens) == (ways[0] == written)
 
 
 def test_a_target_the_search_would_add_beside_the_models_own_word_takes_that_words_place(translator):

@@ -206,6 +206,7 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
             "elision_stub": _ids(stubs), "elides": constrained.ELIDES,
             "unelided": {short: list(fulls) for short, fulls in constrained.UNELIDED.items()},
             "contracted": [[*pair, whole] for pair, whole in constrained.CONTRACTED.items()],
+            "agreeing": [[list(consonant), list(vowel)] for consonant, vowel in constrained.AGREEING], "plural": sorted(constrained.PLURAL),
             # textprep.unspelled's: the characters the tokenizer spells, and the punctuation kept outside such a word
             "alphabet": "".join(sorted(tokenizer.alphabet)) if tokenizer.alphabet is not None else None, "around": textprep.AROUND}
 

@@ -303,8 +303,8 @@ def term_swaps(tokenizer, own: list[int], found: TermWord, terms: list[list[list
     that term (`target`, its forms `terms[0]`), in each way the words before it may then be written; the caller keeps
     the one the model scores best. An article or preposition elided before the word ("l'argent", "d'argent": UNELIDED)
     stays elided before a term that takes elision ("l'automobile") and comes back whole before one that takes none, in
-    each of its forms ("le fric", "la fric"); one that stands whole before the word ("la voiture") is also offered
-    elided before a term that takes elision ("l'automobile" beside "la automobile")."""
+    each of its forms ("le fric", "la fric"); one that stands whole before the word ("la voiture", "ta voiture") is the
+    caller's to write in each form it may take before the term (agreeing: "l'automobile", "ton automobile")."""
     begin, i, end, elided = found.begin, found.i, found.end, found.elided
     starts = {tok: tokenizer.begins_word(tok) for tok in set(own)}  # _piece_kinds' of own's tokens alone
     bare = {tok: bool(p) and not p.strip("'’") for tok in starts for p in [tokenizer.piece(tok)]}
@@ -331,39 +331,60 @@ def term_swaps(tokenizer, own: list[int], found: TermWord, terms: list[list[list
         return swaps
     if elided and elides:  # after an elided word tk does not know ("s'"), the term glued to it
         return [tuple(own[:i]) + tuple(terms[0][1]) + rest]
-    swaps = [tuple(own[:begin]) + tuple(terms[0][0]) + rest]
-    if elides and begin > 0:  # "la voiture": "l'automobile" beside "la automobile"
-        before = _word_start(own, begin - 1, starts, bare)
-        previous = tokenizer.decode([own[before:begin]])[0].strip()
-        if previous.casefold() in ELIDED:
-            swaps.append(tuple(own[:before]) + ids(f"{_cased(ELIDED[previous.casefold()], previous)}'{target}") + rest)
-    return swaps
+    return [tuple(own[:begin]) + tuple(terms[0][0]) + rest]  # the caller offers the article before it in each form (agreeing)
 
 
-def elided(tokenizer, tokens: list[int], terms: list[list[list[int]]], targets: list[str], end: int) -> list[int] | None:
-    """`tokens` (a search's translation) with each whole word that elides (ELIDED: "le", "de") before a term that takes
-    elision written elided and glued to it ("le emploi" -> "l'emploi", "de automobile" -> "d'automobile"); None where
-    there is none. The search writes the word before it knows the term follows; the caller keeps whichever of the two
-    the model scores better."""
+def agreeing(tokenizer, tokens: list[int], terms: list[list[list[int]]], targets: list[str], end: int) -> list[list[int]]:
+    """The ways of writing `tokens` (a translation) with the article or determiner right before a term (AGREEING:
+    "cette", "le", "de la"; ELIDED: "de") in each form it may take before that term, one place changed in each, `tokens`
+    itself first where each such word may stand before its term as written. The search writes the word before it knows
+    the term follows ("cette lycée", "le emploi", "ta automobile"), a swap keeps the one the model's word took. Before a
+    term beginning with a vowel only the forms written before one ("l'emploi", "cet", "ton"), before a consonant only
+    the others, before an h or a y both ("l'hôtel", "le héros"); plural forms ("les", "aux") only before a term ending
+    as French plurals do. The caller keeps whichever way the model scores best, so gender is the model's to know ("ce
+    lycée", "ton automobile")."""
+    tokens = list(tokens)
     starts = {tok: tokenizer.begins_word(tok) for tok in set(tokens)}  # _piece_kinds' of these tokens alone
     bare = {tok: bool(p) and not p.strip("'’") for tok in starts for p in [tokenizer.piece(tok)]}
-    out, changed, p = list(tokens), False, 1
-    while p < len(out):
-        hit = next(((forms[0], target) for forms, target in zip(terms, targets)
-                    if len(forms) > 1 and out[p:p + len(forms[0])] == forms[0]), None)
-        if hit is None or not starts[out[p]]:
+    changed, stands, p = [], True, 1
+    while p < len(tokens):
+        hit = next(((forms, target) for forms, target in zip(terms, targets) if tokens[p:p + len(forms[0])] == forms[0]), None)
+        if hit is None or not starts[tokens[p]]:
             p += 1
             continue
-        before = _word_start(out, p - 1, starts, bare)
-        previous = tokenizer.decode([out[before:p]])[0].strip()
-        if previous.casefold() not in ELIDED:
-            p += 1
-            continue
-        glued = tokenizer.target_ids([f"{_cased(ELIDED[previous.casefold()], previous)}'{hit[1]}"])[0]
-        glued = glued[:-1] if glued[-1:] == [end] else glued
-        out[before:p + len(hit[0])] = glued
-        changed, p = True, before + len(glued)
-    return out if changed else None
+        forms, target = hit
+        before = _word_start(tokens, p - 1, starts, bare)
+        words = tokenizer.decode([tokens[before:p]])[0].strip()
+        if before > 0:  # "de la", "à la": the article and the preposition before it
+            first = _word_start(tokens, before - 1, starts, bare)
+            two = f"{tokenizer.decode([tokens[first:before]])[0].strip()} {words}"
+            if _agreeing_forms(two, target)[1]:
+                before, words = first, two
+        fits, others = _agreeing_forms(words, target)
+        stands = stands and fits
+        for form in others:
+            space = "" if form.endswith(("'", "’")) else " "
+            glued = tokenizer.target_ids([f"{_cased(form, words)}{space}{target}"])[0]
+            changed.append(tokens[:before] + (glued[:-1] if glued[-1:] == [end] else glued) + tokens[p + len(forms[0]):])
+        p += len(forms[0])
+    return ([tokens] if stands else []) + changed
+
+
+def _agreeing_forms(words: str, target: str) -> tuple[bool, list[str]]:
+    """Whether the article or determiner `words` may stand before `target` as written, and the other forms of its kind
+    that may (agreeing); (True, []) for words of no kind."""
+    key = words.casefold()
+    kinds = [kind for kind in AGREEING if key in kind[0] or key in kind[1]]
+    if key in ELIDED:
+        kinds.append(((key,), (ELIDED[key] + "'",)))
+    if not kinds:
+        return True, []
+    first = target[:1].casefold()
+    fitting = [f for consonant, vowel in kinds
+               for f in (consonant + vowel if first in "hy" else vowel if first in ELIDES else consonant)
+               if f not in PLURAL or target.casefold().endswith(("s", "x", "z"))]
+    fits = key in fitting or key in PLURAL
+    return fits, [f for f in dict.fromkeys(fitting) if f != key]
 
 
 # The articles and prepositions elided before a vowel or h (ELIDES) in French, Italian and Catalan, by their elided
@@ -374,6 +395,13 @@ UNELIDED = {"l": ("le", "la", "lo", "el"), "d": ("de", "di"), "qu": ("que",), "u
 ELIDED = {full: short for short, fulls in UNELIDED.items() for full in fulls}
 ELISION_STUBS = frozenset(UNELIDED) - {"un"}  # the elided forms that are no word of their own ("un" is one)
 CONTRACTED = {("de", "le"): "du", ("à", "le"): "au"}  # a preposition and the article after it, as French writes them
+# French articles and determiners whose form follows the noun after them, each as (its forms before a consonant, before
+# a vowel or mute h): agreeing offers the others of the kind the word before a term is of.
+AGREEING = ((("le", "la", "les"), ("l'", "les")), (("un", "une"), ("un", "une")), (("ce", "cette", "ces"), ("cet", "cette", "ces")),
+            (("mon", "ma", "mes"), ("mon", "mes")), (("ton", "ta", "tes"), ("ton", "tes")), (("son", "sa", "ses"), ("son", "ses")),
+            (("du", "de la", "des"), ("de l'", "des")), (("au", "à la", "aux"), ("à l'", "aux")),
+            (("quel", "quelle", "quels", "quelles"), ("quel", "quelle", "quels", "quelles")))
+PLURAL = frozenset({"les", "ces", "mes", "tes", "ses", "des", "aux", "quels", "quelles"})
 
 
 def _cased(word: str, like: str) -> str:

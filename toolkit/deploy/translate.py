@@ -571,32 +571,39 @@ def _constrained(t: TranslationModel, items: list[tuple[list[int], list[list[lis
                  backend: object, rules) -> list[list[Hypothesis]]:
     """For each (src, terms, targets): the best translations of src holding each term (its forms' ids:
     constrained.term_forms; `targets`, their text), up to opts.n_best, best first, by toolkit.core.constrained at
-    FORCED_BEAM or the beam asked for (the sentences searched side by side), each with a word that elides written
-    elided before a term that takes elision (constrained.elided) where the model scores that better."""
+    FORCED_BEAM or the beam asked for (the sentences searched side by side), each with the article or determiner before
+    a term in the form the model scores best of those that may stand there (constrained.agreeing: "ce lycée", not
+    "cette lycée"; "l'automobile", not "la automobile")."""
     from toolkit.core import constrained
 
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     limits = [int(length_limits([src], min(opts.max_len, t.manifest.max_len), opts.max_len_a, opts.max_len_b)[0]) for src, _, _ in items]
     found = constrained.constrained_searches(backend, t.tokenizer, [(src, terms, limit) for (src, terms, _), limit in zip(items, limits)],
                                              max(opts.beam, FORCED_BEAM), alpha, rules, opts.n_best)
-    glued = {(k, j): g for k, ((src, terms, targets), hyps) in enumerate(zip(items, found)) for j, h in enumerate(hyps)
-             if (g := constrained.elided(t.tokenizer, h.tokens, terms, targets, rules.end)) is not None}
-    read = dict(zip(glued, constrained.scored_each(backend, [(items[k][0], g) for (k, _), g in glued.items()], rules)))
-    return [[h if (k, j) not in read else _best_scored([h, read[k, j]], rules, alpha) for j, h in enumerate(hyps)]
-            for k, hyps in enumerate(found)]
+    ways = {(k, j): w for k, ((src, terms, targets), hyps) in enumerate(zip(items, found)) for j, h in enumerate(hyps)
+            if (w := constrained.agreeing(t.tokenizer, h.tokens, terms, targets, rules.end)) and w != [list(h.tokens)]}
+    other = [(k, j, w) for (k, j), each in ways.items() for w in each if w != list(found[k][j].tokens)]
+    read: dict[tuple[int, int], list[Hypothesis]] = {}
+    for (k, j, _), h in zip(other, constrained.scored_each(backend, [(items[k][0], w) for k, _, w in other], rules)):
+        read.setdefault((k, j), []).append(h)
+    # The search's own way where its article may stand before the term, else only the others.
+    return [[h if (k, j) not in ways else _best_scored(([h] if ways[k, j][0] == list(h.tokens) else []) + read.get((k, j), []), rules, alpha)
+             for j, h in enumerate(hyps)] for k, hyps in enumerate(found)]
 
 
 def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, terms: list[list[list[int]]], backend: object, rules,
              own: str, opts: DecodeOptions, where: tuple[list[int], TermWord] | None) -> Hypothesis | None:
     """The model's own translation `own` of src (the segment's ids) with the word that the segment's source terms
-    account for most (`where`: _own_words') swapped for a term (constrained.term_swaps), the way of writing it the model
-    scores best (by the normalised score the checks compare); None if there is none."""
+    account for most (`where`: _own_words') swapped for a term (constrained.term_swaps), its article or determiner in
+    each form that may stand before the term (constrained.agreeing: "ton automobile" for "ta voiture"), the way of
+    writing it the model scores best (by the normalised score the checks compare); None if there is none."""
     from toolkit.core import constrained
 
     found = where
     if found is None:
         return None
     swaps = constrained.term_swaps(t.tokenizer, found[0], found[1], terms, segment.targets[0], rules)
+    swaps = list(dict.fromkeys(tuple(way) for swap in swaps for way in constrained.agreeing(t.tokenizer, list(swap), terms, segment.targets, rules.end)))
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     return _best_scored(constrained.scored_each(backend, [(src, list(swap)) for swap in swaps], rules), rules, alpha)
 

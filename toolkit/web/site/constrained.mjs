@@ -139,7 +139,7 @@ export async function termWord(backend, tokenizer, src, own, rules, kinds, witho
 // swapped for that term (`target`, its forms terms[0]), in each way the words before it may then be written. An elided
 // article or preposition (spec.unelided) stays elided before a term that takes elision and comes back whole before one
 // that takes none, in each of its forms (spec.contracted: "du fric", not "de le fric"); one that stands whole before
-// the word is also offered elided before a term that takes elision.
+// the word is the caller's to write in each form it may take before the term (agreeingWays).
 export function termSwaps(tokenizer, own, found, terms, target, rules, kinds, spec) {
   const { begin, i, end, elided } = found;
   const word = found.text, rest = own.slice(end);
@@ -149,7 +149,7 @@ export function termSwaps(tokenizer, own, found, terms, target, rules, kinds, sp
   };
   const lower = (w) => w.toLowerCase(); // str.casefold on the words spec.unelided and spec.contracted hold
   const elides = terms[0].length > 1;
-  const unelided = new Map(Object.entries(spec.unelided)), elidedOf = elidedForms(spec);
+  const unelided = new Map(Object.entries(spec.unelided));
   const contracted = new Map(spec.contracted.map(([a, b, whole]) => [`${a} ${b}`, whole]));
   const chars = [...word.slice(0, -1)];
   let cut = -1;
@@ -166,33 +166,53 @@ export function termSwaps(tokenizer, own, found, terms, target, rules, kinds, sp
     });
   }
   if (elided && elides) return [[...own.slice(0, i), ...terms[0][1], ...rest]];
-  const swaps = [[...own.slice(0, begin), ...terms[0][0], ...rest]];
-  if (elides && begin > 0) {
-    const before = wordStart(own, begin - 1, kinds), previous = tokenizer.decode(own.slice(before, begin)).trim();
-    if (elidedOf.has(lower(previous))) {
-      swaps.push([...own.slice(0, before), ...ids(`${cased(elidedOf.get(lower(previous)), previous)}'${target}`), ...rest]);
-    }
-  }
-  return swaps;
+  return [[...own.slice(0, begin), ...terms[0][0], ...rest]];
 }
 
-// constrained.elided: `tokens` (a search's translation) with each whole word that elides (spec.unelided's full forms)
-// before a term that takes elision written elided and glued to it ("le emploi" -> "l'emploi"); null where there is none.
-export function elidedTokens(tokenizer, tokens, terms, targets, end, kinds, spec) {
-  const elidedOf = elidedForms(spec), out = tokens.slice(), same = (a, at, b) => b.every((x, k) => a[at + k] === x);
-  let changed = false, p = 1;
-  while (p < out.length) {
-    const k = terms.findIndex((forms) => forms.length > 1 && p + forms[0].length <= out.length && same(out, p, forms[0]));
-    if (k < 0 || kinds.starts[out[p]] !== 1) { p++; continue; }
-    const before = wordStart(out, p - 1, kinds), previous = tokenizer.decode(out.slice(before, p)).trim();
-    if (!elidedOf.has(previous.toLowerCase())) { p++; continue; }
-    let glued = tokenizer.targetIds(`${cased(elidedOf.get(previous.toLowerCase()), previous)}'${targets[k]}`);
-    if (glued.length && glued[glued.length - 1] === end) glued = glued.slice(0, -1);
-    out.splice(before, p + terms[k][0].length - before, ...glued);
-    changed = true;
-    p = before + glued.length;
+// constrained.agreeing: the ways of writing `tokens` (a translation) with the article or determiner right before a term
+// (spec.agreeing; spec.unelided's full forms) in each form it may take before that term, one place changed in each,
+// `tokens` itself first where each such word may stand before its term as written.
+export function agreeingWays(tokenizer, tokens, terms, targets, end, kinds, spec) {
+  const same = (a, at, b) => b.every((x, k) => a[at + k] === x);
+  const changed = [];
+  let stands = true, p = 1;
+  while (p < tokens.length) {
+    const k = terms.findIndex((forms) => same(tokens, p, forms[0]));
+    if (k < 0 || kinds.starts[tokens[p]] !== 1) { p++; continue; }
+    const target = targets[k], n = terms[k][0].length;
+    let before = wordStart(tokens, p - 1, kinds), words = tokenizer.decode(tokens.slice(before, p)).trim();
+    if (before > 0) { // "de la", "à la": the article and the preposition before it
+      const first = wordStart(tokens, before - 1, kinds);
+      const two = `${tokenizer.decode(tokens.slice(first, before)).trim()} ${words}`;
+      if (agreeingForms(two, target, spec)[1].length) { before = first; words = two; }
+    }
+    const [fits, others] = agreeingForms(words, target, spec);
+    stands = stands && fits;
+    for (const form of others) {
+      let glued = tokenizer.targetIds(`${cased(form, words)}${/['’]$/.test(form) ? "" : " "}${target}`);
+      if (glued.length && glued[glued.length - 1] === end) glued = glued.slice(0, -1);
+      changed.push([...tokens.slice(0, before), ...glued, ...tokens.slice(p + n)]);
+    }
+    p += n;
   }
-  return changed ? out : null;
+  return stands ? [tokens.slice(), ...changed] : changed;
+}
+
+// constrained._agreeing_forms: whether the article or determiner `words` may stand before `target` as written, and the
+// other forms of its kind that may; [true, []] for words of no kind.
+function agreeingForms(words, target, spec) {
+  const key = words.toLowerCase(), elidedOf = elidedForms(spec);
+  const kinds = spec.agreeing.filter(([consonant, vowel]) => consonant.includes(key) || vowel.includes(key));
+  if (elidedOf.has(key)) kinds.push([[key], [`${elidedOf.get(key)}'`]]);
+  if (!kinds.length) return [true, []];
+  const first = [...target][0].toLowerCase(), plural = /[sxz]$/.test(target.toLowerCase());
+  const fitting = [];
+  for (const [consonant, vowel] of kinds) {
+    for (const f of "hy".includes(first) ? [...consonant, ...vowel] : spec.elides.includes(first) ? vowel : consonant) {
+      if (!spec.plural.includes(f) || plural) fitting.push(f);
+    }
+  }
+  return [fitting.includes(key) || spec.plural.includes(key), [...new Set(fitting)].filter((f) => f !== key)];
 }
 
 // constrained.ELIDED: each full form of spec.unelided, by its elided form ("la" -> "l").

@@ -5,7 +5,7 @@
 // writes from the Python definitions.
 
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
-import { constrainedSearch, elidedTokens, scored, termSwaps, termWord } from "./constrained.mjs";
+import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -375,10 +375,18 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
           && normalized(rules, h.score, h.tokens.length, alpha) > mineScore - spec.forced_margin;
       };
       let h = await constrainedSearch(backend, src, terms, limit, Math.max(opts.beam, spec.forced_beam), alpha, rules, kinds, normalized);
-      const glued = h === null ? null : elidedTokens(tokenizer, h.tokens, terms, form.targets, rules.end, kinds, spec);
-      if (glued !== null) { // translate._constrained: a word that elides, elided before the term where the model scores that better
-        const other = await scored(backend, src, glued, rules);
-        if (normalized(rules, other.score, other.tokens.length, alpha) > normalized(rules, h.score, h.tokens.length, alpha)) h = other;
+      const better = (a, b) => b === null || normalized(rules, a.score, a.tokens.length, alpha) > normalized(rules, b.score, b.tokens.length, alpha);
+      const sameIds = (a, b) => a.length === b.length && a.every((x, k) => x === b[k]);
+      const ways = h === null ? [] : agreeingWays(tokenizer, h.tokens, terms, form.targets, rules.end, kinds, spec);
+      if (ways.length && !(ways.length === 1 && sameIds(ways[0], h.tokens))) {
+        // translate._constrained: the article before a term in the form the model scores best of those that may stand there
+        let best = sameIds(ways[0], h.tokens) ? h : null;
+        for (const way of ways) {
+          if (sameIds(way, h.tokens)) continue;
+          const s = await scored(backend, src, way, rules);
+          if (better(s, best)) best = s;
+        }
+        h = best;
       }
       const mineRaw = tokenizer.decode(mine.tokens);
       const ownWord = async () => { // translate._own_word: the model's own translation's ids, and its word for the terms
@@ -391,9 +399,14 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
       const swapped = async (where) => { // translate._swapped: the model's own with its word for a target swapped for it
         if (where === null) return null;
         let best = null; // the way of writing it the model scores best, the first of equals
+        const seen = new Set();
         for (const swap of termSwaps(tokenizer, where.ownIds, where.found, terms, form.targets[0], rules, kinds, spec)) {
-          const s = await scored(backend, src, swap, rules);
-          if (best === null || normalized(rules, s.score, s.tokens.length, alpha) > normalized(rules, best.score, best.tokens.length, alpha)) best = s;
+          for (const way of agreeingWays(tokenizer, swap, terms, form.targets, rules.end, kinds, spec)) {
+            if (seen.has(way.join(","))) continue;
+            seen.add(way.join(","));
+            const s = await scored(backend, src, way, rules);
+            if (better(s, best)) best = s;
+          }
         }
         return best;
       };
