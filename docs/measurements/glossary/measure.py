@@ -27,8 +27,12 @@ Figures:
   as written, a hyphen counting as part of a word);
 - BLEU and chrF of the rest of the sentence: every French form of the item's word removed from the output and from the
   references; and of the whole sentence;
+- the same, less the article or determiner right before the word too (its form follows the word's gender and first
+  letter, so a reference written for the model's own word cannot agree with an asked word of another gender);
 - doubled: outputs that hold the asked form and, beside it, the model's own choice for the word (the word said twice,
   which the rest-of-sentence scores cannot see: they remove both);
+- wrong article: outputs where an article that cannot stand before the asked form stands right before it, by GENDER
+  (a table for this measurement; tk itself leaves gender to the model);
 - decode time of the test sets' English, greedy and beam 4, each way, in one run (best of 3, interleaved);
 - 10,000 entries: load time of the TSV file, cost per sentence of preparing the lines with and without it (and, for
   scale, of a loop of 10,000 regex searches), and whether every line holding none of its terms is translated byte
@@ -87,6 +91,55 @@ LEXICON = {
     "sick": ["malade", "souffrant"], "tired": ["fatigué", "fatiguée", "las"], "angry": ["fâché", "fâchée", "en colère"],
     "scared": ["effrayé", "effrayée", "peur"], "rich": ["riche", "fortuné"], "lazy": ["paresseux", "fainéant"],
 }
+# The gender of each French noun LEXICON lists ("m", "f", "mf" for either), or "p" for a plural; adjectives are left out.
+# For the measurement only (which article may stand before an asked form); tk's glossary leaves gender to the model.
+GENDER = {
+    **dict.fromkeys("voiture automobile auto bagnole chambre pièce salle enseignante institutrice bicyclette barque boutique "
+                    "femme dame erreur faute épreuve veste route excursion épouse photo image photographie école histoire place "
+                    "ville cité amie copine patronne valise maison demeure œuvre fille gamine météo réponse solution casquette "
+                    "chance veine occasion possibilité réunion rencontre".split(), "f"),
+    **dict.fromkeys("travail emploi boulot poste gamin professeur enseignant instituteur médecin docteur argent fric bateau "
+                    "navire vélo magasin dîner souper examen test contrôle manteau chemin voyage périple cadeau présent livre "
+                    "bouquin ouvrage problème souci ennui mari époux tableau lycée collège récit endroit lieu film long-métrage "
+                    "bourg ami copain patron chef repas plat sac cartable logement garçon gars type mec temps ordinateur ordi "
+                    "téléphone portable tél chapeau bonnet plan projet mal bruit vacarme tapage".split(), "m"),
+    **dict.fromkeys("enfant gosse prof".split(), "mf"),
+    **dict.fromkeys("voitures automobiles autos bagnoles chambres pièces salles enfants gosses gamins professeurs enseignants "
+                    "instituteurs profs sous erreurs fautes livres bouquins ouvrages problèmes soucis ennuis photos images tableaux "
+                    "photographies amis amies copains copines vêtements habits fringues types mecs difficultés".split(), "p"),
+    "jeune fille": "f",
+}
+# The articles, determiners and the preposition "de" whose form follows the noun after them: the genders ("m", "f") and
+# number ("p") each may stand before, and where it is written: before a vowel ("v"), a consonant ("c"), or either ("").
+ARTICLES = {"le": ("m", "c"), "la": ("f", "c"), "l'": ("mf", "v"), "les": ("p", ""), "un": ("m", ""), "une": ("f", ""),
+            "du": ("m", "c"), "de la": ("f", "c"), "de l'": ("mf", "v"), "des": ("p", ""), "au": ("m", "c"), "à la": ("f", "c"),
+            "à l'": ("mf", "v"), "aux": ("p", ""), "ce": ("m", "c"), "cet": ("m", "v"), "cette": ("f", ""), "ces": ("p", ""),
+            "mon": ("mf", ""), "ma": ("f", "c"), "mes": ("p", ""), "ton": ("mf", ""), "ta": ("f", "c"), "tes": ("p", ""),
+            "son": ("mf", ""), "sa": ("f", "c"), "ses": ("p", ""), "quel": ("m", ""), "quelle": ("f", ""), "quels": ("p", ""),
+            "quelles": ("p", ""), "de": ("mfp", "c"), "d'": ("mfp", "v")}
+ARTICLE_BEFORE = {form: re.compile(rf"(?<![\w-])({'|'.join(sorted(map(re.escape, ARTICLES), key=len, reverse=True))})\s*"
+                                   rf"{re.escape(form)}(?![\w-])", re.I) for form in GENDER}
+
+
+def wrong_article(text: str, form: str) -> bool:
+    """Whether an article or determiner that cannot stand before `form` stands right before it in `text` ("la lycée",
+    "ma automobile", "le emploi"): of another gender or number, or written for a vowel before a consonant or the other
+    way round (h and y aside: "le héros", "l'hôtel")."""
+    gender, first = GENDER.get(form.casefold()), form[:1].casefold()
+    if gender is None:
+        return False
+    for match in ARTICLE_BEFORE[form.casefold()].finditer(text):
+        det = match.group(1).casefold()
+        genders, written = ARTICLES[det]
+        if det in ("mon", "ton", "son") and first not in "aeiouàâäéèêëîïôöùûüœæhy":
+            genders = "m"  # "mon bourg", "ma ville": before a consonant they are masculine
+        if first not in "hy" and written == ("c" if first in "aeiouàâäéèêëîïôöùûüœæ" else "v"):
+            return True
+        if not set(gender) & set(genders) if gender != "mf" else genders == "p":
+            return True
+    return False
+
+
 WORD = {w: re.compile(rf"(?<![\w-]){re.escape(w)}(?![\w-])", re.I) for forms in [LEXICON, *LEXICON.values()] for w in forms}
 
 
@@ -191,14 +244,28 @@ def doubled(item: dict, output: str, own: dict[str, str]) -> bool:
     return count(output, item["target"]) > 0 and count(rest, own[item["term"]]) > 0
 
 
+def without_forms_and_articles(text: str, term: str) -> str:
+    """The text without any French form of the English word and the article or determiner right before it: the rest
+    of the sentence, less the words that agree with the word (an asked form of another gender takes another article,
+    "l'argent" -> "le fric", which a reference written for the model's own word cannot agree with)."""
+    for form in sorted(LEXICON[term], key=len, reverse=True):
+        text = re.sub(rf"(?<![\w-])(?:(?:{'|'.join(sorted(map(re.escape, ARTICLES), key=len, reverse=True))})\s*)?"
+                      rf"{re.escape(form)}(?![\w-])", " ", text, flags=re.I)
+    return " ".join(text.split())
+
+
 def scores(items: list[dict], outputs: list[str], own: dict[str, str]) -> dict:
     term_ok = sum(count(o, i["target"], ignore_case=False) == i["times"] for i, o in zip(items, outputs))
     twice = sum(doubled(i, o, own) for i, o in zip(items, outputs))
     whole = bleu_chrf(outputs, [i["refs"] for i in items])
     rest = bleu_chrf([without_forms(o, i["term"]) for i, o in zip(items, outputs)],
                      [[without_forms(r, i["term"]) for r in i["refs"]] for i in items])
+    bare = bleu_chrf([without_forms_and_articles(o, i["term"]) for i, o in zip(items, outputs)],
+                     [[without_forms_and_articles(r, i["term"]) for r in i["refs"]] for i in items])
+    articles = sum(wrong_article(o, i["target"]) for i, o in zip(items, outputs))
     return {"term_rate": round(100 * term_ok / len(items), 1), "bleu": whole["bleu"], "chrf": whole["chrf"],
-            "rest_bleu": rest["bleu"], "rest_chrf": rest["chrf"], "doubled": twice}
+            "rest_bleu": rest["bleu"], "rest_chrf": rest["chrf"], "rest_less_article_bleu": bare["bleu"],
+            "rest_less_article_chrf": bare["chrf"], "doubled": twice, "wrong_article": articles}
 
 
 def term_sets(translator, corpus) -> tuple[dict[str, str], dict[str, list[dict]]]:
