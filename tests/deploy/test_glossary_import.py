@@ -7,7 +7,6 @@ never given as if it held them. The model is tk's shipped Transformer written ou
 from __future__ import annotations
 
 import re
-
 import warnings
 from pathlib import Path
 

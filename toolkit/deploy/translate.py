@@ -603,7 +603,8 @@ def _swapped(t: TranslationModel, src: list[int], segment: textprep.Segment, ter
     if found is None:
         return None
     swaps = constrained.term_swaps(t.tokenizer, found[0], found[1], terms, segment.targets[0], rules)
-    swaps = list(dict.fromkeys(tuple(way) for swap in swaps for way in constrained.agreeing(t.tokenizer, list(swap), terms, segment.targets, rules.end)))
+    swaps = list(dict.fromkeys(tuple(way) for swap in swaps
+                               for way in constrained.agreeing(t.tokenizer, list(swap), terms, segment.targets, rules.end)))
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     return _best_scored(constrained.scored_each(backend, [(src, list(swap)) for swap in swaps], rules), rules, alpha)
 
