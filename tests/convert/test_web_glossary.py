@@ -37,7 +37,8 @@ TRANSLATE = "([texts, opts]) => tk.translate(texts, opts)"
 # Held-out sentences (the test split of fra-eng.zip, its first 24 holding terms that the page handles: one sentence,
 # without numbers or capitals; then four on which constrained decoding alone adds the target beside the model's own word,
 # so the model's own translation gets the target swapped in, and one an import still cannot put its targets into; then
-# two of the valid split where the search's such translation scores better than the swap, which is taken all the same) and 8
+# two of the valid split where the search's such translation scores better than the swap, which is taken all the same;
+# then two whose model's own word for the term stands after an article that falls more, "le dîner", "des amis") and 8
 # holding none, and lines without terms that tk's text handling treats apart: a term inside a URL (the URL's), a
 # number, capitals.
 HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need more room.", "This book is new.",
@@ -47,7 +48,9 @@ HOLDING = ["Dinner's ready.", "It's no problem.", "I like this room.", "I need m
            "He has a Japanese car.", "It's not your problem.", "Money rules the world.", "They were all friends.",
            "Will you take the job?", "I want my bicycle back.", "We both have the same problem.", "Tom has already gone to school.",
            "We study English every day at school.", "She is working on the problem.", "Get a move on kids or you'll miss the school bus.",
-           "We've got a really big problem here.", "My car broke down this morning and won't be repaired until Friday."]
+           "We've got a really big problem here.", "My car broke down this morning and won't be repaired until Friday.",
+           "How many times do I have to tell you not to eat candy just before dinner?",
+           "I canceled my hotel reservations and stayed with friends."]
 # Terms beside numbers, a phone number (a run of two) and a URL: spans the model copies as placeholders.
 SPANS = ["I have 3 cars.", "The car cost 5,000 dollars.", "Call 555 0199 about the house.",
          "My house is at https://house.example.com now.", "I saw the movie in 2019."]
@@ -94,6 +97,9 @@ def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shippe
         assert Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS) != python
     with monkeypatch.context() as as_written:  # and their articles take another form before a target (constrained.agreeing)
         as_written.setattr(constrained, "agreeing", lambda tokenizer, tokens, *a: [list(tokens)])
+        assert Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS) != python
+    with monkeypatch.context() as any_word:  # and the model's word for a term is never an article
+        any_word.setattr(constrained, "NOT_A_TERMS_WORD", frozenset())
         assert Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS) != python
     got = shipped_page.evaluate(TRANSLATE, [texts + APART, {"beam": beam, "glossary": TERMS}])
     wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(texts, python, got) if p != g["text"]]

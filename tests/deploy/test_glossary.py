@@ -273,6 +273,22 @@ def test_a_target_the_search_puts_in_another_words_place_gives_way_to_the_models
 
 
 @pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize(("text", "terms", "own_word"), [
+    ("I forgot to give you my phone number.", {"phone": "portable"}, "téléphone"),  # "mon numéro de téléphone"
+    ("How many times do I have to tell you not to eat candy just before dinner?", {"dinner": "souper"}, "dîner"),
+    ("I canceled my hotel reservations and stayed with friends.", {"friends": "amies"}, "amis"),
+])
+def test_the_models_word_for_a_term_is_never_the_article_before_it(translator, text, terms, own_word, beam):
+    """Where the term's word has a gender, the article before it falls with it when the model reads the source without
+    the term, at times more: the word found as the model's was "de", "le", "des", and swapping it for the target wrote
+    the word twice ("mon numéro portable téléphone", "avant souper dîner", "avec amies amis"). An article is never
+    taken for the term's word (constrained.NOT_A_TERMS_WORD)."""
+    assert own_word in translator.translate([text], beam=beam)[0]
+    out = translator.translate([text], glossary=terms, beam=beam)[0]
+    assert glossary.count(out, next(iter(terms.values()))) == 1 and not glossary.count(out, own_word), out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
 def test_a_term_never_follows_a_word_only_written_elided(translator, beam):
     """The search wrote "l" (whose apostrophe the tokenizer writes as a token of its own) and then the target as a word
     of its own: "Veuillez déposer l fric dans une banque." After such a word only a term's glued form may begin."""

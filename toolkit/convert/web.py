@@ -207,6 +207,7 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
             "unelided": {short: list(fulls) for short, fulls in constrained.UNELIDED.items()},
             "contracted": [[*pair, whole] for pair, whole in constrained.CONTRACTED.items()],
             "agreeing": [[list(consonant), list(vowel)] for consonant, vowel in constrained.AGREEING], "plural": sorted(constrained.PLURAL),
+            "not_a_terms_word": sorted(constrained.NOT_A_TERMS_WORD),
             # textprep.unspelled's: the characters the tokenizer spells, and the punctuation kept outside such a word
             "alphabet": "".join(sorted(tokenizer.alphabet)) if tokenizer.alphabet is not None else None, "around": textprep.AROUND}
 

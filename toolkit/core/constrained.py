@@ -275,7 +275,9 @@ def term_words(backend: StepBackend, tokenizer, items: list[tuple[list[int], lis
 
 
 def _word_of(tokenizer, own: list[int], fall: np.ndarray, vocab: int) -> TermWord | None:
-    """The word of `own` whose tokens' log-probabilities fall most (`fall`, per token), the first of equals."""
+    """The word of `own` whose tokens' log-probabilities fall most (`fall`, per token), the first of equals; never an
+    article or determiner (NOT_A_TERMS_WORD): where the term's word has a gender, the article before it falls with it,
+    at times more ("de" in "mon numéro de téléphone", "le" in "avant le dîner")."""
     if len(own) < 2:
         return None
     starts, apostrophes, _, bare, _ = _piece_kinds(tokenizer, vocab)
@@ -287,6 +289,8 @@ def _word_of(tokenizer, own: list[int], fall: np.ndarray, vocab: int) -> TermWor
         end = i + 1
         while end < len(own) and not (starts[own[end]] and not bare[own[end]]):
             end += 1
+        if tokenizer.decode([own[i:end]])[0].strip().replace("’", "'").casefold() in NOT_A_TERMS_WORD:
+            continue
         weight = float(fall[i:end].sum())
         if best is None or weight > best[0]:
             best = (weight, i, end, elided)
@@ -402,6 +406,10 @@ AGREEING = ((("le", "la", "les"), ("l'", "les")), (("un", "une"), ("un", "une"))
             (("du", "de la", "des"), ("de l'", "des")), (("au", "à la", "aux"), ("à l'", "aux")),
             (("quel", "quelle", "quels", "quelles"), ("quel", "quelle", "quels", "quelles")))
 PLURAL = frozenset({"les", "ces", "mes", "tes", "ses", "des", "aux", "quels", "quelles"})
+# The words term_words never takes for a term's own word: the articles, determiners and prepositions above, whole or
+# elided ("l'", "d'").
+NOT_A_TERMS_WORD = frozenset({f for kind in AGREEING for forms in kind for f in forms} | set(ELIDED) | PLURAL
+                             | {f"{short}'" for short in UNELIDED})
 
 
 def _cased(word: str, like: str) -> str:

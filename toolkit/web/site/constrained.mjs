@@ -114,8 +114,9 @@ export async function constrainedSearch(backend, src, terms, limit, beam, alpha,
 
 // constrained.term_words, one sentence at a time: where the word of the model's own translation `own` (ids) that the source terms account for
 // most stands, the one whose log-probability falls most when the model reads `without` (the source with its terms taken
-// out) instead of `src` (the first of equals): { begin, i, end, elided, text }; null where `own` has no word.
-export async function termWord(backend, tokenizer, src, own, rules, kinds, without) {
+// out) instead of `src` (the first of equals), never one of spec.not_a_terms_word (an article: "de", "le"):
+// { begin, i, end, elided, text }; null where `own` has no word.
+export async function termWord(backend, tokenizer, src, own, rules, kinds, without, spec) {
   if (own.length < 2) return null;
   const [withTerms, withoutTerms] = await ownLogProbsEach(backend, [src, without], own, rules);
   const begins = (tok) => kinds.starts[tok] === 1 && kinds.bare[tok] !== 1;
@@ -125,6 +126,7 @@ export async function termWord(backend, tokenizer, src, own, rules, kinds, witho
     if (!begins(own[i]) && !elided) continue;
     let end = i + 1;
     while (end < own.length && !begins(own[end])) end++;
+    if (spec.not_a_terms_word.includes(tokenizer.decode(own.slice(i, end)).trim().replaceAll("’", "'").toLowerCase())) continue;
     let weight = 0;
     for (let j = i; j < end; j++) weight += withTerms[j] - withoutTerms[j]; // float64, as numpy's sum of float64
     if (best === null || weight > best.weight) best = { weight, i, end, elided };

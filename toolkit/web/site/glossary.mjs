@@ -393,7 +393,7 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
         const without = tokenizer.encode(form.without, languages), ownTarget = tokenizer.targetIds(mineRaw);
         if (!without.length) return null;
         const ownIds = ownTarget[ownTarget.length - 1] === rules.end ? ownTarget.slice(0, -1) : ownTarget;
-        const found = await termWord(backend, tokenizer, src, ownIds, rules, kinds, without);
+        const found = await termWord(backend, tokenizer, src, ownIds, rules, kinds, without, spec);
         return found === null ? null : { ownIds, found };
       };
       const swapped = async (where) => { // translate._swapped: the model's own with its word for a target swapped for it
