@@ -387,7 +387,7 @@ def _agreeing_forms(words: str, target: str) -> tuple[bool, list[str]]:
     fitting = [f for consonant, vowel in kinds
                for f in (consonant + vowel if first in "hy" else vowel if first in ELIDES else consonant)
                if f not in PLURAL or target.casefold().endswith(("s", "x", "z"))]
-    fits = key in fitting or key in PLURAL
+    fits = key in fitting or key in PLURAL  # a plural the search wrote stays a way: the sentence may want the target plural
     return fits, [f for f in dict.fromkeys(fitting) if f != key]
 
 

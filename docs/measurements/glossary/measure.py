@@ -56,7 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from toolkit.core import data, glossary, textprep  # noqa: E402
+from toolkit.core import constrained, data, glossary, textprep  # noqa: E402
 from toolkit.core.scoring import bleu_chrf  # noqa: E402
 
 # English word form -> French forms that translate it (as Tatoeba's French writes them). Written before any output was
@@ -117,7 +117,9 @@ ARTICLES = {"le": ("m", "c"), "la": ("f", "c"), "l'": ("mf", "v"), "les": ("p", 
             "mon": ("mf", ""), "ma": ("f", "c"), "mes": ("p", ""), "ton": ("mf", ""), "ta": ("f", "c"), "tes": ("p", ""),
             "son": ("mf", ""), "sa": ("f", "c"), "ses": ("p", ""), "quel": ("m", ""), "quelle": ("f", ""), "quels": ("p", ""),
             "quelles": ("p", ""), "de": ("mfp", "c"), "d'": ("mfp", "v")}
-ARTICLE_BEFORE = {form: re.compile(rf"(?<![\w-])({'|'.join(sorted(map(re.escape, ARTICLES), key=len, reverse=True))})\s*"
+ANY_ARTICLE = "|".join(sorted(map(re.escape, ARTICLES), key=len, reverse=True))  # the longest first: "de la" before "de"
+VOWELS = constrained.ELIDES.replace("h", "").replace("y", "")  # the first letters an article is always elided before
+ARTICLE_BEFORE = {form: re.compile(rf"(?<![\w-])({ANY_ARTICLE})\s*"
                                    rf"{re.escape(form)}(?![\w-])", re.I) for form in GENDER}
 
 
@@ -131,9 +133,9 @@ def wrong_article(text: str, form: str) -> bool:
     for match in ARTICLE_BEFORE[form.casefold()].finditer(text):
         det = match.group(1).casefold()
         genders, written = ARTICLES[det]
-        if det in ("mon", "ton", "son") and first not in "aeiouàâäéèêëîïôöùûüœæhy":
+        if det in ("mon", "ton", "son") and first not in constrained.ELIDES:
             genders = "m"  # "mon bourg", "ma ville": before a consonant they are masculine
-        if first not in "hy" and written == ("c" if first in "aeiouàâäéèêëîïôöùûüœæ" else "v"):
+        if first not in "hy" and written == ("c" if first in VOWELS else "v"):
             return True
         if not set(gender) & set(genders) if gender != "mf" else genders == "p":
             return True
@@ -249,7 +251,7 @@ def without_forms_and_articles(text: str, term: str) -> str:
     of the sentence, less the words that agree with the word (an asked form of another gender takes another article,
     "l'argent" -> "le fric", which a reference written for the model's own word cannot agree with)."""
     for form in sorted(LEXICON[term], key=len, reverse=True):
-        text = re.sub(rf"(?<![\w-])(?:(?:{'|'.join(sorted(map(re.escape, ARTICLES), key=len, reverse=True))})\s*)?"
+        text = re.sub(rf"(?<![\w-])(?:(?:{ANY_ARTICLE})\s*)?"
                       rf"{re.escape(form)}(?![\w-])", " ", text, flags=re.I)
     return " ".join(text.split())
 
