@@ -59,19 +59,25 @@ class Signals:
 def source_words(text: str) -> list[str]:
     """The words of a source sentence whose copy into the output means it was not translated: every word but the
     capitalised ones after the first (names, which a translation keeps: "Tom", "Boston"), case-folded."""
-    words = _WORD.findall(text)
+    return _source_words(_WORD.findall(text))
+
+
+def _source_words(words: list[str]) -> list[str]:
     return [w.casefold() for k, w in enumerate(words) if k == 0 or not w[:1].isupper()]
 
 
 def copy_signals(source: str, output: str) -> tuple[float, bool]:
     """(share of the source's words the output repeats, whether the output is an untranslated copy): at least
     UNTRANSLATED_WORDS words and UNTRANSLATED_SHARE of them repeated, or the same words in the same order."""
-    words = source_words(source)
+    # Each text's words are found once: this runs for every sentence of a file, after its decoding, on one core.
+    found = _WORD.findall(source)
+    words = _source_words(found)
     if not words:
         return 0.0, False
-    seen = {w.casefold() for w in _WORD.findall(output)}
-    share = sum(w in seen for w in words) / len(words)
-    same = [w.casefold() for w in _WORD.findall(source)] == [w.casefold() for w in _WORD.findall(output)]
+    written = [w.casefold() for w in _WORD.findall(output)]
+    seen = set(written)
+    share = len([w for w in words if w in seen]) / len(words)
+    same = [w.casefold() for w in found] == written
     return share, len(words) >= UNTRANSLATED_WORDS and (share >= UNTRANSLATED_SHARE or same)
 
 
@@ -96,7 +102,10 @@ class Calibration:
 
     def probability(self, s: Signals) -> float:
         """The logistic map alone, without the caps."""
-        z = self.bias + sum(w * x for w, x in zip(self.weights, s.features()))
+        total = 0.0  # summed in sum()'s order, without a generator: this runs for every sentence translated
+        for w, x in zip(self.weights, s.features()):
+            total += w * x
+        z = self.bias + total
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
     def confidence(self, s: Signals) -> float:

@@ -714,7 +714,7 @@ def guard_note(h, source_tokens: int, opts: DecodeOptions, model_max: int | None
 
 
 def join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: int,
-               report: list[placeholders.Repair] | None = None) -> list[Translation]:
+              report: list[placeholders.Repair] | None = None) -> list[Translation]:
     """A line's n-best: the k-th entry joins each sentence's k-th best (its last, if it has fewer);
     its score is the mean of theirs, its confidence the lowest of theirs (and at most conf.REPAIRED_MAX where its spans
     had to be repaired). What restoring the best one's spans repaired goes to `report`."""
@@ -722,26 +722,30 @@ def join_line(parts: list[tuple[textprep.Segment, list[Translation]]], n_best: i
         return [Translation("", 0.0, 0, 0)]
     out = []
     for k in range(max(1, min(n_best, max(len(h) for _, h in parts)))):
-        picks = [(seg, hyps[min(k, len(hyps) - 1)]) for seg, hyps in parts]
+        picks = [hyps[min(k, len(hyps) - 1)] for _, hyps in parts]
         repairs: list[placeholders.Repair] = []
-        joined = Translation(textprep.join([textprep.finish(seg, h.text, repairs) for seg, h in picks]),
-                             sum(h.score for _, h in picks) / len(picks), sum(h.tokens for _, h in picks),
-                             sum(h.source_tokens for _, h in picks), sum(h.sentences for _, h in picks),
-                             next((h.stopped for _, h in picks if h.stopped), ""))
-        out.append(_trusted(joined, [h for _, h in picks], bool(repairs)))
+        text = textprep.join([textprep.finish(seg, h.text, repairs) for (seg, _), h in zip(parts, picks)])
+        out.append(_line_of(text, picks, bool(repairs)))
         if k == 0 and report is not None:
             report.extend(repairs)
     return out
 
 
-def _trusted(line: Translation, sentences: list[Translation], repaired: bool) -> Translation:
-    """A joined line with its confidence: its weakest sentence's, capped where its protected spans were repaired."""
-    weakest = min(sentences, key=lambda h: h.confidence)
+def _line_of(text: str, sentences: list[Translation], repaired: bool) -> Translation:
+    """The line `text` made of these sentences' translations: its score their mean, its confidence its weakest
+    sentence's, capped where its protected spans were repaired. Built once, not copied: it runs for every line of a
+    file after the decoding, on one core."""
+    weakest = min(sentences, key=lambda h: h.confidence) if len(sentences) > 1 else sentences[0]
     confidence, signals = weakest.confidence, weakest.signals
     if repaired:
         confidence = min(confidence, conf.REPAIRED_MAX)
         signals = dataclasses.replace(signals, repaired=True) if signals is not None else None
-    return dataclasses.replace(line, confidence=confidence, signals=signals)
+    if len(sentences) == 1:
+        h = sentences[0]
+        return Translation(text, h.score, h.tokens, h.source_tokens, h.sentences, h.stopped, confidence, signals)
+    return Translation(text, sum(h.score for h in sentences) / len(sentences), sum(h.tokens for h in sentences),
+                       sum(h.source_tokens for h in sentences), sum(h.sentences for h in sentences),
+                       next((h.stopped for h in sentences if h.stopped), ""), confidence, signals)
 
 
 def translate_lines(t: TranslationModel, lines: Iterable[tuple[int, str]], write: Callable[[str], None], opts: DecodeOptions,
