@@ -227,10 +227,10 @@ def _poison_decoding(monkeypatch, model) -> None:
     poison = model.tokenizer.encode([sentence.text])[0]
     real = translate.decode_ids
 
-    def decode_ids(backend, src, opts, done=None):
+    def decode_ids(backend, src, opts, done=None, finish=None):
         if any(list(s) == poison for s in src):
             raise RuntimeError("the ONNX Runtime step failed")
-        return real(backend, src, opts, done)
+        return real(backend, src, opts, done, finish)
 
     monkeypatch.setattr(translate, "decode_ids", decode_ids)
 

@@ -74,10 +74,10 @@ def test_a_sentence_whose_decode_fails_fails_its_own_request_only(model, monkeyp
     poison = model.tokenizer.encode([POISON])[0]
     real = translate_mod.decode_ids
 
-    def failing(backend, src, opts, done=None):
+    def failing(backend, src, opts, done=None, finish=None):
         if poison in src:
             raise RuntimeError("an internal failure on this one sentence")
-        return real(backend, src, opts, done)
+        return real(backend, src, opts, done, finish)
 
     texts = ["I try.", POISON, "I gave up.", "Hang on tight."]
     with running(lambda: model, config(max_sentences=4, max_delay_s=LONG_WAIT)) as client:
@@ -203,11 +203,11 @@ def test_a_text_of_many_sentences_holds_a_later_request_for_one_batch_at_most(mo
     calls: list[list[list[int]]] = []
     gate = threading.Event()
 
-    def recording(backend, src, opts, done=None):
+    def recording(backend, src, opts, done=None, finish=None):
         calls.append([list(s) for s in src])
         if wait_ids in calls[-1]:
             gate.wait(60)
-        return real(backend, src, opts, done)
+        return real(backend, src, opts, done, finish)
 
     monkeypatch.setattr(translate_mod, "decode_ids", recording)
     policy = BatchPolicy(max_sentences=64, max_delay_s=0)

@@ -76,17 +76,26 @@ def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int |
         yield batch
 
 
+# What a caller does to each batch's hypotheses in the thread that decoded it, on that thread's backend: (backend, the
+# batch's sources, their hypotheses) -> the hypotheses kept.
+Finish = Callable[[StepBackend, list[list[int]], list[list[Hypothesis]]], list[list[Hypothesis]]]
+
+
 def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
-               done: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+               done: Callable[[int], None] | None = None, finish: Finish | None = None) -> list[list[Hypothesis]]:
     """Hypotheses for every source sentence, in input order. Empty sources get no decoding.
     `done(n)` is told after each batch how many sentences it finished (from the decoding threads, one at a time), so a
-    progress bar moves per batch, not per call."""
+    progress bar moves per batch, not per call. `finish` runs on each batch's hypotheses where it was decoded (a
+    runtime with a loop of its own: on all of them at once), decoding on that stream's backend if it must, so that work
+    a batch calls for (the guard's retry) runs beside the other streams' batches, not after all of them on one core."""
     if opts.max_src_len:
         src = [s[: opts.max_src_len] for s in src]
     tell = _one_at_a_time(done)
     whole_sentences = getattr(backend, "decode_all", None)
     if whole_sentences is not None:  # a runtime with a loop of its own (CTranslate2) takes every sentence at once
         out_all = whole_sentences(src, opts)
+        if finish is not None:
+            out_all = finish(backend, src, out_all)
         tell(len(src))
         return out_all
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
@@ -102,6 +111,8 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
         limits = length_limits(batch_src, opts.max_len, opts.max_len_a, opts.max_len_b)
         results = translate_ids(be, batch_src, opts.max_len, opts.beam, opts.alpha, opts.n_best, limits, opts.loop_guard,
                                 opts.rules or TK_RULES)
+        if finish is not None:
+            results = finish(be, batch_src, results)
         for i, hyps in zip(idx, results):
             out[i] = hyps
         tell(len(idx))

@@ -313,8 +313,10 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
             if truncated is not None and lineno not in truncated:
                 truncated.append(lineno)
     boundary = t.tokenizer.boundary  # every kind of tokenizer answers it from its own pieces (TextTokenizer)
+    # Each batch's runaways are decoded again in the stream that decoded the batch, on its backend, one stream each.
+    one_stream = dataclasses.replace(opts, streams=1)
     results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, boundary)) if h.rest else h for h in nbest]
-               for nbest in retried(backend, ids, decode_ids(backend, ids, opts, done), opts)]
+               for nbest in decode_ids(backend, ids, opts, done, lambda be, batch, hyps: retried(be, batch, hyps, one_stream))]
     # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
     texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
     calibration = conf.for_manifest(t.manifest)
