@@ -77,8 +77,8 @@ def length_sorted_batches(lengths: list[int], batch_size: int, max_tokens: int |
 
 
 # What a caller does to each batch's hypotheses in the thread that decoded it, on that thread's backend: (backend, the
-# batch's sources, their hypotheses) -> the hypotheses kept.
-Finish = Callable[[StepBackend, list[list[int]], list[list[Hypothesis]]], list[list[Hypothesis]]]
+# batch's indices in the call's sources, its sources, their hypotheses) -> the hypotheses kept.
+Finish = Callable[[StepBackend, list[int], list[list[int]], list[list[Hypothesis]]], list[list[Hypothesis]]]
 
 
 def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
@@ -87,7 +87,8 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
     `done(n)` is told after each batch how many sentences it finished (from the decoding threads, one at a time), so a
     progress bar moves per batch, not per call. `finish` runs on each batch's hypotheses where it was decoded (a
     runtime with a loop of its own: on all of them at once), decoding on that stream's backend if it must, so that work
-    a batch calls for (the guard's retry) runs beside the other streams' batches, not after all of them on one core."""
+    a batch calls for (the guard's retry, its text) runs beside the other streams' batches, not after all of them on
+    one core."""
     if opts.max_src_len:
         src = [s[: opts.max_src_len] for s in src]
     tell = _one_at_a_time(done)
@@ -95,7 +96,7 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
     if whole_sentences is not None:  # a runtime with a loop of its own (CTranslate2) takes every sentence at once
         out_all = whole_sentences(src, opts)
         if finish is not None:
-            out_all = finish(backend, src, out_all)
+            out_all = finish(backend, list(range(len(src))), src, out_all)
         tell(len(src))
         return out_all
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in src]
@@ -112,7 +113,7 @@ def decode_ids(backend: StepBackend, src: list[list[int]], opts: DecodeOptions,
         results = translate_ids(be, batch_src, opts.max_len, opts.beam, opts.alpha, opts.n_best, limits, opts.loop_guard,
                                 opts.rules or TK_RULES)
         if finish is not None:
-            results = finish(be, batch_src, results)
+            results = finish(be, idx, batch_src, results)
         for i, hyps in zip(idx, results):
             out[i] = hyps
         tell(len(idx))

@@ -313,27 +313,42 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
             if truncated is not None and lineno not in truncated:
                 truncated.append(lineno)
     boundary = t.tokenizer.boundary  # every kind of tokenizer answers it from its own pieces (TextTokenizer)
-    # Each batch's runaways are decoded again in the stream that decoded the batch, on its backend, one stream each.
-    one_stream = dataclasses.replace(opts, streams=1)
-    results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, boundary)) if h.rest else h for h in nbest]
-               for nbest in decode_ids(backend, ids, opts, done, lambda be, batch, hyps: retried(be, batch, hyps, one_stream))]
-    # One SentencePiece call for every hypothesis: one per sentence cost 3% of a 2,000-line file.
-    texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
     calibration = conf.for_manifest(t.manifest)
+    translations: dict[int, list[Translation]] = {}
+
+    def written(indices: list[int], results: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
+        """These inputs' hypotheses ended on whole words, and their Translations (text, score, confidence) put in
+        `translations`. One tokenizer call for all of them: one per sentence cost 3% of a 2,000-line file."""
+        results = [[dataclasses.replace(h, tokens=word_end(h.tokens, h.rest, boundary)) if h.rest else h for h in nbest]
+                   for nbest in results]
+        texts_out = iter(t.tokenizer.decode([h.tokens for nbest in results for h in nbest]))
+        for i, nbest in zip(indices, results):
+            source, seq = texts[i], ids[i]
+            source_tokens = min(len(seq), opts.max_src_len)  # as decode_ids cut it
+            hyps = []
+            for h in nbest:
+                text, score = next(texts_out), rules.normalized(h.score, len(h.tokens), alpha, not h.stopped)
+                signals = conf.signals(source, text, score, h.stopped)
+                hyps.append(Translation(text, score, len(h.tokens), source_tokens, int(bool(seq)), h.stopped,
+                                        calibration.confidence(signals), signals))
+            translations[i] = hyps
+        return results
+
+    # Each batch is finished in the stream that decoded it, beside the other streams' batches rather than after all of
+    # them on one core: its runaways decoded again on that stream's backend (one stream each), then its text written.
+    one_stream = dataclasses.replace(opts, streams=1)
+    results = decode_ids(backend, ids, opts, done,
+                         lambda be, indices, batch, hyps: written(indices, retried(be, batch, hyps, one_stream)))
+    undecoded = [i for i in range(len(ids)) if i not in translations]  # empty inputs
+    if undecoded:
+        written(undecoded, [results[i] for i in undecoded])
     out = []
-    for lineno, source, seq, nbest in zip(lines, texts, ids, results):
-        source_tokens = min(len(seq), opts.max_src_len)  # as decode_ids cut it
+    for i, (lineno, seq, nbest) in enumerate(zip(lines, ids, results)):
         if nbest[0].stopped and seq:
-            warn(f"warning: line {lineno}: {guard_note(nbest[0], source_tokens, opts, limit)}")
+            warn(f"warning: line {lineno}: {guard_note(nbest[0], min(len(seq), opts.max_src_len), opts, limit)}")
             if guarded is not None and lineno not in guarded:
                 guarded.append(lineno)
-        hyps = []
-        for h in nbest:
-            text, score = next(texts_out), rules.normalized(h.score, len(h.tokens), alpha, not h.stopped)
-            signals = conf.signals(source, text, score, h.stopped)
-            hyps.append(Translation(text, score, len(h.tokens), source_tokens, int(bool(seq)), h.stopped,
-                                    calibration.confidence(signals), signals))
-        out.append(hyps)
+        out.append(translations[i])
     return out
 
 
