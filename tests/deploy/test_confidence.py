@@ -195,10 +195,10 @@ def test_a_files_batches_are_finished_by_the_streams_that_decoded_them_as_each_s
     written_in: list[str] = []
     retried, signals = translate_mod.retried, conf.signals
 
-    def recorded_retry(backend, ids, results, opts):
+    def recorded_retry(backend, ids, results, opts, **kwargs):
         if any(nbest[0].stopped for nbest in results):
             retried_in.append(threading.current_thread().name)
-        return retried(backend, ids, results, opts)
+        return retried(backend, ids, results, opts, **kwargs)
 
     def recorded_signals(*args):
         written_in.append(threading.current_thread().name)

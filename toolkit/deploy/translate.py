@@ -336,9 +336,8 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
 
     # Each batch is finished in the stream that decoded it, beside the other streams' batches rather than after all of
     # them on one core: its runaways decoded again on that stream's backend (one stream each), then its text written.
-    one_stream = dataclasses.replace(opts, streams=1)
     results = decode_ids(backend, ids, opts, done,
-                         lambda be, indices, batch, hyps: written(indices, retried(be, batch, hyps, one_stream)))
+                         lambda be, indices, batch, hyps: written(indices, retried(be, batch, hyps, opts, streams=1)))
     undecoded = [i for i in range(len(ids)) if i not in translations]  # empty inputs
     if undecoded:
         written(undecoded, [results[i] for i in undecoded])
@@ -355,7 +354,8 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
 RETRY_BEAM = 4  # the beam a sentence whose best hypothesis a guard cut is decoded again with (twice the beam asked for, if wider)
 
 
-def retried(backend: object, ids: list[list[int]], results: list[list[Hypothesis]], opts: DecodeOptions) -> list[list[Hypothesis]]:
+def retried(backend: object, ids: list[list[int]], results: list[list[Hypothesis]], opts: DecodeOptions,
+            streams: int | None = None) -> list[list[Hypothesis]]:
     """`results` (decode_ids' for `ids` with `opts`), where a guard cut a sentence's best hypothesis, decoded again with a
     wider beam (RETRY_BEAM, or twice the beam asked for when that is already as wide) keeping every hypothesis it
     finished: those that ended of their own accord first, best first, then the cut ones (so an n-best list leads with
@@ -366,14 +366,15 @@ def retried(backend: object, ids: list[list[int]], results: list[list[Hypothesis
     hypothesis of the wider beam was cut too is the first cut kept (its confidence capped: conf.GUARDED_MAX). A
     hypothesis that reached its length limit counts as cut, whatever token ends it: a model whose rule forces the end
     token there (Hugging Face's forced_eos_token_id) ends every hypothesis at its limit. With both guards off nothing
-    is decoded again: the user asked for the model's own decode."""
+    is decoded again: the user asked for the model's own decode. `streams`: the retry's streams, if not opts'."""
     if not opts.loop_guard and opts.max_len_a is None:
         return results  # the guards off: the decode asked for (generate's, for an import), runaways and all
     cut = [i for i, nbest in enumerate(results) if nbest[0].stopped and ids[i]]
     if not cut or isinstance(backend, _Decoded):  # hypotheses found already (a glossary's, its targets forced in) are kept
         return results
     beam = RETRY_BEAM if opts.beam < RETRY_BEAM else min(2 * opts.beam, MAX_BEAM)
-    wider = dataclasses.replace(opts, beam=beam, n_best=beam, batch_size=max(1, min(opts.batch_size, BEAM_ROWS // beam)))
+    wider = dataclasses.replace(opts, beam=beam, n_best=beam, batch_size=max(1, min(opts.batch_size, BEAM_ROWS // beam)),
+                                streams=opts.streams if streams is None else streams)
     sources = [ids[i][: opts.max_src_len] if opts.max_src_len else ids[i] for i in cut]
     limits = length_limits(sources, opts.max_len, opts.max_len_a, opts.max_len_b)
     out = list(results)
