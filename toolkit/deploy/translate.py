@@ -304,14 +304,7 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
                                streams=fitting_streams(opts.streams, t.threads) if t.threads else opts.streams)
     alpha = rules.alpha if opts.alpha is None else opts.alpha
     ids = t.tokenizer.encode(texts)
-    for lineno, seq in zip(lines, ids):
-        if len(seq) > limit:
-            if strict:
-                raise DataError(f"input line {lineno} has a sentence of {len(seq)} tokens, more than the model's {limit}; "
-                                "split it or drop --strict to truncate")
-            warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
-            if truncated is not None and lineno not in truncated:
-                truncated.append(lineno)
+    _too_long(ids, lines, limit, strict, warn, truncated)
     boundary = t.tokenizer.boundary  # every kind of tokenizer answers it from its own pieces (TextTokenizer)
     calibration = conf.for_manifest(t.manifest)
     translations: dict[int, list[Translation]] = {}
@@ -349,6 +342,20 @@ def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions,
                 guarded.append(lineno)
         out.append(translations[i])
     return out
+
+
+def _too_long(ids: list[list[int]], lines: list[int], limit: int, strict: bool, warn: Callable[[str], None],
+              truncated: list[int] | None) -> None:
+    """Warns of each input longer than the model's `limit` positions (decode_ids cuts it) and lists its line in
+    `truncated`; with `strict`, refuses it instead."""
+    for lineno, seq in zip(lines, ids):
+        if len(seq) > limit:
+            if strict:
+                raise DataError(f"input line {lineno} has a sentence of {len(seq)} tokens, more than the model's {limit}; "
+                                "split it or drop --strict to truncate")
+            warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
+            if truncated is not None and lineno not in truncated:
+                truncated.append(lineno)
 
 
 RETRY_BEAM = 4  # the beam a sentence whose best hypothesis a guard cut is decoded again with (twice the beam asked for, if wider)
