@@ -7,14 +7,13 @@ two streams against CTranslate2's two inter threads) is each engine's work on a 
     python docs/measurements/per_core.py --lines 1024 --tk-batch-sizes 16,32,64,128   # tk alone, at each batch size
     python docs/measurements/per_core.py --lines 2000 --tk-batch-sizes 32,64 --streams 2   # wall time, two streams
 
-CTranslate2 reads the model as `tk export DIR --ctranslate2` converts it (made in a temporary copy), in batches of 64
+CTranslate2 reads the model as tk bench --text converts it (in a temporary directory), in batches of 64
 sentences as tk bench gives it; tk decodes with its defaults (batches of 64 greedy, 32 at beam 4).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -44,14 +43,13 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=1, help="with --tk-batch-sizes: tk's streams of one thread each; "
                    "above 1, the median wall time of --repeat runs taken in turns instead of CPU time")
     a = p.parse_args()
-    from click.testing import CliRunner
 
     from toolkit.bench.text import FILE_BATCH, read_text
-    from toolkit.cli import main as tk
     from toolkit.core.manifest import load
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.deploy.api import Translator
     from toolkit.runtimes.ctranslate2.engine import Ct2Translator
+    from toolkit.runtimes.ctranslate2.spec import convert
 
     lines = read_text(a.text)[0][: a.lines]
     if a.tk_batch_sizes:
@@ -76,16 +74,8 @@ def main() -> None:
                       flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "model"
-        shutil.copytree(a.model, copy)
-        done = CliRunner().invoke(tk, ["export", str(copy), "--ctranslate2"])
-        if done.exit_code != 0:
-            sys.exit(done.output)
-        ct2_dir = Path(tmp) / "ct2"  # CTranslate2's own file names, as its Translator reads them
-        ct2_dir.mkdir()
-        for name in ("model.bin", "config.json", "shared_vocabulary.json"):
-            shutil.copy(copy / f"ctranslate2.{name}", ct2_dir / name)
         m = load(a.model)
+        ct2_dir = convert(m, Path(tmp) / "ct2")  # as tk bench --text converts it, in CTranslate2's own file names
         tokenizer = open_tokenizer(m)
         src = [s[: m.max_len] for s in tokenizer.encode(lines)]
         print(f"{len(lines)} lines, CPU seconds of one core, best of {a.repeat}:")

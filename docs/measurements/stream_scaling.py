@@ -8,13 +8,12 @@ cores lose.
     python docs/measurements/stream_scaling.py [--model exported/transformer] [--lines 2000] [--repeat 3]
 
 tk translates text in and text out with its defaults; CTranslate2 ids in and ids out, in batches of 64 sentences as
-tk bench gives it, the model as `tk export DIR --ctranslate2` converts it (made in a temporary copy).
+tk bench gives it, the model as tk bench --text converts it (in a temporary directory).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -33,27 +32,18 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
-    from click.testing import CliRunner
 
     from toolkit.bench.text import FILE_BATCH, read_text
-    from toolkit.cli import main as tk
     from toolkit.core.manifest import load
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.deploy.api import Translator
     from toolkit.runtimes.ctranslate2.engine import Ct2Translator
+    from toolkit.runtimes.ctranslate2.spec import convert
 
     lines = read_text(a.text)[0][: a.lines]
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "model"
-        shutil.copytree(a.model, copy)
-        done = CliRunner().invoke(tk, ["export", str(copy), "--ctranslate2"])
-        if done.exit_code != 0:
-            sys.exit(done.output)
-        ct2_dir = Path(tmp) / "ct2"  # CTranslate2's own file names, as its Translator reads them
-        ct2_dir.mkdir()
-        for name in ("model.bin", "config.json", "shared_vocabulary.json"):
-            shutil.copy(copy / f"ctranslate2.{name}", ct2_dir / name)
         m = load(a.model)
+        ct2_dir = convert(m, Path(tmp) / "ct2")  # as tk bench --text converts it, in CTranslate2's own file names
         src = [s[: m.max_len] for s in open_tokenizer(m).encode(lines)]
         print(f"{len(lines)} lines, greedy, wall seconds, median of {a.repeat} in turns:")
         for variant, compute in (("fp32", "float32"), ("int8", "int8")):
