@@ -148,8 +148,12 @@ def test_the_wheel_translates_serves_and_loads_without_torch_from_anywhere(insta
     assert translated.stdout.strip() and translated.stdout.strip() != "Hello.", translated.stdout
     assert "site-packages/toolkit/shipped/transformer" in translated.stderr  # the installed model, not a clone's
     api = run(str(bin_dir / "python"), "-c", "from toolkit import Translator; import sys; "
-              "print(Translator().translate(['Hello.'])[0]); print('torch' in sys.modules)")
+              "print(Translator().translate(['Hello.'])[0]); print('torch' in sys.modules); "
+              "from toolkit.runtimes.onnxruntime import native; print(native.status())")
     assert api.returncode == 0 and api.stdout.split("\n")[:2] == [translated.stdout.strip(), "False"], api.stdout + api.stderr
+    # The attention kernels' source travels in the wheel and builds from it (this machine has a C compiler).
+    assert "toolkit/runtimes/onnxruntime/kernels/attention.c" in names
+    assert api.stdout.split("\n")[2].startswith("tk attention kernels: on (built with"), api.stdout
     for module in ("torch", "models"):
         assert run(str(bin_dir / "python"), "-c", f"import {module}").returncode != 0, module
     assert run(str(bin_dir / "pip"), "show", "torch").returncode != 0

@@ -9,7 +9,7 @@ the graph's output (the forbidden-token `Add`: 11% of the fp32 step, 3% once war
 warm-up round, never pay.
 
     python docs/measurements/scale_profile.py [--variant int8|optimized|fp32] [--beam 4] [--batch 16] [--warm 2]
-        [--model DIR] [--sources FILE]
+        [--model DIR] [--sources FILE] [--no-kernels]
 
 --variant: int8 (default), optimized (the float32 graphs tk runs on CPU: attention fused) or fp32 (as exported); a
 variant the directory does not store is built in memory as tk builds it.
@@ -35,8 +35,10 @@ def main() -> None:
     from toolkit.core import manifest
     from toolkit.core.batching import DecodeOptions, decode_ids
     from toolkit.core.load_cache import default_directory
+    from toolkit.graphs.native_attention import native_attention
     from toolkit.graphs.sentence_cross import cross_per_sentence
     from toolkit.graphs.variants import graph_source
+    from toolkit.runtimes.onnxruntime import native
     from toolkit.runtimes.onnxruntime.backend import OrtBackend
     from toolkit.runtimes.onnxruntime.sessions import create_session
 
@@ -49,6 +51,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--sources", type=Path, default=None, help="real sentences: the first --batch lines of this file")
+    parser.add_argument("--no-kernels", action="store_true", help="ONNX Runtime's attention, not tk's kernels")
     args = parser.parse_args()
     model = args.model or default_directory() / "bench-scale" / "opus-mt" / "tk"
     m = manifest.load(model)
@@ -63,7 +66,16 @@ def main() -> None:
     # As tk loads it on the CPU: the cross-attention regrouped per sentence where it applies.
     graph = graph_source(m, "decoder", args.variant)[0]
     graph = cross_per_sentence(graph, specs["decoder"].constant_inputs) or graph
-    decoder = create_session(graph, threads=args.threads, configure=profiled)
+    kernels = native.library() is not None and not args.no_kernels  # tk's attention kernels, as tk loads it
+    graph = (native_attention(graph) or graph) if kernels else graph
+    print(native.status() if not args.no_kernels else "tk attention kernels: off (--no-kernels)")
+
+    def configured(options) -> None:
+        profiled(options)
+        if kernels:
+            native.register(options)
+
+    decoder = create_session(graph, threads=args.threads, configure=configured)
     backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"])
     spent: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()

@@ -71,6 +71,10 @@ class _Tk:
         self.backend = self.loaded.backend()
         self.tokens = tokens
         self.version = registry.get(registry.DEFAULT).label() + f", tk {variant} on {device}"
+        if device == "cpu":
+            from toolkit.runtimes.onnxruntime import native
+
+            self.version += f"; {native.status()}"
 
     def run(self, src: list[list[int]], batch: int, beam: int) -> list[list[int]]:
         from toolkit.core.batching import DecodeOptions, decode_ids

@@ -124,6 +124,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
     from toolkit.core.manifest import load
     from toolkit.runtimes.ctranslate2 import engine as ct2
     from toolkit.runtimes.ctranslate2.spec import convert as ct2_convert
+    from toolkit.runtimes.onnxruntime import native
 
     if not ct2.available():
         raise UsageError(f"--text compares tk with CTranslate2; {ct2.INSTALL_HINT}")
@@ -134,6 +135,7 @@ def bench_text(model_dir: Path, sources: list[str], references: list[str] | None
         ct2_convert(m, ct2_dir)
         gemm = ct2.choose_gemm(ct2_dir, [COMPUTE[v] for v in variants], ct2_backend)
         echo(ct2.describe_gemm(gemm))
+        echo(native.status())
         stack.enter_context(ct2.gemm_environment(gemm["backend"]))
         tk_ct2_dir = model_dir
         if ctranslate2.RUNTIME not in (m.converted or {}):  # tk's own CTranslate2 model, made in a copy: the directory stays as it was

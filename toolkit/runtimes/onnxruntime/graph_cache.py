@@ -30,7 +30,7 @@ from toolkit.graphs.optimize import CPU_DISABLED_OPTIMIZERS
 MAX_GRAPHS = 8  # optimised graphs kept (each is the graph plus its weights, prepacked and not)
 
 
-def _cpu() -> str:
+def cpu_description() -> str:
     """What the prepacked weights depend on: the CPU's model and instruction set extensions."""
     import platform
 
@@ -47,7 +47,7 @@ def graph_key(identity: str, settings: str) -> tuple[str, str]:
     """The cache entry of one graph, named by its content (`identity`: its and its weights' sha256),
     the settings the saved graph depends on, the ONNX Runtime version and the CPU: the directory
     name, and the whole key, which the entry records and must match (so a name clash is harmless)."""
-    text = "\n".join([f"tk-graph-cache/{FORMAT}", identity, settings, ort.__version__, _cpu()])
+    text = "\n".join([f"tk-graph-cache/{FORMAT}", identity, settings, ort.__version__, cpu_description()])
     return f"{identity[:16]}-{zlib.crc32(text.encode()):08x}", text
 
 

@@ -16,8 +16,10 @@ from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.core.variants import PLAIN
 from toolkit.graphs import variants
+from toolkit.graphs.native_attention import native_attention
 from toolkit.graphs.sentence_cross import cross_per_sentence
 from toolkit.graphs.sentence_cross import digest as sentence_cross_digest
+from toolkit.runtimes.onnxruntime import native
 from toolkit.runtimes.onnxruntime.backend import OrtBackend
 from toolkit.runtimes.onnxruntime.graph_cache import cached_session
 from toolkit.runtimes.onnxruntime.sessions import OrtRunner, create_session, session_provider
@@ -75,9 +77,15 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
             raise UsageError("--shortlist runs on the CPU provider; drop it or use --provider cpu")
     requests = bool(request_threads) and provider == "cpu"
 
+    # On the CPU the decoder's step attention runs on tk's own kernels where this machine can build them
+    # (toolkit.runtimes.onnxruntime.native; its sessions register them).
+    kernels = provider == "cpu" and native.library() is not None
+
     def create(path, *args, graph: str = "", **kw) -> ort.InferenceSession:
         if requests and graph == "decoder":
             kw.update(threads=request_threads, spin=True)
+        if kernels and graph == "decoder":
+            kw["configure"] = _also(native.register, kw.get("configure"))
         return create_session(path, *args, **kw)
 
     makers, built = {}, {}
@@ -90,11 +98,14 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
             graph, built[name] = variants.graph_source(m, name, variant)
             if per_sentence and name == "decoder":
                 graph = cross_per_sentence(graph, specs[name].constant_inputs) or graph
-            return shortlisting.graph(graph) if shortlisting is not None and name == "decoder" else graph
+            if shortlisting is not None and name == "decoder":
+                graph = shortlisting.graph(graph)
+            return (native_attention(graph) or graph) if kernels and name == "decoder" else graph
 
         if cache and provider == "cpu" and not (shortlisting is not None and name == "decoder"):
             # A variant the directory does not store is built only when the cache has no copy of it.
             identity = _graph_identity(m, name, variant) + (f" {sentence_cross_digest()}" if name == "decoder" else "")
+            identity += f" {native.digest()}" if kernels and name == "decoder" else ""
             makers[name] = functools.partial(cached_session, source, identity,
                                              functools.partial(create, graph=name), threads)
         else:
@@ -107,6 +118,16 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
     if requests:
         loaded.stream_maker = lambda: load_sessions(m, provider, variant, allow_fallback, threads, cache, shortlisting=shortlisting).sessions
     return loaded
+
+
+def _also(first: Callable[[ort.SessionOptions], None],
+          then: Callable[[ort.SessionOptions], None] | None) -> Callable[[ort.SessionOptions], None]:
+    def both(options: ort.SessionOptions) -> None:
+        first(options)
+        if then is not None:
+            then(options)
+
+    return both
 
 
 def _concurrently(makers: dict[str, Callable[[], ort.InferenceSession]]) -> dict[str, ort.InferenceSession]:
