@@ -19,7 +19,8 @@ from toolkit.graphs.native_attention import DOMAIN, native_attention
 from toolkit.runtimes.onnxruntime import native
 
 SHIPPED = Path(__file__).resolve().parents[2] / "exported" / "transformer"
-HEADS, DIM = 4, 16
+HEADS = 4
+DIMS = [16, 64]  # a head size of the generic path and the one kept in registers (the shipped model's)
 SENTENCES = ["Where is the station?", "We ate bread at noon with our friends.", "It's raining.", "I like cats.",
              "Tom gave Mary the book he had bought in Paris last year.", "Hurry up!", "Do you know what time it is?",
              "The children are playing in the garden behind the old house."]
@@ -43,10 +44,10 @@ def _session(nodes, inputs, outputs, kernels: bool) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _cross(kernels: bool) -> ort.InferenceSession:
+def _cross(kernels: bool, dim: int = 16) -> ort.InferenceSession:
     vi = helper.make_tensor_value_info
-    inputs = [vi("q", TensorProto.FLOAT, ["g", "r", HEADS * DIM]), vi("k", TensorProto.FLOAT, ["g", HEADS, "s", DIM]),
-              vi("v", TensorProto.FLOAT, ["g", HEADS, "s", DIM]), vi("lengths", TensorProto.INT32, ["g"])]
+    inputs = [vi("q", TensorProto.FLOAT, ["g", "r", HEADS * dim]), vi("k", TensorProto.FLOAT, ["g", HEADS, "s", dim]),
+              vi("v", TensorProto.FLOAT, ["g", HEADS, "s", dim]), vi("lengths", TensorProto.INT32, ["g"])]
     node = (helper.make_node("CrossAttention", ["q", "k", "v", "lengths"], ["o"], domain=DOMAIN, num_heads=HEADS, scale=0.3)
             if kernels else
             helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "lengths"], ["o"], domain="com.microsoft",
@@ -54,10 +55,10 @@ def _cross(kernels: bool) -> ort.InferenceSession:
     return _session([node], inputs, [vi("o", TensorProto.FLOAT, None)], kernels)
 
 
-def _self(kernels: bool) -> ort.InferenceSession:
+def _self(kernels: bool, dim: int = 16) -> ort.InferenceSession:
     vi = helper.make_tensor_value_info
-    inputs = [vi(n, TensorProto.FLOAT, ["b", 1, HEADS * DIM]) for n in ("q", "k", "v")]
-    inputs += [vi(n, TensorProto.FLOAT, ["b", HEADS, "p", DIM]) for n in ("pk", "pv")]
+    inputs = [vi(n, TensorProto.FLOAT, ["b", 1, HEADS * dim]) for n in ("q", "k", "v")]
+    inputs += [vi(n, TensorProto.FLOAT, ["b", HEADS, "p", dim]) for n in ("pk", "pv")]
     node = (helper.make_node("SelfAttention", ["q", "k", "v", "pk", "pv"], ["o", "ok", "ov"], domain=DOMAIN,
                              num_heads=HEADS, scale=0.25) if kernels else
             helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "", "pk", "pv"], ["o", "ok", "ov"],
@@ -69,66 +70,71 @@ def _built() -> None:
     assert native.library() is not None, native.status()
 
 
+@pytest.mark.parametrize("dim", DIMS)
 @pytest.mark.parametrize("groups, rows, keys", [(1, 1, 1), (3, 1, 7), (5, 4, 12), (2, 3, 40)])
-def test_cross_attention_computes_what_multiheadattention_computes_with_source_lengths(groups, rows, keys):
+def test_cross_attention_computes_what_multiheadattention_computes_with_source_lengths(groups, rows, keys, dim):
     """Each group's rows attend to its own first `lengths` keys, scaled, as MultiHeadAttention with a 1-D
     key_padding_mask does (a kernel that read past a sentence's length, or another group's keys, fails here)."""
     _built()
     rng = np.random.default_rng(keys)
-    feeds = {"q": rng.standard_normal((groups, rows, HEADS * DIM), dtype=np.float32) * 2,
-             "k": rng.standard_normal((groups, HEADS, keys, DIM), dtype=np.float32),
-             "v": rng.standard_normal((groups, HEADS, keys, DIM), dtype=np.float32),
+    feeds = {"q": rng.standard_normal((groups, rows, HEADS * dim), dtype=np.float32) * 2,
+             "k": rng.standard_normal((groups, HEADS, keys, dim), dtype=np.float32),
+             "v": rng.standard_normal((groups, HEADS, keys, dim), dtype=np.float32),
              "lengths": np.array([keys, *rng.integers(1, keys + 1, groups - 1)], np.int32)}
-    want = _cross(False).run(None, feeds)[0]
-    got = _cross(True).run(None, feeds)[0]
+    want = _cross(False, dim).run(None, feeds)[0]
+    got = _cross(True, dim).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
     # The keys and values past a group's length change nothing.
     for g, n in enumerate(feeds["lengths"]):
         feeds["k"][g, :, n:] += 9.0
         feeds["v"][g, :, n:] -= 5.0
-    np.testing.assert_array_equal(_cross(True).run(None, feeds)[0], got)
+    np.testing.assert_array_equal(_cross(True, dim).run(None, feeds)[0], got)
 
 
+@pytest.mark.parametrize("dim", DIMS)
 @pytest.mark.parametrize("batch, past", [(1, 0), (3, 1), (6, 9)])
-def test_self_attention_appends_to_the_cache_and_attends_as_multiheadattention_does(batch, past):
+def test_self_attention_appends_to_the_cache_and_attends_as_multiheadattention_does(batch, past, dim):
     _built()
     rng = np.random.default_rng(past)
     feeds = {n: rng.standard_normal(shape, dtype=np.float32) for n, shape in
-             (("q", (batch, 1, HEADS * DIM)), ("k", (batch, 1, HEADS * DIM)), ("v", (batch, 1, HEADS * DIM)),
-              ("pk", (batch, HEADS, past, DIM)), ("pv", (batch, HEADS, past, DIM)))}
-    want = _self(False).run(None, feeds)
-    got = _self(True).run(None, feeds)
+             (("q", (batch, 1, HEADS * dim)), ("k", (batch, 1, HEADS * dim)), ("v", (batch, 1, HEADS * dim)),
+              ("pk", (batch, HEADS, past, dim)), ("pv", (batch, HEADS, past, dim)))}
+    want = _self(False, dim).run(None, feeds)
+    got = _self(True, dim).run(None, feeds)
     np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)
     np.testing.assert_array_equal(got[1], want[1])  # the caches are copies: exactly
     np.testing.assert_array_equal(got[2], want[2])
 
 
-def test_a_row_gets_the_same_output_alone_or_in_any_batch():
+@pytest.mark.parametrize("dim", DIMS)
+def test_a_row_gets_the_same_output_alone_or_in_any_batch(dim):
     """Bit for bit: each (row, head) is computed on its own, so a sentence's attention does not depend on its batch."""
     _built()
     rng = np.random.default_rng(3)
-    q = rng.standard_normal((6, 4, HEADS * DIM), dtype=np.float32)
-    k, v = (rng.standard_normal((6, HEADS, 11, DIM), dtype=np.float32) for _ in range(2))
+    q = rng.standard_normal((6, 4, HEADS * dim), dtype=np.float32)
+    k, v = (rng.standard_normal((6, HEADS, 11, dim), dtype=np.float32) for _ in range(2))
     lengths = np.array([11, 3, 7, 1, 11, 5], np.int32)
-    cross = _cross(True)
+    cross = _cross(True, dim)
     together = cross.run(None, {"q": q, "k": k, "v": v, "lengths": lengths})[0]
     for g in range(6):
         alone = cross.run(None, {"q": q[g:g + 1], "k": k[g:g + 1], "v": v[g:g + 1], "lengths": lengths[g:g + 1]})[0]
         assert np.array_equal(alone[0], together[g]), g
-    attention = _self(True)
+    attention = _self(True, dim)
     feeds = {n: rng.standard_normal(s, dtype=np.float32) for n, s in
-             (("q", (5, 1, HEADS * DIM)), ("k", (5, 1, HEADS * DIM)), ("v", (5, 1, HEADS * DIM)), ("pk", (5, HEADS, 4, DIM)),
-              ("pv", (5, HEADS, 4, DIM)))}
+             (("q", (5, 1, HEADS * dim)), ("k", (5, 1, HEADS * dim)), ("v", (5, 1, HEADS * dim)), ("pk", (5, HEADS, 4, dim)),
+              ("pv", (5, HEADS, 4, dim)))}
     together = attention.run(None, feeds)[0]
     for b in range(5):
         assert np.array_equal(attention.run(None, {n: x[b:b + 1] for n, x in feeds.items()})[0][0], together[b]), b
 
 
 def test_a_shape_the_kernels_do_not_take_is_an_error_not_a_wrong_answer():
+    """Lengths for fewer sentences than the keys have: refused in one line, nothing read out of bounds."""
     _built()
+    dim = 16
     with pytest.raises(Exception, match="do not agree in shape"):
-        _cross(True).run(None, {"q": np.zeros((2, 1, HEADS * DIM), np.float32), "k": np.zeros((2, HEADS, 5, DIM), np.float32),
-                                "v": np.zeros((2, HEADS, 5, DIM), np.float32), "lengths": np.array([5], np.int32)})
+        _cross(True).run(None, {"q": np.zeros((2, 1, HEADS * dim), np.float32), "k": np.zeros((2, HEADS, 5, dim), np.float32),
+                                "v": np.zeros((2, HEADS, 5, dim), np.float32), "lengths": np.array([5], np.int32)})
 
 
 def test_the_functions_the_library_calls_are_where_it_looks_for_them():
