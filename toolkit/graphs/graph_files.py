@@ -28,6 +28,22 @@ def save_beside(model, path: Path) -> None:
                     size_threshold=INLINE_BYTES)
 
 
+def rewritable(graph: Path | bytes):
+    """A graph to rewrite in memory (an onnx.ModelProto), from its bytes or its file (weights outside it not read); None
+    where it does not parse (ONNX Runtime's load then says what is wrong with it, as for any other graph) or keeps
+    weights outside it (a rewrite in memory would lose them)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load_model_from_string(graph) if isinstance(graph, bytes) else onnx.load(graph, load_external_data=False)
+    except (DecodeError, OSError):
+        return None
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return None
+    return model
+
+
 def remove(path: Path) -> None:
     """Removes an intermediate graph and its weights file."""
     path.unlink(missing_ok=True)

@@ -20,14 +20,12 @@ DOMAIN = "tk.kernels"
 def native_attention(graph: Path | bytes) -> bytes | None:
     """The graph with its decoder-step attention on tk's kernels (module docstring), or None where nothing changes."""
     import onnx
-    from google.protobuf.message import DecodeError
     from onnx import helper
 
-    try:
-        model = onnx.load_model_from_string(graph) if isinstance(graph, bytes) else onnx.load(graph, load_external_data=False)
-    except (DecodeError, OSError):
-        return None
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+    from toolkit.graphs.graph_files import rewritable
+
+    model = rewritable(graph)
+    if model is None:
         return None
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in model.graph.input if v.type.tensor_type.HasField("shape")}
     # Masks that are source lengths: a Cast to int32 of a graph input of one axis.

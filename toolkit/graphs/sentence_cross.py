@@ -26,15 +26,12 @@ def cross_per_sentence(graph: Path | bytes, constants: frozenset[str]) -> bytes 
     the graph (not rewritten in memory), or a graph that does not parse (ONNX Runtime's load then says what is wrong
     with it, as for any other graph)."""
     import numpy as np
-    import onnx
-    from google.protobuf.message import DecodeError
     from onnx import helper, numpy_helper
 
-    try:
-        model = onnx.load_model_from_string(graph) if isinstance(graph, bytes) else onnx.load(graph, load_external_data=False)
-    except (DecodeError, OSError):
-        return None
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+    from toolkit.graphs.graph_files import rewritable
+
+    model = rewritable(graph)
+    if model is None:
         return None
     nodes = list(model.graph.node)  # one wrapper per node: they are told apart by id below
     # A cross-attention: MultiHeadAttention whose keys and values are constant inputs, its mask (slot 4) a Cast of one.

@@ -71,14 +71,19 @@ def _build() -> tuple[Path | None, str]:
         return None, f"no C compiler ({os.environ.get('CC') or 'cc'}) to build them: ONNX Runtime's attention is used"
     from toolkit.runtimes.onnxruntime.graph_cache import cpu_description
 
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
-    key = f"{zlib.crc32('|'.join([SOURCE.read_text(), version, ' '.join(FLAGS), cpu_description()]).encode()):08x}"
+    # Keyed by the compiler's file as it stands (path, size, mtime), not its --version: no process started at each start.
+    try:
+        st = os.stat(compiler)
+    except OSError as e:
+        return None, f"the C compiler {compiler} cannot be read ({e.strerror}): ONNX Runtime's attention is used"
+    parts = [SOURCE.read_text(), compiler, str(st.st_size), str(st.st_mtime_ns), " ".join(FLAGS), cpu_description()]
+    key = f"{zlib.crc32('|'.join(parts).encode()):08x}"
     folder = _folder(key)
     if folder is None:
         return None, "no private directory to build them in: ONNX Runtime's attention is used"
-    target, failed = folder / LIBRARY, folder / "failed.txt"
+    target, failed, built_with = folder / LIBRARY, folder / "failed.txt", folder / "compiler.txt"
     if target.is_file():
-        return target, f"built with {version}"
+        return target, f"built with {built_with.read_text(errors='replace').strip() if built_with.is_file() else compiler}"
     if failed.is_file():
         return None, failed.read_text(errors="replace").strip()
     tmp = folder / f".{LIBRARY}.{os.getpid()}.{threading.get_ident()}"
@@ -90,6 +95,8 @@ def _build() -> tuple[Path | None, str]:
             why = f"the build failed ({compiler}: {first}): ONNX Runtime's attention is used"
             failed.write_text(why + "\n")
             return None, why
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
+        built_with.write_text(version + "\n")
         os.replace(tmp, target)  # whole or not at all: another process may load it at once
         return target, f"built with {version}"
     except (OSError, subprocess.SubprocessError) as e:
