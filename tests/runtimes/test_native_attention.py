@@ -227,3 +227,48 @@ def test_graphs_without_the_decoder_forms_are_left_as_they_are():
     assert any(n.op_type == "MultiHeadAttention" for n in onnx.load_model_from_string(encoder).graph.node)
     assert native_attention(encoder) is None
     assert native_attention(SHIPPED / "decoder.onnx") is None  # the exported graphs: no fused attention (and weights outside)
+
+
+def _rankers() -> tuple[ort.InferenceSession, ort.InferenceSession]:
+    from toolkit.graphs.helper_graphs import top_k_graph
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    plain = ort.InferenceSession(top_k_graph(), options, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    native.register(options)
+    return plain, ort.InferenceSession(top_k_graph(native=True), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("rows, width, k", [(1, 5, 1), (3, 40, 8), (64, 6000, 8), (7, 300, 16), (5, 6000, 5), (2, 300, 300)])
+@pytest.mark.parametrize("values", ["distinct", "ties", "minus infinity"])
+def test_the_ranking_kernel_ranks_as_onnx_runtime_s_topk(rows, width, k, values):
+    """tk.kernels.TopK (a beam's ranking on the CPU) gives ONNX Runtime's TopK's values and ids, equal values in id
+    order, rows where most or all values are -inf included."""
+    _built()
+    rng = np.random.default_rng(rows * width + k)
+    x = rng.standard_normal((rows, width)).astype(np.float32) * 4
+    if values == "ties":
+        x = np.round(x)  # a few distinct values, each many times
+    elif values == "minus infinity":
+        x[:, rng.choice(width, size=width * 2 // 3, replace=False)] = -np.inf
+        x[-1] = -np.inf
+    plain, kernel = _rankers()
+    feed = {"log_probs": x, "k": np.array([k], dtype=np.int64)}
+    want, got = plain.run(None, feed), kernel.run(None, feed)
+    assert np.array_equal(want[1], got[1]) and np.array_equal(want[0], got[0])
+
+
+def test_a_cpu_beam_search_ranks_on_the_kernel_where_it_is_built_and_on_onnx_runtime_s_topk_where_not(monkeypatch):
+    from toolkit import Translator
+    from toolkit.runtimes.onnxruntime import backend
+
+    _built()
+    asked: list[bool] = []
+    real = backend.top_k_graph
+    monkeypatch.setattr(backend, "top_k_graph", lambda native=False: asked.append(native) or real(native))
+    with_kernel = Translator(SHIPPED, provider="cpu").translate(SENTENCES[:3], beam=4)
+    monkeypatch.setattr(native, "_built", (None, "turned off for the test"))
+    assert Translator(SHIPPED, provider="cpu").translate(SENTENCES[:3], beam=4) == with_kernel
+    assert asked == [True, False]

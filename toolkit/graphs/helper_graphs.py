@@ -6,10 +6,11 @@ from __future__ import annotations
 from toolkit.core.graphs import GraphSpec
 
 
-def serialized(nodes, name: str, inputs, outputs) -> bytes:
+def serialized(nodes, name: str, inputs, outputs, domains: tuple[str, ...] = ()) -> bytes:
     from onnx import helper
 
-    model = helper.make_model(helper.make_graph(nodes, name, inputs, outputs), opset_imports=[helper.make_opsetid("", 18)])
+    opsets = [helper.make_opsetid("", 18), *(helper.make_opsetid(d, 1) for d in domains)]
+    model = helper.make_model(helper.make_graph(nodes, name, inputs, outputs), opset_imports=opsets)
     model.ir_version = min(model.ir_version, 10)
     return model.SerializeToString()
 
@@ -41,12 +42,18 @@ def selection_graph(decoder_spec: GraphSpec, batch_axis: dict[str, int]) -> byte
     return serialized(nodes, "select_rows", [*inputs, rows], outputs)
 
 
-def top_k_graph() -> bytes:
-    """log_probs (rows, vocab), k (1,) -> the k best values of each row, largest first, and their ids."""
+def top_k_graph(native: bool = False) -> bytes:
+    """log_probs (rows, vocab), k (1,) -> the k best values of each row, largest first, and their ids (equal values in
+    id order). native: on tk's own CPU kernel (toolkit.runtimes.onnxruntime.native), the same ranking in one pass."""
     from onnx import TensorProto, helper
 
-    return serialized([helper.make_node("TopK", ["log_probs", "k"], ["values", "indices"], axis=-1, largest=1, sorted=1)],
+    if native:
+        node = helper.make_node("TopK", ["log_probs", "k"], ["values", "indices"], domain="tk.kernels")
+    else:
+        node = helper.make_node("TopK", ["log_probs", "k"], ["values", "indices"], axis=-1, largest=1, sorted=1)
+    return serialized([node],
                       "top_k", [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["rows", "vocab"]),
                                 helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
                       [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
-                       helper.make_tensor_value_info("indices", TensorProto.INT64, ["rows", "k"])])
+                       helper.make_tensor_value_info("indices", TensorProto.INT64, ["rows", "k"])],
+                      ("tk.kernels",) if native else ())

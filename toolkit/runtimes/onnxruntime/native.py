@@ -1,5 +1,6 @@
 """tk's own CPU attention kernels (kernels/attention.c), built for the machine that runs them and registered with
-ONNX Runtime as custom operators (domain `tk.kernels`); toolkit.graphs.native_attention puts them in a CPU decoder.
+ONNX Runtime as custom operators (domain `tk.kernels`); toolkit.graphs.native_attention puts them in a CPU decoder, and
+a CPU beam search ranks each step's log-probabilities with the library's TopK (toolkit.graphs.helper_graphs).
 
 Built once per machine with the C compiler (`$CC`, else `cc`): `-march=native`, so the library is kept in the start-up
 cache under a key of its source, the compiler and the CPU (toolkit.core.load_cache; a per-process temporary directory

@@ -92,9 +92,14 @@ def create_session(path: Path | bytes, provider: str = "cpu", optimization: str 
     return session
 
 
-def helper_session(graph: bytes, like: ort.InferenceSession, threads: int | None, spin: bool) -> ort.InferenceSession:
-    """A session of one of tk's helper graphs (toolkit.graphs.helper_graphs) on the providers of `like`."""
-    return _new(graph, session_options(threads=threads, spin=spin), like.get_providers())
+def helper_session(graph: bytes, like: ort.InferenceSession, threads: int | None, spin: bool,
+                   configure: Callable[[ort.SessionOptions], None] | None = None) -> ort.InferenceSession:
+    """A session of one of tk's helper graphs (toolkit.graphs.helper_graphs) on the providers of `like`; `configure` may
+    add settings to its options (tk's kernels)."""
+    options = session_options(threads=threads, spin=spin)
+    if configure:
+        configure(options)
+    return _new(graph, options, like.get_providers())
 
 
 def session_provider(session: ort.InferenceSession) -> str:

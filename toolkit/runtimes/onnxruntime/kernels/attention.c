@@ -1,4 +1,4 @@
-/* tk's attention kernels for ONNX Runtime's CPU provider: a custom-operator library, built on the machine that runs
+/* tk's attention (and ranking) kernels for ONNX Runtime's CPU provider: a custom-operator library, built on the machine that runs
  * it (toolkit/runtimes/onnxruntime/native.py) and loaded with SessionOptions.register_custom_ops_library.
  *
  * Why: at a decoder step each query is one position, and ONNX Runtime's MultiHeadAttention makes two small matrix
@@ -15,6 +15,10 @@
  *                            past_value [B, H, P, D]) -> output [B, 1, H*D], present_key [B, H, P+1, D], present_value
  *     One new position attending to the cache and itself: MultiHeadAttention with past and present, no mask.
  *   Attributes of both: num_heads (int), scale (float).
+ *   tk.kernels.TopK(values [R, N], k int64 [1]) -> values [R, k], ids int64 [R, k]
+ *     ONNX TopK's result (largest, sorted, equal values in id order) for a beam's ranking of each row's
+ *     log-probabilities: a threshold pass and a pass that inserts the few values above it, both vector compares (64 x
+ *     6,000, k = 8, one thread: 87 us against ONNX Runtime's 208).
  *
  * Each (row, head) is computed on its own, in one fixed order, so a row's output does not depend on the batch it is
  * in. No part of ONNX Runtime's headers is used: the few entries of its C ABI this library calls are declared below
@@ -44,6 +48,7 @@ typedef struct {
 #define ERROR_INVALID_ARGUMENT 2
 #define TYPE_FLOAT 1
 #define TYPE_INT32 6
+#define TYPE_INT64 7
 
 /* Places in the OrtApi function table. */
 enum {
@@ -124,6 +129,13 @@ static OrtStatus *create_kernel(const CustomOp *op, const void *unused, const Or
     return NULL;
 }
 
+/* A kernel without attributes (TopK): a pointer that destroy_kernel may free. */
+static OrtStatus *create_plain(const CustomOp *op, const void *unused, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)unused, (void)info;
+    *out = malloc(1);
+    return *out ? NULL : fail("tk.kernels: out of memory");
+}
+
 static void destroy_kernel(void *kernel) { free(kernel); }
 
 typedef struct {
@@ -151,7 +163,7 @@ static OrtStatus *input(OrtKernelContext *context, size_t index, Tensor *t) {
     return NULL;
 }
 
-static OrtStatus *output(OrtKernelContext *context, size_t index, const int64_t *dims, size_t rank, float **data) {
+static OrtStatus *output(OrtKernelContext *context, size_t index, const int64_t *dims, size_t rank, void *data) {
     OrtValue *value;
     OrtStatus *status = FN(GetOutputFn, KERNEL_CONTEXT_GET_OUTPUT)(context, index, dims, rank, &value);
     if (status) return status;
@@ -163,7 +175,10 @@ static OrtStatus *output(OrtKernelContext *context, size_t index, const int64_t 
  * the exponent bits. Below -87 the result is 0 to float's precision for a softmax. */
 static inline float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x;
-    float n = __builtin_roundf(x * 1.44269504088896341f);
+    /* n = x log2(e) rounded to the nearest integer (ties to even) by adding and taking away 1.5 * 2^23: plain float
+     * arithmetic, so it is vector code on every machine (roundf is a library call where the CPU has no instruction for
+     * its ties-away rounding: 4 ms for 140 x 6,000 values against 0.1). */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -321,8 +336,81 @@ static OrtStatus *self_compute(void *kernel, OrtKernelContext *context) {
     return NULL;
 }
 
+
+/* The k largest of n values, largest first, equal values in index order (ONNX TopK's order, sorted, largest).
+ * A threshold first: the k-th largest of the maxima of disjoint groups of values is at most the k-th largest value (k
+ * groups each hold one at least as large), so only values at or above it can rank; then one pass in index order that inserts
+ * those, a value entering only where it beats the one before it. Both passes are vector compares over the row. */
+#define MAX_BLOCKS 16384
+
+static inline void insert_ranked(float v, int64_t id, int64_t k, int64_t *filled, float *restrict best,
+                                 int64_t *restrict ids) {
+    if (*filled == k && !(v > best[k - 1])) return;
+    int64_t p = *filled < k ? (*filled)++ : k - 1;
+    while (p > 0 && v > best[p - 1]) {
+        best[p] = best[p - 1], ids[p] = ids[p - 1];
+        p--;
+    }
+    best[p] = v, ids[p] = id;
+}
+
+static void top_k_row(const float *restrict x, int64_t n, int64_t k, float *restrict best, int64_t *restrict ids) {
+    /* The groups: in each stretch of 256 values, the 16 values at each of the 16 places of a vector (their maxima
+     * are 16 vector maxima, one per step down the stretch); a row's last partial stretch is in no group. */
+    int64_t stretches = n / (LANES * LANES), groups = stretches * LANES, filled = 0;
+    float threshold = -INFINITY;
+    if (groups >= k && groups <= MAX_BLOCKS) {
+        float maxima[MAX_BLOCKS], kth[k];
+        for (int64_t c = 0; c < stretches; c++) {
+            const float *restrict at = x + c * LANES * LANES;
+            float m[LANES];
+            for (int l = 0; l < LANES; l++) m[l] = at[l];
+            for (int j = 1; j < LANES; j++)
+#pragma omp simd
+                for (int l = 0; l < LANES; l++) m[l] = at[j * LANES + l] > m[l] ? at[j * LANES + l] : m[l];
+            for (int l = 0; l < LANES; l++) maxima[c * LANES + l] = m[l];
+        }
+        int64_t count = 0, unused[k];
+        for (int64_t g = 0; g < groups; g++) insert_ranked(maxima[g], g, k, &count, kth, unused);
+        threshold = count == k ? kth[k - 1] : -INFINITY;
+        if (threshold != threshold) threshold = -INFINITY;  /* NaN */
+    }
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        int any = 0;
+#pragma omp simd reduction(| : any)
+        for (int l = 0; l < LANES; l++) any |= x[i + l] >= threshold;
+        if (!any) continue;
+        for (int64_t j = i; j < i + LANES; j++)
+            if (x[j] >= threshold) insert_ranked(x[j], j, k, &filled, best, ids);
+    }
+    for (; i < n; i++)
+        if (x[i] >= threshold) insert_ranked(x[i], i, k, &filled, best, ids);
+    for (; filled < k; filled++) best[filled] = -INFINITY, ids[filled] = 0;  /* only a row of NaN gets here */
+}
+
+static OrtStatus *top_k_compute(void *kernel, OrtKernelContext *context) {
+    (void)kernel;
+    Tensor x, count;
+    OrtStatus *status;
+    if ((status = input(context, 0, &x)) || (status = input(context, 1, &count))) return status;
+    if (x.rank != 2 || count.rank != 1 || count.dims[0] != 1)
+        return fail("tk.kernels.TopK: expected values [R, N] and k [1]");
+    int64_t rows = x.dims[0], n = x.dims[1], k = ((const int64_t *)count.ints)[0];
+    if (k < 1 || k > n) return fail("tk.kernels.TopK: k must be between 1 and the row's length");
+    int64_t dims[2] = {rows, k};
+    float *best;
+    int64_t *ids;
+    if ((status = output(context, 0, dims, 2, &best)) || (status = output(context, 1, dims, 2, &ids))) return status;
+    for (int64_t r = 0; r < rows; r++) top_k_row(x.data + r * n, n, k, best + r * k, ids + r * k);
+    return NULL;
+}
+
 static const char *cross_name(const CustomOp *op) { (void)op; return "CrossAttention"; }
 static const char *self_name(const CustomOp *op) { (void)op; return "SelfAttention"; }
+static const char *top_k_name(const CustomOp *op) { (void)op; return "TopK"; }
+static int top_k_type(const CustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_INT64 : TYPE_FLOAT; }
+static size_t two(const CustomOp *op) { (void)op; return 2; }
 static const char *provider(const CustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int cross_input_type(const CustomOp *op, size_t i) { (void)op; return i == 3 ? TYPE_INT32 : TYPE_FLOAT; }
 static int float_type(const CustomOp *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
@@ -335,12 +423,13 @@ static int default_memory(const CustomOp *op, size_t i) { (void)op, (void)i; ret
 static int min_arity(const CustomOp *op) { (void)op; return 1; }
 static int homogeneous(const CustomOp *op) { (void)op; return 0; }
 
-#define OP(name_fn, input_type_fn, inputs, outputs, compute)                                                           \
-    {API_VERSION, NULL, name_fn, provider, input_type_fn, inputs, float_type, outputs, NULL, destroy_kernel, required, \
-     required, default_memory, min_arity, homogeneous, min_arity, homogeneous, create_kernel, compute}
+#define OP(name_fn, input_type_fn, inputs, output_type_fn, outputs, create, compute)                                    \
+    {API_VERSION, NULL, name_fn, provider, input_type_fn, inputs, output_type_fn, outputs, NULL, destroy_kernel, required, \
+     required, default_memory, min_arity, homogeneous, min_arity, homogeneous, create, compute}
 
-static const CustomOp cross_op = OP(cross_name, cross_input_type, four, one, cross_compute);
-static const CustomOp self_op = OP(self_name, float_type, five, three, self_compute);
+static const CustomOp cross_op = OP(cross_name, cross_input_type, four, float_type, one, create_kernel, cross_compute);
+static const CustomOp self_op = OP(self_name, float_type, five, float_type, three, create_kernel, self_compute);
+static const CustomOp top_k_op = OP(top_k_name, top_k_type, two, top_k_type, two, create_plain, top_k_compute);
 
 static OrtCustomOpDomain *domain;
 static OrtStatus *domain_status;
@@ -349,7 +438,8 @@ static pthread_once_t domain_once = PTHREAD_ONCE_INIT;
 static void make_domain(void) {
     if ((domain_status = FN(CreateDomainFn, CREATE_CUSTOM_OP_DOMAIN)("tk.kernels", &domain))) return;
     if ((domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &cross_op))) return;
-    domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &self_op);
+    if ((domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &self_op))) return;
+    domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &top_k_op);
 }
 
 /* The entry point ONNX Runtime calls when a session's options register this library. One domain serves every
