@@ -168,8 +168,8 @@ def test_the_cpu_decoder_runs_on_the_kernels_and_fp32_translates_as_before(monke
     _built()
     rewritten: list[int] = []
 
-    def spy(graph):
-        out = native_attention(graph)
+    def spy(graph, **options):
+        out = native_attention(graph, **options)
         model = onnx.load_model_from_string(out) if out else None
         rewritten.append(sum(n.domain == DOMAIN for n in model.graph.node) if model else 0)
         return out
@@ -272,3 +272,92 @@ def test_a_cpu_beam_search_ranks_on_the_kernel_where_it_is_built_and_on_onnx_run
     monkeypatch.setattr(native, "_built", (None, "turned off for the test"))
     assert Translator(SHIPPED, provider="cpu").translate(SENTENCES[:3], beam=4) == with_kernel
     assert asked == [True, False]
+
+
+def _self_rows(dim: int) -> ort.InferenceSession:
+    vi = helper.make_tensor_value_info
+    inputs = [vi(n, TensorProto.FLOAT, ["b", 1, HEADS * dim]) for n in ("q", "k", "v")]
+    inputs += [vi(n, TensorProto.FLOAT, ["past_rows", HEADS, "p", dim]) for n in ("pk", "pv")]
+    inputs += [vi("rows", TensorProto.INT64, ["b"])]
+    node = helper.make_node("SelfAttentionRows", ["q", "k", "v", "pk", "pv", "rows"], ["o", "ok", "ov"], domain=DOMAIN,
+                            num_heads=HEADS, scale=0.25)
+    return _session([node], inputs, [vi(n, TensorProto.FLOAT, None) for n in ("o", "ok", "ov")], True)
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("past_rows, rows", [(4, [0, 1, 2, 3]), (4, [2, 2, 0, 3, 3, 3, 1, 0]), (6, [5, 1]), (3, [1, 1, 1]),
+                                             (2, [])])
+def test_a_step_that_takes_its_caches_rows_equals_the_step_after_taking_them(dim, past_rows, rows):
+    """SelfAttentionRows(..., past, rows) is SelfAttention(..., past[rows]) bit for bit: a beam step's reorder (rows
+    repeated, dropped, in any order, more or fewer than the past has) done by the kernel's copy of the cache."""
+    _built()
+    rng = np.random.default_rng(len(rows) + past_rows)
+    rows = np.array(rows, dtype=np.int64)
+    step = {n: rng.standard_normal((len(rows), 1, HEADS * dim), dtype=np.float32) for n in ("q", "k", "v")}
+    past = {n: rng.standard_normal((past_rows, HEADS, 5, dim), dtype=np.float32) for n in ("pk", "pv")}
+    want = _self(True, dim).run(None, {**step, **{n: p[rows] for n, p in past.items()}})
+    got = _self_rows(dim).run(None, {**step, **past, "rows": rows})
+    for w, g in zip(want, got):
+        assert np.array_equal(w, g)
+
+
+def test_a_row_of_the_past_out_of_range_is_an_error_not_a_read_out_of_bounds():
+    _built()
+    rng = np.random.default_rng(0)
+    step = {n: rng.standard_normal((2, 1, HEADS * 16), dtype=np.float32) for n in ("q", "k", "v")}
+    past = {n: rng.standard_normal((3, HEADS, 5, 16), dtype=np.float32) for n in ("pk", "pv")}
+    for bad in ([0, 3], [-1, 0]):
+        with pytest.raises(Exception, match="a row of the past out of range"):
+            _self_rows(16).run(None, {**step, **past, "rows": np.array(bad, dtype=np.int64)})
+
+
+@pytest.mark.timeout(300)
+def test_a_decoder_that_takes_its_caches_rows_translates_as_one_whose_caches_are_reordered_on_the_host(monkeypatch, sources):
+    """The shipped model's CPU decoder takes its caches' rows itself (select and beam reorder leave the caches to it):
+    greedy and beam search, in a batch and one sentence a call, translate exactly as with the caches reordered by numpy
+    (fp32); a shortlisted decoder keeps its own reorder."""
+    from toolkit import Translator
+    from toolkit.graphs.native_attention import ROWS
+    from toolkit.runtimes.onnxruntime import loading
+
+    _built()
+    monkeypatch.setenv("TK_NO_CACHE", "1")
+    on = Translator(SHIPPED, provider="cpu", variant="optimized")
+    assert on.loaded.backend()._graph_reorders == {"self_k_0", "self_v_0", "self_k_1", "self_v_1"}
+    assert ROWS in [i.name for i in on.loaded.backend().decoder.get_inputs()]
+    def decode(t) -> list:
+        # The searches themselves, where an error is not retried sentence by sentence as translate does, with every
+        # hypothesis's tokens and score: a beam's rows other than the best read the caches their parents left, which
+        # a lost reorder gets wrong even where the best translation comes out the same.
+        from toolkit.core.decoding import beam_search, greedy
+
+        ids = [[(7 * i + 3 * j) % 5000 + 4 for j in range(3 + 2 * i)] + [2] for i in range(8)]
+        backend = t.loaded.backend()
+        searches = [[[(h.tokens, h.score) for h in nbest] for nbest in beam_search(backend, ids, 24, beam=4, n_best=4)],
+                    [(h.tokens, h.score) for h in greedy(backend, ids, 24)]]
+        return searches + [t.translate(sources, beam=4), t.translate(sources, beam=3, streams=1),
+                           [t.translate([s], beam=4)[0] for s in sources[:3]], [t.translate([s])[0] for s in sources[:3]]]
+
+    with_rows = decode(on)
+    real = loading.native_attention
+    monkeypatch.setattr(loading, "native_attention", lambda graph, **options: real(graph))
+    off = Translator(SHIPPED, provider="cpu", variant="optimized")
+    assert not off.loaded.backend()._graph_reorders
+    assert decode(off) == with_rows
+
+
+def test_a_cache_read_for_more_than_its_length_is_left_to_the_host():
+    """Where another node reads a cache's rows (not only its length), the graph cannot take them for a beam step."""
+    vi = helper.make_tensor_value_info
+    inputs = [vi(n, TensorProto.FLOAT, ["b", 1, 64]) for n in ("q", "k", "v")] + \
+             [vi(n, TensorProto.FLOAT, ["b", 4, "p", 16]) for n in ("pk", "pv")]
+    attention = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "", "pk", "pv"], ["o", "ok", "ov"],
+                                 domain="com.microsoft", num_heads=4, scale=0.25)
+    for reader, rows_taken in ((helper.make_node("Shape", ["pk"], ["n"], start=2, end=3), True),
+                               (helper.make_node("Shape", ["pk"], ["n"]), False),
+                               (helper.make_node("ReduceSum", ["pk"], ["n"]), False)):
+        graph = helper.make_graph([reader, attention], "g", inputs, [vi(n, TensorProto.FLOAT, None) for n in ("o", "ok", "ov", "n")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+        out = onnx.load_model_from_string(native_attention(model.SerializeToString(), beam_rows=True))
+        assert ("SelfAttentionRows" in [n.op_type for n in out.graph.node]) == rows_taken, reader.op_type
+        assert (len(out.graph.input) == 6) == rows_taken

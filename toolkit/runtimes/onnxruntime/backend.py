@@ -25,6 +25,7 @@ from toolkit.core.decoding import (
 from toolkit.core.errors import UsageError
 from toolkit.core.graphs import GraphSpec
 from toolkit.graphs.helper_graphs import selection_graph, top_k_graph
+from toolkit.graphs.native_attention import ROWS, ROWS_METADATA
 from toolkit.graphs.sentence_cross import MARK
 from toolkit.runtimes.onnxruntime import native
 from toolkit.runtimes.onnxruntime.sessions import helper_session, session_provider
@@ -55,6 +56,14 @@ def per_sentence_cross(decoder: ort.InferenceSession) -> bool:
     """Whether the decoder session's graph reads the encoder's outputs once per sentence (toolkit.graphs.sentence_cross)."""
     meta = getattr(decoder, "get_modelmeta", None)
     return meta is not None and meta().custom_metadata_map.get(MARK[0]) == MARK[1]
+
+
+def graph_reordered_caches(decoder: ort.InferenceSession) -> frozenset[str]:
+    """The caches whose rows the decoder session's graph itself takes, by its input ROWS
+    (toolkit.graphs.native_attention); none for any other graph."""
+    meta = getattr(decoder, "get_modelmeta", None)
+    names = meta().custom_metadata_map.get(ROWS_METADATA, "") if meta is not None else ""
+    return frozenset(n for n in names.split(",") if n)
 
 
 _SESSION_RUN = ort.InferenceSession.run  # taken at import: tests replace ort.InferenceSession with factories
@@ -108,6 +117,12 @@ class OrtBackend(StepBackend):
         # The encoder's outputs stay one row per sentence (select below); the CUDA path's row selection takes every
         # input by row, which the graph reads as groups of one.
         self._per_sentence = decoder_spec.constant_inputs if not self.io_binding and per_sentence_cross(decoder) else None
+        # A decoder on tk's kernels may take its caches' rows itself (ROWS: the row of the past each row continues):
+        # on the host, a select or beam reorder leaves those caches as they are and takes ROWS's rows instead, and each
+        # step's new caches are in the step's row order again. Through I/O binding ROWS is fed in order at each step.
+        self._graph_reorders = graph_reordered_caches(decoder)
+        if self._graph_reorders:
+            self.batch_axis[ROWS] = 0
 
     # Both helper sessions are made on first use (one sentence decoded greedily needs neither, and
     # building them was a fifth of `tk translate`'s start-up), once per backend and its forks:
@@ -167,7 +182,10 @@ class OrtBackend(StepBackend):
         self.record("encoder", outputs)
         outputs.update(empty_cache(self.decoder_spec, outputs, len(src)))
         if not self.io_binding:
-            return HostState({n: outputs[n] for n in self.state_names}, self._reorder_memory.here())
+            state = {n: outputs[n] for n in self.state_names}
+            if self._graph_reorders:
+                state[ROWS] = np.arange(len(src), dtype=np.int64)
+            return HostState(state, self._reorder_memory.here())
         return {n: self._to_device(outputs[n]) for n in self.state_names}
 
     def _encoded(self, src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
@@ -195,11 +213,16 @@ class OrtBackend(StepBackend):
         named = dict(zip(self.output_names, self._run_decoder(self.output_names, {"token": token, **state})))
         if self.recorded:
             self.record("decoder", {n: named[n] for n in self.recorded})
-        return named["log_probs"], next_host_state(self.decoder_spec, state, named)
+        new_state = next_host_state(self.decoder_spec, state, named)
+        if self._graph_reorders:
+            new_state[ROWS] = np.arange(len(token), dtype=np.int64)
+        return named["log_probs"], new_state
 
     def _run_step(self, token: np.ndarray, state: dict[str, ort.OrtValue], log_probs_on: str):
         binding = self.decoder.io_binding()
         binding.bind_cpu_input("token", token)
+        if self._graph_reorders:
+            binding.bind_cpu_input(ROWS, np.arange(len(token), dtype=np.int64))
         for name, value in state.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("log_probs", log_probs_on, 0)
@@ -230,11 +253,15 @@ class OrtBackend(StepBackend):
         feeds["token"] = token = np.zeros(1, dtype=np.int64)  # written in place: the next step's token
         run, names, caches, log_probs = self._run_decoder, self.output_names, self._cache_outputs, self.output_names.index("log_probs")
 
+        in_order = np.zeros(1, dtype=np.int64)  # after the first step the caches are this one row's
+
         def step(last: int) -> tuple[int, float]:
             token[0] = last
             outputs = run(names, feeds)
             for i, name in caches:
                 feeds[name] = outputs[i]
+            if ROWS in feeds:
+                feeds[ROWS] = in_order
             row = outputs[log_probs][0]
             best = int(row.argmax())
             return best, float(row[best])
@@ -265,14 +292,14 @@ class OrtBackend(StepBackend):
 
     def reorder_beams(self, state: dict, rows: np.ndarray) -> dict:
         if not self.io_binding:
-            return reorder_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs)
+            return reorder_rows(state, rows, self.batch_axis, keep=self.decoder_spec.constant_inputs | self._graph_reorders)
         return self.select(state, rows)
 
     def select(self, state: dict, rows: np.ndarray) -> dict:
         if self._per_sentence is not None:
-            return take_sentence_rows(state, rows, self.batch_axis, self._per_sentence)
+            return take_sentence_rows(state, rows, self.batch_axis, self._per_sentence, keep=self._graph_reorders)
         if not self.io_binding:
-            return reorder_rows(state, rows, self.batch_axis)
+            return reorder_rows(state, rows, self.batch_axis, keep=self._graph_reorders)
         binding = self.selector.io_binding()
         for name, value in state.items():
             binding.bind_ortvalue_input(name, value)

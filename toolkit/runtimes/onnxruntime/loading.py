@@ -100,12 +100,13 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
                 graph = cross_per_sentence(graph, specs[name].constant_inputs) or graph
             if shortlisting is not None and name == "decoder":
                 graph = shortlisting.graph(graph)
-            return (native_attention(graph) or graph) if kernels and name == "decoder" else graph
+            # The graph takes its caches' rows at a beam step (ROWS) unless shortlisted: its backend keeps its own select.
+            return (native_attention(graph, beam_rows=shortlisting is None) or graph) if kernels and name == "decoder" else graph
 
         if cache and provider == "cpu" and not (shortlisting is not None and name == "decoder"):
             # A variant the directory does not store is built only when the cache has no copy of it.
             identity = _graph_identity(m, name, variant) + (f" {sentence_cross_digest()}" if name == "decoder" else "")
-            identity += f" {native.digest()}" if kernels and name == "decoder" else ""
+            identity += f" {native.digest()} past-rows" if kernels and name == "decoder" else ""
             makers[name] = functools.partial(cached_session, source, identity,
                                              functools.partial(create, graph=name), threads)
         else:

@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 from toolkit.core.errors import ProviderError, UsageError, first_line
 from toolkit.core.variants import describe
 from toolkit.graphs import optimize
 from toolkit.graphs.helper_graphs import probe_graph
+from toolkit.graphs.native_attention import ROWS
 from toolkit.graphs.optimize import CPU_DISABLED_OPTIMIZERS
 from toolkit.runtimes.onnxruntime import cuda
 from toolkit.runtimes.onnxruntime.cuda import PROVIDERS
@@ -108,14 +110,19 @@ def session_provider(session: ort.InferenceSession) -> str:
 
 class OrtRunner:
     """An ONNX Runtime session as tk's GraphRunner (toolkit.runtimes.GraphRunner): the session itself stays
-    ONNX Runtime's, for the step backend's I/O binding."""
+    ONNX Runtime's, for the step backend's I/O binding. A decoder on tk's kernels that takes its caches' rows
+    (toolkit.graphs.native_attention.ROWS) runs here as the manifest declares it: those rows fed in order."""
 
     def __init__(self, session: ort.InferenceSession):
         self.session = session
-        self.input_names = [i.name for i in session.get_inputs()]
-        self.input_shapes = [i.shape for i in session.get_inputs()]  # sizes as numbers, named axes as names (or None)
+        inputs = [i for i in session.get_inputs() if i.name != ROWS]
+        self._rows = len(inputs) < len(session.get_inputs())
+        self.input_names = [i.name for i in inputs]
+        self.input_shapes = [i.shape for i in inputs]  # sizes as numbers, named axes as names (or None)
         self.output_names = [o.name for o in session.get_outputs()]
         self.provider = session_provider(session)
 
     def run(self, feeds: dict) -> list:
+        if self._rows and ROWS not in feeds:
+            feeds = {**feeds, ROWS: np.arange(len(feeds[self.input_names[0]]), dtype=np.int64)}
         return self.session.run(None, feeds)

@@ -14,6 +14,8 @@
  *   tk.kernels.SelfAttention(query [B, 1, H*D], key [B, 1, H*D], value [B, 1, H*D], past_key [B, H, P, D],
  *                            past_value [B, H, P, D]) -> output [B, 1, H*D], present_key [B, H, P+1, D], present_value
  *     One new position attending to the cache and itself: MultiHeadAttention with past and present, no mask.
+ *   tk.kernels.SelfAttentionRows(query, key, value, past_key [B', H, P, D], past_value, rows int64 [B]) -> the same
+ *     Row b continues past row rows[b]: a beam step's reorder of the cache done by the copy into the present.
  *   Attributes of both: num_heads (int), scale (float).
  *   tk.kernels.TopK(values [R, N], k int64 [1]) -> values [R, k], ids int64 [R, k]
  *     ONNX TopK's result (largest, sorted, equal values in id order) for a beam's ranking of each row's
@@ -302,20 +304,27 @@ static OrtStatus *cross_compute(void *kernel, OrtKernelContext *context) {
     return NULL;
 }
 
-static OrtStatus *self_compute(void *kernel, OrtKernelContext *context) {
-    const Kernel *k = kernel;
-    Tensor q, key, value, past_k, past_v;
+/* SelfAttention, and SelfAttentionRows: the same with the row of the past each row continues (`rows`, int64 [B], into a
+ * past of any number of rows), so a beam step's reorder of the cache is this kernel's copy of it into the present
+ * instead of a copy of its own. */
+static OrtStatus *self_attend(const Kernel *k, OrtKernelContext *context, int with_rows) {
+    Tensor q, key, value, past_k, past_v, rows = {0};
     OrtStatus *status;
     if ((status = input(context, 0, &q)) || (status = input(context, 1, &key)) || (status = input(context, 2, &value)) ||
-        (status = input(context, 3, &past_k)) || (status = input(context, 4, &past_v)))
+        (status = input(context, 3, &past_k)) || (status = input(context, 4, &past_v)) ||
+        (with_rows && (status = input(context, 5, &rows))))
         return status;
-    if (q.rank != 3 || key.rank != 3 || value.rank != 3 || past_k.rank != 4 || past_v.rank != 4)
+    if (q.rank != 3 || key.rank != 3 || value.rank != 3 || past_k.rank != 4 || past_v.rank != 4 || (with_rows && rows.rank != 1))
         return fail("tk.kernels.SelfAttention: expected query, key and value [B, 1, H*D], past key and value [B, H, P, D]");
     int64_t batch = q.dims[0], width = q.dims[2], heads = k->heads, past = past_k.dims[2], dim = past_k.dims[3];
+    int64_t past_rows = past_k.dims[0];
+    const int64_t *from = with_rows ? (const int64_t *)rows.ints : NULL;
     if (q.dims[1] != 1 || memcmp(q.dims, key.dims, 3 * sizeof(int64_t)) || memcmp(q.dims, value.dims, 3 * sizeof(int64_t)) ||
-        past_k.dims[0] != batch || past_k.dims[1] != heads || heads * dim != width ||
+        (with_rows ? rows.dims[0] != batch : past_rows != batch) || past_k.dims[1] != heads || heads * dim != width ||
         memcmp(past_k.dims, past_v.dims, sizeof past_k.dims) || past + 1 > MAX_KEYS)
         return fail("tk.kernels.SelfAttention: the query, key, value and past do not agree in shape (one new position a row)");
+    for (int64_t b = 0; from && b < batch; b++)
+        if (from[b] < 0 || from[b] >= past_rows) return fail("tk.kernels.SelfAttentionRows: a row of the past out of range");
     float *out, *present_k, *present_v;
     int64_t present_dims[4] = {batch, heads, past + 1, dim};
     if ((status = output(context, 0, q.dims, 3, &out)) || (status = output(context, 1, present_dims, 4, &present_k)) ||
@@ -323,11 +332,12 @@ static OrtStatus *self_compute(void *kernel, OrtKernelContext *context) {
         return status;
     float scores[past + 1];
     for (int64_t b = 0; b < batch; b++) {
+        int64_t source = from ? from[b] : b;
         for (int64_t h = 0; h < heads; h++) {
-            int64_t block = (b * heads + h), at = b * width + h * dim;
+            int64_t block = (b * heads + h), at = b * width + h * dim, past_block = source * heads + h;
             float *pk = present_k + block * (past + 1) * dim, *pv = present_v + block * (past + 1) * dim;
-            memcpy(pk, past_k.data + block * past * dim, past * dim * sizeof(float));
-            memcpy(pv, past_v.data + block * past * dim, past * dim * sizeof(float));
+            memcpy(pk, past_k.data + past_block * past * dim, past * dim * sizeof(float));
+            memcpy(pv, past_v.data + past_block * past * dim, past * dim * sizeof(float));
             memcpy(pk + past * dim, key.data + at, dim * sizeof(float));
             memcpy(pv + past * dim, value.data + at, dim * sizeof(float));
             attend_row(q.data + at, pk, pv, past + 1, dim, k->scale, out + at, scores);
@@ -336,6 +346,8 @@ static OrtStatus *self_compute(void *kernel, OrtKernelContext *context) {
     return NULL;
 }
 
+static OrtStatus *self_compute(void *kernel, OrtKernelContext *context) { return self_attend(kernel, context, 0); }
+static OrtStatus *self_rows_compute(void *kernel, OrtKernelContext *context) { return self_attend(kernel, context, 1); }
 
 /* The k largest of n values, largest first, equal values in index order (ONNX TopK's order, sorted, largest).
  * A threshold first: the k-th largest of the maxima of disjoint groups of values is at most the k-th largest value (k
@@ -408,6 +420,9 @@ static OrtStatus *top_k_compute(void *kernel, OrtKernelContext *context) {
 
 static const char *cross_name(const CustomOp *op) { (void)op; return "CrossAttention"; }
 static const char *self_name(const CustomOp *op) { (void)op; return "SelfAttention"; }
+static const char *self_rows_name(const CustomOp *op) { (void)op; return "SelfAttentionRows"; }
+static int self_rows_type(const CustomOp *op, size_t i) { (void)op; return i == 5 ? TYPE_INT64 : TYPE_FLOAT; }
+static size_t six(const CustomOp *op) { (void)op; return 6; }
 static const char *top_k_name(const CustomOp *op) { (void)op; return "TopK"; }
 static int top_k_type(const CustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_INT64 : TYPE_FLOAT; }
 static size_t two(const CustomOp *op) { (void)op; return 2; }
@@ -429,6 +444,7 @@ static int homogeneous(const CustomOp *op) { (void)op; return 0; }
 
 static const CustomOp cross_op = OP(cross_name, cross_input_type, four, float_type, one, create_kernel, cross_compute);
 static const CustomOp self_op = OP(self_name, float_type, five, float_type, three, create_kernel, self_compute);
+static const CustomOp self_rows_op = OP(self_rows_name, self_rows_type, six, float_type, three, create_kernel, self_rows_compute);
 static const CustomOp top_k_op = OP(top_k_name, top_k_type, two, top_k_type, two, create_plain, top_k_compute);
 
 static OrtCustomOpDomain *domain;
@@ -439,6 +455,7 @@ static void make_domain(void) {
     if ((domain_status = FN(CreateDomainFn, CREATE_CUSTOM_OP_DOMAIN)("tk.kernels", &domain))) return;
     if ((domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &cross_op))) return;
     if ((domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &self_op))) return;
+    if ((domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &self_rows_op))) return;
     domain_status = FN(DomainAddFn, CUSTOM_OP_DOMAIN_ADD)(domain, &top_k_op);
 }
 
