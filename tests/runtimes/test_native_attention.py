@@ -241,7 +241,8 @@ def _rankers() -> tuple[ort.InferenceSession, ort.InferenceSession]:
     return plain, ort.InferenceSession(top_k_graph(native=True), options, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("rows, width, k", [(1, 5, 1), (3, 40, 8), (64, 6000, 8), (7, 300, 16), (5, 6000, 5), (2, 300, 300)])
+@pytest.mark.parametrize("rows, width, k", [(1, 5, 1), (3, 40, 8), (64, 6000, 8), (7, 300, 16), (5, 6000, 5), (2, 300, 300),
+                                          (2, 6000, 257)])
 @pytest.mark.parametrize("values", ["distinct", "ties", "minus infinity"])
 def test_the_ranking_kernel_ranks_as_onnx_runtime_s_topk(rows, width, k, values):
     """tk.kernels.TopK (a beam's ranking on the CPU) gives ONNX Runtime's TopK's values and ids, equal values in id

@@ -353,7 +353,8 @@ static OrtStatus *self_rows_compute(void *kernel, OrtKernelContext *context) { r
  * A threshold first: the k-th largest of the maxima of disjoint groups of values is at most the k-th largest value (k
  * groups each hold one at least as large), so only values at or above it can rank; then one pass in index order that inserts
  * those, a value entering only where it beats the one before it. Both passes are vector compares over the row. */
-#define MAX_BLOCKS 16384
+#define MAX_BLOCKS 16384  /* groups a row's threshold pass takes (NLLB's 256,206 ids: 16,013): 64 KiB on the stack */
+#define MAX_THRESHOLD_K 256  /* a larger k (never a beam's) ranks by insertion alone, with nothing more on the stack */
 
 static inline void insert_ranked(float v, int64_t id, int64_t k, int64_t *filled, float *restrict best,
                                  int64_t *restrict ids) {
@@ -371,7 +372,7 @@ static void top_k_row(const float *restrict x, int64_t n, int64_t k, float *rest
      * are 16 vector maxima, one per step down the stretch); a row's last partial stretch is in no group. */
     int64_t stretches = n / (LANES * LANES), groups = stretches * LANES, filled = 0;
     float threshold = -INFINITY;
-    if (groups >= k && groups <= MAX_BLOCKS) {
+    if (groups >= k && groups <= MAX_BLOCKS && k <= MAX_THRESHOLD_K) {
         float maxima[MAX_BLOCKS], kth[k];
         for (int64_t c = 0; c < stretches; c++) {
             const float *restrict at = x + c * LANES * LANES;
