@@ -267,3 +267,29 @@ def test_a_decoder_with_a_weights_file_keeps_it_there(model, tmp_path):
     onnx.save(bad, hostile / "decoder.onnx")
     with pytest.raises(UsageError, match="not a weights file of its own directory"):
         graph_mod.shortlisted(hostile / "decoder.onnx", m.config["vocab_size"])
+
+
+def test_a_shortlisted_decoder_on_tk_s_kernels_takes_its_caches_rows_and_decodes_as_one_that_does_not(model, monkeypatch):
+    """The shortlisted CPU decoder takes its caches' rows at a beam step as the plain one does
+    (toolkit.graphs.native_attention's ROWS): every hypothesis and score of a beam, and greedy batches, are those of
+    the same shortlisted decoder whose caches numpy reorders."""
+    from toolkit.core.decoding import beam_search, greedy
+    from toolkit.runtimes.onnxruntime import loading, native
+
+    if native.library() is None:
+        pytest.fail(native.status())
+    ids = Translator(model, provider="cpu", variant="optimized").loaded.tokenizer.encode(SENTENCES)
+
+    def searches(translator) -> list:
+        backend = translator._backend
+        return [[[(h.tokens, h.score) for h in nbest] for nbest in beam_search(backend, ids, 24, beam=4, n_best=4)],
+                [(h.tokens, h.score) for h in greedy(backend, ids, 24)]]
+
+    monkeypatch.setenv("TK_NO_CACHE", "1")
+    with_rows = Translator(model, provider="cpu", variant="optimized", shortlist=True)
+    assert with_rows._backend._graph_reorders
+    real = loading.native_attention
+    monkeypatch.setattr(loading, "native_attention", lambda graph, **options: real(graph))
+    without = Translator(model, provider="cpu", variant="optimized", shortlist=True)
+    assert not without._backend._graph_reorders
+    assert searches(with_rows) == searches(without)

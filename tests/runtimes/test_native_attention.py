@@ -316,7 +316,7 @@ def test_a_row_of_the_past_out_of_range_is_an_error_not_a_read_out_of_bounds():
 def test_a_decoder_that_takes_its_caches_rows_translates_as_one_whose_caches_are_reordered_on_the_host(monkeypatch, sources):
     """The shipped model's CPU decoder takes its caches' rows itself (select and beam reorder leave the caches to it):
     greedy and beam search, in a batch and one sentence a call, translate exactly as with the caches reordered by numpy
-    (fp32); a shortlisted decoder keeps its own reorder."""
+    (fp32). (A shortlisted decoder's: tests/deploy/test_shortlist.py.)"""
     from toolkit import Translator
     from toolkit.graphs.native_attention import ROWS
     from toolkit.runtimes.onnxruntime import loading

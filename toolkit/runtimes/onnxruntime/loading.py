@@ -100,8 +100,8 @@ def load_sessions(m: Manifest, provider: str = "cpu", variant: str = "fp32", all
                 graph = cross_per_sentence(graph, specs[name].constant_inputs) or graph
             if shortlisting is not None and name == "decoder":
                 graph = shortlisting.graph(graph)
-            # The graph takes its caches' rows at a beam step (ROWS) unless shortlisted: its backend keeps its own select.
-            return (native_attention(graph, beam_rows=shortlisting is None) or graph) if kernels and name == "decoder" else graph
+            # The graph takes its caches' rows at a beam step (native_attention's ROWS; the backends' select and reorder).
+            return (native_attention(graph, beam_rows=True) or graph) if kernels and name == "decoder" else graph
 
         if cache and provider == "cpu" and not (shortlisting is not None and name == "decoder"):
             # A variant the directory does not store is built only when the cache has no copy of it.

@@ -21,6 +21,7 @@ from toolkit.core.decoding import ReorderMemory, next_host_state, reorder_rows, 
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.graphs import shortlist as graph_mod
+from toolkit.graphs.native_attention import ROWS
 from toolkit.graphs.shortlist import MASK
 from toolkit.runtimes.onnxruntime.backend import OrtBackend, direct_run
 
@@ -67,8 +68,10 @@ class ShortlistBackend(OrtBackend):
         self.shortlisting = shortlisting
         self.batch_axis = {**self.batch_axis, MASK: 0}
         weights = {g.name for g in shortlisting.weights}
-        self._select_keep = frozenset({*weights, IDS})
-        self._beams_keep = decoder_spec.constant_inputs | {*weights, IDS, MASK}  # the mask is the same on a sentence's rows
+        # The caches whose rows the graph takes itself (OrtBackend._graph_reorders) stay as they are too; at a beam step
+        # so does the mask, the same on a sentence's rows.
+        self._select_keep = frozenset({*weights, IDS}) | self._graph_reorders
+        self._beams_keep = decoder_spec.constant_inputs | {*weights, IDS, MASK} | self._graph_reorders
 
     def encode(self, src: np.ndarray, src_len: np.ndarray):
         state = super().encode(src, src_len)
@@ -82,7 +85,10 @@ class ShortlistBackend(OrtBackend):
     def _run_host(self, token: np.ndarray, state):
         feeds = {n: v for n, v in state.items() if n != IDS}
         named = dict(zip(self.output_names, self._run_decoder(self.output_names, {"token": token, **feeds})))
-        return named["log_probs"], next_host_state(self.decoder_spec, state, named)
+        new_state = next_host_state(self.decoder_spec, state, named)
+        if self._graph_reorders:  # this step's caches are in its rows' order
+            new_state[ROWS] = np.arange(len(token), dtype=np.int64)
+        return named["log_probs"], new_state
 
     def step(self, token: np.ndarray, state) -> tuple[np.ndarray, dict]:
         log_probs, new_state = self._run_host(token, state)
