@@ -213,10 +213,15 @@ class OrtBackend(StepBackend):
         named = dict(zip(self.output_names, self._run_decoder(self.output_names, {"token": token, **state})))
         if self.recorded:
             self.record("decoder", {n: named[n] for n in self.recorded})
+        return named["log_probs"], self._next_host_state(state, named, len(token))
+
+    def _next_host_state(self, state: dict, named: dict, rows: int) -> dict:
+        """The state after a host step: its caches replaced by the step's, which are in the step's row order (so ROWS,
+        where the graph takes the caches' rows, is that order again)."""
         new_state = next_host_state(self.decoder_spec, state, named)
         if self._graph_reorders:
-            new_state[ROWS] = np.arange(len(token), dtype=np.int64)
-        return named["log_probs"], new_state
+            new_state[ROWS] = np.arange(rows, dtype=np.int64)
+        return new_state
 
     def _run_step(self, token: np.ndarray, state: dict[str, ort.OrtValue], log_probs_on: str):
         binding = self.decoder.io_binding()

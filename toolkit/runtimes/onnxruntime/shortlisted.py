@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core import shortlist as table_mod
-from toolkit.core.decoding import ReorderMemory, next_host_state, reorder_rows, take_rows, take_sentence_rows, top_k_rows
+from toolkit.core.decoding import ReorderMemory, reorder_rows, take_rows, take_sentence_rows, top_k_rows
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.graphs import shortlist as graph_mod
-from toolkit.graphs.native_attention import ROWS
 from toolkit.graphs.shortlist import MASK
 from toolkit.runtimes.onnxruntime.backend import OrtBackend, direct_run
 
@@ -85,10 +84,7 @@ class ShortlistBackend(OrtBackend):
     def _run_host(self, token: np.ndarray, state):
         feeds = {n: v for n, v in state.items() if n != IDS}
         named = dict(zip(self.output_names, self._run_decoder(self.output_names, {"token": token, **feeds})))
-        new_state = next_host_state(self.decoder_spec, state, named)
-        if self._graph_reorders:  # this step's caches are in its rows' order
-            new_state[ROWS] = np.arange(len(token), dtype=np.int64)
-        return named["log_probs"], new_state
+        return named["log_probs"], self._next_host_state(state, named, len(token))
 
     def step(self, token: np.ndarray, state) -> tuple[np.ndarray, dict]:
         log_probs, new_state = self._run_host(token, state)
