@@ -177,15 +177,38 @@ def test_empty_and_unknown_characters(cli, tiny_export):
     assert out[0] == "" and out[1] != "" and out[2] == ""
 
 
-def test_overlong_line_is_truncated_with_a_warning_or_refused_with_strict(cli, tiny_export, tmp_path):
+LONG = ("the cat is sleeping on the sofa, the dog is playing in the garden and the children are reading their books "
+        "while their mother is cooking dinner in the kitchen, then the whole family eats together at the big table "
+        "and talks about the day until it is late at night")
+
+
+def test_a_sentence_too_long_for_the_model_is_translated_in_pieces_and_refused_with_strict(cli, tiny_export, tmp_path):
+    from toolkit.core import manifest
+    from toolkit.core.textprep import fitted
+    from toolkit.core.tokenizers import open_tokenizer
+    from toolkit.deploy.translate import token_count
+
+    m = manifest.load(tiny_export)
+    tokenizer = open_tokenizer(m)
+    pieces, count = fitted(LONG, token_count(tokenizer, m.max_len), m.max_len)
+    assert count > m.max_len and len(pieces) > 1 and " ".join(pieces) == LONG  # the line is over the limit; nothing dropped
     src = tmp_path / "in.txt"
-    src.write_text("Go.\n" + " ".join(["word"] * 300) + "\nI lost.\n", encoding="utf-8")
+    src.write_text(f"Go.\n{LONG}\nI lost.\n", encoding="utf-8")
     result = cli("translate", "--model", tiny_export, "-i", src, "-o", tmp_path / "out.txt")
-    assert result.exit_code == 0
-    assert "line 2 has" in result.output and "truncated" in result.output
-    assert len((tmp_path / "out.txt").read_text().splitlines()) == 3
+    assert result.exit_code == 0, result.output
+    assert f"line 2 has a sentence of {count} tokens, more than the model's {m.max_len}; translated in {len(pieces)} pieces" in result.output
+    assert "truncated" not in result.output
+    lines = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    each = cli("translate", "--model", tiny_export, "-q", *pieces)  # every piece, as a sentence of its own
+    assert each.exit_code == 0, each.output
+    assert len(lines) == 3 and lines[1] == " ".join(each.output.splitlines())
     strict = cli("translate", "--model", tiny_export, "-i", src, "--strict")
     assert strict.exit_code == 2 and "input line 2" in strict.output and "Traceback" not in strict.output
+    # A word longer than the model's positions is cut between characters; only --raw (the line as it is) truncates.
+    word = cli("translate", "--model", tiny_export, "x" * 400)
+    assert word.exit_code == 0 and "translated in" in word.output and "truncated" not in word.output
+    raw = cli("translate", "--model", tiny_export, "--raw", LONG)
+    assert raw.exit_code == 0 and "line 1 has a sentence" in raw.output and "truncated" in raw.output
 
 
 def test_non_utf8_input_fails_with_the_line_number_and_keeps_the_old_output(cli, tiny_export, tmp_path):

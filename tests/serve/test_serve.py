@@ -117,6 +117,19 @@ def test_translations_come_back_in_order_with_scores_for_n_best(model, english):
         assert {"text", "beam", "n_best", "alpha", "max_len", "max_len_a", "max_len_b", "loop_guard"} <= set(fields)
 
 
+def test_a_text_too_long_for_the_model_is_translated_in_pieces_as_tk_translate_does(model):
+    from deploy.test_translate import LONG
+
+    said: list[str] = []
+    want = translate_batch(model, [LONG], DecodeOptions.for_manifest(model.manifest, batch_size=1), warn=said.append)[0][0]
+    assert any("translated in" in note for note in said), said  # tk translate cuts it (tests/deploy/test_translate.py)
+    with running(lambda: model, config()) as client:
+        wait_ready(client)
+        r = client.post("/v1/translate", json={"text": [LONG, "I'm home."]})
+        assert r.status_code == 200, r.text
+        assert r.json()["translations"] == [want.text, alone(model, "I'm home.")[0].text]
+
+
 def test_a_translation_never_depends_on_what_else_was_in_its_batch(model, english):
     """Eight single-sentence requests of mixed lengths fill one batch (it leaves when full, never
     on the delay); then greedy and beam requests arrive interleaved and must not share a decode."""

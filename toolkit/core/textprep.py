@@ -16,6 +16,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import unicodedata
@@ -35,6 +36,12 @@ _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # Where a sentence with too many spans is cut (see _pieces): after a clause's punctuation, else before a conjunction.
 _CLAUSE_END = re.compile(r".*[,;:]", re.S)
 _CONJUNCTION = re.compile(r"\s(?:and|or|but|nor|then|plus|while|whereas)\b", re.I)
+# Where a sentence too long for the model is cut (see fitted), best first: after a clause's punctuation (Latin or
+# CJK), before a conjunction, at a space; a text with none of these (CJK, a run of letters) at a character.
+_CUT_AFTER = re.compile(r"[,;:，；：、](?=\s|$)|[，；：、]")
+# A piece of an over-long sentence holds at most this share of the model's positions: its translation, often longer
+# than its source (French runs about a fifth longer than English), must fit the same positions.
+PIECE_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class Segment:
     spans: list[str] = field(default_factory=list)
     case: str = ""  # "upper" or "title" when the sentence was folded to lowercase for the model
     targets: list[str] = field(default_factory=list)  # glossary target terms to force into its translation, one per occurrence
+    # The tokens of the sentence this input is a piece of, where that sentence was too long for the model (fitted); 0
+    # for a whole sentence.
+    cut_from: int = 0
     # With glossary terms: this input with the terms as written and their targets in `targets`, translated with those
     # forced in (toolkit.core.constrained); this one, whose placeholders put the targets back, is the fallback.
     forced: Segment | None = None
@@ -160,12 +170,14 @@ def split_sentences(text: str) -> list[str]:
 
 
 def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bool = True, protect: bool = True,
-            glossary: Glossary | None = None) -> list[Segment]:
+            glossary: Glossary | None = None, tokens: Callable[[str], int] | None = None, limit: int = 0) -> list[Segment]:
     """The model inputs of one input line, in order ([] for an empty line): one per sentence, or several
     for a sentence with more than placeholders.PER_INPUT spans. protect False (a model not trained on tk's
     placeholders and case folding): the cleaned sentences as they are. glossary: its terms' occurrences are spans
     whose target terms are put back (placeholders.protect_terms), and a sentence holding some also has its form with
-    the terms as written (Segment.forced), which the decoder translates with their targets forced in where it can."""
+    the terms as written (Segment.forced), which the decoder translates with their targets forced in where it can.
+    tokens (a model input's token count) and limit (the model's positions): a sentence of more tokens is translated in
+    pieces (fitted) rather than cut short; without them, or enabled False (the line as it is), the decoder truncates."""
     keep = tuple(keep)
     text = clean(line, keep)
     if not text:
@@ -173,16 +185,29 @@ def prepare(line: str, keep: Iterable[str] = (), split: bool = True, enabled: bo
     if not enabled:
         return [Segment(line)]
     if not protect:
-        return [_as_written(s, glossary) for s in (split_sentences(text) if split else [text])]
+        out = []
+        for s in split_sentences(text) if split else [text]:
+            pieces, whole = fitted(s, tokens, limit) if tokens else ([s], 0)
+            out.extend(dataclasses.replace(_as_written(piece, glossary), cut_from=whole) for piece in pieces)
+        return out
     # Spans are protected before splitting: a period inside an address is no sentence end.
     protected, spans, sources = placeholders.protect_terms(text, keep, glossary)
     out = []
     for sentence in split_sentences(protected) if split else [protected]:
         case = "upper" if is_all_caps(sentence) else "title" if is_title_case(sentence) else ""
-        for k, piece in enumerate(_pieces(sentence) if "⦅" in sentence else [sentence]):
+        pieces, whole = _pieces(sentence) if "⦅" in sentence else [sentence], 0
+        if tokens:  # measured as the model will see it: placeholders numbered from 0, capitals folded
+            def measure(p: str, fold: bool = bool(case)) -> int:
+                text = _renumber(p, spans)[0]
+                return tokens(text.lower() if fold else text)
+
+            cut = [fitted(p, measure, limit) for p in pieces]
+            pieces, whole = [q for qs, _ in cut for q in qs], max(w for _, w in cut)
+        for k, piece in enumerate(pieces):
             local_piece, local = _renumber(piece, spans)
             # A later piece is mid-sentence: it keeps capitals, but gets no capital first letter.
-            segment = Segment(local_piece.lower() if case else local_piece, local, case if k == 0 or case == "upper" else "")
+            segment = Segment(local_piece.lower() if case else local_piece, local, case if k == 0 or case == "upper" else "",
+                              cut_from=whole)
             # A shouted line's translation is put in capitals, its targets with it: only their placeholders keep them as written.
             if any(sources) and case != "upper":
                 segment.forced = _with_terms(piece, spans, sources, bool(case), segment.case)
@@ -243,6 +268,71 @@ def _pieces(sentence: str) -> list[str]:
         start, held = prev.end() + cut, 0
     out.append(sentence[start:].strip())
     return [p for p in out if p]
+
+
+def fitted(sentence: str, tokens: Callable[[str], int], limit: int) -> tuple[list[str], int]:
+    """The sentence as one piece if its tokens fit the model's `limit` positions; else cut into the fewest pieces of at
+    most PIECE_SHARE of them, each cut near its share of the characters at the best place there (after a clause's
+    punctuation, before a conjunction, at a space, else between two characters outside a placeholder), so that none of
+    it is lost to truncation. Returns the pieces and the sentence's tokens where it was cut (0 where it was not).
+    A piece with no place to cut (a run of combining marks) is kept whole: the decoder truncates it, with its warning."""
+    count = tokens(sentence)
+    if count <= limit or limit < 2:
+        return [sentence], 0
+    cap = max(1, int(limit * PIECE_SHARE))
+
+    def cut(text: str, n_tokens: int) -> list[str]:
+        # Cut into pieces of `cap` tokens on average; a piece is cut again only where it is still too long to fit.
+        if n_tokens <= limit:
+            return [text]
+        n = -(-n_tokens // cap)
+        bounds, start = [], 0
+        for k in range(1, n):
+            at = _cut_near(text, start, round(k * len(text) / n), len(text) / (2 * n))
+            if at is not None and start < at < len(text):
+                bounds.append(at)
+                start = at
+        if not bounds:
+            return [text]
+        parts = [p.strip() for p in (text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])) if p.strip()]
+        if len(parts) < 2:
+            return [text]
+        return [q for p in parts for q in cut(p, tokens(p))]
+
+    return cut(sentence, count), count
+
+
+def _cut_near(text: str, start: int, target: int, reach: float) -> int | None:
+    """Where to end a piece of `text` begun at `start`, near `target` (within `reach` characters): the best kind of
+    place there (see fitted), the nearest to `target` of that kind; None where no place lies after `start`."""
+    lo, hi = max(start + 1, int(target - reach)), min(len(text) - 1, int(target + reach))
+    inside = _inside_symbols(text, lo, hi)
+    kinds = ([m.end() for m in _CUT_AFTER.finditer(text, lo, hi + 1)],
+             [m.start() + 1 for m in _CONJUNCTION.finditer(text, lo, hi + 1)],
+             [lo + m.start() for m in re.finditer(r"\s", text[lo:hi + 1])],
+             [i for i in range(lo, hi + 1) if i not in inside and not _joins(text, i)])
+    for places in kinds:
+        places = [p for p in places if start < p < len(text) and p not in inside]
+        if places:
+            return min(places, key=lambda p: abs(p - target))
+    return None
+
+
+def _inside_symbols(text: str, lo: int, hi: int) -> set[int]:
+    """The positions between `lo` and `hi` inside a placeholder symbol (after its first character, up to its last),
+    where no cut may fall."""
+    start = text.rfind("⦅", 0, lo + 1)
+    if start < 0 and "⦅" not in text[lo:hi + 1]:
+        return set()
+    return {i for m in placeholders.SYMBOL_RE.finditer(text, max(0, start), hi + 1) for i in range(m.start() + 1, m.end())}
+
+
+def _joins(text: str, i: int) -> bool:
+    """Whether a cut before text[i] would part a character from what belongs to it: a combining mark, a joiner, a
+    variation selector, the low half of a flag or a skin tone."""
+    c = text[i]
+    return (unicodedata.combining(c) > 0 or c in "\u200c\u200d" or "\ufe00" <= c <= "\ufe0f" or "\U0001f3fb" <= c <= "\U0001f3ff"
+            or ("\U0001f1e6" <= c <= "\U0001f1ff" and i > 0 and "\U0001f1e6" <= text[i - 1] <= "\U0001f1ff"))
 
 
 def _cut(gap: str) -> int | None:

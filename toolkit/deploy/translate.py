@@ -189,7 +189,10 @@ def translate_batch(t: TranslationModel, texts: list[str], opts: DecodeOptions, 
         if failed is not None and lineno not in failed:
             failed.append(lineno)
 
-    segments = segment_lines(t.manifest, texts, text, fail, lambda: t.tokenizer.alphabet)
+    # With strict a sentence too long is refused (by the decoder), not cut into pieces.
+    segments = segment_lines(t.manifest, texts, text, fail, lambda: t.tokenizer.alphabet, None if strict else t.tokenizer)
+    for note in split_notes(segments, t.manifest.max_len, first_lineno):
+        warn(note)
     notes: list[str] = []  # the decode's warnings, said once it succeeded (not again for a retry line by line)
 
     def decode(lines: list[int]) -> list[list[tuple[textprep.Segment, list[Translation]]]]:
@@ -248,10 +251,12 @@ def check_glossary(m: manifest_mod.Manifest | None, enabled: bool = True) -> Non
 
 def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
                   fail: Callable[[int, Exception, str], None] | None = None,
-                  alphabet: Callable[[], frozenset[str] | None] | None = None) -> list[list[textprep.Segment]]:
+                  alphabet: Callable[[], frozenset[str] | None] | None = None,
+                  tokenizer: Tokenizer | MarianTokenizer | None = None) -> list[list[textprep.Segment]]:
     """Each line's model inputs: cleaned and split, and protected by placeholders only for a model trained on them,
     which also keep verbatim the words holding a character `alphabet()` (its tokenizer's, made only when a line needs it)
-    does not spell (textprep.unspelled).
+    does not spell (textprep.unspelled). With the model's `tokenizer`, a sentence longer than the model's positions is
+    cut into pieces that fit (textprep.fitted) rather than truncated by the decoder.
     With `fail`, a line whose preparation raises an unexpected error is prepared again as plain sentences (no
     placeholders or capitals folding: what the model makes of the text itself), else it has none (an empty
     translation), and `fail(index, error, what became of it)` is told; without, the error is raised."""
@@ -260,11 +265,12 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
         raise UsageError(f"--keep protects terms with tk's placeholders, which this {m.model} model was not trained to copy")
     if text.glossary:
         check_glossary(m, text.enabled)
+    tokens = token_count(tokenizer, m.max_len) if tokenizer is not None else None
     out = []
     for i, x in enumerate(texts):
         try:
             keep = (*text.keep, *textprep.unspelled(x, alphabet)) if protect and text.enabled else text.keep
-            out.append(textprep.prepare(x, keep, text.split, text.enabled, protect, text.glossary))
+            out.append(textprep.prepare(x, keep, text.split, text.enabled, protect, text.glossary, tokens, m.max_len))
             continue
         except ToolkitError:
             raise
@@ -273,7 +279,7 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
                 raise
             error = e
         try:
-            out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect=False))
+            out.append(textprep.prepare(x, text.keep, text.split, text.enabled, protect=False, tokens=tokens, limit=m.max_len))
             fail(i, error, "translated as plain text, without protecting its numbers, URLs, e-mail addresses and kept terms"
                            + (" or putting in its glossary terms" if text.glossary else ""))
         except ToolkitError:
@@ -282,6 +288,33 @@ def segment_lines(m: manifest_mod.Manifest, texts: list[str], text: TextOptions,
             out.append([])
             fail(i, error, "its output is an empty line")
     return out
+
+
+def token_count(tokenizer: Tokenizer | MarianTokenizer, limit: int) -> Callable[[str], int]:
+    """A model input's tokens as the tokenizer makes them (its added tokens included), for textprep.fitted. A text of
+    few bytes is not tokenized: tk's tokenizers make at most a token a byte (FSMT's escaped characters aside), plus a
+    word-start piece and the tokens they add to every input, so such a text fits `limit` (returned as 0). Where the
+    count is too low, the decoder truncates the input with its warning, as it does any input too long."""
+    slack = len(tokenizer.encode([""])[0]) + 1
+
+    def count(text: str) -> int:
+        if len(text.encode("utf-8")) + slack <= limit:
+            return 0
+        return len(tokenizer.encode([text])[0])
+
+    return count
+
+
+def split_notes(segments: list[list[textprep.Segment]], limit: int, first_lineno: int = 1) -> list[str]:
+    """A warning for each line holding a sentence longer than the model's `limit` positions, which was translated in
+    pieces (textprep.fitted): its translation may read less well where the pieces meet."""
+    notes = []
+    for i, segs in enumerate(segments):
+        cut = [s.cut_from for s in segs if s.cut_from]
+        if cut:
+            notes.append(f"warning: line {first_lineno + i} has a sentence of {max(cut)} tokens, more than the model's {limit}; "
+                         f"translated in {len(cut)} pieces, cut between clauses or words")
+    return notes
 
 
 def decode_sentences(t: TranslationModel, texts: list[str], opts: DecodeOptions, backend: object | None = None,
@@ -352,7 +385,7 @@ def _too_long(ids: list[list[int]], lines: list[int], limit: int, strict: bool, 
         if len(seq) > limit:
             if strict:
                 raise DataError(f"input line {lineno} has a sentence of {len(seq)} tokens, more than the model's {limit}; "
-                                "split it or drop --strict to truncate")
+                                "split it, or drop --strict to translate it in pieces")
             warn(f"warning: line {lineno} has a sentence of {len(seq)} tokens; truncated to the model's maximum of {limit}")
             if truncated is not None and lineno not in truncated:
                 truncated.append(lineno)

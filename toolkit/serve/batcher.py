@@ -196,7 +196,7 @@ class Batcher:
         (cut to the model's maximum, as decoding cuts them)."""
         t = self.chosen(key) if key is not None else self.translator
         segments = segment_lines(t.manifest, texts, TextOptions(glossary=key.glossary if key is not None else None), _fallback,
-                                 lambda: t.tokenizer.alphabet)
+                                 lambda: t.tokenizer.alphabet, t.tokenizer)
         ids = t.tokenizer.encode([seg.text for segs in segments for seg in segs])
         return segments, [min(len(i), t.manifest.max_len) for i in ids]
 

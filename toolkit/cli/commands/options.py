@@ -97,7 +97,7 @@ TEXT = option_group(
                  help="Translate each source term of FILE (source term, TAB, target term per line) as its target term, exactly once."),
     click.option("--split/--no-split", default=True, show_default=True, help="Translate each sentence of a line separately."),
     click.option("--raw", is_flag=True, help="No input handling: no sentence splitting, capitals folding or placeholders."),
-    click.option("--strict", is_flag=True, help="Refuse a line longer than the model's maximum instead of truncating it "
+    click.option("--strict", is_flag=True, help="Refuse a line longer than the model's maximum instead of translating it in pieces "
                                                 "(translate-corpus: fail its shard)."),
 )
 
