@@ -241,3 +241,27 @@ def test_each_graph_gets_a_node_map_of_where_its_nodes_came_from(random_export):
     relus = [origin for node, origin in decoder.items() if nodes.get(node) == "Relu"]
     assert relus[0] == ["decoder_blocks.0.ffn.relu", "torch.nn.modules.activation.ReLU", "models/attention.py:152"]
     m.check_files()
+
+
+@pytest.mark.slow
+def test_one_torchlib_registry_per_opset_exports_what_a_registry_of_its_own_exports(tmp_path, monkeypatch):
+    """Export builds torch.onnx's function registry once per opset (torchlib_registry_once): every graph it writes is
+    the graph an export building its own registry writes, byte for byte, at each opset, in either order."""
+    import contextlib
+
+    from toolkit.pytorch import export as export_module
+    from toolkit.pytorch.export import ExportOptions, export
+
+    def graphs(out, opset: int) -> dict[str, bytes]:
+        export(ExportOptions(out=out, model="dot_attention", random_init=True, opset=opset), echo=lambda m: None)
+        return {p.name: p.read_bytes() for p in sorted(out.glob("*.onnx"))}
+
+    monkeypatch.setattr(export_module, "_REGISTRIES", {})
+    once = {opset: graphs(tmp_path / f"once-{opset}", opset) for opset in (18, 20)}  # the opset-18 registry built first
+    assert len(export_module._REGISTRIES) >= 2  # one per opset asked for
+    with monkeypatch.context() as m:
+        m.setattr(export_module, "torchlib_registry_once", contextlib.nullcontext)
+        own = {opset: graphs(tmp_path / f"own-{opset}", opset) for opset in (20, 18)}
+    assert once == own
+    for opset, files in once.items():
+        assert {onnx.load_from_string(b).opset_import[0].version for b in files.values()} == {opset}

@@ -7,6 +7,7 @@ dynamic would be specialised, instead of silently freezing it the way a trace ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -16,6 +17,7 @@ import logging
 import os
 import platform
 import warnings
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -117,6 +119,40 @@ def _export_cause(e: BaseException) -> str:
     return first_line(e)
 
 
+@contextlib.contextmanager
+def torchlib_registry_once() -> Iterator[None]:
+    """torch.onnx.export builds its registry of ONNX functions anew at every call: 0.8 s warm (1.5 s cold) of reading
+    the source of torchlib's 994 functions (onnxscript parses each one's to learn its domain), a quarter of a small
+    model's two-graph export. tk passes no custom translations, the one thing that changes a registry after it is
+    built, so within this block each registry is built once per opset per process and handed to every export.
+    Where torch moved the registry (another release), nothing is patched: each export builds its own, as before."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+    except ImportError:
+        yield
+        return
+    owner = _registration.ONNXRegistry
+    built = owner.__dict__.get("from_torchlib")
+    if not isinstance(built, classmethod):
+        yield
+        return
+
+    def once(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        if key not in _REGISTRIES:
+            _REGISTRIES[key] = built.__func__(cls, *args, **kwargs)
+        return _REGISTRIES[key]
+
+    owner.from_torchlib = classmethod(once)
+    try:
+        yield
+    finally:
+        owner.from_torchlib = built
+
+
+_REGISTRIES: dict[tuple, object] = {}  # torchlib_registry_once's registries, by opset
+
+
 def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: int, max_len: int, vocab: int) -> None:
     rng = np.random.default_rng(0)
     feeds = make_inputs(spec, EXAMPLE_SIZES, rng, vocab)
@@ -124,7 +160,7 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, opset: in
     log = io.StringIO()
     try:
         # The exporter narrates every stage on stdout; keep it for the error message only.
-        with warnings.catch_warnings(), redirect_stdout(log), redirect_stderr(log):
+        with warnings.catch_warnings(), redirect_stdout(log), redirect_stderr(log), torchlib_registry_once():
             warnings.simplefilter("ignore")
             logging.getLogger("torch").setLevel(logging.ERROR)
             program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes(spec, max_len),
