@@ -307,14 +307,15 @@ def _cut_near(text: str, start: int, target: int, reach: float) -> int | None:
     place there (see fitted), the nearest to `target` of that kind; None where no place lies after `start`."""
     lo, hi = max(start + 1, int(target - reach)), min(len(text) - 1, int(target + reach))
     inside = _inside_symbols(text, lo, hi)
-    kinds = ([m.end() for m in _CUT_AFTER.finditer(text, lo, hi + 1)],
-             [m.start() + 1 for m in _CONJUNCTION.finditer(text, lo, hi + 1)],
-             [lo + m.start() for m in re.finditer(r"\s", text[lo:hi + 1])],
-             [i for i in range(lo, hi + 1) if i not in inside and not _joins(text, i)])
+    # Each kind is looked for only where no better kind lies in reach.
+    kinds = (lambda: (m.end() for m in _CUT_AFTER.finditer(text, lo, hi + 1)),
+             lambda: (m.start() + 1 for m in _CONJUNCTION.finditer(text, lo, hi + 1)),
+             lambda: (lo + m.start() for m in re.finditer(r"\s", text[lo:hi + 1])),
+             lambda: (i for i in range(lo, hi + 1) if not _joins(text, i)))
     for places in kinds:
-        places = [p for p in places if start < p < len(text) and p not in inside]
-        if places:
-            return min(places, key=lambda p: abs(p - target))
+        found = [p for p in places() if start < p < len(text) and p not in inside]
+        if found:
+            return min(found, key=lambda p: abs(p - target))
     return None
 
 
