@@ -53,12 +53,15 @@ class Group(click.Group):
 
     def __call__(self, *args, **kwargs):
         # The process's entry (the tk script, python -m toolkit.cli; in-process callers such as CliRunner call main):
-        # after the command only the interpreter's exit is left (joining threads), where Python's own handler would
-        # print "Exception ignored in threading._shutdown ... KeyboardInterrupt": a signal there exits 130 at once.
+        # a signal outside the command exits 130 at once, from before main to the interpreter's exit (joining threads,
+        # where Python's own handler would print "Exception ignored in threading._shutdown ... KeyboardInterrupt").
+        # Installed before main, so main's starting() puts back this handler, not the default one: installed only after
+        # it, a third Ctrl-C landing between the two ended the process by SIGINT after "error: interrupted" (CI).
+        signals.exit_at_once()
         try:
             return self.main(*args, **kwargs)
         finally:
-            signals.exit_at_once()
+            signals.exit_at_once()  # again, should the command have left a library's handler in place
 
     def invoke(self, ctx):
         if sys.stdout is None:  # started with stdout closed (`>&-`): whatever it printed would be lost
