@@ -21,20 +21,44 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+# The cores this run may use, before a worker narrows itself to one of them (_a_core_per_worker).
+RUN_CORES: set[int] | None = None
+
+
 def _a_core_per_worker() -> None:
     """With one xdist worker per core (the README's and CI's `-n 2` on 2 cores), each worker runs on a core of its own.
     Otherwise every worker's ONNX Runtime sessions take every core (tk's default: the process's cores), their threads
     spinning while the other worker waits for a core. Subprocesses started by a test inherit the core."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    global RUN_CORES
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity masks (macOS, Windows)
         return
+    RUN_CORES = set(allowed)
     if worker.startswith("gw") and count > 1 and count == len(allowed):
         os.sched_setaffinity(0, {allowed[int(worker[2:]) % count]})
 
 
 _a_core_per_worker()
+
+
+@contextmanager
+def on_every_core() -> Iterator[None]:
+    """Processes started inside the block may run on every core of the run, not only this worker's: a Ray instance is a
+    dozen processes (GCS, raylets, agents, controller, replicas) whose starts and redeploys queue behind each other on
+    one core: tests/serve/test_serve_ray.py beside a core kept busy took 177 s with Ray on one core, 121 s on both.
+    Linux sets a thread's mask: the calling thread's is widened for the block and put back, and what it starts
+    meanwhile keeps the wide one."""
+    if RUN_CORES is None:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, RUN_CORES)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
 
 # The files of fewest tests and most seconds (2-core AVX2 EPYC, two workers: `pytest -n 2 --dist loadfile --durations=50`),
 # longest first. With --dist loadfile a file runs whole on one worker, and xdist hands files out most tests first, so
@@ -256,6 +280,7 @@ def ray_address():
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     if ray.is_initialized():  # a Ray another module's test left in this worker process: this module's own instead
         ray.shutdown()
-    ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    with on_every_core():
+        ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     yield ctx.address_info["gcs_address"]
     ray.shutdown()

@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from conftest import REPO
+from conftest import REPO, on_every_core
 
 from toolkit.core import data
 
@@ -241,8 +241,9 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("The cat is sleeping on the sofa while we wait.\n" * 20000)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "translate-corpus", SHIPPED, str(src), str(tmp_path / "out"),
-                             "--shard-lines", "2000"], env=env, stderr=subprocess.PIPE, text=True)
+    with on_every_core():  # the local Ray it starts
+        proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "translate-corpus", SHIPPED, str(src), str(tmp_path / "out"),
+                                 "--shard-lines", "2000"], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     for line in proc.stderr:  # a local Ray instance is up once the pool names its workers
         if "worker(s)" in line or time.time() > deadline:

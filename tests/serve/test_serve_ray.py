@@ -33,6 +33,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 import ray  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
+from conftest import on_every_core  # noqa: E402
 from ray.serve.exceptions import BackPressureError  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
@@ -305,8 +306,9 @@ def start_node(args: list[str], log: Path, env: dict) -> subprocess.Popen:
     ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
                                                      "metrics-export-port", "node-manager-port", "object-manager-port")]
     # One CPU per node: a replica reserves one, so two replicas must be on two nodes. A small object store: answers are small.
-    return subprocess.Popen([str(RAY), "start", "--block", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats", *ports,
-                             *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    with on_every_core():
+        return subprocess.Popen([str(RAY), "start", "--block", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats", *ports,
+                                 *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -540,8 +542,9 @@ def test_a_model_that_does_not_load_on_the_replicas_is_one_line_and_leaves_the_c
 def test_a_local_ray_ends_with_a_tk_serve_killed_outright():
     """Without --ray-address tk serve --ray starts its own Ray; SIGKILL leaves nothing of it behind."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(MODEL), "--ray", "--port", str(port)],
-                            env={**os.environ, **RAY_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    with on_every_core():  # the Ray it starts
+        proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(MODEL), "--ray", "--port", str(port)],
+                                env={**os.environ, **RAY_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     tree: list[psutil.Process] = []
     try:
         serving(proc, port, [])
