@@ -29,8 +29,8 @@ def _a_core_per_worker() -> None:
     """With one xdist worker per core (the README's and CI's `-n 2` on 2 cores), each worker runs on a core of its own.
     Otherwise every worker's ONNX Runtime sessions take every core (tk's default: the process's cores), their threads
     spinning while the other worker waits for a core. Subprocesses started by a test inherit the core."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     global RUN_CORES
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity masks (macOS, Windows)
