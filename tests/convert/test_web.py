@@ -24,7 +24,7 @@ from toolkit.convert.web import SITE, write_tokenizer_json
 from toolkit.core import data
 from toolkit.core.batching import GUARDED, DecodeOptions, decode_ids
 from toolkit.core.decoding import pad_batch, word_end
-from toolkit.core.textprep import TextOptions
+from toolkit.core.textprep import TextOptions, fitted
 from toolkit.core.tokenizer import BOS, Tokenizer
 from toolkit.core.variants import CATALOGUE
 from toolkit.deploy.translate import open_model, translate_batch
@@ -117,6 +117,37 @@ def test_the_page_ends_a_loop_guard_s_cut_on_the_word_python_ends_it_on():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == want
     assert sum(w != c["tokens"] for w, c in zip(want, cases)) > 100  # most cuts do move
+
+
+# Fragments of over-long lines for the page's cutting (pieces.mjs): every kind of place to cut, and the places where
+# JavaScript's strings and regular expressions part from Python's (UTF-16 units, \\s, \\b, \\d, round()).
+FRAGMENTS = ["alpha", "Beta", "naïve", "and", "or", "whereas", "andy", "andé", "and_", ",", ";", ":", "，", "；", "、",
+             "：", "我们在火车站", "กั", "e\u0301", "👍🏽", "🇫🇷", "👨\u200d👩\u200d👧", "𝐀𝐁", "⦅3⦆", "⦅12⦆", "⦅٣⦆", "⦅",
+             "x\ufe0f", "1,5", ".", "!", "?", "。", "…", "»", "”", "3.14"]
+SEPARATORS = [" ", " ", " ", "", "\u3000", "\x1c", "\xa0", "\t", "\x85", "\ufeff"]
+
+
+@pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
+def test_the_page_cuts_a_line_too_long_for_the_model_where_python_cuts_it(tmp_path):
+    """pieces.mjs's fitted against textprep.fitted on 600 random over-long lines, counted in code points and in the
+    shipped tokenizer's ids: the same pieces, cut for cut."""
+    tokenizer = Tokenizer.load(SHIPPED / "tokenizer.model")
+    write_tokenizer_json(SHIPPED / "tokenizer.model", tmp_path / "tokenizer.json")
+    counts = {"chars": lambda t: len(t) + 1, "tokens": lambda t: len(tokenizer.encode([t])[0])}
+    rng = np.random.default_rng(11)
+    cases = []
+    for k in range(600):
+        n = int(rng.integers(5, 160))
+        text = "".join(FRAGMENTS[i] + SEPARATORS[j] for i, j in zip(rng.integers(0, len(FRAGMENTS), n), rng.integers(0, len(SEPARATORS), n)))
+        cases.append({"text": text, "limit": int(rng.choice([8, 24, 64])), "count": "chars" if k % 2 else "tokens"})
+    want = [list(fitted(c["text"], counts[c["count"]], c["limit"])) for c in cases]
+    proc = subprocess.run([NODE, str(REPO / "tests" / "web_pieces.mjs"), str(SITE / "pieces.mjs"), str(SITE / "tokenizer.mjs"),
+                           str(tmp_path / "tokenizer.json")], input=json.dumps(cases), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = [[g["pieces"], g["whole"]] for g in json.loads(proc.stdout)]
+    wrong = [(c["text"], g, w) for c, g, w in zip(cases, got, want) if g != w]
+    assert not wrong, f"{len(wrong)} of {len(cases)} lines cut otherwise, e.g. {wrong[:2]}"
+    assert sum(len(w[0]) > 2 for w in want) > 300  # most lines are cut, many more than once
 
 
 @pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
@@ -238,6 +269,12 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
     cut = [n[0] for n in decode_ids(model.backend(), model.tokenizer.encode([RETRIED]), options(model.manifest))]
     retried = [n[0].text for n in translate_batch(model, RUNAWAY + [RETRIED], options(model.manifest), text=TextOptions(enabled=False))]
     assert cut[0].stopped == "loop" and len(retried[-1].split()) > 5 > len(model.tokenizer.decode([cut[0].tokens])[0].split())
+    # A line of sentences longer than the model's positions: cut after sentences' ends into pieces that fit
+    # (textprep.fitted), each translated as tk translate translates it, the translations joined.
+    long_line, limit = " ".join(english[:40]), model.manifest.max_len
+    pieces, whole = fitted(long_line, lambda t: len(model.tokenizer.encode([t])[0]), limit)
+    assert whole > 1.5 * limit and len(pieces) >= 3 and all(p[-1] in ".!?" for p in pieces)
+    in_pieces = " ".join(n[0].text for n in translate_batch(model, pieces, options(model.manifest), text=TextOptions(enabled=False)))
     with static_server(site) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
@@ -267,6 +304,15 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
             assert page.inner_text("#output").splitlines() == texts
             assert [o["text"] for o in page.evaluate("texts => tk.translate(texts)", RUNAWAY + [RETRIED])] == retried
             assert page.inner_text("#status").startswith("3 sentences in")
+            got_long = page.evaluate("texts => tk.translate(texts)", [long_line, shown[0]])
+            assert got_long[0]["text"] == in_pieces and "warning" not in got_long[1]
+            note = f"line 1 has {whole} tokens, more than the model's {limit}; translated in {len(pieces)} pieces"
+            assert note in got_long[0]["warning"]
+            page.fill("#input", long_line)
+            page.select_option("#beam", "1")
+            page.click("#translate")
+            page.wait_for_function("document.getElementById('status').textContent.includes(' ms')")
+            assert page.inner_text("#output") == in_pieces and note in page.inner_text("#status")
             # The README's picture is refreshed only on request, so a test run leaves the tree clean.
             shot = REPO / "docs" / "web-page.png" if os.environ.get("TK_UPDATE_DOCS") else tmp_path / "web-page.png"
             page.screenshot(path=str(shot))

@@ -176,3 +176,19 @@ def test_a_bad_glossary_line_is_one_line_in_the_page_s_status_in_tk_s_words(ship
     assert click(shipped_page) == ("error: line 1 holds glossary terms and a character the model does not spell (tk translate "
                                    "keeps such a word as it is), which the page does not handle; translate it with tk translate "
                                    "--glossary")
+
+
+def test_a_line_too_long_for_the_model_keeps_its_target_and_number_across_its_pieces(shipped_page):
+    """A sentence longer than the model's positions, holding a term and a number: its placeholder form is cut into
+    pieces that fit (each piece's symbols numbered from 0, as tk translate numbers them: the number's is the last
+    piece's first), and the target and the number are in the joined translation once each, with the line's warning."""
+    line = ("I sold my car for a few dollars to a man who lived near the old church, and with what he gave me I went away "
+            "to the sea where the sun was warm, the wind was soft and the water was blue, and every day I swam for hours "
+            "before I walked back along the beach in the evening light with 3000 birds singing in the trees above me.")
+    tokens = len(translate.open_model(SHIPPED, "cpu").tokenizer.encode([line])[0])
+    assert tokens > 64  # the shipped model's positions
+    got = shipped_page.evaluate(TRANSLATE, [[line, "I like this room."], {"glossary": TERMS}])
+    assert got[0]["glossary"] == "placeholders" and got[0]["text"].count("automobile") == 1, got[0]
+    assert got[0]["text"].count("3000") == 1
+    assert re.search(r"line 1 has \d+ tokens, more than the model's 64; translated in [2-9] pieces", got[0]["warning"])
+    assert got[1] == shipped_page.evaluate(TRANSLATE, [["I like this room."], {"glossary": TERMS}])[0]

@@ -48,6 +48,9 @@ def test_the_cut_falls_after_a_clause_near_the_middle_rather_than_between_any_tw
     second = " ".join(["beta"] * 33)
     pieces, _ = fitted(f"{first} {second}", words, 64)
     assert pieces == [first, second]
+    # A line of sentences (translated whole: --no-split, the browser) is cut after a sentence's end before a comma.
+    pieces, _ = fitted(" ".join(["alpha"] * 30) + ". " + " ".join(["beta"] * 4) + ", " + " ".join(["gamma"] * 32), words, 64)
+    assert pieces[0].endswith("alpha.")
     # Without the comma, before the conjunction.
     pieces, _ = fitted(" ".join(["alpha"] * 30) + " and " + " ".join(["beta"] * 36), words, 64)
     assert pieces[1].startswith("and beta")
@@ -65,6 +68,11 @@ def test_text_without_spaces_is_cut_between_characters_never_inside_a_placeholde
     pieces, _ = fitted(accented, chars, 64)
     assert "".join(pieces) == accented
     assert not any(unicodedata.combining(p[0]) or p[0] == "\U0001f3fd" for p in pieces)
+    # A Thai vowel sign is a mark of combining class 0: it stays with its consonant as well.
+    thai = "กั" * 200
+    pieces, _ = fitted(thai, chars, 64)
+    assert "".join(pieces) == thai and len(pieces) > 4
+    assert not any(unicodedata.category(p[0]) == "Mn" for p in pieces)
 
 
 def test_prepare_cuts_as_the_model_reads_its_inputs_and_marks_the_pieces():

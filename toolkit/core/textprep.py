@@ -36,8 +36,10 @@ _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # Where a sentence with too many spans is cut (see _pieces): after a clause's punctuation, else before a conjunction.
 _CLAUSE_END = re.compile(r".*[,;:]", re.S)
 _CONJUNCTION = re.compile(r"\s(?:and|or|but|nor|then|plus|while|whereas)\b", re.I)
-# Where a sentence too long for the model is cut (see fitted), best first: after a clause's punctuation (Latin or
-# CJK), before a conjunction, at a space; a text with none of these (CJK, a run of letters) at a character.
+# Where a sentence too long for the model is cut (see fitted), best first: after a sentence's end (a line translated
+# whole, --no-split or in the browser, may hold several), after a clause's punctuation (Latin or CJK), before a
+# conjunction, at a space; a text with none of these (CJK, a run of letters) at a character.
+_SENTENCE_END = re.compile(r"[.!?…][\"'»”’)\]]*(?=\s|$)|[。！？]")
 _CUT_AFTER = re.compile(r"[,;:，；：、](?=\s|$)|[，；：、]")
 # A piece of an over-long sentence holds at most this share of the model's positions: its translation, often longer
 # than its source (French runs about a fifth longer than English), must fit the same positions.
@@ -272,8 +274,8 @@ def _pieces(sentence: str) -> list[str]:
 
 def fitted(sentence: str, tokens: Callable[[str], int], limit: int) -> tuple[list[str], int]:
     """The sentence as one piece if its tokens fit the model's `limit` positions; else cut into the fewest pieces of at
-    most PIECE_SHARE of them, each cut near its share of the characters at the best place there (after a clause's
-    punctuation, before a conjunction, at a space, else between two characters outside a placeholder), so that none of
+    most PIECE_SHARE of them, each cut near its share of the characters at the best place there (after a sentence's end,
+    after a clause's punctuation, before a conjunction, at a space, else between two characters outside a placeholder), so that none of
     it is lost to truncation. Returns the pieces and the sentence's tokens where it was cut (0 where it was not).
     A piece with no place to cut (a run of combining marks) is kept whole: the decoder truncates it, with its warning."""
     count = tokens(sentence)
@@ -308,7 +310,8 @@ def _cut_near(text: str, start: int, target: int, reach: float) -> int | None:
     lo, hi = max(start + 1, int(target - reach)), min(len(text) - 1, int(target + reach))
     inside = _inside_symbols(text, lo, hi)
     # Each kind is looked for only where no better kind lies in reach.
-    kinds = (lambda: (m.end() for m in _CUT_AFTER.finditer(text, lo, hi + 1)),
+    kinds = (lambda: (m.end() for m in _SENTENCE_END.finditer(text, lo, hi + 1)),
+             lambda: (m.end() for m in _CUT_AFTER.finditer(text, lo, hi + 1)),
              lambda: (m.start() + 1 for m in _CONJUNCTION.finditer(text, lo, hi + 1)),
              lambda: (lo + m.start() for m in re.finditer(r"\s", text[lo:hi + 1])),
              lambda: (i for i in range(lo, hi + 1) if not _joins(text, i)))
@@ -329,10 +332,10 @@ def _inside_symbols(text: str, lo: int, hi: int) -> set[int]:
 
 
 def _joins(text: str, i: int) -> bool:
-    """Whether a cut before text[i] would part a character from what belongs to it: a combining mark, a joiner, a
-    variation selector, the low half of a flag or a skin tone."""
+    """Whether a cut before text[i] would part a character from what belongs to it: a mark (combining or not: a Thai
+    vowel sign's combining class is 0), a joiner, a variation selector, the low half of a flag or a skin tone."""
     c = text[i]
-    return (unicodedata.combining(c) > 0 or c in "\u200c\u200d" or "\ufe00" <= c <= "\ufe0f" or "\U0001f3fb" <= c <= "\U0001f3ff"
+    return (unicodedata.category(c)[0] == "M" or c in "\u200c\u200d" or "\ufe00" <= c <= "\ufe0f" or "\U0001f3fb" <= c <= "\U0001f3ff"
             or ("\U0001f1e6" <= c <= "\U0001f1ff" and i > 0 and "\U0001f1e6" <= text[i - 1] <= "\U0001f1ff"))
 
 

@@ -4,6 +4,7 @@
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { Glossary, finished, translateTerms } from "./glossary.mjs";
+import { fitted, renumbered } from "./pieces.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
 async function fetchOk(url, as) {
@@ -138,12 +139,36 @@ window.tk = {
       if (later.includes(i) && letterless(i)) out[i] = finished(glossary, forms.get(i), [], forms.get(i).protected, i + 1);
     });
     const plain = texts.map((_, i) => i).filter((i) => (!forms.has(i) || later.includes(i)) && !letterless(i));
-    const inputs = plain.map((i) => (forms.has(i) ? forms.get(i).protected ?? forms.get(i).forced : texts[i]));
+    // A line longer than the model's positions is translated in pieces that fit (pieces.mjs, as textprep.fitted), each
+    // placeholder form's numbered from 0; the pieces' translations are joined.
+    const count = (text) => tokenizer.encode(text, languages).length, limit = model.max_len;
+    const lines = plain.map((i) => {
+      const form = forms.get(i), symbols = form !== undefined && form.protected !== null;
+      const { pieces, whole } = fitted(symbols ? form.protected : form?.forced ?? texts[i],
+        (p) => count(symbols ? renumbered(p, form.kept).text : p), limit);
+      return { whole, pieces: pieces.map((p) => (symbols ? renumbered(p, form.kept) : { text: p, spans: [] })) };
+    });
+    const inputs = lines.flatMap((l) => l.pieces.map((p) => p.text));
     const ids = await this.encode(inputs, languages), options = decodeOptions(model, rest);
     const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
-    plain.forEach((i, k) => {
-      const tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary), text = tokenizer.decode(tokens);
-      out[i] = forms.has(i) ? finished(glossary, forms.get(i), tokens, text, i + 1) : { text, tokens };
+    let k = 0;
+    plain.forEach((i, n) => {
+      const form = forms.get(i), { whole, pieces } = lines[n], notes = [], all = [], said = [];
+      pieces.forEach((piece, j) => {
+        const tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary), text = tokenizer.decode(tokens);
+        if (ids[k].length > limit) notes.push(`warning: line ${i + 1} has ${ids[k].length} tokens; truncated to the model's maximum of ${limit}`);
+        // A later piece is mid-sentence: it keeps capitals, but gets no capital first letter (textprep.prepare).
+        const own = { ...form, kept: piece.spans, fold: j === 0 || form?.fold === "upper" ? form?.fold : "" };
+        said.push(form?.protected != null ? finished(glossary, own, tokens, text, i + 1).text : text);
+        all.push(...tokens);
+        k += 1;
+      });
+      const text = said.join(" ");
+      out[i] = form === undefined ? { text, tokens: all } : form.protected !== null ? { text, tokens: all, glossary: "placeholders" }
+        : finished(glossary, form, all, text, i + 1);
+      if (whole) notes.unshift(`warning: line ${i + 1} has ${whole} tokens, more than the model's ${limit}; translated in ${pieces.length} pieces, cut between clauses or words`);
+      if (out[i].warning) notes.unshift(out[i].warning);
+      if (notes.length) out[i].warning = notes.join("; ");
     });
     return out;
   },
