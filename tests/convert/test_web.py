@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from toolkit.convert.web import SITE, write_tokenizer_json
-from toolkit.core import data
+from toolkit.core import data, placeholders
 from toolkit.core.batching import GUARDED, DecodeOptions, decode_ids
 from toolkit.core.decoding import pad_batch, word_end
-from toolkit.core.textprep import TextOptions, fitted
+from toolkit.core.textprep import TextOptions, clean, fitted, prepare, split_sentences
 from toolkit.core.tokenizer import BOS, Tokenizer
 from toolkit.core.variants import CATALOGUE
 from toolkit.deploy.translate import open_model, translate_batch
@@ -119,18 +119,26 @@ def test_the_page_ends_a_loop_guard_s_cut_on_the_word_python_ends_it_on():
     assert sum(w != c["tokens"] for w, c in zip(want, cases)) > 100  # most cuts do move
 
 
-# Fragments of over-long lines for the page's cutting (pieces.mjs): every kind of place to cut, and the places where
+# Fragments of over-long lines for the page's cutting (textprep.mjs): every kind of place to cut, and the places where
 # JavaScript's strings and regular expressions part from Python's (UTF-16 units, \\s, \\b, \\d, round()).
 FRAGMENTS = ["alpha", "Beta", "naïve", "and", "or", "whereas", "andy", "andé", "and_", ",", ";", ":", "，", "；", "、",
              "：", "我们在火车站", "กั", "e\u0301", "👍🏽", "🇫🇷", "👨\u200d👩\u200d👧", "𝐀𝐁", "⦅3⦆", "⦅12⦆", "⦅٣⦆", "⦅",
              "x\ufe0f", "1,5", ".", "!", "?", "。", "…", "»", "”", "3.14"]
 SEPARATORS = [" ", " ", " ", "", "\u3000", "\x1c", "\xa0", "\t", "\x85", "\ufeff"]
+# Lines whose sentences are hard to find: abbreviations, numbers, addresses, quotes, ellipses, no end at all.
+SENTENCES = ["Mr. Smith went to Washington. He arrived at 3 p.m. on Jan. 5th.", "It costs $3.14. Really?! Yes...",
+             "Visit https://example.com/a.b. Then write to me@x.org.", 'He said "Stop." Then he left.', "e.g. this one. i.e. that.",
+             "U.S.A. is big. The U.K. is not.", "Wait... what? No!!! Yes?!", "Dr. No. Mrs. Doe. St. Louis.", "«Bonjour.» Il est parti.",
+             "3. Third item. 4. Fourth.", "No end punctuation here", "Ça va ? Oui. Et toi ?", "one.two. three", "A.\u200b B.\u00ad C."]
 
 
 @pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
-def test_the_page_cuts_a_line_too_long_for_the_model_where_python_cuts_it(tmp_path):
-    """pieces.mjs's fitted against textprep.fitted on 600 random over-long lines, counted in code points and in the
-    shipped tokenizer's ids: the same pieces, cut for cut."""
+def test_the_page_cuts_lines_into_sentences_and_pieces_where_python_cuts_them(tmp_path, held_out):
+    """textprep.mjs against textprep.py: its sentences (cleaned, cut by sentencex's WebAssembly build) of 3,000 lines of
+    one to five held-out sentences, the awkward strings and lines hard to cut, the same as Python's; and its fitted, on
+    600 random over-long lines counted in code points and in the shipped tokenizer's ids, the same pieces, cut for cut."""
+    from toolkit.convert.web import SENTENCEX_DIST
+
     tokenizer = Tokenizer.load(SHIPPED / "tokenizer.model")
     write_tokenizer_json(SHIPPED / "tokenizer.model", tmp_path / "tokenizer.json")
     counts = {"chars": lambda t: len(t) + 1, "tokens": lambda t: len(tokenizer.encode([t])[0])}
@@ -140,14 +148,23 @@ def test_the_page_cuts_a_line_too_long_for_the_model_where_python_cuts_it(tmp_pa
         n = int(rng.integers(5, 160))
         text = "".join(FRAGMENTS[i] + SEPARATORS[j] for i, j in zip(rng.integers(0, len(FRAGMENTS), n), rng.integers(0, len(SEPARATORS), n)))
         cases.append({"text": text, "limit": int(rng.choice([8, 24, 64])), "count": "chars" if k % 2 else "tokens"})
-    want = [list(fitted(c["text"], counts[c["count"]], c["limit"])) for c in cases]
-    proc = subprocess.run([NODE, str(REPO / "tests" / "web_pieces.mjs"), str(SITE / "pieces.mjs"), str(SITE / "tokenizer.mjs"),
-                           str(tmp_path / "tokenizer.json")], input=json.dumps(cases), capture_output=True, text=True, timeout=120)
+    sides = [[en for en, _ in held_out], [fr for _, fr in held_out]]
+    lines = [" ".join(rng.choice(sides[k % 2], int(rng.integers(1, 6)))) for k in range(3000)] + AWKWARD + SENTENCES
+    want_fitted = [list(fitted(c["text"], counts[c["count"]], c["limit"])) for c in cases]
+    want_sentences = [split_sentences(clean(line)) if clean(line) else [] for line in lines]
+    proc = subprocess.run([NODE, str(REPO / "tests" / "web_textprep.mjs"), str(SITE / "textprep.mjs"), str(SITE / "tokenizer.mjs"),
+                           str(tmp_path / "tokenizer.json"), str(SENTENCEX_DIST)],
+                          input=json.dumps({"fitted": cases, "sentences": lines, "format": placeholders.FORMAT_RE.pattern}),
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    got = [[g["pieces"], g["whole"]] for g in json.loads(proc.stdout)]
-    wrong = [(c["text"], g, w) for c, g, w in zip(cases, got, want) if g != w]
+    got = json.loads(proc.stdout)
+    wrong = [(line, g, w) for line, g, w in zip(lines, got["sentences"], want_sentences) if g != w]
+    assert not wrong, f"{len(wrong)} of {len(lines)} lines split otherwise, e.g. {wrong[:2]}"
+    assert sum(len(w) > 2 for w in want_sentences) > 1000  # most lines hold several sentences
+    got_fitted = [[g["pieces"], g["whole"]] for g in got["fitted"]]
+    wrong = [(c["text"], g, w) for c, g, w in zip(cases, got_fitted, want_fitted) if g != w]
     assert not wrong, f"{len(wrong)} of {len(cases)} lines cut otherwise, e.g. {wrong[:2]}"
-    assert sum(len(w[0]) > 2 for w in want) > 300  # most lines are cut, many more than once
+    assert sum(len(w[0]) > 2 for w in want_fitted) > 300  # most lines are cut, many more than once
 
 
 @pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
@@ -269,12 +286,22 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
     cut = [n[0] for n in decode_ids(model.backend(), model.tokenizer.encode([RETRIED]), options(model.manifest))]
     retried = [n[0].text for n in translate_batch(model, RUNAWAY + [RETRIED], options(model.manifest), text=TextOptions(enabled=False))]
     assert cut[0].stopped == "loop" and len(retried[-1].split()) > 5 > len(model.tokenizer.decode([cut[0].tokens])[0].split())
-    # A line of sentences longer than the model's positions: cut after sentences' ends into pieces that fit
-    # (textprep.fitted), each translated as tk translate translates it, the translations joined.
-    long_line, limit = " ".join(english[:40]), model.manifest.max_len
-    pieces, whole = fitted(long_line, lambda t: len(model.tokenizer.encode([t])[0]), limit)
-    assert whole > 1.5 * limit and len(pieces) >= 3 and all(p[-1] in ".!?" for p in pieces)
-    in_pieces = " ".join(n[0].text for n in translate_batch(model, pieces, options(model.manifest), text=TextOptions(enabled=False)))
+    # A line of two sentences, the first longer than the model's positions: cut into its sentences, the long one into
+    # pieces that fit (textprep.prepare with the model's token count), each translated as tk translate translates it,
+    # the translations joined.
+    limit = model.manifest.max_len
+    long_line = ", ".join(e.rstrip(".!?") for e in english[:30]) + ". " + english[30]
+    segments = prepare(long_line, protect=False, tokens=lambda t: len(model.tokenizer.encode([t])[0]), limit=limit)
+    whole, pieces = max(s.cut_from for s in segments), sum(s.cut_from > 0 for s in segments)
+    assert whole > 1.5 * limit and pieces >= 3 and len(segments) == pieces + 1
+    in_pieces = " ".join(n[0].text for n in translate_batch(model, [s.text for s in segments], options(model.manifest),
+                                                             text=TextOptions(enabled=False)))
+    # Lines of three sentences each: translated sentence by sentence, as tk translate cuts them, not as one input.
+    multi = [" ".join(english[i:i + 3]) for i in range(0, 24, 3)]
+    by_sentence = [" ".join(n[0].text for n in translate_batch(model, [s.text for s in prepare(line, protect=False)], options(model.manifest),
+                                                               text=TextOptions(enabled=False))) for line in multi]
+    as_one = [n[0].text for n in translate_batch(model, multi, options(model.manifest), text=TextOptions(enabled=False))]
+    assert sum(a != b for a, b in zip(by_sentence, as_one)) >= 2
     with static_server(site) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
@@ -304,9 +331,10 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
             assert page.inner_text("#output").splitlines() == texts
             assert [o["text"] for o in page.evaluate("texts => tk.translate(texts)", RUNAWAY + [RETRIED])] == retried
             assert page.inner_text("#status").startswith("3 sentences in")
+            assert [o["text"] for o in page.evaluate("texts => tk.translate(texts)", multi)] == by_sentence
             got_long = page.evaluate("texts => tk.translate(texts)", [long_line, shown[0]])
             assert got_long[0]["text"] == in_pieces and "warning" not in got_long[1]
-            note = f"line 1 has {whole} tokens, more than the model's {limit}; translated in {len(pieces)} pieces"
+            note = f"line 1 has a sentence of {whole} tokens, more than the model's {limit}; translated in {pieces} pieces"
             assert note in got_long[0]["warning"]
             page.fill("#input", long_line)
             page.select_option("#beam", "1")

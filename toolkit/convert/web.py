@@ -3,8 +3,8 @@
 The site holds the model directory's fp32 graphs and their one weights file as they are, the
 int8 graphs (stored in the directory, or built from the fp32 ones as `--variant int8` does),
 the tokenizer as JSON (an imported model's as a tokenizer.json: toolkit.convert.web_tokenizer), the page and its
-JavaScript (toolkit/web/site), and onnxruntime-web's files (and, for an imported model, @huggingface/tokenizers') vendored
-from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with their licenses.
+JavaScript (toolkit/web/site), and onnxruntime-web's and sentencex's WebAssembly builds (and, for an imported model,
+@huggingface/tokenizers') vendored from toolkit/web/node_modules at the version toolkit/web/package-lock.json fixes, with their licenses.
 Any static file server serves it. Reads the exported directory only: torch-free.
 
 The page's files are package data of toolkit (the wheel carries toolkit/web: the site, package.json and
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from toolkit.convert.pipeline import NewDirectory, Writer
 from toolkit.convert.web_tokenizer import site_tokenizer, site_tokenizer_problem
-from toolkit.core import architectures
+from toolkit.core import architectures, placeholders
 from toolkit.core import manifest as manifest_mod
 from toolkit.core.batching import GUARDED
 from toolkit.core.errors import UsageError
@@ -42,6 +42,11 @@ ORT_FILES = tuple(f for build in ORT_BUILDS.values() for f in build)
 # site/tokenizer.mjs, sentencepiece's exact port.
 TOKENIZERS_DIST = Path(str(WEB)) / "node_modules" / "@huggingface" / "tokenizers"
 TOKENIZERS_FILES = {"tokenizers.min.mjs": "dist/tokenizers.min.mjs", "LICENSE-huggingface-tokenizers.txt": "LICENSE"}
+# sentencex's WebAssembly build (the Rust library tk's Python side splits sentences with, compiled): the page cuts a line
+# into sentences by the same rules (site/textprep.mjs).
+SENTENCEX_DIST = Path(str(WEB)) / "node_modules" / "sentencex-wasm"
+SENTENCEX_FILES = {"sentencex_wasm.js": "sentencex_wasm.js", "sentencex_wasm_bg.wasm": "sentencex_wasm_bg.wasm",
+                   "LICENSE-sentencex.txt": "LICENSE"}
 NPM_FIX = f"run `npm ci --prefix {WEB}` (the npm registry is needed once; the package-lock.json there fixes the version)"
 
 
@@ -52,6 +57,8 @@ def ort_web_version() -> str:
         raise UsageError(f"onnxruntime-web is not installed in {ORT_DIST.parents[1]}; {NPM_FIX}")
     if not all((TOKENIZERS_DIST / f).is_file() for f in TOKENIZERS_FILES.values()):
         raise UsageError(f"@huggingface/tokenizers is not installed in {ORT_DIST.parents[1]}; {NPM_FIX}")
+    if not all((SENTENCEX_DIST / f).is_file() for f in SENTENCEX_FILES.values()):
+        raise UsageError(f"sentencex-wasm is not installed in {ORT_DIST.parents[1]}; {NPM_FIX}")
     return json.loads(package.read_text(encoding="utf-8"))["version"]
 
 
@@ -104,6 +111,7 @@ def site_model(m: manifest_mod.Manifest) -> dict:
         "name": m.directory.name, "model": m.model, "max_len": m.max_len, "max_output_len": m.max_output_len,
         "variants": variants, "tokenizer": {"file": "tokenizer.json"}, "encoder": graphs["encoder"].spec,
         "decoder": graphs["decoder"].spec, "guards": GUARDED, "rules": m.rules().to_dict(), "languages": site_languages(m),
+        "format_characters": placeholders.FORMAT_RE.pattern,  # what textprep.clean removes (site/textprep.mjs)
     }
 
 
@@ -179,6 +187,8 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
     (tmp / "vendor" / "LICENSE-onnxruntime-web.txt").write_bytes((WEB / "LICENSE-onnxruntime-web.txt").read_bytes())
     for name, source in vendored_tokenizers(model).items():
         shutil.copyfile(TOKENIZERS_DIST / source, tmp / "vendor" / name)
+    for name, source in SENTENCEX_FILES.items():
+        shutil.copyfile(SENTENCEX_DIST / source, tmp / "vendor" / name)
     return model
 
 
@@ -280,6 +290,7 @@ def _verify(m: manifest_mod.Manifest, site: Path, model: dict) -> str | None:
             return f"the {variant} graphs are not all there at the size model.json gives"
     shipped = {f.name: f.read_bytes() for f in SITE.iterdir()} | {f"vendor/{f}": (ORT_DIST / f).read_bytes() for f in ORT_FILES}
     shipped |= {f"vendor/{name}": (TOKENIZERS_DIST / f).read_bytes() for name, f in vendored_tokenizers(model).items()}
+    shipped |= {f"vendor/{name}": (SENTENCEX_DIST / f).read_bytes() for name, f in SENTENCEX_FILES.items()}
     differ = sorted(name for name, data in shipped.items() if not (site / name).is_file() or (site / name).read_bytes() != data)
     if differ:
         return f"{differ[0]} is not the shipped file"
@@ -327,7 +338,8 @@ def downloads(site: Path, device: str = "wasm") -> dict[str, int]:
     and that variant's graphs."""
     model = json.loads((site / "model.json").read_text(encoding="utf-8"))
     tokenizer = model["tokenizer"]["file"] if isinstance(model["tokenizer"], dict) else model["tokenizer"]
-    vendored = [p for p in (site / "vendor").glob("*.*js") if p.name not in ORT_FILES]  # the tokenizer library, if any
+    # the sentence splitter, and the tokenizer library if any
+    vendored = [*(p for p in (site / "vendor").glob("*.*js") if p.name not in ORT_FILES), site / "vendor" / "sentencex_wasm_bg.wasm"]
     runtime = [site / "vendor" / f for f in ORT_BUILDS[device]]
     shared = sum(p.stat().st_size for p in [*site.glob("*.mjs"), site / "index.html", site / "model.json", site / tokenizer,
                                             *vendored, *runtime])

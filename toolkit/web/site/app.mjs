@@ -4,7 +4,7 @@
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { Glossary, finished, translateTerms } from "./glossary.mjs";
-import { fitted, renumbered } from "./pieces.mjs";
+import { fitted, renumbered, sentences } from "./textprep.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
 async function fetchOk(url, as) {
@@ -66,6 +66,11 @@ async function load() {
 }
 
 const loading = load();
+// sentencex's WebAssembly build, as tk's Python side splits sentences (its own 2 MiB, fetched beside the graphs).
+const splitting = import("./vendor/sentencex_wasm.js").then(async (sentencex) => {
+  await sentencex.default({ module_or_path: new URL("./vendor/sentencex_wasm_bg.wasm", import.meta.url) });
+  return sentencex.segment;
+});
 
 // The model's decoding rules for a target language (null: the export's): a multilingual model's target sets the
 // token it forces first, or its start token (model.json's languages.sets), as toolkit.core.tokenizers.choose_languages.
@@ -116,63 +121,84 @@ window.tk = {
     const { model, backend } = await loading;
     return decodeIds(backend, ids, decodeOptions(model, opts));
   },
-  // opts.glossary: source term -> target term, an object or the TSV text (a bad line is one Error in Python's words);
-  // a line holding terms has them put in as tk translate --glossary does (glossary.mjs), and says how in its `glossary`.
+  // Lines in, a translation of each out: each line cleaned and cut into its sentences as tk translate cuts it (sentencex,
+  // textprep.mjs), the sentences translated together and each line's joined with a space (textprep.join), with its
+  // sentences' warnings. opts.glossary: source term -> target term, an object or the TSV text (a bad line is one Error
+  // in Python's words); a sentence holding terms has them put in as tk translate --glossary does (glossary.mjs), and its
+  // line says how in its `glossary`.
   async translate(texts, opts = {}) {
-    const { tokenizer, model, backend, boundary } = await loading;
-    const { glossary: given, ...rest } = opts;
-    const glossary = await glossaryOf(given);
-    const forms = new Map();
-    if (glossary) texts.forEach((t, i) => { const f = glossary.prepare(t, i + 1); if (f) forms.set(i, f); });
-    const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
-    const out = new Array(texts.length);
-    const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages)
-      : { done: new Map(), later: [] };
-    done.forEach((o, i) => { out[i] = o; });
-    // The lines without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
-    // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments). As there, a
-    // sentence whose translation a guard cut is decoded again with a wider beam, and a loop guard's cut ends on a word.
-    // A placeholder form with no letter outside its placeholders (a term alone: "House") is its own translation, as in
-    // translate.decode_segments.
-    const letterless = (i) => forms.has(i) && (forms.get(i).protected ?? null) !== null && !/\p{L}/u.test(forms.get(i).protected.replace(/⦅\d+⦆/gu, ""));
-    texts.forEach((_, i) => {
-      if (later.includes(i) && letterless(i)) out[i] = finished(glossary, forms.get(i), [], forms.get(i).protected, i + 1);
+    const [{ model }, segment] = await Promise.all([loading, splitting]);
+    const format = new RegExp(model.format_characters, "gu");
+    const lines = [], said = [];
+    texts.forEach((t, i) => { for (const s of sentences(t, segment, format)) { said.push(s); lines.push(i + 1); } });
+    const done = await translateSentences(said, lines, opts);
+    return texts.map((_, i) => {
+      const mine = done.filter((_, k) => lines[k] === i + 1);
+      const line = { text: mine.map((o) => o.text).filter(Boolean).join(" "), tokens: mine.flatMap((o) => o.tokens) };
+      const ways = mine.map((o) => o.glossary).filter(Boolean), notes = [...new Set(mine.map((o) => o.warning).filter(Boolean))];
+      if (ways.length) line.glossary = ways.join(", ");
+      if (notes.length) line.warning = notes.join("; ");
+      return line;
     });
-    const plain = texts.map((_, i) => i).filter((i) => (!forms.has(i) || later.includes(i)) && !letterless(i));
-    // A line longer than the model's positions is translated in pieces that fit (pieces.mjs, as textprep.fitted), each
-    // placeholder form's numbered from 0; the pieces' translations are joined.
-    const count = (text) => tokenizer.encode(text, languages).length, limit = model.max_len;
-    const lines = plain.map((i) => {
-      const form = forms.get(i), symbols = form !== undefined && form.protected !== null;
-      const { pieces, whole } = fitted(symbols ? form.protected : form?.forced ?? texts[i],
-        (p) => count(symbols ? renumbered(p, form.kept).text : p), limit);
-      return { whole, pieces: pieces.map((p) => (symbols ? renumbered(p, form.kept) : { text: p, spans: [] })) };
-    });
-    const inputs = lines.flatMap((l) => l.pieces.map((p) => p.text));
-    const ids = await this.encode(inputs, languages), options = decodeOptions(model, rest);
-    const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
-    let k = 0;
-    plain.forEach((i, n) => {
-      const form = forms.get(i), { whole, pieces } = lines[n], notes = [], all = [], said = [];
-      pieces.forEach((piece, j) => {
-        const tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary), text = tokenizer.decode(tokens);
-        if (ids[k].length > limit) notes.push(`warning: line ${i + 1} has ${ids[k].length} tokens; truncated to the model's maximum of ${limit}`);
-        // A later piece is mid-sentence: it keeps capitals, but gets no capital first letter (textprep.prepare).
-        const own = { ...form, kept: piece.spans, fold: j === 0 || form?.fold === "upper" ? form?.fold : "" };
-        said.push(form?.protected != null ? finished(glossary, own, tokens, text, i + 1).text : text);
-        all.push(...tokens);
-        k += 1;
-      });
-      const text = said.join(" ");
-      out[i] = form === undefined ? { text, tokens: all } : form.protected !== null ? { text, tokens: all, glossary: "placeholders" }
-        : finished(glossary, form, all, text, i + 1);
-      if (whole) notes.unshift(`warning: line ${i + 1} has ${whole} tokens, more than the model's ${limit}; translated in ${pieces.length} pieces, cut between clauses or words`);
-      if (out[i].warning) notes.unshift(out[i].warning);
-      if (notes.length) out[i].warning = notes.join("; ");
-    });
-    return out;
   },
 };
+
+// Sentences in (`lines`: each one's line number, for the warnings), a translation of each out, as translate takes
+// them.
+async function translateSentences(texts, lines, opts) {
+  const { tokenizer, model, backend, boundary } = await loading;
+  const { glossary: given, ...rest } = opts;
+  const glossary = await glossaryOf(given);
+  const forms = new Map();
+  if (glossary) texts.forEach((t, i) => { const f = glossary.prepare(t, lines[i]); if (f) forms.set(i, f); });
+  const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
+  const out = new Array(texts.length);
+  const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages)
+    : { done: new Map(), later: [] };
+  done.forEach((o, i) => { out[i] = o; });
+  // The lines without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
+  // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments). As there, a
+  // sentence whose translation a guard cut is decoded again with a wider beam, and a loop guard's cut ends on a word.
+  // A placeholder form with no letter outside its placeholders (a term alone: "House") is its own translation, as in
+  // translate.decode_segments.
+  const letterless = (i) => forms.has(i) && (forms.get(i).protected ?? null) !== null && !/\p{L}/u.test(forms.get(i).protected.replace(/⦅\d+⦆/gu, ""));
+  texts.forEach((_, i) => {
+    if (later.includes(i) && letterless(i)) out[i] = finished(glossary, forms.get(i), [], forms.get(i).protected, lines[i]);
+  });
+  const plain = texts.map((_, i) => i).filter((i) => (!forms.has(i) || later.includes(i)) && !letterless(i));
+  // A sentence longer than the model's positions is translated in pieces that fit (textprep.mjs, as textprep.fitted),
+  // each placeholder form's numbered from 0; the pieces' translations are joined.
+  const count = (text) => tokenizer.encode(text, languages).length, limit = model.max_len;
+  const cuts = plain.map((i) => {
+    const form = forms.get(i), symbols = form !== undefined && form.protected !== null;
+    const { pieces, whole } = fitted(symbols ? form.protected : form?.forced ?? texts[i],
+      (p) => count(symbols ? renumbered(p, form.kept).text : p), limit);
+    return { whole, pieces: pieces.map((p) => (symbols ? renumbered(p, form.kept) : { text: p, spans: [] })) };
+  });
+  const inputs = cuts.flatMap((c) => c.pieces.map((p) => p.text));
+  const ids = inputs.map((t) => tokenizer.encode(t, languages)), options = decodeOptions(model, rest);
+  const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
+  let k = 0;
+  plain.forEach((i, n) => {
+    const form = forms.get(i), { whole, pieces } = cuts[n], notes = [], all = [], said = [];
+    pieces.forEach((piece, j) => {
+      const tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary), text = tokenizer.decode(tokens);
+      if (ids[k].length > limit) notes.push(`warning: line ${lines[i]} has a sentence of ${ids[k].length} tokens; truncated to the model's maximum of ${limit}`);
+      // A later piece is mid-sentence: it keeps capitals, but gets no capital first letter (textprep.prepare).
+      const own = { ...form, kept: piece.spans, fold: j === 0 || form?.fold === "upper" ? form?.fold : "" };
+      said.push(form?.protected != null ? finished(glossary, own, tokens, text, lines[i]).text : text);
+      all.push(...tokens);
+      k += 1;
+    });
+    const text = said.join(" ");
+    out[i] = form === undefined ? { text, tokens: all } : form.protected !== null ? { text, tokens: all, glossary: "placeholders" }
+      : finished(glossary, form, all, text, lines[i]);
+    if (whole) notes.unshift(`warning: line ${lines[i]} has a sentence of ${whole} tokens, more than the model's ${limit}; translated in ${pieces.length} pieces, cut between clauses or words`);
+    if (out[i].warning) notes.unshift(out[i].warning);
+    if (notes.length) out[i].warning = notes.join("; ");
+  });
+  return out;
+}
 
 // The page's glossary of an object or TSV text (null: none), or the one line why this model's page takes none.
 async function glossaryOf(given) {

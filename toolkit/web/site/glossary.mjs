@@ -17,8 +17,6 @@ const FRAGMENT = /⦅\d*|\d*⦆/g;
 const TAIL = /[\s.!?…:;»"')\]]*$/u;
 const CLOSING = { ")": "(", "]": "[", "}": "{" };
 const RUN_GAP = /^(?:[\s,;/&\-–—]*|\S*)$/u; // placeholders._RUN_GAP: what may stand between spans kept as one
-// A sentence end followed by more text: what sentencex may split (the page translates a line holding terms as one sentence).
-const SENTENCE_BREAK = /[.?!…]["'»)\]]*\s+\S/u;
 const fold = (s) => s.toUpperCase().toLowerCase(); // str.casefold's "ß" -> "ss" too
 const count = (items) => items.reduce((m, x) => m.set(x, (m.get(x) ?? 0) + 1), new Map());
 
@@ -188,14 +186,14 @@ export class Glossary {
   // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
   // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
   // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
-  // What the page does not port (sentence splitting, pieces) is refused in one line.
+  // `line` is one sentence (app.mjs cuts lines into sentences first, as textprep.prepare); what the page does not port
+  // (more spans than one model input holds) is refused in one line.
   prepare(line, lineno) {
     const text = this.clean(line);
     const spans = this.spans(text);
     const terms = this.find(text, spans);
     if (!terms.length) return null;
     const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
-    if (SENTENCE_BREAK.test(text)) refuse("more than one sentence (put each on a line of its own)");
     if (!this.spec.placeholders) {
       // textprep._as_written, and its text without the terms (Segment.without_terms).
       const without = terms.map(([start], k) => text.slice(k ? terms[k - 1][1] : 0, start)).join("") + text.slice(terms[terms.length - 1][1]);

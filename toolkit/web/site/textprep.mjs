@@ -1,6 +1,7 @@
-// A line too long for the model, cut into pieces that fit rather than truncated: toolkit.core.textprep.fitted, cut for
-// cut (the same places, counted in code points as Python counts a str's characters), and the placeholders of each piece
-// numbered from 0 as the model was trained (textprep._renumber).
+// A line as the model reads it, as toolkit/core/textprep.py makes it: cleaned (clean), cut into its sentences by
+// sentencex as in Python (sentences), a sentence too long for the model cut into pieces that fit rather than truncated
+// (fitted, cut for cut: the same places, counted in code points as Python counts a str's characters), and the
+// placeholders of each piece numbered from 0 as the model was trained (renumbered).
 
 // Python's str.isspace, which its \s and str.strip follow (JavaScript's \s differs: it takes U+FEFF, leaves U+001C-1F, U+0085).
 const SPACE = "\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
@@ -12,6 +13,8 @@ const CUT_AFTER = new RegExp(`[,;:，；：、](?=[${SPACE}]|$)|[，；：、]`,
 const CONJUNCTION = new RegExp(`[${SPACE}](?:and|or|but|nor|then|plus|while|whereas)(?![\\p{L}\\p{N}_])`, "giu");
 const SYMBOL = /⦅(\d+)⦆/gu;
 const ANY_SYMBOL = /⦅\p{Nd}+⦆/gu; // placeholders.SYMBOL_RE: Python's \d is any script's digit
+// textprep._CONTROL: C0 and C1 controls other than tab.
+const CONTROL = /[\x00-\x08\x0a-\x1f\x7f-\x9f]/gu;
 // textprep.PIECE_SHARE: a piece's translation, often longer than its source, must fit the same positions.
 export const PIECE_SHARE = 0.75;
 
@@ -104,4 +107,21 @@ export function renumbered(piece, spans) {
   const local = [];
   const text = piece.replace(SYMBOL, (_, i) => `⦅${local.push(spans[Number(i)]) - 1}⦆`);
   return { text, spans: local };
+}
+
+// textprep.clean: NFC, control characters and format characters (`format`: placeholders.FORMAT_RE's class, from
+// model.json) removed, runs of whitespace collapsed.
+export function clean(line, format) {
+  let text = line.normalize("NFC");
+  if (text.search(CONTROL) >= 0 || text.search(format) >= 0) text = text.replace(CONTROL, " ").replace(format, "").normalize("NFC");
+  return text.split(new RegExp(`[${SPACE}]+`, "u")).filter(Boolean).join(" ");
+}
+
+// textprep.prepare's sentences of a line ([] for an empty one): the cleaned line cut by sentencex's `segment` (its
+// English rules, as textprep.split_sentences), each stripped; the line itself where sentencex finds none.
+export function sentences(line, segment, format) {
+  const text = clean(line, format);
+  if (!text) return [];
+  const found = segment("en", text).map((s) => strip([...s]).join("")).filter(Boolean);
+  return found.length ? found : [text];
 }
