@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from toolkit.convert.web import SITE, write_tokenizer_json
-from toolkit.core import data, placeholders
+from toolkit.core import data
 from toolkit.core.batching import GUARDED, DecodeOptions, decode_ids
 from toolkit.core.decoding import pad_batch, word_end
-from toolkit.core.textprep import TextOptions, clean, fitted, prepare, split_sentences
+from toolkit.core.textprep import TextOptions, clean, fitted, prepare, split_sentences, unspelled
 from toolkit.core.tokenizer import BOS, Tokenizer
 from toolkit.core.variants import CATALOGUE
 from toolkit.deploy.translate import open_model, translate_batch
@@ -135,9 +135,12 @@ SENTENCES = ["Mr. Smith went to Washington. He arrived at 3 p.m. on Jan. 5th.", 
 @pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
 def test_the_page_cuts_lines_into_sentences_and_pieces_where_python_cuts_them(tmp_path, held_out):
     """textprep.mjs against textprep.py: its sentences (cleaned, cut by sentencex's WebAssembly build) of 3,000 lines of
-    one to five held-out sentences, the awkward strings and lines hard to cut, the same as Python's; and its fitted, on
-    600 random over-long lines counted in code points and in the shipped tokenizer's ids, the same pieces, cut for cut."""
-    from toolkit.convert.web import SENTENCEX_DIST
+    one to five held-out sentences, the awkward strings and lines hard to cut, the same as Python's; its model inputs
+    (spans protected, capitals folded, cut by their spans and to fit) of 800 of those lines strewn with numbers, URLs,
+    e-mail addresses and emoji, in capitals or Title Case, the same as textprep.prepare's; and its fitted, on 600 random
+    over-long lines counted in code points and in the shipped tokenizer's ids, the same pieces, cut for cut."""
+    from toolkit.convert.web import SENTENCEX_DIST, site_text
+    from toolkit.core import manifest
 
     tokenizer = Tokenizer.load(SHIPPED / "tokenizer.model")
     write_tokenizer_json(SHIPPED / "tokenizer.model", tmp_path / "tokenizer.json")
@@ -152,15 +155,27 @@ def test_the_page_cuts_lines_into_sentences_and_pieces_where_python_cuts_them(tm
     lines = [" ".join(rng.choice(sides[k % 2], int(rng.integers(1, 6)))) for k in range(3000)] + AWKWARD + SENTENCES
     want_fitted = [list(fitted(c["text"], counts[c["count"]], c["limit"])) for c in cases]
     want_sentences = [split_sentences(clean(line)) if clean(line) else [] for line in lines]
+    # Lines of spans and cases: numbers (runs of them, more than one input holds), URLs, e-mail addresses, emoji, capitals.
+    extra = ["3", "555 0199", "https://example.com/a.", "tom@example.com", "👍", "👨\u200d👩\u200d👧", "HOME", "Station", "1,5", "2019"]
+    prepared = [" ".join(str(rng.choice(extra)) if rng.random() < 0.3 else str(w) for w in line.split()) for line in lines[:800]]
+    prepared = [line.upper() if k % 7 == 0 else line.title() if k % 7 == 1 else line for k, line in enumerate(prepared)] + SENTENCES
+    text = site_text(manifest.load(SHIPPED))
+    alphabet = tokenizer.alphabet
+    want_prepared = [[[s.text, s.spans, s.case, s.cut_from] for s in prepare(line, unspelled(line, alphabet), tokens=counts["tokens"], limit=64)]
+                     for line in prepared]
     proc = subprocess.run([NODE, str(REPO / "tests" / "web_textprep.mjs"), str(SITE / "textprep.mjs"), str(SITE / "tokenizer.mjs"),
                            str(tmp_path / "tokenizer.json"), str(SENTENCEX_DIST)],
-                          input=json.dumps({"fitted": cases, "sentences": lines, "format": placeholders.FORMAT_RE.pattern}),
+                          input=json.dumps({"fitted": cases, "sentences": lines, "prepared": prepared, "text": text, "limit": 64}),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     wrong = [(line, g, w) for line, g, w in zip(lines, got["sentences"], want_sentences) if g != w]
     assert not wrong, f"{len(wrong)} of {len(lines)} lines split otherwise, e.g. {wrong[:2]}"
     assert sum(len(w) > 2 for w in want_sentences) > 1000  # most lines hold several sentences
+    got_prepared = [[[i["text"], i["spans"], i["fold"], i["whole"]] for i in g] for g in got["prepared"]]
+    wrong = [(line, g, w) for line, g, w in zip(prepared, got_prepared, want_prepared) if g != w]
+    assert not wrong, f"{len(wrong)} of {len(prepared)} lines prepared otherwise, e.g. {wrong[:2]}"
+    assert sum(len(s[1]) > 0 for w in want_prepared for s in w) > 500 and sum(s[2] == "upper" for w in want_prepared for s in w) > 100
     got_fitted = [[g["pieces"], g["whole"]] for g in got["fitted"]]
     wrong = [(c["text"], g, w) for c, g, w in zip(cases, got_fitted, want_fitted) if g != w]
     assert not wrong, f"{len(wrong)} of {len(cases)} lines cut otherwise, e.g. {wrong[:2]}"
@@ -281,25 +296,24 @@ def test_the_site_translates_held_out_sentences_in_chromium_with_onnx_runtime_s_
     tight = [n[0].tokens for n in decode_ids(model.backend(), ids[:16], options(model.manifest, max_len_a=0.4, max_len_b=1))]
     assert sum(len(t) < len(g.tokens) for t, g in zip(tight, greedy[:16])) >= 8
     shown = english[:3]
-    texts = [n[0].text for n in translate_batch(model, shown, options(model.manifest, beam=4), text=TextOptions(enabled=False))]
+    # What tk translate makes of lines (textprep: sentences, spans, capitals; then the decode): the page's text.
+    tk_translate = lambda lines, **kw: [n[0].text for n in translate_batch(model, lines, options(model.manifest, **kw), text=TextOptions())]  # noqa: E731
+    texts = tk_translate(shown, beam=4)
     # What tk translate makes of guarded sentences: the greedy cut decoded again at beam 4, a loop's cut ended on a word.
     cut = [n[0] for n in decode_ids(model.backend(), model.tokenizer.encode([RETRIED]), options(model.manifest))]
-    retried = [n[0].text for n in translate_batch(model, RUNAWAY + [RETRIED], options(model.manifest), text=TextOptions(enabled=False))]
+    retried = tk_translate(RUNAWAY + [RETRIED])
     assert cut[0].stopped == "loop" and len(retried[-1].split()) > 5 > len(model.tokenizer.decode([cut[0].tokens])[0].split())
     # A line of two sentences, the first longer than the model's positions: cut into its sentences, the long one into
-    # pieces that fit (textprep.prepare with the model's token count), each translated as tk translate translates it,
-    # the translations joined.
+    # pieces that fit (textprep.prepare with the model's token count), the translations joined.
     limit = model.manifest.max_len
     long_line = ", ".join(e.rstrip(".!?") for e in english[:30]) + ". " + english[30]
-    segments = prepare(long_line, protect=False, tokens=lambda t: len(model.tokenizer.encode([t])[0]), limit=limit)
+    segments = prepare(long_line, tokens=lambda t: len(model.tokenizer.encode([t])[0]), limit=limit)
     whole, pieces = max(s.cut_from for s in segments), sum(s.cut_from > 0 for s in segments)
     assert whole > 1.5 * limit and pieces >= 3 and len(segments) == pieces + 1
-    in_pieces = " ".join(n[0].text for n in translate_batch(model, [s.text for s in segments], options(model.manifest),
-                                                             text=TextOptions(enabled=False)))
+    in_pieces = tk_translate([long_line])[0]
     # Lines of three sentences each: translated sentence by sentence, as tk translate cuts them, not as one input.
     multi = [" ".join(english[i:i + 3]) for i in range(0, 24, 3)]
-    by_sentence = [" ".join(n[0].text for n in translate_batch(model, [s.text for s in prepare(line, protect=False)], options(model.manifest),
-                                                               text=TextOptions(enabled=False))) for line in multi]
+    by_sentence = tk_translate(multi)
     as_one = [n[0].text for n in translate_batch(model, multi, options(model.manifest), text=TextOptions(enabled=False))]
     assert sum(a != b for a, b in zip(by_sentence, as_one)) >= 2
     with static_server(site) as url, sync_playwright() as p:

@@ -111,7 +111,6 @@ def site_model(m: manifest_mod.Manifest) -> dict:
         "name": m.directory.name, "model": m.model, "max_len": m.max_len, "max_output_len": m.max_output_len,
         "variants": variants, "tokenizer": {"file": "tokenizer.json"}, "encoder": graphs["encoder"].spec,
         "decoder": graphs["decoder"].spec, "guards": GUARDED, "rules": m.rules().to_dict(), "languages": site_languages(m),
-        "format_characters": placeholders.FORMAT_RE.pattern,  # what textprep.clean removes (site/textprep.mjs)
     }
 
 
@@ -174,6 +173,7 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
                 _write_graph(m, graph, variant, tmp / name)
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
     model["tokenizer"] = write_site_tokenizer(m, tmp / model["tokenizer"]["file"])
+    model["text"] = site_text(m)
     model["glossary"] = site_glossary(m)
     model["words"] = site_words(m)
     model["retry"] = site_retry()
@@ -190,6 +190,20 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
     for name, source in SENTENCEX_FILES.items():
         shutil.copyfile(SENTENCEX_DIST / source, tmp / "vendor" / name)
     return model
+
+
+def site_text(m: manifest_mod.Manifest) -> dict:
+    """What the page's text preparation (site/textprep.mjs) takes from Python rather than spelling it twice: whether the
+    model was trained on tk's placeholders (then a sentence's numbers, URLs, e-mail addresses and words the tokenizer does
+    not spell are protected, and its capitals folded, as textprep.prepare does), the patterns of textprep.clean and
+    placeholders.all_spans, PER_INPUT, and textprep.unspelled's alphabet and surrounding punctuation."""
+    from toolkit.core import textprep
+    from toolkit.core.tokenizers import open_tokenizer
+
+    alphabet = open_tokenizer(m).alphabet
+    return {"placeholders": m.declared().placeholders, "per_input": placeholders.PER_INPUT, "format": placeholders.FORMAT_RE.pattern,
+            "spans": _js_pattern(placeholders.SPAN_RE.pattern), "unspaced": placeholders._UNSPACED.pattern,
+            "alphabet": "".join(sorted(alphabet)) if alphabet is not None else None, "around": textprep.AROUND}
 
 
 def site_glossary(m: manifest_mod.Manifest) -> dict:

@@ -4,7 +4,7 @@
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { Glossary, finished, translateTerms } from "./glossary.mjs";
-import { fitted, renumbered, sentences } from "./textprep.mjs";
+import { caseOf, clean, finish, fitted, modelInputs, protect, splitSentences, unprotected, unspelledWords } from "./textprep.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
 async function fetchOk(url, as) {
@@ -128,9 +128,18 @@ window.tk = {
   // line says how in its `glossary`.
   async translate(texts, opts = {}) {
     const [{ model }, segment] = await Promise.all([loading, splitting]);
-    const format = new RegExp(model.format_characters, "gu");
+    const spec = model.text, format = new RegExp(spec.format, "gu");
     const lines = [], said = [];
-    texts.forEach((t, i) => { for (const s of sentences(t, segment, format)) { said.push(s); lines.push(i + 1); } });
+    texts.forEach((t, i) => {
+      // A model trained on tk's placeholders copies the words it does not spell as they are (textprep.unspelled), and
+      // each line's spans are protected before it is cut into sentences: a period inside an address is no sentence end.
+      const keep = spec.placeholders ? unspelledWords(t, spec) : [], text = clean(t, format, keep);
+      const line = spec.placeholders ? protect(text, keep, spec) : { text, spans: [] };
+      for (const s of text ? splitSentences(line.text, segment) : []) {
+        said.push({ text: s, spans: line.spans, written: unprotected(s, line.spans) });
+        lines.push(i + 1);
+      }
+    });
     const done = await translateSentences(said, lines, opts);
     return texts.map((_, i) => {
       const mine = done.filter((_, k) => lines[k] === i + 1);
@@ -143,57 +152,62 @@ window.tk = {
   },
 };
 
-// Sentences in (`lines`: each one's line number, for the warnings), a translation of each out, as translate takes
-// them.
-async function translateSentences(texts, lines, opts) {
+// Sentences in, a translation of each out, as translate takes them: each sentence's `text` (protected for a model
+// trained on tk's placeholders), its line's `spans` and its `written` form (spans back: where glossary terms are found);
+// `lines`: each one's line number, for the warnings.
+async function translateSentences(sentences, lines, opts) {
   const { tokenizer, model, backend, boundary } = await loading;
   const { glossary: given, ...rest } = opts;
   const glossary = await glossaryOf(given);
   const forms = new Map();
-  if (glossary) texts.forEach((t, i) => { const f = glossary.prepare(t, lines[i]); if (f) forms.set(i, f); });
+  if (glossary) sentences.forEach((s, i) => { const f = glossary.prepare(s.written, lines[i]); if (f) forms.set(i, f); });
   const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
-  const out = new Array(texts.length);
+  const out = new Array(sentences.length);
   const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages)
     : { done: new Map(), later: [] };
   done.forEach((o, i) => { out[i] = o; });
-  // The lines without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
+  // The sentences without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
   // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments). As there, a
   // sentence whose translation a guard cut is decoded again with a wider beam, and a loop guard's cut ends on a word.
-  // A placeholder form with no letter outside its placeholders (a term alone: "House") is its own translation, as in
-  // translate.decode_segments.
-  const letterless = (i) => forms.has(i) && (forms.get(i).protected ?? null) !== null && !/\p{L}/u.test(forms.get(i).protected.replace(/⦅\d+⦆/gu, ""));
-  texts.forEach((_, i) => {
-    if (later.includes(i) && letterless(i)) out[i] = finished(glossary, forms.get(i), [], forms.get(i).protected, lines[i]);
-  });
-  const plain = texts.map((_, i) => i).filter((i) => (!forms.has(i) || later.includes(i)) && !letterless(i));
-  // A sentence longer than the model's positions is translated in pieces that fit (textprep.mjs, as textprep.fitted),
-  // each placeholder form's numbered from 0; the pieces' translations are joined.
-  const count = (text) => tokenizer.encode(text, languages).length, limit = model.max_len;
+  // A sentence without terms is protected as textprep.prepare protects it for a model trained on tk's placeholders
+  // (textprep.mjs protect: its numbers, URLs, e-mail addresses and words the model does not spell copied, its capitals
+  // folded); each sentence is cut into model inputs that hold at most per_input symbols and fit the model's positions
+  // (modelInputs), translated, and joined. An input with no letter outside its placeholders ("2019", "👍", a term
+  // alone) is its own translation, as in translate.decode_segments.
+  const spec = model.text, count = (text) => tokenizer.encode(text, languages).length, limit = model.max_len;
+  const plain = sentences.map((_, i) => i).filter((i) => !forms.has(i) || later.includes(i));
   const cuts = plain.map((i) => {
-    const form = forms.get(i), symbols = form !== undefined && form.protected !== null;
-    const { pieces, whole } = fitted(symbols ? form.protected : form?.forced ?? texts[i],
-      (p) => count(symbols ? renumbered(p, form.kept).text : p), limit);
-    return { whole, pieces: pieces.map((p) => (symbols ? renumbered(p, form.kept) : { text: p, spans: [] })) };
+    const form = forms.get(i);
+    if (form?.protected != null) return modelInputs(form.protected, form.kept, form.fold, count, limit, spec.per_input);
+    if (form === undefined && spec.placeholders) {
+      return modelInputs(sentences[i].text, sentences[i].spans, caseOf(sentences[i].text), count, limit, spec.per_input);
+    }
+    const { pieces, whole } = fitted(form?.forced ?? sentences[i].text, count, limit);
+    return { whole, inputs: pieces.map((p) => ({ text: p, spans: [], fold: "" })) };
   });
-  const inputs = cuts.flatMap((c) => c.pieces.map((p) => p.text));
+  const copied = (input) => input.spans.length > 0 && !/\p{L}/u.test(input.text.replace(/⦅\d+⦆/gu, ""));
+  const inputs = cuts.flatMap((c) => c.inputs).filter((input) => !copied(input)).map((input) => input.text);
   const ids = inputs.map((t) => tokenizer.encode(t, languages)), options = decodeOptions(model, rest);
   const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
   let k = 0;
   plain.forEach((i, n) => {
-    const form = forms.get(i), { whole, pieces } = cuts[n], notes = [], all = [], said = [];
-    pieces.forEach((piece, j) => {
-      const tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary), text = tokenizer.decode(tokens);
-      if (ids[k].length > limit) notes.push(`warning: line ${lines[i]} has a sentence of ${ids[k].length} tokens; truncated to the model's maximum of ${limit}`);
-      // A later piece is mid-sentence: it keeps capitals, but gets no capital first letter (textprep.prepare).
-      const own = { ...form, kept: piece.spans, fold: j === 0 || form?.fold === "upper" ? form?.fold : "" };
-      said.push(form?.protected != null ? finished(glossary, own, tokens, text, lines[i]).text : text);
+    const form = forms.get(i), symbols = form === undefined ? spec.placeholders : form.protected !== null;
+    const { whole, inputs: mine } = cuts[n], notes = [], all = [], said = [];
+    for (const input of mine) {
+      let tokens = [], text = input.text;
+      if (!copied(input)) {
+        tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary);
+        text = tokenizer.decode(tokens);
+        if (ids[k].length > limit) notes.push(`warning: line ${lines[i]} has a sentence of ${ids[k].length} tokens; truncated to the model's maximum of ${limit}`);
+        k += 1;
+      }
+      said.push(symbols ? finish(input.fold, text, input.spans) : text);
       all.push(...tokens);
-      k += 1;
-    });
+    }
     const text = said.join(" ");
     out[i] = form === undefined ? { text, tokens: all } : form.protected !== null ? { text, tokens: all, glossary: "placeholders" }
       : finished(glossary, form, all, text, lines[i]);
-    if (whole) notes.unshift(`warning: line ${lines[i]} has a sentence of ${whole} tokens, more than the model's ${limit}; translated in ${pieces.length} pieces, cut between clauses or words`);
+    if (whole) notes.unshift(`warning: line ${lines[i]} has a sentence of ${whole} tokens, more than the model's ${limit}; translated in ${mine.length} pieces, cut between clauses or words`);
     if (out[i].warning) notes.unshift(out[i].warning);
     if (notes.length) out[i].warning = notes.join("; ");
   });

@@ -6,17 +6,16 @@
 
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
+import { finish, isAllCaps, isTitleCase, spanOffsets, unspelled } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
 const CONTROL = /[\x00-\x1f\x7f-\x9f]/u;
 const LINE_CONTROL = /[\x00-\x08\x0a-\x1f\x7f-\x9f]/gu; // textprep._CONTROL: tabs stay
 const ALNUM = /^[\p{L}\p{N}_]$/u;
-const SYMBOL = /⦅(\d+)⦆/;
-const FRAGMENT = /⦅\d*|\d*⦆/g;
-const TAIL = /[\s.!?…:;»"')\]]*$/u;
-const CLOSING = { ")": "(", "]": "[", "}": "{" };
 const RUN_GAP = /^(?:[\s,;/&\-–—]*|\S*)$/u; // placeholders._RUN_GAP: what may stand between spans kept as one
+// Python's " ".join(text.split()) on a cleaned text (whose only whitespace is single spaces).
+const words = (text) => text.split(" ").filter(Boolean).join(" ");
 const fold = (s) => s.toUpperCase().toLowerCase(); // str.casefold's "ß" -> "ss" too
 const count = (items) => items.reduce((m, x) => m.set(x, (m.get(x) ?? 0) + 1), new Map());
 
@@ -117,18 +116,7 @@ export class Glossary {
 
   // placeholders.all_spans without --keep terms: [start, end] of each number, URL, e-mail address and typed placeholder.
   spans(text) {
-    return [...text.matchAll(this.spanPattern)].map((m) => {
-      let end = m.index + m[0].length;
-      if (m.groups.url) { // placeholders.url_end: closing punctuation is the sentence's, and an unbalanced bracket
-        const start = m.index, n = (c) => [...text.slice(start, end)].filter((x) => x === c).length;
-        while (end - start > 1 && ".,;:!?'\")]}".includes(text[end - 1])) {
-          const opener = CLOSING[text[end - 1]];
-          if (opener && n(opener) >= n(text[end - 1])) break;
-          end--;
-        }
-      }
-      return [m.index, end];
-    });
+    return spanOffsets(text, this.spanPattern);
   }
 
   // Glossary.find: [start, end, target, source as written] of each occurrence, left to right, the longest of overlapping
@@ -238,50 +226,6 @@ export class Glossary {
   }
 }
 
-// textprep.unspelled: whether a word holds a character the model's tokenizer does not spell (spec.alphabet), the
-// punctuation around it (spec.around) aside; control and format characters, spaces and combining marks count for none.
-function unspelled(word, spec) {
-  const around = new Set(spec.around);
-  const chars = [...word];
-  let start = 0, end = chars.length;
-  while (start < end && around.has(chars[start])) start++;
-  while (end > start && around.has(chars[end - 1])) end--;
-  const alphabet = spec.alphabetSet ?? (spec.alphabetSet = new Set(spec.alphabet));
-  return chars.slice(start, end).some((c) => !alphabet.has(c) && !/[\p{C}\p{Z}\p{M}]/u.test(c));
-}
-
-// Python's " ".join(text.split()) on a cleaned text (whose only whitespace is single spaces).
-const words = (text) => text.split(" ").filter(Boolean).join(" ");
-
-// textprep.is_all_caps, is_title_case: by the Unicode properties Python's str.isupper, islower and isalpha read.
-const isAlpha = (c) => /\p{L}/u.test(c), isLower = (c) => /\p{Lowercase}/u.test(c), isUpper = (c) => /\p{Uppercase}/u.test(c);
-const cased = (c) => isUpper(c) || isLower(c) || c.toLowerCase() !== c.toUpperCase();
-
-function isAllCaps(text) {
-  const chars = [...text];
-  if (chars.some((c) => isLower(c) && isAlpha(c))) return false;
-  let upper = 0;
-  for (const c of chars) {
-    if (isUpper(c)) upper += isAlpha(c);
-    else if (isAlpha(c) && cased(c)) return false;
-  }
-  return upper >= 3;
-}
-
-function isTitleCase(text) {
-  const split = text.split(/\s+/u).filter(Boolean);
-  if (split.length < 3 || split.some((w) => isLower([...w][0]) && isAlpha([...w][0]))) return false;
-  const firsts = split.map((w) => [...w].find((c) => isAlpha(c) && cased(c))).filter(Boolean);
-  return firsts.length >= 3 && firsts.every(isUpper) && !isAllCaps(text);
-}
-
-// textprep.finish: a model input's translation with its case given back and its spans restored.
-function finish(fold, text, spans) {
-  if (fold === "upper") text = text.toUpperCase();
-  else if (fold === "title") text = text.slice(0, 1).toUpperCase() + text.slice(1);
-  return restore(text, spans);
-}
-
 // glossary.tacked_on: every word of the model's own translation is still there besides the targets.
 export function tackedOn(text, own, targets) {
   const rest = count(fold(text).match(WORDS) ?? []);
@@ -297,28 +241,6 @@ export function finished(glossary, form, tokens, text, lineno) {
   const terms = [...new Set(form.targets)].map(repr).join(", ");
   return { text, tokens, glossary: "missed", warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
     + "translation (this model was not trained on tk's placeholders, which would put them back); its output is the model's own translation without them" };
-}
-
-// placeholders.restore: each span back exactly once, whatever the model did with its symbol.
-function restore(text, spans) {
-  if (!spans.length && !text.includes("⦅") && !text.includes("⦆")) return text;
-  const parts = text.split(new RegExp(SYMBOL.source, "g"));
-  const words = parts.filter((_, i) => i % 2 === 0).map((w) => w.replace(FRAGMENT, " "));
-  const given = [], wrong = [];
-  parts.filter((_, i) => i % 2 === 1).map(Number).forEach((i, k) => {
-    const fresh = i < spans.length && !given.includes(i);
-    given.push(fresh ? i : null);
-    if (!fresh) wrong.push(k);
-  });
-  const missing = spans.map((_, i) => i).filter((i) => !given.includes(i));
-  for (const k of wrong) if (missing.length) given[k] = missing.shift();
-  if (missing.length) {
-    const w = words[words.length - 1], tail = w.search(TAIL);
-    words[words.length - 1] = `${w.slice(0, tail)} ${missing.map((i) => spans[i]).join(" ")}${w.slice(tail)}`;
-  }
-  let out = words[0];
-  given.forEach((i, k) => { out += (i !== null ? spans[i] : "") + words[k + 1]; });
-  return out.split(/\s+/u).filter(Boolean).join(" ");
 }
 
 // DecodingRules.normalized

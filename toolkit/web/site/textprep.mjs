@@ -15,6 +15,9 @@ const SYMBOL = /⦅(\d+)⦆/gu;
 const ANY_SYMBOL = /⦅\p{Nd}+⦆/gu; // placeholders.SYMBOL_RE: Python's \d is any script's digit
 // textprep._CONTROL: C0 and C1 controls other than tab.
 const CONTROL = /[\x00-\x08\x0a-\x1f\x7f-\x9f]/gu;
+const FRAGMENT = /⦅\d*|\d*⦆/g;
+const TAIL = /[\s.!?…:;»"')\]]*$/u;
+const CLOSING = { ")": "(", "]": "[", "}": "{" };
 // textprep.PIECE_SHARE: a piece's translation, often longer than its source, must fit the same positions.
 export const PIECE_SHARE = 0.75;
 
@@ -110,18 +113,237 @@ export function renumbered(piece, spans) {
 }
 
 // textprep.clean: NFC, control characters and format characters (`format`: placeholders.FORMAT_RE's class, from
-// model.json) removed, runs of whitespace collapsed.
-export function clean(line, format) {
+// model.json) removed, except a format character inside a `keep` term (an emoji's joiners), runs of whitespace collapsed.
+export function clean(line, format, keep = []) {
   let text = line.normalize("NFC");
-  if (text.search(CONTROL) >= 0 || text.search(format) >= 0) text = text.replace(CONTROL, " ").replace(format, "").normalize("NFC");
+  if (text.search(CONTROL) >= 0 || text.search(format) >= 0) {
+    text = text.replace(CONTROL, " ");
+    if (text.search(format) >= 0) text = stripFormat(text, format, keep).normalize("NFC");
+  }
   return text.split(new RegExp(`[${SPACE}]+`, "u")).filter(Boolean).join(" ");
 }
 
-// textprep.prepare's sentences of a line ([] for an empty one): the cleaned line cut by sentencex's `segment` (its
-// English rules, as textprep.split_sentences), each stripped; the line itself where sentencex finds none.
-export function sentences(line, segment, format) {
-  const text = clean(line, format);
-  if (!text) return [];
-  const found = segment("en", text).map((s) => strip([...s]).join("")).filter(Boolean);
-  return found.length ? found : [text];
+// textprep._strip_format: format characters removed, except inside occurrences of the kept terms.
+function stripFormat(text, format, keep) {
+  const kept = termPatterns(keep, format).flatMap((p) => [...text.matchAll(p)].map((m) => [m.index, m.index + m[0].length]));
+  let out = "", last = 0;
+  for (const [start, end] of kept.sort((a, b) => a[0] - b[0] || a[1] - b[1])) {
+    if (start >= last) { out += text.slice(last, start).replace(format, "") + text.slice(start, end); last = end; }
+  }
+  return out + text.slice(last).replace(format, "");
 }
+
+// placeholders.term_patterns: each kept term as written (NFC) and without its format characters, any run of
+// whitespace where it has one.
+function termPatterns(keep, format) {
+  const forms = new Set();
+  for (const term of keep) {
+    const words = term.normalize("NFC").split(new RegExp(`[${SPACE}]+`, "u")).filter(Boolean).join(" ");
+    forms.add(words);
+    forms.add(words.replace(format, "").split(new RegExp(`[${SPACE}]+`, "u")).filter(Boolean).join(" "));
+  }
+  const escape = (w) => w.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&"); // the characters a "u" pattern may escape
+  return [...forms].filter(Boolean).map((f) => new RegExp(f.split(" ").map(escape).join(`[${SPACE}]+`), "gu"));
+}
+
+// textprep.split_sentences: a cleaned (or protected) text's sentences, cut by sentencex's `segment` (its English
+// rules), each stripped; the text itself where sentencex finds none.
+export function splitSentences(text, segment) {
+  const found = segment("en", text).map((s) => strip([...s]).join("")).filter(Boolean);
+  return found.length ? found : text ? [text] : [];
+}
+
+// textprep.unspelled: the words of a line holding a character the model's tokenizer does not spell (spec.alphabet),
+// without the punctuation around them (spec.around): kept as they are, as tk translate keeps them.
+const PLAIN = /^[A-Za-z0-9 .,;:!?'"()\-]*$/;
+export function unspelledWords(line, spec) {
+  if (spec.alphabet === null || PLAIN.test(line)) return [];
+  const alphabet = spec.alphabetSet ?? (spec.alphabetSet = new Set(spec.alphabet)), around = new Set(spec.around);
+  if ([...line].every((c) => alphabet.has(c))) return [];
+  const out = [];
+  for (const word of line.split(new RegExp(`[${SPACE}]+`, "u")).filter(Boolean)) {
+    if (!unspelled(word, spec)) continue;
+    const chars = [...word];
+    let a = 0, b = chars.length;
+    while (a < b && around.has(chars[a])) a++;
+    while (b > a && around.has(chars[b - 1])) b--;
+    out.push(chars.slice(a, b).join(""));
+  }
+  return [...new Set(out)];
+}
+
+// The character before `i` and the one at it, whole where they lie outside the Basic Multilingual Plane.
+const before = (text, i) => String.fromCodePoint(text.codePointAt(i >= 2 && /[\udc00-\udfff]/.test(text[i - 1]) ? i - 2 : i - 1));
+const at = (text, i) => String.fromCodePoint(text.codePointAt(i));
+
+// placeholders.whole_word: not glued to a letter or digit on either side (in a script written with spaces).
+function wholeWord(text, start, end, unspaced) {
+  const glued = (a, b) => /^[\p{L}\p{N}_]$/u.test(a) && /^[\p{L}\p{N}_]$/u.test(b) && !unspaced.test(a) && !unspaced.test(b);
+  return !(start > 0 && glued(before(text, start), at(text, start))) && !(end < text.length && glued(before(text, end), at(text, end)));
+}
+
+// placeholders.all_spans: [start, end] of every number, URL, e-mail address, typed placeholder and kept word, left to
+// right; overlapping ones become one.
+function allSpans(text, keep, spec) {
+  const found = spanOffsets(text, new RegExp(spec.spans, "gu"));
+  if (!keep.length) return found;
+  const unspaced = new RegExp(spec.unspaced, "u");
+  for (const p of termPatterns(keep, new RegExp(spec.format, "gu"))) {
+    for (const m of text.matchAll(p)) if (wholeWord(text, m.index, m.index + m[0].length, unspaced)) found.push([m.index, m.index + m[0].length]);
+  }
+  const taken = [];
+  for (const [start, end] of found.sort((a, b) => a[0] - b[0] || a[1] - b[1])) {
+    if (taken.length && start < taken[taken.length - 1][1]) taken[taken.length - 1][1] = Math.max(end, taken[taken.length - 1][1]);
+    else taken.push([start, end]);
+  }
+  return taken;
+}
+
+// placeholders._RUN_GAP: what may stand between spans kept as one.
+const RUN_GAP = new RegExp(`^(?:[${SPACE},;/&\\-–—]*|[^${SPACE}]*)$`, "u");
+
+// A cleaned line as placeholders.protect_terms gives it (without glossary terms) to a model trained on tk's
+// placeholders: each number, URL, e-mail address and `keep` word a symbol, runs of them one (placeholders.merge_runs),
+// numbered from 0; and the spans in that order.
+export function protect(line, keep, spec) {
+  let spans = allSpans(line, keep, spec);
+  if (spans.length > 1) {
+    const runs = [];
+    for (const [s, e] of spans) {
+      if (runs.length && RUN_GAP.test(line.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
+      else runs.push([s, e]);
+    }
+    spans = runs;
+  }
+  let text = "", last = 0;
+  spans.forEach(([start, end], i) => { text += `${line.slice(last, start)}⦅${i}⦆`; last = end; });
+  return { text: text + line.slice(last), spans: spans.map(([s, e]) => line.slice(s, e)) };
+}
+
+// textprep.prepare's case of a sentence: "upper" (in capitals), "title" (Title Case) or "", folded to lowercase for
+// the model and given back to its translation.
+export const caseOf = (sentence) => (isAllCaps(sentence) ? "upper" : isTitleCase(sentence) ? "title" : "");
+
+// A protected sentence with its symbols' spans back: the sentence as written.
+export const unprotected = (sentence, spans) => sentence.replace(SYMBOL, (m, i) => spans[Number(i)] ?? m);
+
+// textprep._pieces: a sentence cut so that no piece holds more than `perInput` symbols, each cut in the words between
+// two of them: after a comma, semicolon or colon there, else before a conjunction, else at the first space.
+function symbolPieces(sentence, perInput) {
+  const symbols = [...sentence.matchAll(ANY_SYMBOL)];
+  const out = [];
+  let start = 0, held = 0;
+  for (let k = 0; k + 1 < symbols.length; k++) {
+    if (++held < perInput) continue;
+    const end = symbols[k].index + symbols[k][0].length, gap = sentence.slice(end, symbols[k + 1].index);
+    const clause = gap.search(/[,;:][^,;:]*$/u), conjunction = gap.search(new RegExp(CONJUNCTION.source, "iu"));
+    const space = gap.search(IS_SPACE);
+    const cut = clause >= 0 ? clause + 1 : conjunction >= 0 ? conjunction : space >= 0 ? space : null;
+    if (cut === null) continue;
+    out.push(strip([...sentence.slice(start, end + cut)]).join(""));
+    start = end + cut;
+    held = 0;
+  }
+  out.push(strip([...sentence.slice(start)]).join(""));
+  return out.filter(Boolean);
+}
+
+// The model inputs of a sentence as textprep.prepare makes them: a protected sentence (`spans`: its symbols' spans,
+// `fold`: its case) cut so that no input holds more than `perInput` symbols, then so that each fits `limit` tokens
+// (fitted, counted as the model reads it: symbols numbered from 0, capitals folded); each input its text, its own spans
+// and its case (a later piece is mid-sentence: it keeps capitals, but gets no capital first letter). `whole`: the
+// sentence's tokens where it was cut to fit, else 0.
+export function modelInputs(sentence, spans, fold, tokens, limit, perInput) {
+  const measure = (p) => tokens(fold ? renumbered(p, spans).text.toLowerCase() : renumbered(p, spans).text);
+  const cut = (sentence.includes("⦅") ? symbolPieces(sentence, perInput) : [sentence]).map((p) => fitted(p, measure, limit));
+  const pieces = cut.flatMap((c) => c.pieces);
+  return {
+    whole: Math.max(...cut.map((c) => c.whole)),
+    inputs: pieces.map((p, k) => {
+      const own = renumbered(p, spans);
+      return { text: fold ? own.text.toLowerCase() : own.text, spans: own.spans, fold: k === 0 || fold === "upper" ? fold : "" };
+    }),
+  };
+}
+
+// placeholders.all_spans without terms: [start, end] of each match of `pattern` (placeholders.SPAN_RE: numbers, URLs,
+// e-mail addresses, typed placeholders), a URL without the punctuation that closes its sentence (placeholders.url_end).
+export function spanOffsets(text, pattern) {
+  return [...text.matchAll(pattern)].map((m) => {
+    let end = m.index + m[0].length;
+    if (m.groups.url) { // closing punctuation is the sentence's, and so is an unbalanced bracket
+      const start = m.index, n = (c) => [...text.slice(start, end)].filter((x) => x === c).length;
+      while (end - start > 1 && ".,;:!?'\")]}".includes(text[end - 1])) {
+        const opener = CLOSING[text[end - 1]];
+        if (opener && n(opener) >= n(text[end - 1])) break;
+        end--;
+      }
+    }
+    return [m.index, end];
+  });
+}
+
+// textprep.unspelled: whether a word holds a character the model's tokenizer does not spell (spec.alphabet), the
+// punctuation around it (spec.around) aside; control and format characters, spaces and combining marks count for none.
+export function unspelled(word, spec) {
+  const around = new Set(spec.around);
+  const chars = [...word];
+  let start = 0, end = chars.length;
+  while (start < end && around.has(chars[start])) start++;
+  while (end > start && around.has(chars[end - 1])) end--;
+  const alphabet = spec.alphabetSet ?? (spec.alphabetSet = new Set(spec.alphabet));
+  return chars.slice(start, end).some((c) => !alphabet.has(c) && !/[\p{C}\p{Z}\p{M}]/u.test(c));
+}
+
+
+// textprep.is_all_caps, is_title_case: by the Unicode properties Python's str.isupper, islower and isalpha read.
+const isAlpha = (c) => /\p{L}/u.test(c), isLower = (c) => /\p{Lowercase}/u.test(c), isUpper = (c) => /\p{Uppercase}/u.test(c);
+const cased = (c) => isUpper(c) || isLower(c) || c.toLowerCase() !== c.toUpperCase();
+
+export function isAllCaps(text) {
+  const chars = [...text];
+  if (chars.some((c) => isLower(c) && isAlpha(c))) return false;
+  let upper = 0;
+  for (const c of chars) {
+    if (isUpper(c)) upper += isAlpha(c);
+    else if (isAlpha(c) && cased(c)) return false;
+  }
+  return upper >= 3;
+}
+
+export function isTitleCase(text) {
+  const split = text.split(/\s+/u).filter(Boolean);
+  if (split.length < 3 || split.some((w) => isLower([...w][0]) && isAlpha([...w][0]))) return false;
+  const firsts = split.map((w) => [...w].find((c) => isAlpha(c) && cased(c))).filter(Boolean);
+  return firsts.length >= 3 && firsts.every(isUpper) && !isAllCaps(text);
+}
+
+// textprep.finish: a model input's translation with its case given back and its spans restored.
+export function finish(fold, text, spans) {
+  if (fold === "upper") text = text.toUpperCase();
+  else if (fold === "title") text = text.slice(0, 1).toUpperCase() + text.slice(1);
+  return restore(text, spans);
+}
+
+// placeholders.restore: each span back exactly once, whatever the model did with its symbol.
+export function restore(text, spans) {
+  if (!spans.length && !text.includes("⦅") && !text.includes("⦆")) return text;
+  const parts = text.split(new RegExp(SYMBOL.source, "g"));
+  const words = parts.filter((_, i) => i % 2 === 0).map((w) => w.replace(FRAGMENT, " "));
+  const given = [], wrong = [];
+  parts.filter((_, i) => i % 2 === 1).map(Number).forEach((i, k) => {
+    const fresh = i < spans.length && !given.includes(i);
+    given.push(fresh ? i : null);
+    if (!fresh) wrong.push(k);
+  });
+  const missing = spans.map((_, i) => i).filter((i) => !given.includes(i));
+  for (const k of wrong) if (missing.length) given[k] = missing.shift();
+  if (missing.length) {
+    const w = words[words.length - 1], tail = w.search(TAIL);
+    words[words.length - 1] = `${w.slice(0, tail)} ${missing.map((i) => spans[i]).join(" ")}${w.slice(tail)}`;
+  }
+  let out = words[0];
+  given.forEach((i, k) => { out += (i !== null ? spans[i] : "") + words[k + 1]; });
+  return out.split(/\s+/u).filter(Boolean).join(" ");
+}
+
