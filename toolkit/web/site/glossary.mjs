@@ -6,12 +6,11 @@
 
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
-import { finish, isAllCaps, isTitleCase, spanOffsets, unspelled } from "./textprep.mjs";
+import { clean, finish, isAllCaps, isTitleCase, spanOffsets, unspelled } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
 const CONTROL = /[\x00-\x1f\x7f-\x9f]/u;
-const LINE_CONTROL = /[\x00-\x08\x0a-\x1f\x7f-\x9f]/gu; // textprep._CONTROL: tabs stay
 const ALNUM = /^[\p{L}\p{N}_]$/u;
 const RUN_GAP = /^(?:[\s,;/&\-–—]*|\S*)$/u; // placeholders._RUN_GAP: what may stand between spans kept as one
 // Python's " ".join(text.split()) on a cleaned text (whose only whitespace is single spaces).
@@ -162,13 +161,9 @@ export class Glossary {
     return true;
   }
 
-  // textprep.clean, for a line without --keep terms: NFC, controls to spaces, format characters out, whitespace runs to one space.
+  // textprep.clean, for a line without --keep terms (textprep.mjs).
   clean(line) {
-    let text = line.normalize("NFC");
-    if (text.search(LINE_CONTROL) >= 0 || text.search(this.format) >= 0) {
-      text = text.replace(LINE_CONTROL, " ").replace(this.format, "").normalize("NFC");
-    }
-    return text.split(/\s+/u).filter(Boolean).join(" ");
+    return clean(line, this.format);
   }
 
   // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
