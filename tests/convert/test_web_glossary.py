@@ -94,7 +94,8 @@ def click(page) -> str:
 def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shipped_page, monkeypatch):
     holding = HOLDING + SPANS + CASED + LONE + SEVERAL
     texts = holding + WITHOUT
-    python = Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS)
+    best = [n[0] for n in Translator(SHIPPED, provider="cpu", threads=1).translate_batch(texts, beam=beam, glossary=TERMS)]
+    python = [h.text for h in best]
     with monkeypatch.context() as without_swaps:  # the sentences do take the swap (translate._swapped), which the page ports
         without_swaps.setattr(translate, "_swapped", lambda *a: None)
         assert Translator(SHIPPED, provider="cpu", threads=1).translate(texts, beam=beam, glossary=TERMS) != python
@@ -107,11 +108,15 @@ def test_the_page_puts_a_glossary_s_targets_in_as_tk_translate_does(beam, shippe
     got = shipped_page.evaluate(TRANSLATE, [texts + APART, {"beam": beam, "glossary": TERMS}])
     wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(texts, python, got) if p != g["text"]]
     assert not wrong, f"{len(wrong)} of {len(texts)} sentences differ from Python's, e.g. {wrong[:3]}"
+    # And so does its confidence, by each of the three ways (within what summing a hypothesis's float32 log-probabilities
+    # in another order moves it: the search's scores are summed as the page's beam sums them).
+    assert [g["confidence"] for g in got[: len(texts)]] == pytest.approx([h.confidence for h in best], abs=1e-5)
     g = glossary.from_mapping(TERMS)
     short = [(t, o["text"]) for t, o in zip(holding, got) if not glossary.holds(o["text"], [f[2] for f in g.find(t, placeholders.all_spans(t))])]
     assert not short, f"targets not each as often as asked: {short}"
     # A sentence without terms: byte for byte (its text and its tokens) as the page gives it without a glossary.
-    assert got[len(holding):] == shipped_page.evaluate(TRANSLATE, [WITHOUT + APART, {"beam": beam}])
+    plain = lambda outs: [(o["text"], o["tokens"], o.get("glossary")) for o in outs]  # noqa: E731 (a batch's numbers move a confidence's last digits)
+    assert plain(got[len(holding):]) == plain(shipped_page.evaluate(TRANSLATE, [WITHOUT + APART, {"beam": beam}]))
     ways = Counter(way for o in got[: len(holding)] for way in o["glossary"].split(", "))
     assert set(ways) == {"model", "forced", "placeholders"}, ways  # each step of the method is held to Python's
 
@@ -121,7 +126,9 @@ def test_an_import_s_page_forces_targets_in_and_names_the_sentences_it_could_not
     holding, model = HOLDING, "marian-from-tk"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        python = Translator(directory(tmp_path_factory, pairs, model), provider="cpu", threads=1).translate(holding, glossary=TERMS)
+        translator = Translator(directory(tmp_path_factory, pairs, model), provider="cpu", threads=1)
+        best = [n[0] for n in translator.translate_batch(holding, glossary=TERMS)]
+    python = [h.text for h in best]
     missed = [int(re.search(r"texts\[(\d+)\]", str(w.message)).group(1)) + 1 for w in caught if "could not be forced" in str(w.message)]
     assert missed  # Python reports some: the page must name the same
     with page_of(browser, site(tmp_path_factory, pairs, model)) as page:
@@ -137,11 +144,14 @@ def test_an_import_s_page_forces_targets_in_and_names_the_sentences_it_could_not
     wrong = [(t, p, g["text"], g.get("glossary")) for t, p, g in zip(holding, python, got) if p != g["text"]]
     assert not wrong, f"{len(wrong)} of {len(holding)} sentences differ from Python's, e.g. {wrong[:3]}"
     assert [i + 1 for i, o in enumerate(got) if o["glossary"] == "missed"] == missed
+    # Its confidences are Python's: a sentence whose targets could not be put in has none (0).
+    assert [g["confidence"] for g in got] == pytest.approx([h.confidence for h in best], abs=1e-5)
+    assert all(got[i - 1]["confidence"] == 0 for i in missed)
     assert {o["glossary"] for o in got} == {"model", "forced", "missed"}
     assert output == [python[0], python[missed[0] - 1]]
-    assert re.fullmatch(r"2 sentences in \d+ ms; warning: line 2: its glossary targets \(.+\) could not be forced into its "
-                        r"translation \(this model was not trained on tk's placeholders, which would put them back\); its output is "
-                        r"the model's own translation without them", status), status
+    assert re.fullmatch(r"2 sentences in \d+ ms; check line 2 first \(confidence 0\.00\); warning: line 2: its glossary targets "
+                        r"\(.+\) could not be forced into its translation \(this model was not trained on tk's placeholders, "
+                        r"which would put them back\); its output is the model's own translation without them", status), status
 
 
 def test_the_page_never_writes_a_term_after_a_word_only_written_elided(shipped_page):

@@ -35,7 +35,8 @@ LINES = [
 def test_the_page_gives_tk_translate_s_text_for_what_text_preparation_changes(browser, tmp_path_factory):
     with warnings.catch_warnings():  # a span the model left out, put back by the fallback: said, as in tk translate
         warnings.simplefilter("ignore")
-        python = Translator(SHIPPED, provider="cpu", threads=1).translate(LINES)
+        best = [n[0] for n in Translator(SHIPPED, provider="cpu", threads=1).translate_batch(LINES)]
+    python = [h.text for h in best]
     # The lines are ones textprep changes: as they are, the model says otherwise on most of them.
     raw = Translator(SHIPPED, provider="cpu", threads=1).translate(LINES, raw=True)
     assert sum(p != r for p, r in zip(python, raw)) >= 8
@@ -44,4 +45,7 @@ def test_the_page_gives_tk_translate_s_text_for_what_text_preparation_changes(br
         assert not page.errors, page.errors
     wrong = [(line, g["text"], p) for line, g, p in zip(LINES, got, python) if g["text"] != p]
     assert not wrong, f"{len(wrong)} of {len(LINES)} lines differ from Python's, e.g. {wrong[:3]}"
+    # Each line's confidence is tk translate's: its weakest sentence's, capped where a span was repaired.
+    assert [g["confidence"] for g in got] == pytest.approx([h.confidence for h in best], abs=1e-6)
+    assert len({round(h.confidence, 3) for h in best}) >= 6 and any(h.signals and h.signals.repaired for h in best)
     assert "translated in 2 pieces" in got[-1]["warning"] and "warning" not in got[-2]  # cut to fit; cut by its numbers

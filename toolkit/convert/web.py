@@ -174,6 +174,7 @@ def _write(m: manifest_mod.Manifest, tmp: Path, echo: Callable[[str], None]) -> 
         entry["bytes"] = sum((tmp / f).stat().st_size for f in [*entry["graphs"].values(), entry["weights"]] if f)
     model["tokenizer"] = write_site_tokenizer(m, tmp / model["tokenizer"]["file"])
     model["text"] = site_text(m)
+    model["confidence"] = site_confidence(m)
     model["glossary"] = site_glossary(m)
     model["words"] = site_words(m)
     model["retry"] = site_retry()
@@ -204,6 +205,18 @@ def site_text(m: manifest_mod.Manifest) -> dict:
     return {"placeholders": m.declared().placeholders, "per_input": placeholders.PER_INPUT, "format": placeholders.FORMAT_RE.pattern,
             "spans": _js_pattern(placeholders.SPAN_RE.pattern), "unspaced": placeholders._UNSPACED.pattern,
             "alphabet": "".join(sorted(alphabet)) if alphabet is not None else None, "around": textprep.AROUND}
+
+
+def site_confidence(m: manifest_mod.Manifest) -> dict:
+    """What the page's confidence (site/confidence.mjs) takes from Python: the model's calibration (its stored one, else
+    the default map) and the constants of toolkit.core.confidence."""
+    from toolkit.core import confidence
+
+    calibration = confidence.for_manifest(m)
+    return {"bias": calibration.bias, "weights": list(calibration.weights), "calibrated": calibration.calibrated,
+            "score_floor": confidence.SCORE_FLOOR, "guarded_max": confidence.GUARDED_MAX,
+            "untranslated_max": confidence.UNTRANSLATED_MAX, "repaired_max": confidence.REPAIRED_MAX, "failed": confidence.FAILED,
+            "untranslated_share": confidence.UNTRANSLATED_SHARE, "untranslated_words": confidence.UNTRANSLATED_WORDS}
 
 
 def site_glossary(m: manifest_mod.Manifest) -> dict:

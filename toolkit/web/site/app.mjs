@@ -3,7 +3,8 @@
 
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
-import { Glossary, finished, translateTerms } from "./glossary.mjs";
+import { confidenceOf } from "./confidence.mjs";
+import { Glossary, finished, normalized, translateTerms } from "./glossary.mjs";
 import { caseOf, clean, finish, fitted, modelInputs, protect, splitSentences, unprotected, unspelledWords } from "./textprep.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
@@ -143,7 +144,9 @@ window.tk = {
     const done = await translateSentences(said, lines, opts);
     return texts.map((_, i) => {
       const mine = done.filter((_, k) => lines[k] === i + 1);
-      const line = { text: mine.map((o) => o.text).filter(Boolean).join(" "), tokens: mine.flatMap((o) => o.tokens) };
+      // Its confidence: its weakest sentence's (translate._line_of); an empty line's is 1, as tk translate's.
+      const line = { text: mine.map((o) => o.text).filter(Boolean).join(" "), tokens: mine.flatMap((o) => o.tokens),
+        confidence: Math.min(1, ...mine.map((o) => o.confidence)) };
       const ways = mine.map((o) => o.glossary).filter(Boolean), notes = [...new Set(mine.map((o) => o.warning).filter(Boolean))];
       if (ways.length) line.glossary = ways.join(", ");
       if (notes.length) line.warning = notes.join("; ");
@@ -189,24 +192,28 @@ async function translateSentences(sentences, lines, opts) {
   const inputs = cuts.flatMap((c) => c.inputs).filter((input) => !copied(input)).map((input) => input.text);
   const ids = inputs.map((t) => tokenizer.encode(t, languages)), options = decodeOptions(model, rest);
   const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
+  const alpha = options.alpha ?? options.rules.alpha, c = model.confidence;
   let k = 0;
   plain.forEach((i, n) => {
     const form = forms.get(i), symbols = form === undefined ? spec.placeholders : form.protected !== null;
-    const { whole, inputs: mine } = cuts[n], notes = [], all = [], said = [];
+    const { whole, inputs: mine } = cuts[n], notes = [], all = [], said = [], repairs = [];
+    let least = 1; // the sentence's confidence: its weakest input's (translate.join_line); a copied input's is 1
     for (const input of mine) {
       let tokens = [], text = input.text;
       if (!copied(input)) {
-        tokens = wordEnd(hyps[k][0].tokens, hyps[k][0].rest, boundary);
+        const h = hyps[k][0];
+        tokens = wordEnd(h.tokens, h.rest, boundary);
         text = tokenizer.decode(tokens);
+        least = Math.min(least, confidenceOf(c, input.text, text, normalized(options.rules, h.score, tokens.length, alpha, !h.stopped), h.stopped));
         if (ids[k].length > limit) notes.push(`warning: line ${lines[i]} has a sentence of ${ids[k].length} tokens; truncated to the model's maximum of ${limit}`);
         k += 1;
       }
-      said.push(symbols ? finish(input.fold, text, input.spans) : text);
+      said.push(symbols ? finish(input.fold, text, input.spans, repairs) : text);
       all.push(...tokens);
     }
-    const text = said.join(" ");
-    out[i] = form === undefined ? { text, tokens: all } : form.protected !== null ? { text, tokens: all, glossary: "placeholders" }
-      : finished(glossary, form, all, text, lines[i]);
+    const text = said.join(" "), confidence = repairs.length ? Math.min(least, c.repaired_max) : least;
+    out[i] = form === undefined ? { text, tokens: all, confidence } : form.protected !== null ? { text, tokens: all, glossary: "placeholders", confidence }
+      : finished(glossary, form, all, text, lines[i], confidence, c.failed);
     if (whole) notes.unshift(`warning: line ${lines[i]} has a sentence of ${whole} tokens, more than the model's ${limit}; translated in ${mine.length} pieces, cut between clauses or words`);
     if (out[i].warning) notes.unshift(out[i].warning);
     if (notes.length) out[i].warning = notes.join("; ");
@@ -265,7 +272,10 @@ button.addEventListener("click", async () => {
     const n = lines.filter((l) => l.trim()).length;
     const { fallback } = await runtime;
     const missed = out.filter((o) => o.warning);
-    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms${fallback ? ` (${fallback})` : ""}`
+    // The line to check first: the lowest confidence (confidence.mjs), where any line is below a half.
+    const weakest = out.reduce((w, o, i) => (o.confidence < out[w].confidence ? i : w), 0);
+    const check = out.length && out[weakest].confidence < 0.5 ? `; check line ${weakest + 1} first (confidence ${out[weakest].confidence.toFixed(2)})` : "";
+    $("status").textContent = `${n} sentences in ${Math.round(ms)} ms${fallback ? ` (${fallback})` : ""}${check}`
       + (missed.length ? `; ${missed[0].warning}${missed.length > 1 ? ` (and ${missed.length - 1} more lines)` : ""}` : "");
   } catch (e) {
     $("status").textContent = `error: ${firstLine(e)}`;

@@ -6,6 +6,7 @@
 
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
+import { confidenceOf } from "./confidence.mjs";
 import { clean, finish, isAllCaps, isTitleCase, spanOffsets, unspelled } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
@@ -228,19 +229,19 @@ export function tackedOn(text, own, targets) {
   return [...count(fold(own).match(WORDS) ?? [])].every(([w, n]) => n <= (rest.get(w) ?? 0));
 }
 
-// A line's translation from its plain decode (`tokens`), its terms' left to placeholders (restored) or, for a model
-// without them, reported as translate.decode_segments reports it.
-export function finished(glossary, form, tokens, text, lineno) {
-  if (form.protected !== null) return { text: finish(form.fold, text, form.kept), tokens, glossary: "placeholders" };
-  if (glossary.holds(text, form.targets)) return { text, tokens, glossary: "model" };
+// A line's translation from its plain decode (`tokens`, of that `confidence`), its terms' left to placeholders
+// (restored) or, for a model without them, reported as translate.decode_segments reports it (confidence `failed`).
+export function finished(glossary, form, tokens, text, lineno, confidence, failed) {
+  if (form.protected !== null) return { text: finish(form.fold, text, form.kept), tokens, glossary: "placeholders", confidence };
+  if (glossary.holds(text, form.targets)) return { text, tokens, glossary: "model", confidence };
   const terms = [...new Set(form.targets)].map(repr).join(", ");
-  return { text, tokens, glossary: "missed", warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
+  return { text, tokens, glossary: "missed", confidence: failed, warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
     + "translation (this model was not trained on tk's placeholders, which would put them back); its output is the model's own translation without them" };
 }
 
 // DecodingRules.normalized
-export const normalized = (rules, score, tokens, alpha) => (rules.length_penalty === "hf"
-  ? score / Math.max(1, tokens + 1) ** alpha : score / ((5 + tokens + 1) / 6) ** alpha);
+export const normalized = (rules, score, tokens, alpha, ended = true) => (rules.length_penalty === "hf"
+  ? score / Math.max(1, tokens + Number(ended)) ** alpha : score / ((5 + tokens + 1) / 6) ** alpha);
 
 // constrained.term_forms: a target's ids as a word of its own, and for a target an article is elided before (`elides`,
 // constrained.ELIDES), glued to an elided word ("l'automobile").
@@ -268,13 +269,20 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
   const ownIds = wanted.map((i) => ids[lines.indexOf(i)]);
   const own = await retried(backend, ownIds, await decodeIds(backend, ownIds, opts), opts, model.retry);
   const kinds = kindsOf(spec, model), boundary = wordBoundary(model.words, kinds.starts.length);
+  // A translation's confidence, as decode_sentences gives it to the forced form's (confidence.mjs), capped where its
+  // spans were repaired (translate._line_of).
+  const trust = (form, h, report) => {
+    const raw = tokenizer.decode(h.tokens), score = normalized(rules, h.score, h.tokens.length, alpha, !h.stopped);
+    const p = confidenceOf(model.confidence, form.forced, raw, score, h.stopped ?? "");
+    return report.length ? Math.min(p, model.confidence.repaired_max) : p;
+  };
   for (const [w, i] of wanted.entries()) {
     // Nothing but terms ("House"): their placeholder form gives the targets as they are (translate._forced).
     if (forms.get(i).protected !== null && !/\p{L}/u.test(forms.get(i).without)) { later.push(i); continue; }
     const form = forms.get(i), mine = { ...own[w][0], tokens: wordEnd(own[w][0].tokens, own[w][0].rest, boundary) };
-    const mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans);
+    const mineReport = [], mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans, mineReport);
     if (!mine.stopped && glossary.holds(mineText, form.targets)) {
-      done.set(i, { text: mineText, tokens: mine.tokens, glossary: "model" });
+      done.set(i, { text: mineText, tokens: mine.tokens, glossary: "model", confidence: trust(form, mine, mineReport) });
       continue;
     }
     const terms = form.targets.map((t) => termForms(tokenizer, t, rules.end, spec.elides));
@@ -343,7 +351,8 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
         h = await swapped(await ownWord());
       }
       if (passes(h)) {
-        done.set(i, { text: finish(form.fold, tokenizer.decode(h.tokens), form.spans), tokens: h.tokens, glossary: "forced" });
+        const report = [], text = finish(form.fold, tokenizer.decode(h.tokens), form.spans, report);
+        done.set(i, { text, tokens: h.tokens, glossary: "forced", confidence: trust(form, h, report) });
         continue;
       }
     }

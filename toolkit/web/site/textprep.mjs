@@ -319,17 +319,21 @@ export function isTitleCase(text) {
 }
 
 // textprep.finish: a model input's translation with its case given back and its spans restored.
-export function finish(fold, text, spans) {
+export function finish(fold, text, spans, report = []) {
   if (fold === "upper") text = text.toUpperCase();
   else if (fold === "title") text = text.slice(0, 1).toUpperCase() + text.slice(1);
-  return restore(text, spans);
+  return restore(text, spans, report);
 }
 
-// placeholders.restore: each span back exactly once, whatever the model did with its symbol.
-export function restore(text, spans) {
+// placeholders.restore: each span back exactly once, whatever the model did with its symbol; what had to be repaired
+// is appended to `report` (a word per repair: "dropped", "repeated or invented", "broken").
+export function restore(text, spans, report = []) {
   if (!spans.length && !text.includes("⦅") && !text.includes("⦆")) return text;
   const parts = text.split(new RegExp(SYMBOL.source, "g"));
-  const words = parts.filter((_, i) => i % 2 === 0).map((w) => w.replace(FRAGMENT, " "));
+  const words = parts.filter((_, i) => i % 2 === 0).map((w) => {
+    report.push(...(w.match(FRAGMENT) ?? []).map(() => "broken"));
+    return w.replace(FRAGMENT, " ");
+  });
   const given = [], wrong = [];
   parts.filter((_, i) => i % 2 === 1).map(Number).forEach((i, k) => {
     const fresh = i < spans.length && !given.includes(i);
@@ -337,8 +341,12 @@ export function restore(text, spans) {
     if (!fresh) wrong.push(k);
   });
   const missing = spans.map((_, i) => i).filter((i) => !given.includes(i));
-  for (const k of wrong) if (missing.length) given[k] = missing.shift();
+  for (const k of wrong) {
+    report.push(missing.length ? "dropped" : "repeated or invented");
+    if (missing.length) given[k] = missing.shift();
+  }
   if (missing.length) {
+    report.push(...missing.map(() => "dropped"));
     const w = words[words.length - 1], tail = w.search(TAIL);
     words[words.length - 1] = `${w.slice(0, tail)} ${missing.map((i) => spans[i]).join(" ")}${w.slice(tail)}`;
   }
