@@ -178,17 +178,21 @@ def test_a_bad_glossary_line_is_one_line_in_the_page_s_status_in_tk_s_words(ship
         glossary.from_mapping({"house": "demeure", "House": "maison"})
     error = "(g) => tk.translate(['The house is big.'], {glossary: g}).then(() => 'no error', (e) => e.message)"
     assert shipped_page.evaluate(error, {"house": "demeure", "House": "maison"}) == str(e.value)
-    # A line holding terms that the page does not prepare as Python would is refused, never translated without them.
-    shipped_page.fill("#input", "He bought 2 books and 3 cars.")
-    shipped_page.fill("#glossary", "book\tbouquin\nbooks\tbouquins\ncars\tautomobiles")
-    assert click(shipped_page) == ("error: line 1 holds glossary terms and more than 2 of them, numbers, URLs and e-mail "
-                                   "addresses in all (tk translates such a sentence in pieces), which the page does not "
-                                   "handle; translate it with tk translate --glossary")
-    shipped_page.fill("#input", "I love my house 👍")  # tk translate keeps "👍" as it is (textprep.unspelled); the page does not port that
-    shipped_page.fill("#glossary", "house\tdemeure")
-    assert click(shipped_page) == ("error: line 1 holds glossary terms and a character the model does not spell (tk translate "
-                                   "keeps such a word as it is), which the page does not handle; translate it with tk translate "
-                                   "--glossary")
+    # A sentence holding terms that the page does not prepare as Python would is translated without them, warned of and
+    # given no confidence, never with them put in otherwise; the other lines are translated as they are.
+    for line, glossary_tsv, what in (
+            ("He bought 2 books and 3 cars.", "book\tbouquin\nbooks\tbouquins\ncars\tautomobiles",
+             "more than 2 of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)"),
+            ("I love my house 👍", "house\tdemeure",  # tk translate keeps "👍" as it is (textprep.unspelled)
+             "a character the model does not spell (tk translate keeps such a word as it is)")):
+        shipped_page.fill("#input", f"{line}\nI like this room.")
+        shipped_page.fill("#glossary", glossary_tsv + "\nroom\tpièce")
+        status = click(shipped_page)
+        assert re.fullmatch(rf"2 sentences in \d+ ms; check line 1 first \(confidence 0\.00\); warning: line 1 holds glossary terms "
+                            rf"and {re.escape(what)}, which the page does not handle: translated without its terms \(tk translate "
+                            r"--glossary puts them in\)", status), status
+        without = shipped_page.evaluate(TRANSLATE, [[line], {}])[0]["text"]
+        assert shipped_page.inner_text("#output").split("\n") == [without, "J'aime cette pièce."]
 
 
 def test_a_line_too_long_for_the_model_keeps_its_target_and_number_across_its_pieces(shipped_page):

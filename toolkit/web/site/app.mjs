@@ -4,7 +4,7 @@
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { confidenceOf } from "./confidence.mjs";
-import { Glossary, finished, normalized, translateTerms } from "./glossary.mjs";
+import { Glossary, Refused, finished, normalized, translateTerms } from "./glossary.mjs";
 import { caseOf, clean, finish, fitted, modelInputs, protect, splitSentences, unprotected, unspelledWords } from "./textprep.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
@@ -163,7 +163,20 @@ async function translateSentences(sentences, lines, opts) {
   const { glossary: given, ...rest } = opts;
   const glossary = await glossaryOf(given);
   const forms = new Map();
-  if (glossary) sentences.forEach((s, i) => { const f = glossary.prepare(s.written, lines[i]); if (f) forms.set(i, f); });
+  // A sentence whose terms the page cannot put in as tk translate would is translated without them, its line warned
+  // of and given no confidence (0), and the others as they are: one sentence never fails the rest.
+  const refused = new Map();
+  if (glossary) {
+    sentences.forEach((s, i) => {
+      try {
+        const f = glossary.prepare(s.written, lines[i]);
+        if (f) forms.set(i, f);
+      } catch (e) {
+        if (!(e instanceof Refused)) throw e;
+        refused.set(i, `warning: ${e.message}: translated without its terms (tk translate --glossary puts them in)`);
+      }
+    });
+  }
   const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
   const out = new Array(sentences.length);
   const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages)
@@ -216,6 +229,10 @@ async function translateSentences(sentences, lines, opts) {
       : finished(glossary, form, all, text, lines[i], confidence, c.failed);
     if (whole) notes.unshift(`warning: line ${lines[i]} has a sentence of ${whole} tokens, more than the model's ${limit}; translated in ${mine.length} pieces, cut between clauses or words`);
     if (out[i].warning) notes.unshift(out[i].warning);
+    if (refused.has(i)) {
+      notes.unshift(refused.get(i));
+      out[i].confidence = c.failed;
+    }
     if (notes.length) out[i].warning = notes.join("; ");
   });
   return out;

@@ -22,6 +22,10 @@ const count = (items) => items.reduce((m, x) => m.set(x, (m.get(x) ?? 0) + 1), n
 // Python's repr of a str, as the Python messages quote terms.
 const repr = (s) => (s.includes("'") && !s.includes('"') ? `"${s}"` : `'${s.replaceAll("\\", "\\\\").replaceAll("'", "\\'")}'`);
 
+// A sentence holding terms that the page does not prepare as Python would: translated without its terms, never with
+// them put in otherwise than tk translate puts them (app.mjs warns, naming the line).
+export class Refused extends Error {}
+
 export class Glossary {
   // spec: model.json's glossary entry.
   constructor(spec) {
@@ -171,13 +175,13 @@ export class Glossary {
   // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
   // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
   // `line` is one sentence (app.mjs cuts lines into sentences first, as textprep.prepare); what the page does not port
-  // (more spans than one model input holds) is refused in one line.
+  // (more spans than one model input holds, a word the model does not spell) throws Refused.
   prepare(line, lineno) {
     const text = this.clean(line);
     const spans = this.spans(text);
     const terms = this.find(text, spans);
     if (!terms.length) return null;
-    const refuse = (what) => { throw new Error(`line ${lineno} holds glossary terms and ${what}, which the page does not handle; translate it with tk translate --glossary`); };
+    const refuse = (what) => { throw new Refused(`line ${lineno} holds glossary terms and ${what}, which the page does not handle`); };
     if (!this.spec.placeholders) {
       // textprep._as_written, and its text without the terms (Segment.without_terms).
       const without = terms.map(([start], k) => text.slice(k ? terms[k - 1][1] : 0, start)).join("") + text.slice(terms[terms.length - 1][1]);
