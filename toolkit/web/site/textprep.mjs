@@ -1,7 +1,10 @@
-// A line as the model reads it, as toolkit/core/textprep.py makes it: cleaned (clean), cut into its sentences by
-// sentencex as in Python (sentences), a sentence too long for the model cut into pieces that fit rather than truncated
-// (fitted, cut for cut: the same places, counted in code points as Python counts a str's characters), and the
-// placeholders of each piece numbered from 0 as the model was trained (renumbered).
+// A line as the model reads it and its translation given back, as toolkit/core/textprep.py and placeholders.py make
+// them: the line cleaned (clean); for a model trained on tk's placeholders, its numbers, URLs, e-mail addresses and words
+// the model does not spell protected (unspelledWords, protect); cut into sentences by sentencex (splitSentences); each
+// sentence's case folded (caseOf) and the sentence cut into model inputs of at most two placeholders that fit the
+// model's positions (modelInputs, by fitted: cut for cut Python's, counted in code points as Python counts a str's
+// characters), each input's placeholders numbered from 0 (renumbered); a translation given its case and its spans
+// back, each exactly once (finish, restore). Tests hold each to the Python (tests/convert/test_web.py).
 
 // Python's str.isspace, which its \s and str.strip follow (JavaScript's \s differs: it takes U+FEFF, leaves U+001C-1F, U+0085).
 const SPACE = "\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
