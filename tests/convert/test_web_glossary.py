@@ -180,19 +180,27 @@ def test_a_bad_glossary_line_is_one_line_in_the_page_s_status_in_tk_s_words(ship
     assert shipped_page.evaluate(error, {"house": "demeure", "House": "maison"}) == str(e.value)
     # A sentence holding terms that the page does not prepare as Python would is translated without them, warned of and
     # given no confidence, never with them put in otherwise; the other lines are translated as they are.
-    for line, glossary_tsv, what in (
-            ("He bought 2 books and 3 cars.", "book\tbouquin\nbooks\tbouquins\ncars\tautomobiles",
-             "more than 2 of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)"),
-            ("I love my house 👍", "house\tdemeure",  # tk translate keeps "👍" as it is (textprep.unspelled)
-             "a character the model does not spell (tk translate keeps such a word as it is)")):
-        shipped_page.fill("#input", f"{line}\nI like this room.")
-        shipped_page.fill("#glossary", glossary_tsv + "\nroom\tpièce")
-        status = click(shipped_page)
-        assert re.fullmatch(rf"2 sentences in \d+ ms; check line 1 first \(confidence 0\.00\); warning: line 1 holds glossary terms "
-                            rf"and {re.escape(what)}, which the page does not handle: translated without its terms \(tk translate "
-                            r"--glossary puts them in\)", status), status
-        without = shipped_page.evaluate(TRANSLATE, [[line], {}])[0]["text"]
-        assert shipped_page.inner_text("#output").split("\n") == [without, "J'aime cette pièce."]
+    line = "He bought 2 books and 3 cars."
+    what = "more than 2 of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)"
+    shipped_page.fill("#input", f"{line}\nI like this room.")
+    shipped_page.fill("#glossary", "book\tbouquin\nbooks\tbouquins\ncars\tautomobiles\nroom\tpièce")
+    status = click(shipped_page)
+    assert re.fullmatch(rf"2 sentences in \d+ ms; check line 1 first \(confidence 0\.00\); warning: line 1 holds glossary terms "
+                        rf"and {re.escape(what)}, which the page does not handle: translated without its terms \(tk translate "
+                        r"--glossary puts them in\)", status), status
+    without = shipped_page.evaluate(TRANSLATE, [[line], {}])[0]["text"]
+    assert shipped_page.inner_text("#output").split("\n") == [without, "J'aime cette pièce."]
+
+
+def test_a_word_the_model_does_not_spell_stays_as_it_is_beside_a_term_as_in_tk_translate(shipped_page):
+    """An emoji (a family joined by zero-width joiners, too) beside glossary terms: kept as it is (textprep.unspelled),
+    the terms put in, the text and confidence tk translate's."""
+    lines = ["I love my house 👍", "My family 👨\u200d👩\u200d👧 has a big car.", "The 🏠 is my house."]
+    best = [n[0] for n in Translator(SHIPPED, provider="cpu", threads=1).translate_batch(lines, glossary=TERMS)]
+    got = shipped_page.evaluate(TRANSLATE, [lines, {"glossary": TERMS}])
+    assert [g["text"] for g in got] == [h.text for h in best]
+    assert [g["confidence"] for g in got] == pytest.approx([h.confidence for h in best], abs=1e-5)
+    assert all("demeure" in t or "automobile" in t for t in (h.text for h in best)) and "👨\u200d👩\u200d👧" in got[1]["text"]
 
 
 def test_a_line_too_long_for_the_model_keeps_its_target_and_number_across_its_pieces(shipped_page):

@@ -137,7 +137,7 @@ window.tk = {
       const keep = spec.placeholders ? unspelledWords(t, spec) : [], text = clean(t, format, keep);
       const line = spec.placeholders ? protect(text, keep, spec) : { text, spans: [] };
       for (const s of text ? splitSentences(line.text, segment) : []) {
-        said.push({ text: s, spans: line.spans, written: unprotected(s, line.spans) });
+        said.push({ text: s, spans: line.spans, written: unprotected(s, line.spans), keep });
         lines.push(i + 1);
       }
     });
@@ -156,8 +156,8 @@ window.tk = {
 };
 
 // Sentences in, a translation of each out, as translate takes them: each sentence's `text` (protected for a model
-// trained on tk's placeholders), its line's `spans` and its `written` form (spans back: where glossary terms are found);
-// `lines`: each one's line number, for the warnings.
+// trained on tk's placeholders), its line's `spans` and kept words (`keep`) and its `written` form (spans back: where
+// glossary terms are found); `lines`: each one's line number, for the warnings.
 async function translateSentences(sentences, lines, opts) {
   const { tokenizer, model, backend, boundary } = await loading;
   const { glossary: given, ...rest } = opts;
@@ -169,7 +169,7 @@ async function translateSentences(sentences, lines, opts) {
   if (glossary) {
     sentences.forEach((s, i) => {
       try {
-        const f = glossary.prepare(s.written, lines[i]);
+        const f = glossary.prepare(s.written, lines[i], s.keep);
         if (f) forms.set(i, f);
       } catch (e) {
         if (!(e instanceof Refused)) throw e;

@@ -7,7 +7,7 @@
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
 import { confidenceOf } from "./confidence.mjs";
-import { clean, finish, isAllCaps, isTitleCase, spanOffsets, unspelled } from "./textprep.mjs";
+import { allSpans, clean, finish, isAllCaps, isTitleCase, keptSpans, spanOffsets } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -166,20 +166,20 @@ export class Glossary {
     return true;
   }
 
-  // textprep.clean, for a line without --keep terms (textprep.mjs).
-  clean(line) {
-    return clean(line, this.format);
-  }
-
   // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
   // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
   // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
-  // `line` is one sentence (app.mjs cuts lines into sentences first, as textprep.prepare); what the page does not port
-  // (more spans than one model input holds, a word the model does not spell) throws Refused.
-  prepare(line, lineno) {
-    const text = this.clean(line);
-    const spans = this.spans(text);
-    const terms = this.find(text, spans);
+  // `line` is one sentence (app.mjs cuts lines into sentences first, as textprep.prepare), `keep` its line's words
+  // the model does not spell (textprep.unspelled), copied as they are; what the page does not port (more terms and
+  // spans than one model input holds) throws Refused.
+  prepare(line, lineno, keep = []) {
+    const text = clean(line, this.format, keep);
+    const spans = keep.length ? allSpans(text, keep, this.spec) : this.spans(text);
+    let terms = this.find(text, spans);
+    if (terms.length && keep.length) { // an occurrence within a kept word is the word's: copied as it is
+      const verbatim = keptSpans(text, keep, this.spec);
+      terms = terms.filter(([start, end]) => !verbatim.some(([s, e]) => s <= start && end <= e));
+    }
     if (!terms.length) return null;
     const refuse = (what) => { throw new Refused(`line ${lineno} holds glossary terms and ${what}, which the page does not handle`); };
     if (!this.spec.placeholders) {
@@ -194,11 +194,9 @@ export class Glossary {
       if (runs.length && RUN_GAP.test(text.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
       else runs.push([s, e]);
     }
+    // Terms a run took in leave the sentence without terms: translated as without a glossary, the run copied.
     const kept = terms.filter(([start, end]) => !runs.some(([s, e]) => s < end && start < e));
-    if (!kept.length) refuse("a number, URL or e-mail address around them");
-    if (this.spec.alphabet !== null && text.split(" ").some((w) => unspelled(w, this.spec))) {
-      refuse("a character the model does not spell (tk translate keeps such a word as it is)");
-    }
+    if (!kept.length) return null;
     const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]), ...kept].sort((a, b) => a[0] - b[0]);
     if (chosen.length > this.spec.per_input) {
       refuse(`more than ${this.spec.per_input} of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)`);

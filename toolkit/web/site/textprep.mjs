@@ -185,15 +185,21 @@ function wholeWord(text, start, end, unspaced) {
   return !(start > 0 && glued(before(text, start), at(text, start))) && !(end < text.length && glued(before(text, end), at(text, end)));
 }
 
-// placeholders.all_spans: [start, end] of every number, URL, e-mail address, typed placeholder and kept word, left to
-// right; overlapping ones become one.
-function allSpans(text, keep, spec) {
-  const found = spanOffsets(text, new RegExp(spec.spans, "gu"));
-  if (!keep.length) return found;
-  const unspaced = new RegExp(spec.unspaced, "u");
+// [start, end] of each whole-word occurrence of a kept word (placeholders.term_patterns, whole_word).
+export function keptSpans(text, keep, spec) {
+  const unspaced = new RegExp(spec.unspaced, "u"), found = [];
   for (const p of termPatterns(keep, new RegExp(spec.format, "gu"))) {
     for (const m of text.matchAll(p)) if (wholeWord(text, m.index, m.index + m[0].length, unspaced)) found.push([m.index, m.index + m[0].length]);
   }
+  return found;
+}
+
+// placeholders.all_spans: [start, end] of every number, URL, e-mail address, typed placeholder and kept word, left to
+// right; overlapping ones become one.
+export function allSpans(text, keep, spec) {
+  const found = spanOffsets(text, new RegExp(spec.spans, "gu"));
+  if (!keep.length) return found;
+  found.push(...keptSpans(text, keep, spec));
   const taken = [];
   for (const [start, end] of found.sort((a, b) => a[0] - b[0] || a[1] - b[1])) {
     if (taken.length && start < taken[taken.length - 1][1]) taken[taken.length - 1][1] = Math.max(end, taken[taken.length - 1][1]);
