@@ -213,20 +213,20 @@ def site_confidence(m: manifest_mod.Manifest) -> dict:
     from toolkit.core import confidence
 
     calibration = confidence.for_manifest(m)
-    return {"bias": calibration.bias, "weights": list(calibration.weights), "calibrated": calibration.calibrated,
-            "score_floor": confidence.SCORE_FLOOR, "guarded_max": confidence.GUARDED_MAX,
+    return {"bias": calibration.bias, "weights": list(calibration.weights), "score_floor": confidence.SCORE_FLOOR,
+            "guarded_max": confidence.GUARDED_MAX,
             "untranslated_max": confidence.UNTRANSLATED_MAX, "repaired_max": confidence.REPAIRED_MAX, "failed": confidence.FAILED,
             "untranslated_share": confidence.UNTRANSLATED_SHARE, "untranslated_words": confidence.UNTRANSLATED_WORDS}
 
 
 def site_glossary(m: manifest_mod.Manifest) -> dict:
     """What the page's glossary (site/glossary.mjs) takes from Python rather than spelling it twice: the checks' margin
-    and beam (toolkit.deploy.translate), the limits and patterns of finding terms (toolkit.core.glossary, placeholders),
-    and per output id the piece kinds constrained decoding asks about (constrained._piece_kinds; whether it begins a
-    word: site_words), as id lists; whether the model was trained on placeholders (else a sentence whose targets cannot
-    be forced in is reported, as tk translate reports it). A model whose glossary the page cannot put in has only
-    `refused`, the one line the page shows."""
-    from toolkit.core import constrained, glossary, placeholders, textprep
+    and beam (toolkit.deploy.translate), the limit of a term (toolkit.core.glossary), and per output id the piece kinds
+    constrained decoding asks about (constrained._piece_kinds; whether it begins a word: site_words), as id lists. The
+    page reads the patterns of finding terms beside spans, and whether the model was trained on placeholders, from the
+    text entry (site_text). A model whose glossary the page cannot put in has only `refused`, the one line the page
+    shows."""
+    from toolkit.core import constrained, glossary
     from toolkit.core.tokenizers import open_tokenizer
     from toolkit.deploy.translate import FORCED_BEAM, FORCED_MARGIN, check_glossary
 
@@ -236,17 +236,14 @@ def site_glossary(m: manifest_mod.Manifest) -> dict:
         return {"refused": str(e)}
     tokenizer = open_tokenizer(m)
     _, apostrophes, ends, bare, stubs = constrained._piece_kinds(tokenizer, _output_vocab(m))
-    return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "placeholders": m.declared().placeholders,
-            "per_input": placeholders.PER_INPUT, "max_term_chars": glossary.MAX_TERM_CHARS, "unspaced": placeholders._UNSPACED.pattern,
-            "format": placeholders.FORMAT_RE.pattern, "spans": _js_pattern(placeholders.SPAN_RE.pattern),
+    # The text's own patterns and limits (placeholders, spans, format characters) are model.json's text entry (site_text).
+    return {"forced_margin": FORCED_MARGIN, "forced_beam": FORCED_BEAM, "max_term_chars": glossary.MAX_TERM_CHARS,
             "apostrophe": _ids(apostrophes), "sentence_end": _ids(ends), "bare_apostrophe": _ids(bare),
             "elision_stub": _ids(stubs), "elides": constrained.ELIDES,
             "unelided": {short: list(fulls) for short, fulls in constrained.UNELIDED.items()},
             "contracted": [[*pair, whole] for pair, whole in constrained.CONTRACTED.items()],
             "agreeing": [[list(consonant), list(vowel)] for consonant, vowel in constrained.AGREEING], "plural": sorted(constrained.PLURAL),
-            "not_a_terms_word": sorted(constrained.NOT_A_TERMS_WORD),
-            # textprep.unspelled's: the characters the tokenizer spells, and the punctuation kept outside such a word
-            "alphabet": "".join(sorted(tokenizer.alphabet)) if tokenizer.alphabet is not None else None, "around": textprep.AROUND}
+            "not_a_terms_word": sorted(constrained.NOT_A_TERMS_WORD)}
 
 
 def site_words(m: manifest_mod.Manifest) -> dict:

@@ -274,9 +274,9 @@ def _pieces(sentence: str) -> list[str]:
 
 def fitted(sentence: str, tokens: Callable[[str], int], limit: int) -> tuple[list[str], int]:
     """The sentence as one piece if its tokens fit the model's `limit` positions; else cut into the fewest pieces of at
-    most PIECE_SHARE of them, each cut near its share of the characters at the best place there (after a sentence's end,
-    after a clause's punctuation, before a conjunction, at a space, else between two characters outside a placeholder), so that none of
-    it is lost to truncation. Returns the pieces and the sentence's tokens where it was cut (0 where it was not).
+    most PIECE_SHARE of them, each cut near its share of the characters at the best place there (after a sentence's
+    end, after a clause's punctuation, before a conjunction, at a space, else between two characters outside a
+    placeholder), so that none of it is lost to truncation. Returns the pieces and the sentence's tokens where it was cut (0 where it was not).
     A piece with no place to cut (a run of combining marks) is kept whole: the decoder truncates it, with its warning."""
     count = tokens(sentence)
     if count <= limit or limit < 2:

@@ -245,7 +245,8 @@ async function glossaryOf(given) {
   if (given === undefined || empty) return null;
   const { model } = await loading;
   if (model.glossary.refused) throw new Error(model.glossary.refused);
-  return typeof given === "string" ? Glossary.parse(given, "terms", model.glossary) : Glossary.fromObject(given, model.glossary);
+  const spec = { ...model.text, ...model.glossary }; // the text's patterns and limits, and the glossary's own
+  return typeof given === "string" ? Glossary.parse(given, "terms", spec) : Glossary.fromObject(given, spec);
 }
 
 const $ = (id) => document.getElementById(id);

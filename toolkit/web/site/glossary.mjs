@@ -7,7 +7,7 @@
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
 import { confidenceOf } from "./confidence.mjs";
-import { allSpans, clean, finish, isAllCaps, isTitleCase, keptSpans, spanOffsets } from "./textprep.mjs";
+import { allSpans, clean, finish, isAllCaps, isTitleCase, keptSpans } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -34,7 +34,6 @@ export class Glossary {
     this.word = new RegExp(`[${unspaced}]|(?:(?![${unspaced}])[${W}])+|[^${W}\\s]`, "gu");
     this.unspaced = new RegExp(spec.unspaced, "u");
     this.format = new RegExp(spec.format, "gu");
-    this.spanPattern = new RegExp(spec.spans, "gu");
     this.trie = new Map();
     this.seen = new Map(); // key -> [source as written, target, where]
     this.size = 0;
@@ -118,11 +117,6 @@ export class Glossary {
     return null;
   }
 
-  // placeholders.all_spans without --keep terms: [start, end] of each number, URL, e-mail address and typed placeholder.
-  spans(text) {
-    return spanOffsets(text, this.spanPattern);
-  }
-
   // Glossary.find: [start, end, target, source as written] of each occurrence, left to right, the longest of overlapping
   // ones; one that overlaps one of `spans` without holding it whole is left to the span.
   find(text, spans) {
@@ -174,7 +168,7 @@ export class Glossary {
   // spans than one model input holds) throws Refused.
   prepare(line, lineno, keep = []) {
     const text = clean(line, this.format, keep);
-    const spans = keep.length ? allSpans(text, keep, this.spec) : this.spans(text);
+    const spans = allSpans(text, keep, this.spec);
     let terms = this.find(text, spans);
     if (terms.length && keep.length) { // an occurrence within a kept word is the word's: copied as it is
       const verbatim = keptSpans(text, keep, this.spec);
@@ -231,10 +225,10 @@ export function tackedOn(text, own, targets) {
   return [...count(fold(own).match(WORDS) ?? [])].every(([w, n]) => n <= (rest.get(w) ?? 0));
 }
 
-// A line's translation from its plain decode (`tokens`, of that `confidence`), its terms' left to placeholders
-// (restored) or, for a model without them, reported as translate.decode_segments reports it (confidence `failed`).
+// The translation of a sentence holding terms, by a model not trained on tk's placeholders, from its plain decode
+// (`tokens`, of that `confidence`): the model's own where it holds the targets, else reported as
+// translate.decode_segments reports it (confidence `failed`).
 export function finished(glossary, form, tokens, text, lineno, confidence, failed) {
-  if (form.protected !== null) return { text: finish(form.fold, text, form.kept), tokens, glossary: "placeholders", confidence };
   if (glossary.holds(text, form.targets)) return { text, tokens, glossary: "model", confidence };
   const terms = [...new Set(form.targets)].map(repr).join(", ");
   return { text, tokens, glossary: "missed", confidence: failed, warning: `warning: line ${lineno}: its glossary targets (${terms}) could not be forced into its `
