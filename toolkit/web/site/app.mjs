@@ -4,7 +4,7 @@
 import { OrtBackend } from "./backend.mjs";
 import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { confidenceOf } from "./confidence.mjs";
-import { Glossary, Refused, finished, normalized, translateTerms } from "./glossary.mjs";
+import { Glossary, finished, normalized, translateTerms } from "./glossary.mjs";
 import { caseOf, clean, finish, fitted, modelInputs, protect, splitSentences, unprotected, unspelledWords } from "./textprep.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
@@ -158,84 +158,83 @@ window.tk = {
 // Sentences in, a translation of each out, as translate takes them: each sentence's `text` (protected for a model
 // trained on tk's placeholders), its line's `spans` and kept words (`keep`) and its `written` form (spans back: where
 // glossary terms are found); `lines`: each one's line number, for the warnings.
+// Over 60 lines: the sentences' model inputs, their two batches (with terms, then the rest) and each sentence joined.
 async function translateSentences(sentences, lines, opts) {
   const { tokenizer, model, backend, boundary } = await loading;
   const { glossary: given, ...rest } = opts;
   const glossary = await glossaryOf(given);
-  const forms = new Map();
-  // A sentence whose terms the page cannot put in as tk translate would is translated without them, its line warned
-  // of and given no confidence (0), and the others as they are: one sentence never fails the rest.
-  const refused = new Map();
-  if (glossary) {
-    sentences.forEach((s, i) => {
-      try {
-        const f = glossary.prepare(s.written, lines[i], s.keep);
-        if (f) forms.set(i, f);
-      } catch (e) {
-        if (!(e instanceof Refused)) throw e;
-        refused.set(i, `warning: ${e.message}: translated without its terms (tk translate --glossary puts them in)`);
-      }
-    });
-  }
   const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
-  const out = new Array(sentences.length);
-  const { done, later } = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages)
-    : { done: new Map(), later: [] };
-  done.forEach((o, i) => { out[i] = o; });
-  // The sentences without terms as without a glossary, and the others' placeholder forms (step 3; a model without them:
-  // the sentence, reported where it lacks its targets), in one batch (translate.decode_segments). As there, a
-  // sentence whose translation a guard cut is decoded again with a wider beam, and a loop guard's cut ends on a word.
-  // A sentence without terms is protected as textprep.prepare protects it for a model trained on tk's placeholders
-  // (textprep.mjs protect: its numbers, URLs, e-mail addresses and words the model does not spell copied, its capitals
-  // folded); each sentence is cut into model inputs that hold at most per_input symbols and fit the model's positions
-  // (modelInputs), translated, and joined. An input with no letter outside its placeholders ("2019", "👍", a term
-  // alone) is its own translation, as in translate.decode_segments.
   const spec = model.text, count = (text) => tokenizer.encode(text, languages).length, limit = model.max_len;
-  const plain = sentences.map((_, i) => i).filter((i) => !forms.has(i) || later.includes(i));
-  const cuts = plain.map((i) => {
-    const form = forms.get(i);
-    if (form?.protected != null) return modelInputs(form.protected, form.kept, form.fold, count, limit, spec.per_input);
-    if (form === undefined && spec.placeholders) {
-      return modelInputs(sentences[i].text, sentences[i].spans, caseOf(sentences[i].text), count, limit, spec.per_input);
+  // Each sentence's model inputs (textprep.prepare): cut so that none holds more than per_input symbols and each fits the
+  // model's positions (modelInputs, fitted). A sentence without terms is protected as textprep.prepare protects it for a
+  // model trained on tk's placeholders (textprep.mjs protect: its numbers, URLs, e-mail addresses and words the model
+  // does not spell copied, its capitals folded); one holding terms gets each input's forms from the glossary (prepare).
+  const forms = new Map(); // `sentence:input` -> the input's glossary forms, for translateTerms
+  const cuts = sentences.map((s, i) => {
+    const prepared = glossary ? glossary.prepare(s.written, s.keep, count, limit) : null;
+    if (prepared) {
+      prepared.pieces.forEach((form, k) => forms.set(`${i}:${k}`, form));
+      return { whole: prepared.whole, inputs: prepared.pieces.map((form, k) => (form.protected === null
+        ? { text: form.text, spans: [], fold: "", form, key: `${i}:${k}` } : { text: form.protected, spans: form.kept, fold: form.fold, form, key: `${i}:${k}` })) };
     }
-    const { pieces, whole } = fitted(form?.forced ?? sentences[i].text, count, limit);
+    if (spec.placeholders) return modelInputs(s.text, s.spans, caseOf(s.text), count, limit, spec.per_input);
+    const { pieces, whole } = fitted(s.text, count, limit);
     return { whole, inputs: pieces.map((p) => ({ text: p, spans: [], fold: "" })) };
   });
+  // The inputs holding terms, by translate._forced's three steps; those it leaves (`later`) to their placeholder form
+  // (a model without them: the input as it is, reported where it lacks its targets), decoded with the inputs without
+  // terms in one batch (translate.decode_segments). As there, an input whose translation a guard cut is decoded again
+  // with a wider beam, and a loop guard's cut ends on a word. An input with no letter outside its placeholders ("2019",
+  // "👍", a term alone) is its own translation.
+  const done = forms.size ? await translateTerms(glossary, backend, tokenizer, model, forms, decodeOptions(model, rest), languages) : new Map();
   const copied = (input) => input.spans.length > 0 && !/\p{L}/u.test(input.text.replace(/⦅\d+⦆/gu, ""));
-  const inputs = cuts.flatMap((c) => c.inputs).filter((input) => !copied(input)).map((input) => input.text);
+  const decoded = (input) => !done.has(input.key) && !copied(input);
+  const inputs = cuts.flatMap((c) => c.inputs).filter(decoded).map((input) => input.text);
   const ids = inputs.map((t) => tokenizer.encode(t, languages)), options = decodeOptions(model, rest);
   const hyps = await retried(backend, ids, await decodeIds(backend, ids, options), options, model.retry);
   const alpha = options.alpha ?? options.rules.alpha, c = model.confidence;
   let k = 0;
-  plain.forEach((i, n) => {
-    const form = forms.get(i), symbols = form === undefined ? spec.placeholders : form.protected !== null;
-    const { whole, inputs: mine } = cuts[n], notes = [], all = [], said = [], repairs = [];
+  return cuts.map(({ whole, inputs: mine }, i) => {
+    const notes = [], missed = [], all = [], said = [], ways = [], repairs = [];
     let least = 1; // the sentence's confidence: its weakest input's (translate.join_line); a copied input's is 1
     for (const input of mine) {
-      let tokens = [], text = input.text;
-      if (!copied(input)) {
+      if (done.has(input.key)) { // its terms put in by translateTerms
+        const o = done.get(input.key);
+        said.push(o.text);
+        all.push(...o.tokens);
+        ways.push(o.glossary);
+        least = Math.min(least, o.confidence);
+        continue;
+      }
+      let tokens = [], text = input.text, confidence = 1;
+      if (decoded(input)) {
         const h = hyps[k][0];
         tokens = wordEnd(h.tokens, h.rest, boundary);
         text = tokenizer.decode(tokens);
-        least = Math.min(least, confidenceOf(c, input.text, text, normalized(options.rules, h.score, tokens.length, alpha, !h.stopped), h.stopped));
+        confidence = confidenceOf(c, input.text, text, normalized(options.rules, h.score, tokens.length, alpha, !h.stopped), h.stopped);
         if (ids[k].length > limit) notes.push(`warning: line ${lines[i]} has a sentence of ${ids[k].length} tokens; truncated to the model's maximum of ${limit}`);
         k += 1;
       }
+      const symbols = input.form === undefined ? spec.placeholders : input.form.protected !== null;
       said.push(symbols ? finish(input.fold, text, input.spans, repairs) : text);
       all.push(...tokens);
+      if (input.form?.targets.length && !symbols) { // a model without placeholders: its own translation, if it holds them
+        const o = finished(glossary, input.form, tokens, text, lines[i], confidence, c.failed);
+        ways.push(o.glossary);
+        if (o.warning) missed.push(o.warning);
+        confidence = o.confidence;
+      } else if (input.form?.holds) {
+        ways.push("placeholders");
+      }
+      least = Math.min(least, confidence);
     }
-    const text = said.join(" "), confidence = repairs.length ? Math.min(least, c.repaired_max) : least;
-    out[i] = form === undefined ? { text, tokens: all, confidence } : form.protected !== null ? { text, tokens: all, glossary: "placeholders", confidence }
-      : finished(glossary, form, all, text, lines[i], confidence, c.failed);
+    const out = { text: said.join(" "), tokens: all, confidence: repairs.length ? Math.min(least, c.repaired_max) : least };
+    if (ways.length) out.glossary = ways.join(", ");
     if (whole) notes.unshift(`warning: line ${lines[i]} has a sentence of ${whole} tokens, more than the model's ${limit}; translated in ${mine.length} pieces, cut between clauses or words`);
-    if (out[i].warning) notes.unshift(out[i].warning);
-    if (refused.has(i)) {
-      notes.unshift(refused.get(i));
-      out[i].confidence = c.failed;
-    }
-    if (notes.length) out[i].warning = notes.join("; ");
+    notes.unshift(...new Set(missed));
+    if (notes.length) out.warning = notes.join("; ");
+    return out;
   });
-  return out;
 }
 
 // The page's glossary of an object or TSV text (null: none), or the one line why this model's page takes none.

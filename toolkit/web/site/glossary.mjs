@@ -7,13 +7,14 @@
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
 import { confidenceOf } from "./confidence.mjs";
-import { allSpans, clean, finish, isAllCaps, isTitleCase, keptSpans } from "./textprep.mjs";
+import { allSpans, caseOf, clean, finish, fitted, keptSpans, modelInputs, renumbered } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
 const CONTROL = /[\x00-\x1f\x7f-\x9f]/u;
 const ALNUM = /^[\p{L}\p{N}_]$/u;
 const RUN_GAP = /^(?:[\s,;/&\-–—]*|\S*)$/u; // placeholders._RUN_GAP: what may stand between spans kept as one
+const SYMBOL = /⦅(\d+)⦆/gu;
 // Python's " ".join(text.split()) on a cleaned text (whose only whitespace is single spaces).
 const words = (text) => text.split(" ").filter(Boolean).join(" ");
 const fold = (s) => s.toUpperCase().toLowerCase(); // str.casefold's "ß" -> "ss" too
@@ -21,10 +22,6 @@ const count = (items) => items.reduce((m, x) => m.set(x, (m.get(x) ?? 0) + 1), n
 
 // Python's repr of a str, as the Python messages quote terms.
 const repr = (s) => (s.includes("'") && !s.includes('"') ? `"${s}"` : `'${s.replaceAll("\\", "\\\\").replaceAll("'", "\\'")}'`);
-
-// A sentence holding terms that the page does not prepare as Python would: translated without its terms, never with
-// them put in otherwise than tk translate puts them (app.mjs warns, naming the line).
-export class Refused extends Error {}
 
 export class Glossary {
   // spec: model.json's glossary entry.
@@ -160,13 +157,17 @@ export class Glossary {
     return true;
   }
 
-  // A line's glossary forms as textprep.prepare makes them (null: it holds no term): the sentence with each term as the
-  // glossary writes it (capitalised where the line's is: placeholders._cased_as), its targets, and its placeholder form;
-  // for a model not trained on placeholders (textprep._as_written), the sentence as it is and its targets.
-  // `line` is one sentence (app.mjs cuts lines into sentences first, as textprep.prepare), `keep` its line's words
-  // the model does not spell (textprep.unspelled), copied as they are; what the page does not port (more terms and
-  // spans than one model input holds) throws Refused.
-  prepare(line, lineno, keep = []) {
+  // A sentence's model inputs as textprep.prepare makes them where it holds glossary terms (null: it holds none):
+  // `whole`, its tokens where it was cut to fit `limit` positions (0 where it was not), and `pieces`, each one input:
+  // its form with the terms as the glossary writes them (`forced`, capitalised where the line's is:
+  // placeholders._cased_as; null for a piece holding no term, or a line in capitals), its targets, the form without
+  // the terms (`without`) and, for a model trained on placeholders, its placeholder form (`protected`, each span a
+  // symbol numbered from 0, `kept` what each puts back) and its case (`fold`). A sentence of more terms and spans than
+  // one input holds (per_input) is cut between them, and one too long for the model into pieces that fit, as
+  // textprep.prepare cuts it. `line` is one sentence (app.mjs cuts lines into sentences first, as textprep.prepare),
+  // `keep` its line's words the model does not spell (textprep.unspelled), copied as they are; `count` a text's tokens.
+  // `holds`: whether a piece holds a term (whose target its placeholder form puts back).
+  prepare(line, keep = [], count = null, limit = 0) {
     const text = clean(line, this.format, keep);
     const spans = allSpans(text, keep, this.spec);
     let terms = this.find(text, spans);
@@ -175,11 +176,10 @@ export class Glossary {
       terms = terms.filter(([start, end]) => !verbatim.some(([s, e]) => s <= start && end <= e));
     }
     if (!terms.length) return null;
-    const refuse = (what) => { throw new Refused(`line ${lineno} holds glossary terms and ${what}, which the page does not handle`); };
     if (!this.spec.placeholders) {
-      // textprep._as_written, and its text without the terms (Segment.without_terms).
-      const without = terms.map(([start], k) => text.slice(k ? terms[k - 1][1] : 0, start)).join("") + text.slice(terms[terms.length - 1][1]);
-      return { forced: text, spans: [], protected: null, kept: [], targets: terms.map((t) => t[2]), fold: "", without: words(without) };
+      // textprep.prepare without placeholders: the sentence cut to fit, each piece as written (textprep._as_written).
+      const { pieces, whole } = count ? fitted(text, count, limit) : { pieces: [text], whole: 0 };
+      return { whole, pieces: pieces.map((piece) => this.asWritten(piece)) };
     }
     // placeholders.protect_terms: a span inside a term is the term's ("Windows 10"), spans with only separators between
     // them are one run, and a term a run took in is left to the run.
@@ -191,31 +191,42 @@ export class Glossary {
     // Terms a run took in leave the sentence without terms: translated as without a glossary, the run copied.
     const kept = terms.filter(([start, end]) => !runs.some(([s, e]) => s < end && start < e));
     if (!kept.length) return null;
-    const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]), ...kept].sort((a, b) => a[0] - b[0]);
-    if (chosen.length > this.spec.per_input) {
-      refuse(`more than ${this.spec.per_input} of them, numbers, URLs and e-mail addresses in all (tk translates such a sentence in pieces)`);
-    }
-    // The placeholder form (each span a symbol), and the form with the terms as the glossary writes them (capitalised
-    // where the line's is: placeholders._cased_as) and the other spans' symbols numbered from 0 (textprep._with_terms).
-    let forced = "", protectedText = "", without = "", last = 0;
-    const local = [];
-    chosen.forEach(([start, end, put, source], i) => {
-      const written = source === null ? null : /^\p{Lu}/u.test(text.slice(start, end)) ? source[0].toUpperCase() + source.slice(1) : source;
-      const symbol = written === null ? `⦅${local.push(put) - 1}⦆` : "";
-      forced += text.slice(last, start) + (written ?? symbol);
-      without += text.slice(last, start) + symbol; // the terms taken out (Segment.without_terms)
-      protectedText += text.slice(last, start) + `⦅${i}⦆`;
-      last = end;
-    });
-    // A line in capitals or Title Case is folded to lowercase for the model and its translation given the case back
-    // (textprep.prepare); one in capitals has no form with the terms as written: its targets must stay as written.
-    protectedText += text.slice(last);
-    const fold = isAllCaps(protectedText) ? "upper" : isTitleCase(protectedText) ? "title" : "";
-    forced = fold === "upper" ? null : fold ? (forced + text.slice(last)).toLowerCase() : forced + text.slice(last);
-    without = words(without + text.slice(last));
-    return { forced, spans: local, protected: fold ? protectedText.toLowerCase() : protectedText, kept: chosen.map((c) => c[2]),
-      targets: kept.map((t) => t[2]), fold, without: fold ? without.toLowerCase() : without };
+    // Each span a symbol, put back as its text (a run) or its target (a term), the source term as the model is shown it.
+    const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]),
+      ...kept.map(([s, e, target, source]) => [s, e, target, /^\p{Lu}/u.test(text.slice(s, e)) ? source[0].toUpperCase() + source.slice(1) : source])]
+      .sort((a, b) => a[0] - b[0]);
+    let sentence = "", last = 0;
+    chosen.forEach(([start, end], i) => { sentence += `${text.slice(last, start)}⦅${i}⦆`; last = end; });
+    sentence += text.slice(last);
+    const put = chosen.map((c) => c[2]), sources = chosen.map((c) => c[3]);
+    // A line in capitals or Title Case is folded to lowercase for the model and its translation given the case back;
+    // one in capitals has no form with the terms as written: its targets must stay as written (textprep.prepare).
+    const fold = caseOf(sentence), measure = count ?? (() => 0);
+    const { whole, inputs } = modelInputs(sentence, put, fold, measure, count ? limit : Infinity, this.spec.per_input);
+    const holds = (piece) => [...piece.matchAll(SYMBOL)].some((m) => sources[Number(m[1])] !== null);
+    return { whole, pieces: inputs.map((input) => ({ protected: input.text, kept: input.spans, fold: input.fold, holds: holds(input.piece),
+      ...(fold === "upper" ? { forced: null, targets: [] } : withTerms(input.piece, put, sources, Boolean(fold))) })) };
   }
+
+  // textprep._as_written: a piece for a model not trained on placeholders, as it is, with its terms' targets (forced
+  // null where it holds none); its text without the terms (Segment.without_terms).
+  asWritten(piece) {
+    const terms = this.find(piece, allSpans(piece, [], this.spec));
+    if (!terms.length) return { forced: null, text: piece, protected: null, spans: [], targets: [], fold: "" };
+    const without = terms.map(([start], k) => piece.slice(k ? terms[k - 1][1] : 0, start)).join("") + piece.slice(terms[terms.length - 1][1]);
+    return { forced: piece, text: piece, protected: null, spans: [], targets: terms.map((t) => t[2]), fold: "", without: words(without) };
+  }
+}
+
+// textprep._with_terms: a model input (its symbols numbered as its sentence's spans `put`) with its terms' symbols back
+// to the source terms (`sources`, null for a span that is no term), the targets they stand for, and its text with them
+// taken out; lowercase where its sentence was folded. forced null where it holds no term.
+function withTerms(piece, put, sources, lower) {
+  const targets = [];
+  const text = piece.replace(SYMBOL, (m, i) => (sources[Number(i)] === null ? m : (targets.push(put[Number(i)]), sources[Number(i)])));
+  if (!targets.length) return { forced: null, targets };
+  const own = renumbered(text, put), cut = words(renumbered(piece.replace(SYMBOL, (m, i) => (sources[Number(i)] === null ? m : "")), put).text);
+  return { forced: lower ? own.text.toLowerCase() : own.text, spans: own.spans, targets, without: lower ? cut.toLowerCase() : cut };
 }
 
 // glossary.tacked_on: every word of the model's own translation is still there besides the targets.
@@ -251,13 +262,13 @@ function termForms(tokenizer, target, end, elides) {
   return elides.includes(first) && same(glued.slice(0, prefix.length), prefix) && after.length ? [alone, after] : [alone];
 }
 
-// translate._forced and decode_segments for the lines holding terms (forms: prepare's, by line index): each line's
-// {text, tokens, glossary: "model" | "forced"} by the same steps and checks as Python, and the lines `later` left to
-// their placeholder form (step 3, decoded with the lines without terms).
+// translate._forced for the model inputs holding terms (forms: prepare's pieces, by key): by key, each input's
+// {text, tokens, glossary: "model" | "forced", confidence} by the same steps and checks as Python; an input left out is
+// translated as its placeholder form (step 3, app.mjs, with the inputs without terms).
 // Over 60 lines: the three steps in order, each a batch as in translate.py.
 export async function translateTerms(glossary, backend, tokenizer, model, forms, opts, languages) {
   const spec = model.glossary, rules = opts.rules, alpha = opts.alpha ?? rules.alpha;
-  const done = new Map(), later = [];
+  const done = new Map();
   const lines = [...forms.keys()].filter((i) => forms.get(i).forced !== null);
   const ids = lines.map((i) => tokenizer.encode(forms.get(i).forced, languages));
   const wanted = lines.filter((_, k) => ids[k].length > 0 && ids[k].length <= model.max_len);
@@ -274,7 +285,7 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
   };
   for (const [w, i] of wanted.entries()) {
     // Nothing but terms ("House"): their placeholder form gives the targets as they are (translate._forced).
-    if (forms.get(i).protected !== null && !/\p{L}/u.test(forms.get(i).without)) { later.push(i); continue; }
+    if (forms.get(i).protected !== null && !/\p{L}/u.test(forms.get(i).without)) continue;
     const form = forms.get(i), mine = { ...own[w][0], tokens: wordEnd(own[w][0].tokens, own[w][0].rest, boundary) };
     const mineReport = [], mineText = finish(form.fold, tokenizer.decode(mine.tokens), form.spans, mineReport);
     if (!mine.stopped && glossary.holds(mineText, form.targets)) {
@@ -349,13 +360,10 @@ export async function translateTerms(glossary, backend, tokenizer, model, forms,
       if (passes(h)) {
         const report = [], text = finish(form.fold, tokenizer.decode(h.tokens), form.spans, report);
         done.set(i, { text, tokens: h.tokens, glossary: "forced", confidence: trust(form, h, report) });
-        continue;
       }
     }
-    later.push(i);
   }
-  later.push(...[...forms.keys()].filter((i) => !wanted.includes(i)));
-  return { done, later };
+  return done;
 }
 
 // Per output id: whether it begins a word (model.json's words), ends in an apostrophe, ends a sentence (constrained.

@@ -260,8 +260,8 @@ function symbolPieces(sentence, perInput) {
 // The model inputs of a sentence as textprep.prepare makes them: a protected sentence (`spans`: its symbols' spans,
 // `fold`: its case) cut so that no input holds more than `perInput` symbols, then so that each fits `limit` tokens
 // (fitted, counted as the model reads it: symbols numbered from 0, capitals folded); each input its text, its own spans
-// and its case (a later piece is mid-sentence: it keeps capitals, but gets no capital first letter). `whole`: the
-// sentence's tokens where it was cut to fit, else 0.
+// and its case (a later piece is mid-sentence: it keeps capitals, but gets no capital first letter), and the piece as
+// cut (`piece`: its symbols numbered as the sentence's). `whole`: the sentence's tokens where it was cut to fit, else 0.
 export function modelInputs(sentence, spans, fold, tokens, limit, perInput) {
   const measure = (p) => tokens(fold ? renumbered(p, spans).text.toLowerCase() : renumbered(p, spans).text);
   const cut = (sentence.includes("⦅") ? symbolPieces(sentence, perInput) : [sentence]).map((p) => fitted(p, measure, limit));
@@ -270,7 +270,7 @@ export function modelInputs(sentence, spans, fold, tokens, limit, perInput) {
     whole: Math.max(...cut.map((c) => c.whole)),
     inputs: pieces.map((p, k) => {
       const own = renumbered(p, spans);
-      return { text: fold ? own.text.toLowerCase() : own.text, spans: own.spans, fold: k === 0 || fold === "upper" ? fold : "" };
+      return { text: fold ? own.text.toLowerCase() : own.text, spans: own.spans, fold: k === 0 || fold === "upper" ? fold : "", piece: p };
     }),
   };
 }
