@@ -66,6 +66,10 @@ SEVERAL = ["I like this room. My boss is an idiot.", "Dinner's ready! Come into 
 MANY = ["My boss has a car, a house and a book.", "I have 3 cars, 2 houses and 5 books.", "He bought 2 books and 3 cars.",
         "The car, the house, the room and the job are my problem.", "MY CAR, MY HOUSE AND MY BOOK ARE NEW.",
         "My Car, My House And My Book Are New.", "Call 555 0199 about the house, the car and the money."]
+# A sentence longer than the model's 64 positions, holding a term and a number.
+LONG = ("I sold my car for a few dollars to a man who lived near the old church, and with what he gave me I went away "
+        "to the sea where the sun was warm, the wind was soft and the water was blue, and every day I swam for hours "
+        "before I walked back along the beach in the evening light with 3000 birds singing in the trees above me.")
 WITHOUT = ["I try.", "Tell me.", "Let's go!", "Speak up!", "Try some.", "Do it now.", "I gave up.", "I'll live."]
 APART = ["Visit https://house.example.com today.", "I have 3 houses.", "WHERE IS THE STATION?"]
 
@@ -144,6 +148,8 @@ def test_an_import_s_page_forces_targets_in_and_names_the_sentences_it_could_not
     with page_of(browser, site(tmp_path_factory, pairs, model)) as page:
         page.wait_for_function("!document.getElementById('translate').disabled")
         got = page.evaluate(TRANSLATE, [holding, {"glossary": TERMS}])
+        # A sentence too long for the model: cut into pieces that fit as tk translate cuts it, each with its own terms.
+        long = page.evaluate(TRANSLATE, [[LONG], {"glossary": TERMS}])[0]
         # In the page: its status names a sentence whose targets could not be forced in.
         shown = [holding[0], holding[missed[0] - 1]]
         page.fill("#input", "\n".join(shown))
@@ -158,6 +164,11 @@ def test_an_import_s_page_forces_targets_in_and_names_the_sentences_it_could_not
     assert [g["confidence"] for g in got] == pytest.approx([h.confidence for h in best], abs=1e-5)
     assert all(got[i - 1]["confidence"] == 0 for i in missed)
     assert {o["glossary"] for o in got} == {"model", "forced", "missed"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = translator.translate_batch([LONG], glossary=TERMS)[0][0]
+    assert long["text"] == want.text and long["confidence"] == pytest.approx(want.confidence, abs=1e-5), (long, want)
+    assert "translated in" in long["warning"] and long["text"].count("automobile") <= 1
     assert output == [python[0], python[missed[0] - 1]]
     assert re.fullmatch(r"2 sentences in \d+ ms; check line 2 first \(confidence 0\.00\); warning: line 2: its glossary targets "
                         r"\(.+\) could not be forced into its translation \(this model was not trained on tk's placeholders, "
@@ -205,9 +216,7 @@ def test_a_line_too_long_for_the_model_keeps_its_target_and_number_across_its_pi
     """A sentence longer than the model's positions, holding a term and a number: cut into pieces that fit as tk
     translate cuts it (each piece's symbols numbered from 0: the number's is the last piece's first), the term put in
     by its piece; the target and the number are in the joined translation once each, with the line's warning."""
-    line = ("I sold my car for a few dollars to a man who lived near the old church, and with what he gave me I went away "
-            "to the sea where the sun was warm, the wind was soft and the water was blue, and every day I swam for hours "
-            "before I walked back along the beach in the evening light with 3000 birds singing in the trees above me.")
+    line = LONG
     tokens = len(translate.open_model(SHIPPED, "cpu").tokenizer.encode([line])[0])
     assert tokens > 64  # the shipped model's positions
     got = shipped_page.evaluate(TRANSLATE, [[line, "I like this room."], {"glossary": TERMS}])
