@@ -183,6 +183,57 @@ def test_the_page_cuts_lines_into_sentences_and_pieces_where_python_cuts_them(tm
 
 
 @pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
+def test_the_page_prepares_glossary_terms_where_python_does(tmp_path, held_out):
+    """glossary.mjs against textprep.prepare with a glossary: on 700 held-out lines strewn with the glossary's terms
+    (of one and two words), numbers, URLs, e-mail addresses and emoji, in capitals or Title Case, the page's model inputs
+    are Python's: each input's placeholder form, spans, case and cut, and its form with the terms as written, their
+    targets and its text without them; sentences of more terms and spans than one input holds, and ones too long for
+    the model, among them."""
+    from toolkit.convert.web import SENTENCEX_DIST, site_glossary, site_text
+    from toolkit.core import glossary, manifest
+
+    terms = {**dict(line.split("\t") for line in (REPO / "docs" / "measurements" / "glossary" / "bench-terms.tsv").read_text(
+        encoding="utf-8").splitlines()), "train station": "gare ferroviaire", "New York": "la Grosse Pomme"}
+    g = glossary.from_mapping(terms)
+    tokenizer = Tokenizer.load(SHIPPED / "tokenizer.model")
+    write_tokenizer_json(SHIPPED / "tokenizer.model", tmp_path / "tokenizer.json")
+    rng = np.random.default_rng(12)
+    extra = [*terms, *terms, "3", "555 0199", "https://example.com/a.", "tom@example.com", "👍", "2019", "Car", "HOUSE"]
+    english = [en for en, _ in held_out]
+    lines = [" ".join(str(rng.choice(extra)) if rng.random() < 0.35 else w for w in " ".join(rng.choice(english, int(rng.integers(1, 4)))).split())
+             for _ in range(700)]
+    lines = [line.upper() if k % 7 == 0 else line.title() if k % 7 == 1 else line for k, line in enumerate(lines)]
+    lines += [("I sold my car for a few dollars to a man who lived near the old church, and with what he gave me I went away "
+               "to the sea where the sun was warm, the wind was soft and the water was blue, and every day I swam for hours "
+               "before I walked back along the beach in the evening light with 3000 birds singing in the trees above me.")]
+    m = manifest.load(SHIPPED)
+
+    def python(line: str) -> list:
+        return [[s.text, s.spans, s.case, s.cut_from,
+                 None if s.forced is None else [s.forced.text, s.forced.spans, s.forced.targets, s.forced.without_terms]]
+                for s in prepare(line, unspelled(line, tokenizer.alphabet), glossary=g,
+                                 tokens=lambda t: len(tokenizer.encode([t])[0]), limit=64)]
+
+    want = [python(line) for line in lines]
+    proc = subprocess.run([NODE, str(REPO / "tests" / "web_glossary_prepare.mjs"), str(SITE / "textprep.mjs"), str(SITE / "glossary.mjs"),
+                           str(SITE / "tokenizer.mjs"), str(tmp_path / "tokenizer.json"), str(SENTENCEX_DIST)],
+                          input=json.dumps({"lines": lines, "terms": terms, "text": site_text(m), "glossary": site_glossary(m), "limit": 64}),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = [[[i["text"], i["spans"], i["fold"], i["whole"], None if i["forced"] is None else
+             [i["forced"]["text"], i["forced"]["spans"], i["forced"]["targets"], i["forced"]["without"]]] for i in line]
+           for line in json.loads(proc.stdout)]
+    wrong = [(line, g, w) for line, g, w in zip(lines, got, want) if g != w]
+    assert not wrong, f"{len(wrong)} of {len(lines)} lines prepared otherwise, e.g. {wrong[:2]}"
+    # What the lines are said to be: many inputs hold terms, many lines are cut between their terms and spans, some
+    # sentences are cut to fit, and many lines are in capitals (their inputs have no form with the terms as written).
+    inputs = [s for w in want for s in w]
+    assert sum(s[4] is not None for s in inputs) > 500 and sum(s[3] > 0 for s in inputs) >= 2
+    assert sum(sum(s[4] is not None for s in w) >= 2 and len(w) > len(split_sentences(clean(line))) for line, w in zip(lines, want)) > 100
+    assert sum(s[2] == "upper" for s in inputs) > 100
+
+
+@pytest.mark.skipif(NODE is None, reason="no node: apt-get install -y nodejs (README, Web)")
 def test_the_browser_tokenizer_sums_in_float32_and_breaks_ties_as_sentencepiece_does(tmp_path):
     """A hand-made model where 'a'+'b' ties 'ab' exactly in float32 (but not in float64):
     sentencepiece sums in float32 and keeps the first path found on a tie; so must the page."""

@@ -5,7 +5,7 @@ import { OrtBackend } from "./backend.mjs";
 import { decodeIds, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { confidenceOf } from "./confidence.mjs";
 import { Glossary, finished, normalized, translateTerms } from "./glossary.mjs";
-import { caseOf, clean, finish, fitted, modelInputs, protect, splitSentences, unprotected, unspelledWords } from "./textprep.mjs";
+import { finish, lineSentences, sentenceInputs } from "./textprep.mjs";
 import { openTokenizer } from "./tokenizers.mjs";
 
 async function fetchOk(url, as) {
@@ -129,19 +129,16 @@ window.tk = {
   // line says how in its `glossary`.
   async translate(texts, opts = {}) {
     const [{ model }, segment] = await Promise.all([loading, splitting]);
-    const spec = model.text, format = new RegExp(spec.format, "gu");
+    const { glossary: given, ...rest } = opts;
+    const glossary = await glossaryOf(given);
     const lines = [], said = [];
     texts.forEach((t, i) => {
-      // A model trained on tk's placeholders copies the words it does not spell as they are (textprep.unspelled), and
-      // each line's spans are protected before it is cut into sentences: a period inside an address is no sentence end.
-      const keep = spec.placeholders ? unspelledWords(t, spec) : [], text = clean(t, format, keep);
-      const line = spec.placeholders ? protect(text, keep, spec) : { text, spans: [] };
-      for (const s of text ? splitSentences(line.text, segment) : []) {
-        said.push({ text: s, spans: line.spans, written: unprotected(s, line.spans), keep });
+      for (const s of lineSentences(t, model.text, segment, glossary)) {
+        said.push(s);
         lines.push(i + 1);
       }
     });
-    const done = await translateSentences(said, lines, opts);
+    const done = await translateSentences(said, lines, glossary, rest);
     return texts.map((_, i) => {
       const mine = done.filter((_, k) => lines[k] === i + 1);
       // Its confidence: its weakest sentence's (translate._line_of); an empty line's is 1, as tk translate's.
@@ -156,30 +153,21 @@ window.tk = {
 };
 
 // Sentences in, a translation of each out, as translate takes them: each sentence's `text` (protected for a model
-// trained on tk's placeholders), its line's `spans` and kept words (`keep`) and its `written` form (spans back: where
-// glossary terms are found); `lines`: each one's line number, for the warnings.
+// trained on tk's placeholders), its line's `spans` and, where its line holds glossary terms, the source term each
+// span stands for (`sources`: glossary.protectLine's); `lines`: each one's line number, for the warnings.
 // Over 60 lines: the sentences' model inputs, their two batches (with terms, then the rest) and each sentence joined.
-async function translateSentences(sentences, lines, opts) {
+async function translateSentences(sentences, lines, glossary, rest) {
   const { tokenizer, model, backend, boundary } = await loading;
-  const { glossary: given, ...rest } = opts;
-  const glossary = await glossaryOf(given);
   const languages = { sourceLang: rest.sourceLang, targetLang: rest.targetLang };
   const spec = model.text, count = (text) => tokenizer.encode(text, languages).length, limit = model.max_len;
-  // Each sentence's model inputs (textprep.prepare): cut so that none holds more than per_input symbols and each fits the
-  // model's positions (modelInputs, fitted). A sentence without terms is protected as textprep.prepare protects it for a
-  // model trained on tk's placeholders (textprep.mjs protect: its numbers, URLs, e-mail addresses and words the model
-  // does not spell copied, its capitals folded); one holding terms gets each input's forms from the glossary (prepare).
+  // Each sentence's model inputs (textprep.prepare; sentenceInputs), those holding glossary terms with their forms.
   const forms = new Map(); // `sentence:input` -> the input's glossary forms, for translateTerms
   const cuts = sentences.map((s, i) => {
-    const prepared = glossary ? glossary.prepare(s.written, s.keep, count, limit) : null;
-    if (prepared) {
-      prepared.pieces.forEach((form, k) => forms.set(`${i}:${k}`, form));
-      return { whole: prepared.whole, inputs: prepared.pieces.map((form, k) => (form.protected === null
-        ? { text: form.text, spans: [], fold: "", form, key: `${i}:${k}` } : { text: form.protected, spans: form.kept, fold: form.fold, form, key: `${i}:${k}` })) };
-    }
-    if (spec.placeholders) return modelInputs(s.text, s.spans, caseOf(s.text), count, limit, spec.per_input);
-    const { pieces, whole } = fitted(s.text, count, limit);
-    return { whole, inputs: pieces.map((p) => ({ text: p, spans: [], fold: "" })) };
+    const cut = sentenceInputs(s, spec, glossary, count, limit);
+    cut.inputs.forEach((input, k) => {
+      if (input.form) forms.set((input.key = `${i}:${k}`), input.form);
+    });
+    return cut;
   });
   // The inputs holding terms, by translate._forced's three steps; those it leaves (`later`) to their placeholder form
   // (a model without them: the input as it is, reported where it lacks its targets), decoded with the inputs without

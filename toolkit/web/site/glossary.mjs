@@ -7,7 +7,7 @@
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
 import { confidenceOf } from "./confidence.mjs";
-import { allSpans, caseOf, clean, finish, fitted, keptSpans, modelInputs, renumbered } from "./textprep.mjs";
+import { allSpans, caseOf, finish, fitted, keptSpans, modelInputs, renumbered } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
@@ -157,18 +157,12 @@ export class Glossary {
     return true;
   }
 
-  // A sentence's model inputs as textprep.prepare makes them where it holds glossary terms (null: it holds none):
-  // `whole`, its tokens where it was cut to fit `limit` positions (0 where it was not), and `pieces`, each one input:
-  // its form with the terms as the glossary writes them (`forced`, capitalised where the line's is:
-  // placeholders._cased_as; null for a piece holding no term, or a line in capitals), its targets, the form without
-  // the terms (`without`) and, for a model trained on placeholders, its placeholder form (`protected`, each span a
-  // symbol numbered from 0, `kept` what each puts back) and its case (`fold`). A sentence of more terms and spans than
-  // one input holds (per_input) is cut between them, and one too long for the model into pieces that fit, as
-  // textprep.prepare cuts it. `line` is one sentence (app.mjs cuts lines into sentences first, as textprep.prepare),
-  // `keep` its line's words the model does not spell (textprep.unspelled), copied as they are; `count` a text's tokens.
-  // `holds`: whether a piece holds a term (whose target its placeholder form puts back).
-  prepare(line, keep = [], count = null, limit = 0) {
-    const text = clean(line, this.format, keep);
+  // placeholders.protect_terms on a cleaned line, for a model trained on placeholders (null where the line holds no
+  // term): the line with each span a symbol numbered from 0 (`text`), what each puts back (`spans`: its text, or a
+  // term's target) and the source term each stands for as the model is shown it (`sources`: capitalised where the
+  // line's is, placeholders._cased_as; null for a span that is no term). `keep`: the line's words the model does not
+  // spell (textprep.unspelled), copied as they are. app.mjs cuts this line into sentences, as textprep.prepare does.
+  protectLine(text, keep) {
     const spans = allSpans(text, keep, this.spec);
     let terms = this.find(text, spans);
     if (terms.length && keep.length) { // an occurrence within a kept word is the word's: copied as it is
@@ -176,36 +170,44 @@ export class Glossary {
       terms = terms.filter(([start, end]) => !verbatim.some(([s, e]) => s <= start && end <= e));
     }
     if (!terms.length) return null;
-    if (!this.spec.placeholders) {
-      // textprep.prepare without placeholders: the sentence cut to fit, each piece as written (textprep._as_written).
-      const { pieces, whole } = count ? fitted(text, count, limit) : { pieces: [text], whole: 0 };
-      return { whole, pieces: pieces.map((piece) => this.asWritten(piece)) };
-    }
-    // placeholders.protect_terms: a span inside a term is the term's ("Windows 10"), spans with only separators between
-    // them are one run, and a term a run took in is left to the run.
+    // A span inside a term is the term's ("Windows 10"), spans with only separators between them are one run, and a
+    // term a run took in is left to the run.
     const runs = [];
     for (const [s, e] of spans.filter(([s, e]) => !terms.some(([start, end]) => start <= s && e <= end))) {
       if (runs.length && RUN_GAP.test(text.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
       else runs.push([s, e]);
     }
-    // Terms a run took in leave the sentence without terms: translated as without a glossary, the run copied.
     const kept = terms.filter(([start, end]) => !runs.some(([s, e]) => s < end && start < e));
-    if (!kept.length) return null;
-    // Each span a symbol, put back as its text (a run) or its target (a term), the source term as the model is shown it.
     const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]),
       ...kept.map(([s, e, target, source]) => [s, e, target, /^\p{Lu}/u.test(text.slice(s, e)) ? source[0].toUpperCase() + source.slice(1) : source])]
       .sort((a, b) => a[0] - b[0]);
-    let sentence = "", last = 0;
-    chosen.forEach(([start, end], i) => { sentence += `${text.slice(last, start)}⦅${i}⦆`; last = end; });
-    sentence += text.slice(last);
-    const put = chosen.map((c) => c[2]), sources = chosen.map((c) => c[3]);
-    // A line in capitals or Title Case is folded to lowercase for the model and its translation given the case back;
-    // one in capitals has no form with the terms as written: its targets must stay as written (textprep.prepare).
-    const fold = caseOf(sentence), measure = count ?? (() => 0);
-    const { whole, inputs } = modelInputs(sentence, put, fold, measure, count ? limit : Infinity, this.spec.per_input);
+    let line = "", last = 0;
+    chosen.forEach(([start, end], i) => { line += `${text.slice(last, start)}⦅${i}⦆`; last = end; });
+    return { text: line + text.slice(last), spans: chosen.map((c) => c[2]), sources: chosen.map((c) => c[3]) };
+  }
+
+  // The model inputs of one sentence of a line protectLine protected (its symbols numbered as the line's `spans`,
+  // standing for `sources`), as textprep.prepare makes them: `whole`, its tokens where it was cut to fit `limit`
+  // positions (0 where it was not), and `pieces`, each one input: its placeholder form (`protected`, each span a symbol
+  // numbered from 0, `kept` what each puts back), its case (`fold`), whether it holds a term (`holds`: its placeholder
+  // form puts the target back), and its form with the terms as the glossary writes them (`forced`; null for an input
+  // holding no term, or a sentence in capitals, whose targets must stay as written), their targets and its text
+  // without them (`without`). A sentence of more terms and spans than one input holds (per_input) is cut between them,
+  // and one too long for the model into pieces that fit (modelInputs); `count`: a text's tokens.
+  pieces(sentence, spans, sources, count, limit) {
+    const fold = caseOf(sentence);
+    const { whole, inputs } = modelInputs(sentence, spans, fold, count, limit, this.spec.per_input);
     const holds = (piece) => [...piece.matchAll(SYMBOL)].some((m) => sources[Number(m[1])] !== null);
     return { whole, pieces: inputs.map((input) => ({ protected: input.text, kept: input.spans, fold: input.fold, holds: holds(input.piece),
-      ...(fold === "upper" ? { forced: null, targets: [] } : withTerms(input.piece, put, sources, Boolean(fold))) })) };
+      ...(fold === "upper" ? { forced: null, targets: [] } : withTerms(input.piece, spans, sources, Boolean(fold))) })) };
+  }
+
+  // For a model not trained on placeholders, a cleaned sentence's model inputs as textprep.prepare makes them (null
+  // where it holds no term): cut to fit (fitted), each piece as written with its own terms (textprep._as_written).
+  writtenPieces(sentence, count, limit) {
+    if (!this.find(sentence, allSpans(sentence, [], this.spec)).length) return null;
+    const { pieces, whole } = fitted(sentence, count, limit);
+    return { whole, pieces: pieces.map((piece) => this.asWritten(piece)) };
   }
 
   // textprep._as_written: a piece for a model not trained on placeholders, as it is, with its terms' targets (forced

@@ -233,9 +233,6 @@ export function protect(line, keep, spec) {
 // the model and given back to its translation.
 export const caseOf = (sentence) => (isAllCaps(sentence) ? "upper" : isTitleCase(sentence) ? "title" : "");
 
-// A protected sentence with its symbols' spans back: the sentence as written.
-export const unprotected = (sentence, spans) => sentence.replace(SYMBOL, (m, i) => spans[Number(i)] ?? m);
-
 // textprep._pieces: a sentence cut so that no piece holds more than `perInput` symbols, each cut in the words between
 // two of them: after a comma, semicolon or colon there, else before a conjunction, else at the first space.
 function symbolPieces(sentence, perInput) {
@@ -273,6 +270,35 @@ export function modelInputs(sentence, spans, fold, tokens, limit, perInput) {
       return { text: fold ? own.text.toLowerCase() : own.text, spans: own.spans, fold: k === 0 || fold === "upper" ? fold : "", piece: p };
     }),
   };
+}
+
+// textprep.prepare's first steps on one input line: cleaned, its spans protected (for a model trained on tk's
+// placeholders: its numbers, URLs, e-mail addresses and words the model does not spell, and a glossary's terms,
+// glossary.protectLine) and cut into sentences by `segment` (sentencex's); each sentence's `text`, its line's `spans`
+// and, where the line holds glossary terms, the source term each span stands for (`sources`). Protected before they
+// are cut: a period inside an address is no sentence end, and a term's symbol is no capital that starts a sentence.
+export function lineSentences(line, spec, segment, glossary = null) {
+  const keep = spec.placeholders ? unspelledWords(line, spec) : [], text = clean(line, new RegExp(spec.format, "gu"), keep);
+  if (!text) return [];
+  const terms = glossary && spec.placeholders ? glossary.protectLine(text, keep) : null;
+  const protectedLine = terms ?? (spec.placeholders ? protect(text, keep, spec) : { text, spans: [] });
+  return splitSentences(protectedLine.text, segment).map((s) => ({ text: s, spans: protectedLine.spans, sources: terms?.sources }));
+}
+
+// textprep.prepare's model inputs of one of lineSentences' sentences: cut so that none holds more than per_input
+// symbols and each fits `limit` positions (`count`: a text's tokens); `whole` as modelInputs gives it, and each input's
+// text, spans and case, and where a glossary's terms are in its sentence, the input's glossary forms (`form`:
+// glossary.pieces' or, for a model not trained on placeholders, glossary.writtenPieces').
+export function sentenceInputs(sentence, spec, glossary, count, limit) {
+  const prepared = sentence.sources ? glossary.pieces(sentence.text, sentence.spans, sentence.sources, count, limit)
+    : glossary && !spec.placeholders ? glossary.writtenPieces(sentence.text, count, limit) : null;
+  if (prepared) {
+    return { whole: prepared.whole, inputs: prepared.pieces.map((form) => (form.protected === null
+      ? { text: form.text, spans: [], fold: "", form } : { text: form.protected, spans: form.kept, fold: form.fold, form })) };
+  }
+  if (spec.placeholders) return modelInputs(sentence.text, sentence.spans, caseOf(sentence.text), count, limit, spec.per_input);
+  const { pieces, whole } = fitted(sentence.text, count, limit);
+  return { whole, inputs: pieces.map((p) => ({ text: p, spans: [], fold: "" })) };
 }
 
 // placeholders.all_spans without terms: [start, end] of each match of `pattern` (placeholders.SPAN_RE: numbers, URLs,
