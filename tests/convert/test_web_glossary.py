@@ -185,7 +185,7 @@ def test_the_page_never_writes_a_term_after_a_word_only_written_elided(shipped_p
 
 
 BAD = ["house\tdemeure\nbicycle bicyclette\n", "house\tdemeure\tmaison\n", "house\tdemeure\n\nHOUSE\tmaison\n", "house\t \n",
-       "ho\x01use\tdemeure\n", "x" * 501 + "\tdemeure\n"]
+       "ho\x01use\tdemeure\n", "x" * 501 + "\tdemeure\n", "house\t⦅1⦆ demeure\n"]
 
 
 def test_a_bad_glossary_line_is_one_line_in_the_page_s_status_in_tk_s_words(shipped_page):

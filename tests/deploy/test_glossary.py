@@ -105,6 +105,9 @@ def test_a_glossary_of_ten_thousand_terms_finds_each_term_and_loads_in_one_pass(
     (b"house\tdemeure\n\nHouse\tmaison\n", "line 3: its source term 'House' is the term 'house' of line 1"),
     (b"house\tdemeure\ncaf\xe9\tcaf\xe9\n", "line 2 is not valid UTF-8"),
     (b"\n\n", "has no terms"),
+    # tk's placeholder symbols: a target holding one was read back as a span ("Mon ⦅1⦆ demeure a des chambres 3").
+    ("house\tdemeure\nhouse boat\t⦅1⦆ péniche\n".encode(), "line 2: its target term holds ⦅, which tk keeps for the spans it copies"),
+    ("⦆0\tx\n".encode(), "line 1: its source term holds ⦆"),
 ])
 def test_a_bad_glossary_file_is_one_line_naming_its_line(cli, tmp_path, content, words):
     path = tmp_path / "terms.tsv"

@@ -38,6 +38,7 @@ _UNSPACED = placeholders._UNSPACED.pattern[1:-1]
 # A line's words: a run of letters and digits, one punctuation mark, or one character of a script without spaces.
 _WORD = re.compile(f"[{_UNSPACED}]|[^\\W{_UNSPACED}]+|[^\\w\\s]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_BRACKETS = re.compile("[⦅⦆]")  # placeholders' symbols are ⦅N⦆
 _WORDS = re.compile(r"\w+")
 _END = ""  # the key of a trie node that ends a term (never a word: words are never empty)
 
@@ -127,6 +128,9 @@ def _term_problem(term: str, side: str) -> str | None:
     bad = _CONTROL.search(term)
     if bad:
         return f"its {side} term holds a control character (U+{ord(bad.group()):04X})"
+    bracket = _BRACKETS.search(term)
+    if bracket:  # ⦅0⦆ is how tk marks a span for the model to copy: a target holding one would be read back as a span
+        return f"its {side} term holds {bracket.group()}, which tk keeps for the spans it copies; write the term without it"
     return None
 
 

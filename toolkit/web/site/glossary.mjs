@@ -88,6 +88,8 @@ export class Glossary {
     if (chars > this.spec.max_term_chars) return `its ${side} term has ${chars} characters, more than ${this.spec.max_term_chars}`;
     const bad = term.match(CONTROL);
     if (bad) return `its ${side} term holds a control character (U+${bad[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0")})`;
+    const bracket = term.match(/[⦅⦆]/u); // placeholders' symbols are ⦅N⦆: a target holding one would be read back as a span
+    if (bracket) return `its ${side} term holds ${bracket[0]}, which tk keeps for the spans it copies; write the term without it`;
     return null;
   }
 
