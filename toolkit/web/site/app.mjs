@@ -169,8 +169,8 @@ async function translateSentences(sentences, lines, glossary, rest) {
     });
     return cut;
   });
-  // The inputs holding terms, by translate._forced's three steps; those it leaves (`later`) to their placeholder form
-  // (a model without them: the input as it is, reported where it lacks its targets), decoded with the inputs without
+  // The inputs holding terms, by translate._forced's three steps; those it leaves to their placeholder form (a model
+  // without them: the input as it is, reported where it lacks its targets), decoded with the inputs without
   // terms in one batch (translate.decode_segments). As there, an input whose translation a guard cut is decoded again
   // with a wider beam, and a loop guard's cut ends on a word. An input with no letter outside its placeholders ("2019",
   // "👍", a term alone) is its own translation.

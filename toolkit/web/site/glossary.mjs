@@ -266,7 +266,7 @@ function termForms(tokenizer, target, end, elides) {
   return elides.includes(first) && same(glued.slice(0, prefix.length), prefix) && after.length ? [alone, after] : [alone];
 }
 
-// translate._forced for the model inputs holding terms (forms: prepare's pieces, by key): by key, each input's
+// translate._forced for the model inputs holding terms (forms: glossary.pieces' or writtenPieces', by key): by key, each input's
 // {text, tokens, glossary: "model" | "forced", confidence} by the same steps and checks as Python; an input left out is
 // translated as its placeholder form (step 3, app.mjs, with the inputs without terms).
 // Over 60 lines: the three steps in order, each a batch as in translate.py.
