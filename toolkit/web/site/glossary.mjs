@@ -7,13 +7,12 @@
 import { decodeIds, lengthLimits, retried, wordBoundary, wordEnd } from "./decoding.mjs";
 import { agreeingWays, constrainedSearch, scored, termSwaps, termWord } from "./constrained.mjs";
 import { confidenceOf } from "./confidence.mjs";
-import { allSpans, caseOf, finish, fitted, keptSpans, modelInputs, renumbered } from "./textprep.mjs";
+import { allSpans, caseOf, finish, fitted, keptSpans, mergeRuns, modelInputs, renumbered } from "./textprep.mjs";
 
 const W = "\\p{L}\\p{N}_"; // Python's \w on str: letters, numbers, underscore
 const WORDS = new RegExp(`[${W}]+`, "gu");
 const CONTROL = /[\x00-\x1f\x7f-\x9f]/u;
 const ALNUM = /^[\p{L}\p{N}_]$/u;
-const RUN_GAP = /^(?:[\s,;/&\-–—]*|\S*)$/u; // placeholders._RUN_GAP: what may stand between spans kept as one
 const SYMBOL = /⦅(\d+)⦆/gu;
 // Python's " ".join(text.split()) on a cleaned text (whose only whitespace is single spaces).
 const words = (text) => text.split(" ").filter(Boolean).join(" ");
@@ -174,11 +173,7 @@ export class Glossary {
     if (!terms.length) return null;
     // A span inside a term is the term's ("Windows 10"), spans with only separators between them are one run, and a
     // term a run took in is left to the run.
-    const runs = [];
-    for (const [s, e] of spans.filter(([s, e]) => !terms.some(([start, end]) => start <= s && e <= end))) {
-      if (runs.length && RUN_GAP.test(text.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
-      else runs.push([s, e]);
-    }
+    const runs = mergeRuns(text, spans.filter(([s, e]) => !terms.some(([start, end]) => start <= s && e <= end)));
     const kept = terms.filter(([start, end]) => !runs.some(([s, e]) => s < end && start < e));
     const chosen = [...runs.map(([s, e]) => [s, e, text.slice(s, e), null]),
       ...kept.map(([s, e, target, source]) => [s, e, target, /^\p{Lu}/u.test(text.slice(s, e)) ? source[0].toUpperCase() + source.slice(1) : source])]

@@ -211,19 +211,21 @@ export function allSpans(text, keep, spec) {
 // placeholders._RUN_GAP: what may stand between spans kept as one.
 const RUN_GAP = new RegExp(`^(?:[${SPACE},;/&\\-–—]*|[^${SPACE}]*)$`, "u");
 
+// placeholders.merge_runs: `spans` ([start, end], in order) of `text` with only separators between them as one.
+export function mergeRuns(text, spans) {
+  const runs = [];
+  for (const [s, e] of spans) {
+    if (runs.length && RUN_GAP.test(text.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
+    else runs.push([s, e]);
+  }
+  return runs;
+}
+
 // A cleaned line as placeholders.protect_terms gives it (without glossary terms) to a model trained on tk's
 // placeholders: each number, URL, e-mail address and `keep` word a symbol, runs of them one (placeholders.merge_runs),
 // numbered from 0; and the spans in that order.
 export function protect(line, keep, spec) {
-  let spans = allSpans(line, keep, spec);
-  if (spans.length > 1) {
-    const runs = [];
-    for (const [s, e] of spans) {
-      if (runs.length && RUN_GAP.test(line.slice(runs[runs.length - 1][1], s))) runs[runs.length - 1][1] = e;
-      else runs.push([s, e]);
-    }
-    spans = runs;
-  }
+  const spans = mergeRuns(line, allSpans(line, keep, spec));
   let text = "", last = 0;
   spans.forEach(([start, end], i) => { text += `${line.slice(last, start)}⦅${i}⦆`; last = end; });
   return { text: text + line.slice(last), spans: spans.map(([s, e]) => line.slice(s, e)) };
