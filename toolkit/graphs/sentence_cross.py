@@ -17,12 +17,14 @@ from pathlib import Path
 # The decoder graph's metadata entry saying its cross-attention is per sentence (the backend reads it from the session,
 # whose saved optimised copy in the start-up cache keeps it).
 MARK = ("tk.cross_attention", "per sentence")
+TOKEN = "token"  # the decoder's input of one token a row: its rows are the step's
 
 
 def cross_per_sentence(graph: Path | bytes, constants: frozenset[str]) -> bytes | None:
     """The decoder `graph` with its cross-attention regrouped per sentence (module docstring), marked with MARK; None
     where that does not apply: no fused cross-attention, a constant input (`constants`: the encoder's outputs and the
-    source lengths) read by anything else (its rows would no longer match the step's rows), or weights stored outside
+    source lengths) read by anything else but a Shape of its rows (its rows would no longer match the step's rows), or
+    weights stored outside
     the graph (not rewritten in memory), or a graph that does not parse (ONNX Runtime's load then says what is wrong
     with it, as for any other graph)."""
     import numpy as np
@@ -38,11 +40,19 @@ def cross_per_sentence(graph: Path | bytes, constants: frozenset[str]) -> bytes 
     casts = {n.output[0]: n for n in nodes if n.op_type == "Cast" and n.input[0] in constants}
     cross = [n for n in nodes if n.op_type == "MultiHeadAttention" and len(n.input) > 4 and n.input[1] in constants
              and n.input[2] in constants and n.input[4] in casts and not any(n.input[3:4]) and not any(n.input[5:])]
+    # A read of a constant input's row count (Shape, its first axis only; M2M100's decoder sizes its positions by
+    # src_len's rows) meant the step's rows, which it equalled while the constants had a row per row: it reads the
+    # token's rows instead.
+    rows_reads = [n for n in nodes if n.op_type == "Shape" and n.input[0] in constants and _first_axis(n)]
+    token = next((i.name for i in model.graph.input if i.name == TOKEN), None)
     regrouped = {id(n) for n in cross}
-    allowed = {(id(n), slot) for n in cross for slot in (1, 2, 4)} | {(id(c), 0) for c in casts.values()}
+    allowed = ({(id(n), slot) for n in cross for slot in (1, 2, 4)} | {(id(c), 0) for c in casts.values()}
+               | ({(id(n), 0) for n in rows_reads} if token else set()))
     reads = [(id(n), slot) for n in nodes for slot, name in enumerate(n.input) if name in constants or name in casts]
     if not cross or any(r not in allowed for r in reads) or any(o.name in constants for o in model.graph.output):
         return None
+    for node in rows_reads:
+        node.input[0] = token
     # [sentences, -1, 0]: the rows of each sentence as query positions, the model width kept (Reshape's 0).
     first = cross[0].input[1]
     prefix = "tk_sentence_cross"
@@ -63,6 +73,14 @@ def cross_per_sentence(graph: Path | bytes, constants: frozenset[str]) -> bytes 
     model.graph.node.extend(head + rewritten)
     helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, MARK[0]: MARK[1]})
     return model.SerializeToString()
+
+
+def _first_axis(node) -> bool:
+    """A Shape node that reads its input's first axis alone (start 0, end 1)."""
+    from onnx import helper
+
+    bounds = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return bounds.get("start", 0) == 0 and bounds.get("end") == 1
 
 
 def digest() -> str:
