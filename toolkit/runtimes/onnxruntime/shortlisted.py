@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core import shortlist as table_mod
-from toolkit.core.decoding import ReorderMemory, reorder_rows, take_rows, take_sentence_rows, top_k_rows
+from toolkit.core.decoding import ReorderMemory, reorder_rows, take_sentence_rows, top_k_rows
 from toolkit.core.errors import UsageError
 from toolkit.core.manifest import Manifest
 from toolkit.graphs import shortlist as graph_mod
@@ -103,7 +103,10 @@ class ShortlistBackend(OrtBackend):
     def select(self, state, rows: np.ndarray):
         if self._per_sentence is not None:  # the encoder's outputs one row per sentence (toolkit.graphs.sentence_cross)
             return take_sentence_rows(state, rows, self.batch_axis, self._per_sentence, keep=self._select_keep)
-        return take_rows(state, rows, self.batch_axis, keep=self._select_keep)
+        # Into the search's memory, as OrtBackend.select: fresh arrays map new pages at every select (at beam 4, 401 ms
+        # of an NLLB-600M int8 batch of 16, against 52 ms reused, for the first step's four copies of the encoder's
+        # outputs where the graph reads one row of them a row).
+        return reorder_rows(state, rows, self.batch_axis, keep=self._select_keep)
 
     def reorder_beams(self, state, rows: np.ndarray):
         return reorder_rows(state, rows, self.batch_axis, keep=self._beams_keep)
