@@ -9,7 +9,9 @@ the graph's output (the forbidden-token `Add`: 11% of the fp32 step, 3% once war
 warm-up round, never pay.
 
     python docs/measurements/scale_profile.py [--variant int8|optimized|fp32] [--beam 4] [--batch 16] [--warm 2]
-        [--model DIR] [--sources FILE] [--no-kernels]
+        [--model DIR] [--sources FILE] [--no-kernels] [--shortlist]
+
+--shortlist: the decoder rewritten for the directory's shortlist, as `Translator(DIR, shortlist=True)` loads it.
 
 --variant: int8 (default), optimized (the float32 graphs tk runs on CPU: attention fused) or fp32 (as exported); a
 variant the directory does not store is built in memory as tk builds it.
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--sources", type=Path, default=None, help="real sentences: the first --batch lines of this file")
     parser.add_argument("--no-kernels", action="store_true", help="ONNX Runtime's attention, not tk's kernels")
+    parser.add_argument("--shortlist", action="store_true", help="decode over the directory's shortlist")
     args = parser.parse_args()
     model = args.model or default_directory() / "bench-scale" / "opus-mt" / "tk"
     m = manifest.load(model)
@@ -70,13 +73,25 @@ def main() -> None:
     graph = (native_attention(graph) or graph) if kernels else graph
     print(native.status() if not args.no_kernels else "tk attention kernels: off (--no-kernels)")
 
+    shortlisting = None
+    if args.shortlist:  # rewritten last, as toolkit.runtimes.onnxruntime.loading does
+        from toolkit.runtimes.onnxruntime.shortlisted import ShortlistBackend, prepare
+
+        shortlisting = prepare(m)
+        graph = shortlisting.graph(graph)
+
     def configured(options) -> None:
         profiled(options)
         if kernels:
             native.register(options)
+        if shortlisting is not None:
+            shortlisting.configure(options)
 
     decoder = create_session(graph, threads=args.threads, configure=configured)
-    backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"])
+    if shortlisting is not None:
+        backend = ShortlistBackend(encoder, decoder, specs["encoder"], specs["decoder"], shortlisting)
+    else:
+        backend = OrtBackend(encoder, decoder, specs["encoder"], specs["decoder"])
     spent: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()
     for name in ("encode", "_run_host", "step_top_k", "reorder_beams", "select"):  # timed on this object only
@@ -117,7 +132,8 @@ def main() -> None:
             by_op[e["args"]["op_name"]] += e["dur"]
             by_node[e["name"][: -len("_kernel_time")]] += e["dur"]
     ops = sum(by_op.values())
-    print(f"{args.variant}, beam {args.beam}, batch {args.batch}, {args.tokens} tokens: {total * 1000:.0f} ms in all "
+    print(f"{args.variant}{' with the shortlist' if args.shortlist else ''}, beam {args.beam}, batch {args.batch}, "
+          f"{args.tokens} tokens: {total * 1000:.0f} ms in all "
           f"(with the profiler on; the decode after {args.warm} others)")
     loop = total - spent["encode"] - spent["step_top_k"] - spent["reorder_beams"] - spent["select"]
     for name, seconds in [("encoder", spent["encode"]), ("decoder runs", spent["_run_host"]),
