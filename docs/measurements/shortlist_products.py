@@ -1,14 +1,15 @@
-"""The most a shortlist can speed up a `tk bench --scale` row, counted in the matrix products' multiply-adds.
+"""What a shortlist cuts of a `tk bench --scale` row's work, counted in the weight products' multiply-adds.
 
-A shortlist cuts the output layer from the vocabulary to a batch's candidates and nothing else: the encoder (and the
-decoder's cross-attention keys and values, made once per sentence) and the decoder's other products stay. This counts,
-for the bench's own work model, sources, batches and shortlist, the weight products' multiply-adds with and without
-it, and prints their ratio: the speed-up a shortlist reaches at best if every product ran at the same rate. The rows'
-measured speed-ups are below it (the attention, layer norms, log-softmax and the runs' own costs are shared too, and
-a product over weights fed per batch runs slower than one over the graph's own). Run it on the model `tk bench
---scale SHAPE` prepared:
+A shortlist cuts the output layer from the vocabulary to a batch's candidates: the encoder (and the decoder's
+cross-attention keys and values, made once per sentence) and the decoder's other products stay. This counts, for the
+bench's own work model, sources, batches and shortlist, the weight products' multiply-adds with and without it, and
+prints their ratio: what the row would gain if its time were its weight products' alone, at one rate. It is no
+ceiling: a shortlist also cuts the work over the whole vocabulary besides the product (the log-softmax, the additions
+over it, the ranking, the log-probabilities copied out), more of a step in int8, whose products are cheaper; and a
+product over weights fed per batch runs slower than over the graph's own. Run it on the model `tk bench --scale SHAPE`
+prepared:
 
-    python docs/measurements/shortlist_bound.py [--shape opus-mt] [--sources ../shared/data/tatoeba-test-eng-fra.txt]
+    python docs/measurements/shortlist_products.py [--shape opus-mt] [--sources ../shared/data/tatoeba-test-eng-fra.txt]
 
 With --sources: the real-sentence rows (128 sentences in batches of 32 greedy, 32 in batches of 16 at beam 4), else the
 bench's random rows (24 random ids and the end token), each decoding exactly --tokens tokens.
@@ -67,7 +68,7 @@ def main() -> None:
             listed += steps * (per_row + d * len(union))
         print(f"- {name}: {encoder / 1e9:.1f}G in the encoder, {plain / 1e9:.1f}G decoding without the shortlist and "
               f"{listed / 1e9:.1f}G with it (a batch's union {min(unions):,} to {max(unions):,} tokens); "
-              f"at best {(encoder + plain) / (encoder + listed):.2f}x")
+              f"the products' ratio {(encoder + plain) / (encoder + listed):.2f}x")
 
 
 if __name__ == "__main__":
