@@ -286,7 +286,8 @@ class _Worker:
 
 # An engine's memory grows while it decodes (activations, caches, beam copies, arenas it keeps): at the NLLB-600M shape
 # tk fp32's worker went from 4 to 6.6 GiB and Optimum's to 6.7 GiB, and with the real-sentence rows tk fp32's from
-# 3,935 to 8,468 MiB (2.15x: at 2x, four tk engines started together on 24 GiB and the kernel killed tk fp32's worker).
+# 3,935 to 8,468 MiB (2.15x: at 2x, four tk engines started together on 24 GiB and the kernel killed tk fp32's worker);
+# its peak later read 3,847 -> 10,013 MiB, pages of its mapped weights file counted, which the kernel may drop.
 # So each engine is allowed to grow to this many times its resident memory once loaded: the next engine starts only
 # while the memory available covers the loaded engines' growth and the next engine's (taken as large as the largest so
 # far).

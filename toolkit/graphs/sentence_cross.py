@@ -24,9 +24,8 @@ def cross_per_sentence(graph: Path | bytes, constants: frozenset[str]) -> bytes 
     """The decoder `graph` with its cross-attention regrouped per sentence (module docstring), marked with MARK; None
     where that does not apply: no fused cross-attention, a constant input (`constants`: the encoder's outputs and the
     source lengths) read by anything else but a Shape of its rows (its rows would no longer match the step's rows), or
-    weights stored outside
-    the graph (not rewritten in memory), or a graph that does not parse (ONNX Runtime's load then says what is wrong
-    with it, as for any other graph)."""
+    weights stored outside the graph (not rewritten in memory), or a graph that does not parse (ONNX Runtime's load then
+    says what is wrong with it, as for any other graph)."""
     import numpy as np
     from onnx import helper, numpy_helper
 
